@@ -1,0 +1,84 @@
+// Package comm is goep's control plane: the bootstrap groups that carry
+// configuration checks, handle exchange and barriers between ranks. Data
+// never goes through comm.
+//
+// Every collective must be called by every rank of the group, in the same
+// order, and takes a context whose deadline bounds the wait: a rank that does
+// not arrive in time makes the others return an error wrapping ErrTimeout that
+// names it.
+//
+// Usage (in-process ranks):
+//
+//	groups := comm.NewLocal(4)
+//	for r, g := range groups {
+//		go func() { all, err := g.AllGather(ctx, []byte{byte(r)}); ... }()
+//	}
+package comm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// ErrTimeout is returned when peers do not join a collective before the
+// context's deadline.
+var ErrTimeout = errors.New("comm: timeout")
+
+// ErrClosed is returned by a collective on a closed group, or one whose peer
+// has closed.
+var ErrClosed = errors.New("comm: group closed")
+
+// Group is a set of ranks that run collectives together.
+type Group interface {
+	// Rank is this member's index in [0, Size).
+	Rank() int
+	// Size is the number of members.
+	Size() int
+	// AllGather returns every rank's data, indexed by rank. Lengths may
+	// differ between ranks.
+	AllGather(ctx context.Context, data []byte) ([][]byte, error)
+	// Broadcast returns root's data on every rank (data is ignored on
+	// other ranks).
+	Broadcast(ctx context.Context, root int, data []byte) ([]byte, error)
+	// Barrier returns once every rank has entered it.
+	Barrier(ctx context.Context) error
+	// Split partitions the group: ranks passing the same color form a new
+	// group, ordered by key then by rank in this group.
+	Split(ctx context.Context, color, key int) (Group, error)
+	// Close releases the group. Peers blocked in a collective with this
+	// rank get ErrClosed.
+	Close() error
+}
+
+// TimeoutError is the error of a collective whose peers did not all arrive.
+type TimeoutError struct {
+	Op      string
+	Missing []int // ranks not heard from, ascending
+}
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("comm: %s: timed out waiting for rank(s) %v", e.Op, e.Missing)
+}
+
+// Unwrap makes errors.Is(err, ErrTimeout) true.
+func (e *TimeoutError) Unwrap() error { return ErrTimeout }
+
+// splitMembers returns, for the rank with the given color, the ranks of its
+// new group in order (by key, then old rank), and its index among them.
+// colorKeys holds 8 bytes per rank: color then key, as int32 little-endian.
+func splitMembers(me int, colors, keys []int) (members []int, index int) {
+	for r := range colors {
+		if colors[r] == colors[me] {
+			members = append(members, r)
+		}
+	}
+	slices.SortStableFunc(members, func(a, b int) int {
+		if keys[a] != keys[b] {
+			return keys[a] - keys[b]
+		}
+		return a - b
+	})
+	return members, slices.Index(members, me)
+}

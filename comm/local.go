@@ -1,0 +1,180 @@
+package comm
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+)
+
+// NewLocal returns n in-process ranks forming one group, for tests and the
+// embedded benchmark. Each Group must be used by one goroutine at a time.
+func NewLocal(n int) []Group {
+	w := &localWorld{size: n, rounds: map[uint64]*round{}, closed: make([]bool, n), closeCh: make(chan struct{})}
+	gs := make([]Group, n)
+	for r := range gs {
+		gs[r] = &localGroup{w: w, rank: r}
+	}
+	return gs
+}
+
+// localWorld is the state shared by the members of one in-process group.
+// The k-th collective of every member meets in round k.
+type localWorld struct {
+	size    int
+	mu      sync.Mutex
+	rounds  map[uint64]*round
+	closed  []bool
+	closeCh chan struct{} // closed when any member closes
+	anyDown bool
+}
+
+type round struct {
+	data    [][]byte
+	arrived []bool
+	count   int
+	left    int // members that have not yet collected the result
+	done    chan struct{}
+	// children holds the sub-worlds a Split creates, by color.
+	children map[int]*localWorld
+}
+
+type localGroup struct {
+	w    *localWorld
+	rank int
+	seq  uint64
+}
+
+func (g *localGroup) Rank() int { return g.rank }
+func (g *localGroup) Size() int { return g.w.size }
+
+// exchange is the one primitive: deposit data in this member's next round
+// and wait for everyone's.
+func (g *localGroup) exchange(ctx context.Context, op string, data []byte) ([][]byte, *round, error) {
+	w := g.w
+	seq := g.seq
+	g.seq++
+	w.mu.Lock()
+	if w.closed[g.rank] {
+		w.mu.Unlock()
+		return nil, nil, fmt.Errorf("comm: %s on rank %d: %w", op, g.rank, ErrClosed)
+	}
+	rd := w.rounds[seq]
+	if rd == nil {
+		rd = &round{data: make([][]byte, w.size), arrived: make([]bool, w.size), left: w.size, done: make(chan struct{})}
+		w.rounds[seq] = rd
+	}
+	rd.data[g.rank] = append([]byte(nil), data...)
+	rd.arrived[g.rank] = true
+	rd.count++
+	if rd.count == w.size {
+		close(rd.done)
+	}
+	closeCh := w.closeCh
+	w.mu.Unlock()
+
+	select {
+	case <-rd.done:
+	case <-ctx.Done():
+		return nil, nil, g.fail(op, rd, ctx.Err())
+	case <-closeCh:
+		select {
+		case <-rd.done:
+		default:
+			return nil, nil, g.fail(op, rd, ErrClosed)
+		}
+	}
+	w.mu.Lock()
+	rd.left--
+	if rd.left == 0 {
+		delete(w.rounds, seq)
+	}
+	w.mu.Unlock()
+	return rd.data, rd, nil
+}
+
+func (g *localGroup) fail(op string, rd *round, cause error) error {
+	g.w.mu.Lock()
+	var missing []int
+	for r, ok := range rd.arrived {
+		if !ok {
+			missing = append(missing, r)
+		}
+	}
+	g.w.mu.Unlock()
+	if cause == ErrClosed {
+		return fmt.Errorf("comm: %s on rank %d: a peer closed the group while rank(s) %v had not arrived: %w", op, g.rank, missing, ErrClosed)
+	}
+	if cause == context.Canceled {
+		return fmt.Errorf("comm: %s on rank %d: %w", op, g.rank, cause)
+	}
+	return &TimeoutError{Op: fmt.Sprintf("%s on rank %d", op, g.rank), Missing: missing}
+}
+
+func (g *localGroup) AllGather(ctx context.Context, data []byte) ([][]byte, error) {
+	all, _, err := g.exchange(ctx, "allgather", data)
+	return all, err
+}
+
+func (g *localGroup) Broadcast(ctx context.Context, root int, data []byte) ([]byte, error) {
+	if root < 0 || root >= g.w.size {
+		return nil, fmt.Errorf("comm: broadcast root %d out of range [0, %d)", root, g.w.size)
+	}
+	if g.rank != root {
+		data = nil
+	}
+	all, _, err := g.exchange(ctx, "broadcast", data)
+	if err != nil {
+		return nil, err
+	}
+	return all[root], nil
+}
+
+func (g *localGroup) Barrier(ctx context.Context) error {
+	_, _, err := g.exchange(ctx, "barrier", nil)
+	return err
+}
+
+func (g *localGroup) Split(ctx context.Context, color, key int) (Group, error) {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(int64(color)))
+	binary.LittleEndian.PutUint64(b[8:], uint64(int64(key)))
+	all, rd, err := g.exchange(ctx, "split", b[:])
+	if err != nil {
+		return nil, err
+	}
+	colors := make([]int, len(all))
+	keys := make([]int, len(all))
+	for r, d := range all {
+		colors[r] = int(int64(binary.LittleEndian.Uint64(d)))
+		keys[r] = int(int64(binary.LittleEndian.Uint64(d[8:])))
+	}
+	members, index := splitMembers(g.rank, colors, keys)
+	g.w.mu.Lock()
+	defer g.w.mu.Unlock()
+	if rd.children == nil {
+		rd.children = map[int]*localWorld{}
+	}
+	child := rd.children[color]
+	if child == nil {
+		n := len(members)
+		child = &localWorld{size: n, rounds: map[uint64]*round{}, closed: make([]bool, n), closeCh: make(chan struct{})}
+		rd.children[color] = child
+	}
+	return &localGroup{w: child, rank: index}, nil
+}
+
+func (g *localGroup) Close() error {
+	w := g.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed[g.rank] {
+		return nil
+	}
+	w.closed[g.rank] = true
+	if !w.anyDown {
+		w.anyDown = true
+		close(w.closeCh)
+	}
+	return nil
+}

@@ -1,0 +1,70 @@
+package device
+
+import (
+	"fmt"
+	"math"
+)
+
+// DType is the element type of a tensor.
+type DType uint8
+
+// The element types goep moves. Activations are BF16 (default) or FP32;
+// router weights are FP32; indices are Int32.
+const (
+	BF16 DType = iota + 1
+	FP32
+	Int32
+)
+
+// Size is the size of one element in bytes.
+func (d DType) Size() int {
+	switch d {
+	case BF16:
+		return 2
+	case FP32, Int32:
+		return 4
+	}
+	return 0
+}
+
+// Valid reports whether d is a known dtype.
+func (d DType) Valid() bool { return d.Size() > 0 }
+
+func (d DType) String() string {
+	switch d {
+	case BF16:
+		return "bf16"
+	case FP32:
+		return "fp32"
+	case Int32:
+		return "int32"
+	}
+	return fmt.Sprintf("dtype(%d)", uint8(d))
+}
+
+// ParseDType parses "bf16", "fp32" or "int32".
+func ParseDType(s string) (DType, error) {
+	switch s {
+	case "bf16", "bfloat16":
+		return BF16, nil
+	case "fp32", "float32":
+		return FP32, nil
+	case "int32":
+		return Int32, nil
+	}
+	return 0, fmt.Errorf("device: unknown dtype %q (want bf16 or fp32)", s)
+}
+
+// BF16ToFloat32 widens a bfloat16 bit pattern to float32 exactly.
+func BF16ToFloat32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// Float32ToBF16 rounds f to the nearest bfloat16, ties to even, as CUDA's
+// __float2bfloat16_rn does. NaN stays NaN (quiet).
+func Float32ToBF16(f float32) uint16 {
+	u := math.Float32bits(f)
+	if u&0x7fffffff > 0x7f800000 { // NaN
+		return uint16(u>>16) | 0x40
+	}
+	u += 0x7fff + (u>>16)&1
+	return uint16(u >> 16)
+}

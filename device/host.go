@@ -1,0 +1,385 @@
+package device
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// guardSize is the number of guard bytes on each side of every host buffer.
+// They are filled with guardByte at allocation and checked by CheckGuards, so
+// an out-of-bounds write by any op shows up in tests.
+const (
+	guardSize = 64
+	guardByte = 0xA5
+	// poolLimit bounds the bytes the host pool keeps for reuse.
+	poolLimit = 8 << 30
+)
+
+// Host is the host (CPU) backend. Its memory is mmap'd and pooled by size
+// class; its streams run tasks on worker goroutines.
+type Host struct {
+	mu      sync.Mutex
+	pool    map[int][][]byte // size class -> free regions
+	pooled  int
+	closed  bool
+	live    atomic.Int64 // regions handed out and not yet returned
+	streams atomic.Int64
+}
+
+// NewHost returns a host backend.
+func NewHost() *Host { return &Host{pool: map[int][][]byte{}} }
+
+// Kind implements Backend.
+func (h *Host) Kind() Kind { return KindHost }
+
+// LiveBuffers is the number of buffers allocated and not yet freed (tests use
+// it to check that Close frees everything).
+func (h *Host) LiveBuffers() int64 { return h.live.Load() }
+
+// sizeClass rounds n up to a power of two of at least one page.
+func sizeClass(n int) int {
+	if n <= 4096 {
+		return 4096
+	}
+	return 1 << bits.Len(uint(n-1))
+}
+
+func (h *Host) get(n int) ([]byte, error) {
+	c := sizeClass(n + 2*guardSize)
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil, fmt.Errorf("device: host alloc: %w", ErrClosed)
+	}
+	if l := h.pool[c]; len(l) > 0 {
+		m := l[len(l)-1]
+		h.pool[c] = l[:len(l)-1]
+		h.pooled -= c
+		h.mu.Unlock()
+		h.live.Add(1)
+		return m, nil
+	}
+	h.mu.Unlock()
+	m, err := unix.Mmap(-1, 0, c, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("device: host alloc of %d bytes: mmap: %w", c, err)
+	}
+	h.live.Add(1)
+	return m, nil
+}
+
+func (h *Host) put(m []byte) {
+	h.live.Add(-1)
+	h.mu.Lock()
+	if !h.closed && h.pooled+len(m) <= poolLimit {
+		h.pool[len(m)] = append(h.pool[len(m)], m)
+		h.pooled += len(m)
+		h.mu.Unlock()
+		return
+	}
+	h.mu.Unlock()
+	_ = unix.Munmap(m) // cannot fail for a region we mapped
+}
+
+// Close unmaps the pooled memory. Buffers still live are unmapped when freed.
+func (h *Host) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	var first error
+	for c, l := range h.pool {
+		for _, m := range l {
+			if err := unix.Munmap(m); err != nil && first == nil {
+				first = fmt.Errorf("device: host close: munmap: %w", err)
+			}
+		}
+		delete(h.pool, c)
+	}
+	h.pooled = 0
+	return first
+}
+
+// NewStream implements Backend.
+func (h *Host) NewStream() (Stream, error) {
+	h.mu.Lock()
+	closed := h.closed
+	h.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("device: new stream: %w", ErrClosed)
+	}
+	s := &HostStream{host: h}
+	s.cond = sync.NewCond(&s.mu)
+	h.streams.Add(1)
+	go s.run()
+	return s, nil
+}
+
+// Buffer is a region of device memory. On the host backend Host() is its
+// bytes; guard bytes surround it.
+type Buffer struct {
+	size   int
+	region []byte // whole mapping, guards included (host)
+	stream Stream
+	freed  atomic.Bool
+}
+
+// Size is the usable size in bytes.
+func (b *Buffer) Size() int { return b.size }
+
+// Host returns the buffer's bytes on the host backend (nil elsewhere). Read
+// them only after the work that writes them has completed.
+func (b *Buffer) Host() []byte {
+	if b.region == nil {
+		return nil
+	}
+	return b.region[guardSize : guardSize+b.size : guardSize+b.size]
+}
+
+// CheckGuards reports an error if anything wrote outside the buffer.
+func (b *Buffer) CheckGuards() error {
+	if b.region == nil {
+		return nil
+	}
+	for i, v := range b.region[:guardSize] {
+		if v != guardByte {
+			return fmt.Errorf("device: guard byte %d before a %d-byte buffer was overwritten (0x%02x)", guardSize-i, b.size, v)
+		}
+	}
+	for i, v := range b.region[guardSize+b.size : guardSize+b.size+guardSize] {
+		if v != guardByte {
+			return fmt.Errorf("device: guard byte %d after a %d-byte buffer was overwritten (0x%02x)", i, b.size, v)
+		}
+	}
+	return nil
+}
+
+// Free returns the buffer to its stream's pool in stream order. It is safe
+// to call more than once.
+func (b *Buffer) Free() {
+	if b == nil || b.stream == nil {
+		return
+	}
+	b.stream.Free(b)
+}
+
+type task struct {
+	name   string
+	fn     func() error
+	always bool // run even after an earlier task failed (frees, event waits)
+}
+
+// HostStream is a Stream of the host backend: a FIFO of Go functions run by
+// one worker goroutine. The first error a task returns is kept; later tasks
+// are skipped (except frees) until Synchronize reports and clears it, as a
+// GPU stream's error would be.
+type HostStream struct {
+	host *Host
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	queue    []task
+	enqueued uint64 // tasks ever enqueued
+	done     uint64 // tasks completed
+	err      error
+	closed   bool
+	stopped  bool
+}
+
+// Backend implements Stream.
+func (s *HostStream) Backend() Backend { return s.host }
+
+// Go enqueues fn. The name appears in the error if fn fails.
+func (s *HostStream) Go(name string, fn func() error) {
+	s.enqueue(task{name: name, fn: fn})
+}
+
+func (s *HostStream) enqueue(t task) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		if s.err == nil {
+			s.err = &TaskError{Task: t.name, Err: ErrClosed}
+		}
+		return s.enqueued
+	}
+	s.queue = append(s.queue, t)
+	s.enqueued++
+	s.cond.Broadcast()
+	return s.enqueued
+}
+
+func (s *HostStream) run() {
+	for {
+		s.mu.Lock()
+		for len(s.queue) == 0 && !s.closed {
+			s.cond.Wait()
+		}
+		if len(s.queue) == 0 && s.closed {
+			s.stopped = true
+			s.cond.Broadcast()
+			s.mu.Unlock()
+			s.host.streams.Add(-1)
+			return
+		}
+		t := s.queue[0]
+		s.queue[0] = task{}
+		s.queue = s.queue[1:]
+		skip := s.err != nil && !t.always
+		s.mu.Unlock()
+
+		var err error
+		if !skip {
+			err = runTask(t)
+		}
+
+		s.mu.Lock()
+		if err != nil && s.err == nil {
+			s.err = &TaskError{Task: t.name, Err: err}
+		}
+		s.done++
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	}
+}
+
+// runTask runs t, turning a panic into an error so a bug in one op cannot
+// take the process down from a worker goroutine.
+func runTask(t task) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return t.fn()
+}
+
+// Alloc implements Stream. The bytes are not zeroed.
+func (s *HostStream) Alloc(n int) (*Buffer, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("device: alloc of %d bytes", n)
+	}
+	m, err := s.host.get(n)
+	if err != nil {
+		return nil, err
+	}
+	for i := 0; i < guardSize; i++ {
+		m[i] = guardByte
+		m[guardSize+n+i] = guardByte
+	}
+	return &Buffer{size: n, region: m, stream: s}, nil
+}
+
+// Free implements Stream.
+func (s *HostStream) Free(b *Buffer) {
+	if b == nil || !b.freed.CompareAndSwap(false, true) {
+		return
+	}
+	m := b.region
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed { // the stream has drained; nothing can still use b
+		s.host.put(m)
+		return
+	}
+	s.enqueue(task{name: "free", always: true, fn: func() error {
+		s.host.put(m)
+		return nil
+	}})
+}
+
+// Event marks a point in a stream.
+type Event struct {
+	stream *HostStream
+	seq    uint64
+}
+
+// Done reports whether the work before the event has completed.
+func (e *Event) Done() bool {
+	e.stream.mu.Lock()
+	defer e.stream.mu.Unlock()
+	return e.stream.done >= e.seq || e.stream.stopped
+}
+
+// Wait blocks until the event completes or ctx ends.
+func (e *Event) Wait(ctx context.Context) error {
+	return e.stream.waitFor(ctx, e.seq)
+}
+
+// Record implements Stream.
+func (s *HostStream) Record() (*Event, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return &Event{stream: s, seq: s.enqueued}, nil
+}
+
+// Wait implements Stream.
+func (s *HostStream) Wait(ev *Event) error {
+	if ev == nil {
+		return fmt.Errorf("device: wait on nil event")
+	}
+	if ev.stream == s {
+		return nil
+	}
+	s.enqueue(task{name: "wait event", always: true, fn: func() error {
+		return ev.stream.waitFor(context.Background(), ev.seq)
+	}})
+	return nil
+}
+
+func (s *HostStream) waitFor(ctx context.Context, seq uint64) error {
+	stop := context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.done < seq && !s.stopped {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("device: stream wait: %w", err)
+		}
+		s.cond.Wait()
+	}
+	return nil
+}
+
+// Synchronize implements Stream.
+func (s *HostStream) Synchronize(ctx context.Context) error {
+	s.mu.Lock()
+	seq := s.enqueued
+	s.mu.Unlock()
+	if err := s.waitFor(ctx, seq); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := s.err
+	s.err = nil
+	return err
+}
+
+// Close implements Stream: it lets queued work finish, then stops the
+// worker. Work enqueued after Close fails with ErrClosed.
+func (s *HostStream) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.cond.Broadcast()
+	for !s.stopped {
+		s.cond.Wait()
+	}
+	err := s.err
+	s.err = nil
+	s.mu.Unlock()
+	return err
+}

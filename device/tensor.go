@@ -1,0 +1,183 @@
+package device
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"runtime"
+)
+
+// Tensor is a dense row-major array in device memory. Its memory is freed in
+// stream order by Close or, if the caller forgets, when it is garbage
+// collected; either way work already queued on it completes first.
+type Tensor struct {
+	buf   *Buffer
+	shape []int
+	dtype DType
+}
+
+// NewTensor allocates an uninitialised tensor on s.
+func NewTensor(s Stream, dt DType, shape ...int) (*Tensor, error) {
+	if !dt.Valid() {
+		return nil, fmt.Errorf("device: new tensor: invalid dtype %v", dt)
+	}
+	n := 1
+	for _, d := range shape {
+		if d < 0 {
+			return nil, fmt.Errorf("device: new tensor: negative dimension in shape %v", shape)
+		}
+		n *= d
+	}
+	buf, err := s.Alloc(n * dt.Size())
+	if err != nil {
+		return nil, err
+	}
+	t := &Tensor{buf: buf, shape: append([]int(nil), shape...), dtype: dt}
+	runtime.AddCleanup(t, func(b *Buffer) { b.Free() }, buf)
+	return t, nil
+}
+
+// Shape returns the dimensions (do not modify).
+func (t *Tensor) Shape() []int { return t.shape }
+
+// DType returns the element type.
+func (t *Tensor) DType() DType { return t.dtype }
+
+// Len is the number of elements.
+func (t *Tensor) Len() int {
+	n := 1
+	for _, d := range t.shape {
+		n *= d
+	}
+	return n
+}
+
+// Rows is the first dimension (1 for a scalar).
+func (t *Tensor) Rows() int {
+	if len(t.shape) == 0 {
+		return 1
+	}
+	return t.shape[0]
+}
+
+// RowBytes is the size of one row (everything after the first dimension).
+func (t *Tensor) RowBytes() int {
+	if t.Rows() == 0 {
+		n := t.dtype.Size()
+		for _, d := range t.shape[1:] {
+			n *= d
+		}
+		return n
+	}
+	return t.Len() / t.Rows() * t.dtype.Size()
+}
+
+// Buffer returns the underlying memory. Work that uses it must keep t alive.
+func (t *Tensor) Buffer() *Buffer { return t.buf }
+
+// Bytes is the host view of the data (host backend only; nil elsewhere).
+// Read it only after the work that writes it has completed.
+func (t *Tensor) Bytes() []byte { return t.buf.Host() }
+
+// CheckGuards reports writes outside the tensor's memory (host backend).
+func (t *Tensor) CheckGuards() error { return t.buf.CheckGuards() }
+
+// Close frees the memory in stream order. Safe to call more than once.
+func (t *Tensor) Close() error {
+	if t != nil {
+		t.buf.Free()
+	}
+	return nil
+}
+
+func (t *Tensor) String() string { return fmt.Sprintf("%v%v", t.dtype, t.shape) }
+
+// Upload enqueues a copy of data into t on t's stream and waits for it.
+func Upload(ctx context.Context, t *Tensor, data []byte) error {
+	if len(data) != t.buf.size {
+		return fmt.Errorf("device: upload of %d bytes into %v (%d bytes)", len(data), t, t.buf.size)
+	}
+	hs, ok := t.buf.stream.(*HostStream)
+	if !ok {
+		return fmt.Errorf("device: upload: %w on %s", ErrUnsupported, t.buf.stream.Backend().Kind())
+	}
+	hs.Go("upload", func() error {
+		copy(t.buf.Host(), data)
+		return nil
+	})
+	return hs.Synchronize(ctx)
+}
+
+// Download waits for t's stream and returns a copy of t's bytes.
+func Download(ctx context.Context, t *Tensor) ([]byte, error) {
+	if err := t.buf.stream.Synchronize(ctx); err != nil {
+		return nil, err
+	}
+	if t.buf.region == nil {
+		return nil, fmt.Errorf("device: download: %w on %s", ErrUnsupported, t.buf.stream.Backend().Kind())
+	}
+	return append([]byte(nil), t.Bytes()...), nil
+}
+
+// Encoding helpers: goep's data is little-endian, as on every GPU host.
+
+// EncodeFloat32 converts values to dtype dt (BF16 or FP32) bytes.
+func EncodeFloat32(dt DType, v []float32) []byte {
+	out := make([]byte, len(v)*dt.Size())
+	for i, f := range v {
+		switch dt {
+		case BF16:
+			binary.LittleEndian.PutUint16(out[2*i:], Float32ToBF16(f))
+		case FP32:
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(f))
+		}
+	}
+	return out
+}
+
+// DecodeFloat32 converts BF16 or FP32 bytes to float32 values.
+func DecodeFloat32(dt DType, b []byte) []float32 {
+	n := len(b) / dt.Size()
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = LoadFloat32(dt, b, i)
+	}
+	return out
+}
+
+// LoadFloat32 reads element i of a BF16 or FP32 array as float32.
+func LoadFloat32(dt DType, b []byte, i int) float32 {
+	if dt == BF16 {
+		return BF16ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
+	}
+	return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+}
+
+// StoreFloat32 writes f into element i of a BF16 (rounding to nearest even)
+// or FP32 array.
+func StoreFloat32(dt DType, b []byte, i int, f float32) {
+	if dt == BF16 {
+		binary.LittleEndian.PutUint16(b[2*i:], Float32ToBF16(f))
+		return
+	}
+	binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
+}
+
+// EncodeInt32 returns the little-endian bytes of v.
+func EncodeInt32(v []int32) []byte {
+	out := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(out[4*i:], uint32(x))
+	}
+	return out
+}
+
+// DecodeInt32 parses little-endian int32s.
+func DecodeInt32(b []byte) []int32 {
+	out := make([]int32, len(b)/4)
+	for i := range out {
+		out[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
+}

@@ -1,0 +1,24 @@
+// Package nvlink is the NVLink-domain layer: the ranks of one domain map each
+// other's memory and meet in epoch-numbered exchanges.
+//
+// Each rank owns a control block that its peers map. An exchange at epoch e
+// is two phases:
+//
+//  1. publish: a rank writes its header (operation, call signature, status,
+//     handles of the buffers it exposes for this call), then stores e into
+//     its header's epoch; it waits until every peer's header epoch reaches e,
+//     checks that all peers run the same operation with the same signature and
+//     that none reported bad input, and maps the peers' buffers;
+//  2. work and done: the caller's function reads or writes peers' buffers;
+//     the rank then stores e into done[me] of every peer's control block and
+//     waits until its own done[p] reaches e for every peer p.
+//
+// Epochs only grow; no flag is ever reset. After phase 2 no peer touches this
+// rank's buffers for epoch e any more, and no peer reads its header for e, so
+// the next exchange may overwrite both. Every wait has a deadline and names
+// the ranks not heard from.
+//
+// On the host backend the domain's memory is host memory and a handle names a
+// buffer in a process-wide registry (in-process ranks); the CUDA backend uses
+// IPC or fabric handles instead.
+package nvlink

@@ -1,0 +1,313 @@
+package nvlink
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+)
+
+// ErrPeerMismatch is returned when the ranks of a domain do not run the same
+// operation with the same signature in one exchange (a rank skipped a call,
+// or its shapes or options differ).
+var ErrPeerMismatch = errors.New("nvlink: peer mismatch")
+
+// ErrPeerReported is wrapped by PeerError: a peer published a failure
+// status for this exchange.
+var ErrPeerReported = errors.New("nvlink: peer reported an error")
+
+// MaxBuffers is the number of buffers one rank may expose in one exchange.
+const MaxBuffers = 8
+
+// Status codes a rank publishes with its header.
+const (
+	StatusOK      = 0
+	StatusInvalid = 1 // the rank's input was rejected; Msg says why
+	StatusFailed  = 2 // the rank is in a failed state
+)
+
+const msgCap = 200
+
+// header is the part of a control block a rank writes to publish one
+// exchange. It lives in shared memory and is read by peers after they see
+// epoch reach the exchange's number.
+type header struct {
+	epoch   atomic.Uint64
+	op      uint64
+	status  uint64
+	sig     [4]uint64
+	nbufs   uint64
+	handles [MaxBuffers]uint64
+	msgLen  uint64
+	msg     [msgCap]byte
+}
+
+// doneOffset is where the done[] array (one epoch per peer) starts.
+var doneOffset = (int(unsafe.Sizeof(header{})) + 127) &^ 127
+
+// Call describes this rank's side of one exchange.
+type Call struct {
+	Op  uint64    // operation code; must be equal on all ranks
+	Sig [4]uint64 // call signature (shapes, options); must be equal on all ranks
+	// Status is non-nil when this rank rejected its own input; it is
+	// published (as StatusInvalid with its message) so every peer fails the
+	// exchange too instead of waiting for this rank.
+	Status error
+	// Buffers are exposed to the peers for the duration of the exchange.
+	Buffers []*device.Buffer
+}
+
+// PeerError is the failure one peer published in an exchange.
+type PeerError struct {
+	Rank   int // global rank
+	Status uint64
+	Msg    string
+}
+
+func (e *PeerError) Error() string {
+	return fmt.Sprintf("nvlink: rank %d reported: %s", e.Rank, e.Msg)
+}
+
+// Unwrap makes errors.Is(err, ErrPeerReported) true.
+func (e *PeerError) Unwrap() error { return ErrPeerReported }
+
+// Domain is this rank's view of its NVLink domain.
+type Domain struct {
+	rank    int   // index in the domain
+	global  []int // global rank of each domain index
+	timeout time.Duration
+	ctrlBuf *device.Buffer
+	ctrl    []byte   // my control block
+	peers   [][]byte // every member's control block, mine included
+	epoch   uint64
+	failed  error
+}
+
+// New creates the domain of the group's ranks: every rank allocates its
+// control block on s, and the blocks' handles are all-gathered through g.
+// global[i] is the global rank of domain index i (used in error messages).
+// timeout bounds every wait in Exchange.
+func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeout time.Duration) (*Domain, error) {
+	if len(global) != g.Size() {
+		return nil, fmt.Errorf("nvlink: new domain: %d global ranks for a group of %d", len(global), g.Size())
+	}
+	if s.Backend().Kind() != device.KindHost {
+		return nil, fmt.Errorf("nvlink: new domain: %w: %s backend", device.ErrUnsupported, s.Backend().Kind())
+	}
+	size := doneOffset + 8*g.Size()
+	buf, err := s.Alloc(size)
+	if err != nil {
+		return nil, fmt.Errorf("nvlink: allocate control block: %w", err)
+	}
+	clear(buf.Host())
+	id := export(buf)
+	var h [handleSize]byte
+	putHandle(h[:], id)
+	all, err := g.AllGather(ctx, h[:])
+	if err != nil {
+		unexport(id)
+		s.Free(buf)
+		return nil, fmt.Errorf("nvlink: exchange control-block handles: %w", err)
+	}
+	d := &Domain{rank: g.Rank(), global: global, timeout: timeout, ctrlBuf: buf, ctrl: buf.Host()}
+	for p, hb := range all {
+		b, err := open(getHandle(hb))
+		if err != nil {
+			unexport(id)
+			s.Free(buf)
+			return nil, fmt.Errorf("nvlink: map control block of rank %d: %w", global[p], err)
+		}
+		d.peers = append(d.peers, b.Host())
+	}
+	// Nobody may unexport before everyone has mapped.
+	if err := g.Barrier(ctx); err != nil {
+		unexport(id)
+		s.Free(buf)
+		return nil, fmt.Errorf("nvlink: barrier after mapping control blocks: %w", err)
+	}
+	unexport(id)
+	return d, nil
+}
+
+// Rank is this rank's index in the domain; Size the number of ranks.
+func (d *Domain) Rank() int { return d.rank }
+
+// Size is the number of ranks in the domain.
+func (d *Domain) Size() int { return len(d.global) }
+
+// Global is the global rank of domain index i.
+func (d *Domain) Global(i int) int { return d.global[i] }
+
+func hdr(block []byte) *header { return (*header)(unsafe.Pointer(&block[0])) }
+
+func done(block []byte, p int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&block[doneOffset+8*p]))
+}
+
+// Exchange runs one exchange (see the package doc). fn is called with the
+// peers' exposed buffers, peers[p][i] being buffer i of domain rank p, and
+// only when every rank published StatusOK with equal Op and Sig. It must be
+// called in the same order on every rank, from the goroutine that runs the
+// rank's stream. Once an exchange has timed out, the domain is failed and
+// every later Exchange returns that error at once.
+func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error {
+	if d.failed != nil {
+		return fmt.Errorf("nvlink: domain failed earlier: %w", d.failed)
+	}
+	if len(c.Buffers) > MaxBuffers {
+		return fmt.Errorf("nvlink: exchange exposes %d buffers, at most %d", len(c.Buffers), MaxBuffers)
+	}
+	d.epoch++
+	e := d.epoch
+	deadline := time.Now().Add(d.timeout)
+
+	// Phase 1: publish.
+	h := hdr(d.ctrl)
+	h.op, h.sig, h.status, h.msgLen = c.Op, c.Sig, StatusOK, 0
+	if c.Status != nil {
+		h.status = StatusInvalid
+		n := copy(h.msg[:], c.Status.Error())
+		h.msgLen = uint64(n)
+	}
+	ids := make([]uint64, len(c.Buffers))
+	for i, b := range c.Buffers {
+		if b == nil {
+			continue
+		}
+		ids[i] = export(b)
+		h.handles[i] = ids[i]
+	}
+	defer func() {
+		for _, id := range ids {
+			if id != 0 {
+				unexport(id)
+			}
+		}
+	}()
+	h.nbufs = uint64(len(c.Buffers))
+	h.epoch.Store(e)
+
+	if err := d.wait("publish", deadline, func(p int) bool { return hdr(d.peers[p]).epoch.Load() >= e }); err != nil {
+		return err
+	}
+
+	// Every rank sees the same headers, so every rank takes the same branch
+	// below and the done phase still completes.
+	var failure error
+	for p := range d.peers {
+		ph := hdr(d.peers[p])
+		if ph.op != c.Op || ph.sig != c.Sig {
+			failure = fmt.Errorf("nvlink: rank %d runs operation %d %v, rank %d runs %d %v: %w",
+				d.global[d.rank], c.Op, c.Sig, d.global[p], ph.op, ph.sig, ErrPeerMismatch)
+			break
+		}
+	}
+	if failure == nil {
+		for p := range d.peers {
+			ph := hdr(d.peers[p])
+			if ph.status != StatusOK {
+				failure = &PeerError{Rank: d.global[p], Status: ph.status, Msg: string(ph.msg[:ph.msgLen])}
+				break
+			}
+		}
+	}
+	if failure == nil && fn != nil {
+		peers := make([][]*device.Buffer, len(d.peers))
+		for p := range d.peers {
+			ph := hdr(d.peers[p])
+			peers[p] = make([]*device.Buffer, ph.nbufs)
+			for i := range peers[p] {
+				if ph.handles[i] == 0 {
+					continue
+				}
+				b, err := open(ph.handles[i])
+				if err != nil {
+					failure = fmt.Errorf("nvlink: map buffer %d of rank %d: %w", i, d.global[p], err)
+					break
+				}
+				peers[p][i] = b
+			}
+		}
+		if failure == nil {
+			failure = fn(peers)
+		}
+	}
+
+	// Phase 2: done.
+	for p := range d.peers {
+		done(d.peers[p], d.rank).Store(e)
+	}
+	if err := d.wait("done", deadline, func(p int) bool { return done(d.ctrl, p).Load() >= e }); err != nil {
+		return err
+	}
+	return failure
+}
+
+// wait polls ready(p) for every peer until all are true or the deadline
+// passes; then the domain is failed and the error names the missing ranks.
+func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) error {
+	pending := make([]int, 0, len(d.peers))
+	for p := range d.peers {
+		pending = append(pending, p)
+	}
+	backoff := time.Microsecond
+	for spins := 0; ; spins++ {
+		left := pending[:0]
+		for _, p := range pending {
+			if !ready(p) {
+				left = append(left, p)
+			}
+		}
+		pending = left
+		if len(pending) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			missing := make([]int, len(pending))
+			for i, p := range pending {
+				missing[i] = d.global[p]
+			}
+			d.failed = &comm.TimeoutError{Op: fmt.Sprintf("nvlink exchange %d (%s) on rank %d", d.epoch, phase, d.global[d.rank]), Missing: missing}
+			return d.failed
+		}
+		if spins < 64 {
+			runtime.Gosched()
+			continue
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 200*time.Microsecond)
+	}
+}
+
+// Fail marks the domain failed: later exchanges return err at once.
+func (d *Domain) Fail(err error) {
+	if d.failed == nil {
+		d.failed = err
+	}
+}
+
+// Close releases the control block in stream order. Peers must have left
+// the domain too (the executor closes with a barrier).
+func (d *Domain) Close() {
+	if d.ctrlBuf != nil {
+		d.ctrlBuf.Free()
+		d.ctrlBuf = nil
+	}
+}
+
+// U64 packs a few integers into a signature word (low 16 bits of a, etc.);
+// a helper for building Call.Sig values.
+func U64(vals ...uint16) uint64 {
+	var b [8]byte
+	for i, v := range vals[:min(len(vals), 4)] {
+		binary.LittleEndian.PutUint16(b[2*i:], v)
+	}
+	return binary.LittleEndian.Uint64(b[:])
+}
