@@ -1,0 +1,128 @@
+package reference
+
+// RankLayout is the layout of one rank d (DESIGN.md section 2, Layout).
+// N = RecvCount, K = TopK, L = NumLocalExperts.
+type RankLayout struct {
+	// RecvCount is N_d: one row per source token (s, t) that has at least
+	// one slot naming an expert on d, whatever number of d's experts it
+	// chose.
+	RecvCount int
+	// SrcRank[i], SrcToken[i] are received row i's source (s, t). Rows are
+	// in receive order: s ascending, then t ascending.
+	SrcRank, SrcToken []int32
+	// RecvIdx [N, K]: RecvIdx[i*K+k] = e % L if slot k of (s, t) names an
+	// expert e on d, else -1.
+	RecvIdx []int32
+	// RecvWeights [N, K]: the source's weight of each slot kept in RecvIdx,
+	// 0 elsewhere; nil for an unweighted World.
+	RecvWeights []float32
+	// TokensPerExpert [L]: the number of rows i with some RecvIdx[i*K+k] == e.
+	TokensPerExpert []int
+	// ExpertOffsets [L+1]: ExpertOffsets[0] = 0, ExpertOffsets[e+1] =
+	// ExpertOffsets[e] + roundUp(TokensPerExpert[e], PadMultiple). Expert
+	// e's segment of the permuted layout is [ExpertOffsets[e],
+	// ExpertOffsets[e+1]).
+	ExpertOffsets []int
+	// PermutedCount is P_d = ExpertOffsets[L], padding included.
+	PermutedCount int
+	// Pos [N, K]: for RecvIdx[i*K+k] = e >= 0, ExpertOffsets[e] + the number
+	// of rows before i (in receive order) that chose e; else -1.
+	Pos []int32
+}
+
+// Layout returns rank d's layout, written straight from the definition.
+// The World must be valid (Validate); otherwise the result is undefined.
+func (w *World) Layout(d int) RankLayout {
+	K, L := w.TopK, w.NumLocalExperts()
+	var lay RankLayout
+	// Received rows: every (s, t), s ascending then t ascending, that has a
+	// slot naming an expert on d (expert e lives on rank e / L).
+	for s := range w.NumRanks {
+		for t := range w.NumTokens(s) {
+			row := w.TopkIdx[s][t*K : (t+1)*K]
+			goesHere := false
+			for _, e := range row {
+				if e >= 0 && int(e)/L == d {
+					goesHere = true
+				}
+			}
+			if !goesHere {
+				continue
+			}
+			lay.SrcRank = append(lay.SrcRank, int32(s))
+			lay.SrcToken = append(lay.SrcToken, int32(t))
+			for k, e := range row {
+				if e >= 0 && int(e)/L == d {
+					lay.RecvIdx = append(lay.RecvIdx, e%int32(L))
+					if w.Weights != nil {
+						lay.RecvWeights = append(lay.RecvWeights, w.Weights[s][t*K+k])
+					}
+				} else {
+					lay.RecvIdx = append(lay.RecvIdx, -1)
+					if w.Weights != nil {
+						lay.RecvWeights = append(lay.RecvWeights, 0)
+					}
+				}
+			}
+		}
+	}
+	lay.RecvCount = len(lay.SrcRank)
+	if w.Weights != nil && lay.RecvWeights == nil {
+		lay.RecvWeights = []float32{}
+	}
+
+	// Rows per local expert, then padded segments in expert order.
+	lay.TokensPerExpert = make([]int, L)
+	for _, e := range lay.RecvIdx {
+		if e >= 0 {
+			lay.TokensPerExpert[e]++
+		}
+	}
+	p := w.pad()
+	lay.ExpertOffsets = make([]int, L+1)
+	for e := range L {
+		padded := (lay.TokensPerExpert[e] + p - 1) / p * p
+		lay.ExpertOffsets[e+1] = lay.ExpertOffsets[e] + padded
+	}
+	lay.PermutedCount = lay.ExpertOffsets[L]
+
+	// Position of (i, k): e's segment start plus i's rank among e's rows.
+	lay.Pos = make([]int32, lay.RecvCount*K)
+	seen := make([]int, L)
+	for i := range lay.RecvCount {
+		for k := range K {
+			e := lay.RecvIdx[i*K+k]
+			if e < 0 {
+				lay.Pos[i*K+k] = -1
+				continue
+			}
+			lay.Pos[i*K+k] = int32(lay.ExpertOffsets[e] + seen[e])
+			seen[e]++
+		}
+	}
+	return lay
+}
+
+// Route is one destination of a source token: the rank it went to and its
+// row in that rank's receive order.
+type Route struct {
+	Rank, Row int
+}
+
+// Routes returns, for every source rank s and token t, the destinations of
+// (s, t) in ascending rank order: routes[s][t]. A token routed nowhere has
+// none.
+func (w *World) Routes() [][][]Route {
+	routes := make([][][]Route, w.NumRanks)
+	for s := range w.NumRanks {
+		routes[s] = make([][]Route, w.NumTokens(s))
+	}
+	for d := range w.NumRanks { // ascending, so each list is sorted by rank
+		lay := w.Layout(d)
+		for i := range lay.RecvCount {
+			s, t := lay.SrcRank[i], lay.SrcToken[i]
+			routes[s][t] = append(routes[s][t], Route{Rank: d, Row: i})
+		}
+	}
+	return routes
+}

@@ -1,0 +1,145 @@
+// Package reference is a naive, obviously correct model of goep's semantics
+// (DESIGN.md section 2), written straight from the text, on plain Go slices.
+//
+// It is what the engine is tested against: every function here is a direct
+// loop over the definition, with no buffers, no plans and no parallelism, so
+// that reading it against the design is enough to trust it. It is slow and
+// meant for tests only.
+//
+// Data layout: a tensor of n rows by Hidden elements of DType is a []byte of
+// n*Hidden*DType.Size() little-endian bytes, row-major, as on the device.
+// Index tables ([rows, TopK]) are []int32 and weight tables []float32, both
+// row-major. Per-rank data is indexed by rank: x[r] is rank r's tensor.
+//
+// Usage:
+//
+//	w := &reference.World{NumRanks: 4, NumExperts: 8, TopK: 2, Hidden: 2,
+//		PadMultiple: 1, DType: device.BF16, TopkIdx: idx, X: x}
+//	if err := w.Validate(); err != nil { ... }
+//	lay := w.Layout(d)           // rank d's tables
+//	recvX := w.Dispatch(d)       // rank d's received rows
+//	out := w.Combine(z)          // out[s]: source rank s's combined rows
+package reference
+
+import (
+	"fmt"
+
+	"github.com/goep/goep/device"
+)
+
+// World is one call's inputs on every rank of an EP group, plus the group's
+// static shape. Expert e lives on rank e/L as local expert e%L, with
+// L = NumExperts/NumRanks.
+type World struct {
+	NumRanks   int // R
+	NumExperts int // E; NumRanks divides it
+	TopK       int // K
+	Hidden     int // H
+	// RanksPerDomain is D, the ranks per NVLink domain (domain of rank r is
+	// r/D); 0 means one domain of all ranks. It only changes Combine.
+	RanksPerDomain int
+	// PadMultiple rounds each expert's segment of the permuted layout up to
+	// a multiple of it; 0 means 1 (no padding).
+	PadMultiple int
+	// DType is the activation dtype, BF16 or FP32.
+	DType device.DType
+	// TopkIdx[r] is rank r's routing, [T_r, K] row-major, values in [-1, E),
+	// -1 an empty slot. T_r = len(TopkIdx[r]) / K.
+	TopkIdx [][]int32
+	// X[r] is rank r's tokens, [T_r, H] in DType; nil when only the layout
+	// or other calls' data is needed.
+	X [][]byte
+	// Weights[r] is rank r's router weights, [T_r, K] fp32; nil for an
+	// unweighted call.
+	Weights [][]float32
+}
+
+// NumLocalExperts is L = E / R.
+func (w *World) NumLocalExperts() int { return w.NumExperts / w.NumRanks }
+
+// NumTokens is T_r = len(TopkIdx[r]) / K.
+func (w *World) NumTokens(r int) int { return len(w.TopkIdx[r]) / w.TopK }
+
+// RowBytes is the size of one activation row, H * DType.Size().
+func (w *World) RowBytes() int { return w.Hidden * w.DType.Size() }
+
+func (w *World) pad() int {
+	if w.PadMultiple <= 0 {
+		return 1
+	}
+	return w.PadMultiple
+}
+
+func (w *World) ranksPerDomain() int {
+	if w.RanksPerDomain <= 0 {
+		return w.NumRanks
+	}
+	return w.RanksPerDomain
+}
+
+// Validate checks the shape and the routing: sizes positive, R divides E, D
+// divides R, K <= E, dtype BF16 or FP32, one routing table per rank of a
+// whole number of rows, every index in [-1, E), no expert repeated within a
+// row, and X and Weights (when given) of the matching sizes.
+func (w *World) Validate() error {
+	switch {
+	case w.NumRanks <= 0:
+		return fmt.Errorf("reference: NumRanks %d", w.NumRanks)
+	case w.NumExperts <= 0 || w.NumExperts%w.NumRanks != 0:
+		return fmt.Errorf("reference: NumExperts %d is not a positive multiple of NumRanks %d", w.NumExperts, w.NumRanks)
+	case w.TopK <= 0 || w.TopK > w.NumExperts:
+		return fmt.Errorf("reference: TopK %d not in [1, %d]", w.TopK, w.NumExperts)
+	case w.Hidden <= 0:
+		return fmt.Errorf("reference: Hidden %d", w.Hidden)
+	case w.RanksPerDomain < 0 || w.NumRanks%w.ranksPerDomain() != 0:
+		return fmt.Errorf("reference: RanksPerDomain %d does not divide NumRanks %d", w.RanksPerDomain, w.NumRanks)
+	case w.PadMultiple < 0:
+		return fmt.Errorf("reference: PadMultiple %d", w.PadMultiple)
+	case w.DType != device.BF16 && w.DType != device.FP32:
+		return fmt.Errorf("reference: DType %v (want bf16 or fp32)", w.DType)
+	case len(w.TopkIdx) != w.NumRanks:
+		return fmt.Errorf("reference: %d routing tables for %d ranks", len(w.TopkIdx), w.NumRanks)
+	case w.X != nil && len(w.X) != w.NumRanks:
+		return fmt.Errorf("reference: %d token tensors for %d ranks", len(w.X), w.NumRanks)
+	case w.Weights != nil && len(w.Weights) != w.NumRanks:
+		return fmt.Errorf("reference: %d weight tables for %d ranks", len(w.Weights), w.NumRanks)
+	}
+	for r, idx := range w.TopkIdx {
+		if len(idx)%w.TopK != 0 {
+			return fmt.Errorf("reference: rank %d: routing of %d values is not a whole number of rows of %d", r, len(idx), w.TopK)
+		}
+		T := len(idx) / w.TopK
+		for t := range T {
+			for k := range w.TopK {
+				e := idx[t*w.TopK+k]
+				if e < -1 || int(e) >= w.NumExperts {
+					return fmt.Errorf("reference: rank %d token %d slot %d: expert %d not in [-1, %d)", r, t, k, e, w.NumExperts)
+				}
+				if e < 0 {
+					continue
+				}
+				for k2 := range k {
+					if idx[t*w.TopK+k2] == e {
+						return fmt.Errorf("reference: rank %d token %d: expert %d in slots %d and %d", r, t, e, k2, k)
+					}
+				}
+			}
+		}
+		if w.X != nil && len(w.X[r]) != T*w.RowBytes() {
+			return fmt.Errorf("reference: rank %d: %d bytes of tokens, want %d rows of %d", r, len(w.X[r]), T, w.RowBytes())
+		}
+		if w.Weights != nil && len(w.Weights[r]) != T*w.TopK {
+			return fmt.Errorf("reference: rank %d: %d weights, want %d", r, len(w.Weights[r]), T*w.TopK)
+		}
+	}
+	return nil
+}
+
+// roundTo rounds f to dtype dt and widens it back: the value a store of f
+// into a dt tensor followed by a load gives.
+func roundTo(dt device.DType, f float32) float32 {
+	if dt == device.BF16 {
+		return device.BF16ToFloat32(device.Float32ToBF16(f))
+	}
+	return f
+}
