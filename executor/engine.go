@@ -1,0 +1,265 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/nvlink"
+)
+
+// Operation codes published in every exchange so that ranks running
+// different calls fail with ErrPeerMismatch instead of mixing data.
+const (
+	opLayout uint64 = iota + 1
+	opDispatch
+	opCombine
+	opDispatchPermute
+	opUnpermuteCombine
+)
+
+var opNames = map[uint64]string{
+	opLayout: "layout", opDispatch: "dispatch", opCombine: "combine",
+	opDispatchPermute: "dispatch-permute", opUnpermuteCombine: "unpermute-combine",
+}
+
+// Engine is one rank's expert-parallel communication engine. All of an
+// engine's calls must come from one goroutine at a time, and every rank of
+// the group must make the same collective calls (Layout, Dispatch, Combine
+// and the fused and backward variants) in the same order. Permute,
+// Unpermute and their backward calls are local.
+//
+// Calls enqueue work on the engine's stream and return; outputs are ready
+// after Synchronize (or device.Download). Errors found on the host (shapes,
+// dtypes) are returned at once; errors found by the queued work (a peer's bad
+// input, a timeout, capacity overflow) are returned by the next Synchronize.
+type Engine struct {
+	cfg     Config
+	rank    int
+	size    int
+	local   int // NumLocalExperts
+	group   comm.Group
+	backend device.Backend
+	stream  *device.HostStream
+	domain  *nvlink.Domain
+	log     *zap.Logger
+
+	handles uint64 // layouts made, numbering handles
+	failed  atomic.Pointer[error]
+	closed  bool
+}
+
+// Option configures New.
+type Option func(*options)
+
+type options struct{ log *zap.Logger }
+
+// WithLogger sets the logger (default: no logging). The engine logs under
+// the names "executor" and "layout", never per token or per chunk.
+func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
+
+// New creates this rank's engine. It is collective over g: every rank must
+// call it with an equal Config (compared field by field; a difference is
+// ErrPeerMismatch on every rank, naming the field and the ranks).
+func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts ...Option) (*Engine, error) {
+	o := options{log: zap.NewNop()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if g == nil || b == nil {
+		return nil, fmt.Errorf("executor: new: nil group or backend: %w", ErrInvalidInput)
+	}
+	R := g.Size()
+	cfg, cerr := cfg.withDefaults(R)
+	if cerr == nil {
+		cerr = cfg.ValidateFor(R)
+	}
+	// Compare configs before acting on local errors, so that a rank with a
+	// bad config does not leave the others waiting.
+	desc := describe(cfg, cerr)
+	all, err := g.AllGather(ctx, []byte(desc))
+	if err != nil {
+		return nil, fmt.Errorf("executor: new: exchange configs: %w", err)
+	}
+	if cerr != nil {
+		return nil, fmt.Errorf("%w: %w", cerr, ErrInvalidInput)
+	}
+	for r, d := range all {
+		if string(d) != desc {
+			return nil, fmt.Errorf("executor: new: config of rank %d differs from rank %d's: %s: %w",
+				r, g.Rank(), diffDescriptions(desc, string(d)), ErrPeerMismatch)
+		}
+	}
+	if cfg.RanksPerDomain != R {
+		return nil, fmt.Errorf("executor: new: RanksPerDomain %d < %d ranks needs the inter-domain (RDMA) path, not built yet: %w", cfg.RanksPerDomain, R, ErrUnsupported)
+	}
+	if b.Kind() != device.KindHost {
+		return nil, fmt.Errorf("executor: new: %s backend: %w", b.Kind(), ErrUnsupported)
+	}
+	s, err := b.NewStream()
+	if err != nil {
+		return nil, fmt.Errorf("executor: new: %w", err)
+	}
+	global := make([]int, R)
+	for i := range global {
+		global[i] = i
+	}
+	dctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	dom, err := nvlink.New(dctx, g, s, global, cfg.Timeout)
+	if err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("executor: new: %w", err)
+	}
+	e := &Engine{
+		cfg: cfg, rank: g.Rank(), size: R, local: cfg.NumExperts / R,
+		group: g, backend: b, stream: s.(*device.HostStream), domain: dom,
+		log: o.log.Named("executor"),
+	}
+	e.log.Debug("engine ready", zap.Int("rank", e.rank), zap.Int("ranks", R), zap.Any("config", cfg))
+	return e, nil
+}
+
+// describe renders a config as "Field=value" pairs (or the local error) for
+// the cross-rank comparison.
+func describe(c Config, err error) string {
+	if err != nil {
+		return "invalid config: " + err.Error()
+	}
+	v := reflect.ValueOf(c)
+	parts := make([]string, v.NumField())
+	for i := range parts {
+		parts[i] = fmt.Sprintf("%s=%v", v.Type().Field(i).Name, v.Field(i).Interface())
+	}
+	return strings.Join(parts, " ")
+}
+
+func diffDescriptions(a, b string) string {
+	fa, fb := strings.Fields(a), strings.Fields(b)
+	if len(fa) != len(fb) {
+		return fmt.Sprintf("%q vs %q", a, b)
+	}
+	var diffs []string
+	for i := range fa {
+		if fa[i] != fb[i] {
+			diffs = append(diffs, fmt.Sprintf("%s vs %s", fb[i], fa[i]))
+		}
+	}
+	return strings.Join(diffs, ", ")
+}
+
+// Config returns the engine's config with defaults filled in.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Rank is this engine's rank; NumRanks the group size.
+func (e *Engine) Rank() int { return e.rank }
+
+// NumRanks is R.
+func (e *Engine) NumRanks() int { return e.size }
+
+// NumLocalExperts is L = NumExperts / NumRanks.
+func (e *Engine) NumLocalExperts() int { return e.local }
+
+// Stream is the engine's stream; all its work runs there in order.
+func (e *Engine) Stream() device.Stream { return e.stream }
+
+// NewTensor allocates an uninitialised tensor on the engine's stream.
+func (e *Engine) NewTensor(dt device.DType, shape ...int) (*device.Tensor, error) {
+	return device.NewTensor(e.stream, dt, shape...)
+}
+
+// Synchronize waits for all queued work and returns its first error. A
+// timeout fails the engine for good.
+func (e *Engine) Synchronize(ctx context.Context) error {
+	if e.closed {
+		return ErrClosed
+	}
+	if err := e.stream.Synchronize(ctx); err != nil {
+		return e.noteFailure(err)
+	}
+	return nil
+}
+
+// noteFailure records fatal errors (timeouts) and wraps them for the caller.
+func (e *Engine) noteFailure(err error) error {
+	if errors.Is(err, ErrTimeout) {
+		e.failed.CompareAndSwap(nil, &err)
+	}
+	return err
+}
+
+// usable reports why the engine cannot take a call.
+func (e *Engine) usable() error {
+	if e.closed {
+		return ErrClosed
+	}
+	if p := e.failed.Load(); p != nil {
+		return fmt.Errorf("%w: %w", ErrFailed, *p)
+	}
+	return nil
+}
+
+// exchange runs one domain exchange from a stream task and records a
+// timeout as fatal.
+func (e *Engine) exchange(c nvlink.Call, fn func(peers [][]*device.Buffer) error) error {
+	err := e.domain.Exchange(c, fn)
+	if errors.Is(err, ErrTimeout) {
+		e.failed.CompareAndSwap(nil, &err)
+	}
+	if errors.Is(err, nvlink.ErrPeerReported) {
+		err = fmt.Errorf("%s: %w: %w", opNames[c.Op], err, ErrInvalidInput)
+	} else if err != nil {
+		err = fmt.Errorf("%s: %w", opNames[c.Op], err)
+	}
+	return err
+}
+
+// reject makes this rank join the exchange of a call whose input it
+// rejected, publishing the reason, so that every peer fails the call at
+// once instead of waiting for this rank. The local error is returned to the
+// caller directly, so the task itself reports nothing.
+func (e *Engine) reject(op uint64, cause error) error {
+	e.stream.Go("reject "+opNames[op], func() error {
+		_ = e.domain.Exchange(nvlink.Call{Op: op, Status: cause}, nil)
+		return nil
+	})
+	return cause
+}
+
+// Close waits for queued work, leaves the domain and frees the engine's
+// memory. After a failure it still frees everything. Handles and outputs
+// the caller still holds stay valid to Close.
+func (e *Engine) Close() error {
+	if e.closed {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	var errs []error
+	if err := e.stream.Synchronize(ctx); err != nil && e.failed.Load() == nil && !errors.Is(err, ErrTimeout) {
+		errs = append(errs, err)
+	}
+	// Peers may still be in their last exchange with this rank's control
+	// block; wait for them unless the group is already broken.
+	if e.failed.Load() == nil {
+		bctx, bcancel := context.WithTimeout(context.Background(), min(e.cfg.Timeout, 10*time.Second))
+		if err := e.group.Barrier(bctx); err != nil {
+			errs = append(errs, fmt.Errorf("executor: close: %w", err))
+		}
+		bcancel()
+	}
+	e.domain.Close()
+	if err := e.stream.Close(); err != nil && e.failed.Load() == nil {
+		errs = append(errs, err)
+	}
+	e.closed = true
+	return errors.Join(errs...)
+}

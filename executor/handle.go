@@ -1,0 +1,237 @@
+package executor
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/nvlink"
+	"github.com/goep/goep/permute"
+)
+
+// Handle is the result of one Layout: the routing's plan, reused by every
+// dispatch, combine, permute and backward call on it. In capacity mode its
+// contents live in device memory and the host learns them only through
+// Counts.
+type Handle struct {
+	e         *Engine
+	id        uint64
+	numTokens int
+	// lay is written by the layout's stream task and read by later tasks
+	// (stream order makes that safe); the host reads it only after a
+	// Synchronize.
+	lay *Layout
+	// counts is device memory: Int32 [countsHeader + L] (see Counts).
+	counts *device.Tensor
+	// recvRows and permRows are the row counts of outputs: exact in
+	// blocking mode, capacities in capacity mode.
+	recvRows, permRows int
+	closed             bool
+}
+
+// Layout of the device counts tensor.
+const (
+	countRecv     = 0 // RecvCount
+	countPermuted = 1 // PermutedCount
+	countOverflow = 2 // 1 when this rank dropped rows (capacity mode, OverflowDrop)
+	countsHeader  = 4 // TokensPerExpert follows
+)
+
+// Counts is what the layout found on this rank.
+type Counts struct {
+	// RecvCount (N) and PermutedCount (P) are the true counts. In capacity
+	// mode the valid prefix of an output is min(count, capacity).
+	RecvCount, PermutedCount int
+	// TokensPerExpert is the received rows routed to each local expert.
+	TokensPerExpert []int
+	// Overflow is set when this rank dropped rows (OverflowDrop).
+	Overflow bool
+}
+
+// CapacityError reports ranks that received more rows than the capacity
+// mode allows. Every rank of the layout reports the same error.
+type CapacityError struct {
+	Ranks                            []int // ranks over capacity
+	RecvCounts, PermutedCounts       []int // their counts
+	MaxRecvTokens, MaxPermutedTokens int
+}
+
+func (e *CapacityError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "executor: capacity exceeded (MaxRecvTokens %d, MaxPermutedTokens %d):", e.MaxRecvTokens, e.MaxPermutedTokens)
+	for i, r := range e.Ranks {
+		fmt.Fprintf(&b, " rank %d receives %d rows, %d permuted;", r, e.RecvCounts[i], e.PermutedCounts[i])
+	}
+	return strings.TrimSuffix(b.String(), ";")
+}
+
+// Unwrap makes errors.Is(err, ErrCapacityExceeded) true.
+func (e *CapacityError) Unwrap() error { return ErrCapacityExceeded }
+
+// Layout runs metadata preprocessing (collective): every rank's top-k
+// indices are exchanged within the domain and each rank computes its
+// Layout. In blocking mode it waits for the result, so errors (a rank's bad
+// routing, a timeout) are returned here on every rank; in capacity mode it
+// returns at once and errors come with the next Synchronize.
+func (e *Engine) Layout(ctx context.Context, in LayoutInput) (*Handle, error) {
+	if err := e.usable(); err != nil {
+		return nil, err
+	}
+	e.handles++
+	sig := [4]uint64{e.handles}
+	idx := in.TopkIdx
+	if err := e.checkTopk(idx); err != nil {
+		return nil, e.reject(opLayout, err)
+	}
+	counts, err := e.NewTensor(device.Int32, countsHeader+e.local)
+	if err != nil {
+		return nil, err
+	}
+	h := &Handle{e: e, id: e.handles, numTokens: idx.Rows(), counts: counts}
+	cfg := e.cfg
+	e.stream.Go("layout", func() error {
+		return e.exchange(nvlink.Call{Op: opLayout, Sig: sig, Buffers: []*device.Buffer{idx.Buffer()}}, func(peers [][]*device.Buffer) error {
+			routing := make([][]int32, len(peers))
+			for p := range peers {
+				routing[p] = permute.Int32s(peers[p][0].Host())
+			}
+			lay, err := ComputeLayout(e.rank, cfg, routing)
+			if err != nil {
+				return err
+			}
+			h.lay = lay
+			return e.finishLayout(h)
+		})
+	})
+	if cfg.Mode == Capacity {
+		h.recvRows, h.permRows = cfg.MaxRecvTokens, cfg.MaxPermutedTokens
+		return h, nil
+	}
+	if err := e.Synchronize(ctx); err != nil {
+		counts.Close()
+		return nil, err
+	}
+	h.recvRows, h.permRows = h.lay.RecvCount, h.lay.PermutedCount
+	e.log.Named("layout").Debug("layout", zap.Int("rank", e.rank), zap.Int("recv", h.recvRows), zap.Int("permuted", h.permRows))
+	return h, nil
+}
+
+// finishLayout writes the device counts and applies the capacity policy
+// (stream task).
+func (e *Engine) finishLayout(h *Handle) error {
+	lay, cfg := h.lay, e.cfg
+	c := permute.Int32s(h.counts.Bytes())
+	clear(c)
+	c[countRecv], c[countPermuted] = int32(lay.RecvCount), int32(lay.PermutedCount)
+	copy(c[countsHeader:], lay.TokensPerExpert)
+	if cfg.Mode != Capacity {
+		return nil
+	}
+	if lay.RecvCount > cfg.MaxRecvTokens || lay.PermutedCount > cfg.MaxPermutedTokens {
+		c[countOverflow] = 1
+	}
+	if cfg.Overflow == OverflowError {
+		return capacityCheck(lay, cfg)
+	}
+	return nil
+}
+
+// capacityCheck returns the CapacityError of a layout, or nil.
+func capacityCheck(lay *Layout, cfg Config) error {
+	var ce *CapacityError
+	for r := range lay.RecvCounts {
+		if lay.RecvCounts[r] > cfg.MaxRecvTokens || lay.PermutedCounts[r] > cfg.MaxPermutedTokens {
+			if ce == nil {
+				ce = &CapacityError{MaxRecvTokens: cfg.MaxRecvTokens, MaxPermutedTokens: cfg.MaxPermutedTokens}
+			}
+			ce.Ranks = append(ce.Ranks, r)
+			ce.RecvCounts = append(ce.RecvCounts, lay.RecvCounts[r])
+			ce.PermutedCounts = append(ce.PermutedCounts, lay.PermutedCounts[r])
+		}
+	}
+	if ce == nil {
+		return nil
+	}
+	return ce
+}
+
+// NumTokens is T of this rank for this layout.
+func (h *Handle) NumTokens() int { return h.numTokens }
+
+// RecvRows is the row count of received-row tensors (RecvX, Z, unpermute
+// outputs): RecvCount in blocking mode, MaxRecvTokens in capacity mode.
+func (h *Handle) RecvRows() int { return h.recvRows }
+
+// PermutedRows is the row count of permuted tensors: PermutedCount in
+// blocking mode, MaxPermutedTokens in capacity mode.
+func (h *Handle) PermutedRows() int { return h.permRows }
+
+// DeviceCounts is the counts tensor in device memory, Int32 [4 + L]:
+// RecvCount, PermutedCount, overflow flag, 0, then TokensPerExpert. It is
+// written by the layout's queued work.
+func (h *Handle) DeviceCounts() *device.Tensor { return h.counts }
+
+// Counts synchronises the engine's stream and returns the counts.
+func (h *Handle) Counts(ctx context.Context) (Counts, error) {
+	if h.closed {
+		return Counts{}, ErrClosed
+	}
+	b, err := device.Download(ctx, h.counts)
+	if err != nil {
+		return Counts{}, h.e.noteFailure(err)
+	}
+	c := device.DecodeInt32(b)
+	out := Counts{RecvCount: int(c[countRecv]), PermutedCount: int(c[countPermuted]), Overflow: c[countOverflow] != 0}
+	for _, n := range c[countsHeader:] {
+		out.TokensPerExpert = append(out.TokensPerExpert, int(n))
+	}
+	return out, nil
+}
+
+// Close frees the handle's device memory in stream order; queued work that
+// uses the handle still completes correctly.
+func (h *Handle) Close() error {
+	if h == nil || h.closed {
+		return nil
+	}
+	h.closed = true
+	return h.counts.Close()
+}
+
+// checkTopk validates the routing tensor's shape and dtype on the host.
+// Values are checked by the layout on every rank.
+func (e *Engine) checkTopk(t *device.Tensor) error {
+	if err := checkTensor("TopkIdx", t, device.Int32, -1, e.cfg.TopK); err != nil {
+		return err
+	}
+	if t.Rows() > e.cfg.MaxTokensPerRank {
+		return fmt.Errorf("executor: layout: %d tokens exceed MaxTokensPerRank %d: %w", t.Rows(), e.cfg.MaxTokensPerRank, ErrInvalidInput)
+	}
+	return nil
+}
+
+// checkTensor checks a tensor's presence, dtype (0: BF16 or FP32) and 2-D
+// shape (-1: any rows).
+func checkTensor(name string, t *device.Tensor, dt device.DType, rows, cols int) error {
+	if t == nil {
+		return fmt.Errorf("executor: %s is nil: %w", name, ErrInvalidInput)
+	}
+	switch {
+	case dt == 0 && t.DType() != device.BF16 && t.DType() != device.FP32:
+		return fmt.Errorf("executor: %s has dtype %v, want bf16 or fp32: %w", name, t.DType(), ErrInvalidInput)
+	case dt != 0 && t.DType() != dt:
+		return fmt.Errorf("executor: %s has dtype %v, want %v: %w", name, t.DType(), dt, ErrInvalidInput)
+	}
+	s := t.Shape()
+	if len(s) != 2 || (rows >= 0 && s[0] != rows) || s[1] != cols {
+		want := fmt.Sprintf("[%d %d]", rows, cols)
+		if rows < 0 {
+			want = fmt.Sprintf("[T %d]", cols)
+		}
+		return fmt.Errorf("executor: %s has shape %v, want %s: %w", name, s, want, ErrInvalidInput)
+	}
+	return nil
+}

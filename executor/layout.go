@@ -1,0 +1,257 @@
+package executor
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Layout is the pure result of metadata preprocessing for one rank: who
+// sends what to whom and where every row lands (DESIGN.md section 2). It is a
+// deterministic function of (every rank's routing, config); every rank
+// computes the whole world's counts, so a fault on one rank is seen by all.
+type Layout struct {
+	Rank, NumRanks, NumLocalExperts, TopK, PadMultiple int
+
+	// NumTokens is T of this rank.
+	NumTokens int
+
+	// Send side, one entry per (local token, destination rank), tokens
+	// ascending and, within a token, destinations ascending:
+	// SendDest[j] / SendRow[j] for j in [SendOffsets[t], SendOffsets[t+1]).
+	SendOffsets []int32 // [T+1]
+	SendDest    []int32 // destination rank
+	SendRow     []int32 // row index in the destination's receive order
+	// SlotRow and SlotPos give, for slot k of local token t, the row of the
+	// token on the rank owning the slot's expert and the row's position in
+	// that rank's permuted layout; -1 for empty slots.
+	SlotRow []int32 // [T*K]
+	SlotPos []int32 // [T*K]
+	// SlotExpert is this rank's own routing (global expert ids, -1 empty),
+	// [T*K]; the owner of slot k's expert is SlotExpert / NumLocalExperts.
+	SlotExpert []int32
+
+	// Receive side (this rank as destination), in receive order.
+	RecvCount    int     // N
+	RecvSrcRank  []int32 // [N]
+	RecvSrcToken []int32 // [N]
+	RecvIdx      []int32 // [N*K] local expert id of each slot, else -1
+	Pos          []int32 // [N*K] position in the permuted layout, else -1
+
+	TokensPerExpert []int32 // [L]
+	ExpertOffsets   []int32 // [L+1] padded segment starts; ExpertOffsets[L] = PermutedCount
+	PermutedCount   int     // P
+
+	// World counts, for capacity checks on every rank.
+	RecvCounts     []int // N of every rank
+	PermutedCounts []int // P of every rank
+}
+
+// RoutingError is a fault in one rank's routing; every rank of the layout
+// reports the same one.
+type RoutingError struct {
+	Rank, Token, Slot int
+	Msg               string
+}
+
+func (e *RoutingError) Error() string {
+	if e.Token < 0 {
+		return fmt.Sprintf("executor: routing of rank %d: %s", e.Rank, e.Msg)
+	}
+	return fmt.Sprintf("executor: routing of rank %d, token %d, slot %d: %s", e.Rank, e.Token, e.Slot, e.Msg)
+}
+
+// Unwrap makes errors.Is(err, ErrInvalidInput) true.
+func (e *RoutingError) Unwrap() error { return ErrInvalidInput }
+
+// checkRouting validates one rank's top-k indices.
+func checkRouting(rank int, idx []int32, topK, numExperts, maxTokens int) error {
+	if len(idx)%topK != 0 {
+		return &RoutingError{Rank: rank, Token: -1, Msg: fmt.Sprintf("%d indices is not a multiple of TopK %d", len(idx), topK)}
+	}
+	if t := len(idx) / topK; t > maxTokens {
+		return &RoutingError{Rank: rank, Token: -1, Msg: fmt.Sprintf("%d tokens exceed MaxTokensPerRank %d", t, maxTokens)}
+	}
+	for t := 0; t < len(idx)/topK; t++ {
+		row := idx[t*topK : (t+1)*topK]
+		for k, e := range row {
+			if e < -1 || int(e) >= numExperts {
+				return &RoutingError{Rank: rank, Token: t, Slot: k, Msg: fmt.Sprintf("expert %d out of range [-1, %d)", e, numExperts)}
+			}
+			if e >= 0 && slices.Contains(row[:k], e) {
+				return &RoutingError{Rank: rank, Token: t, Slot: k, Msg: fmt.Sprintf("expert %d repeated (already in slot %d)", e, slices.Index(row, e))}
+			}
+		}
+	}
+	return nil
+}
+
+func padUp(n, m int) int { return (n + m - 1) / m * m }
+
+// ComputeLayout computes rank's layout from every rank's top-k indices
+// (routing[s] is rank s's [T_s*TopK] int32 array). It validates every
+// rank's routing first.
+func ComputeLayout(rank int, cfg Config, routing [][]int32) (*Layout, error) {
+	R := len(routing)
+	K, E := cfg.TopK, cfg.NumExperts
+	if R == 0 || E%R != 0 || rank < 0 || rank >= R {
+		return nil, fmt.Errorf("executor: layout of rank %d over %d ranks with %d experts", rank, R, E)
+	}
+	pad := max(cfg.PadMultiple, 1)
+	L := E / R
+	for s, idx := range routing {
+		if err := checkRouting(s, idx, K, E, cfg.MaxTokensPerRank); err != nil {
+			return nil, err
+		}
+	}
+
+	// World counts: rows each destination receives from each source, and
+	// rows routed to each (destination, local expert) from each source.
+	// fromSrc[s*R+d] and expertFromSrc[s*E+e] (global expert id e).
+	fromSrc := make([]int, R*R)
+	expertFromSrc := make([]int, R*E)
+	dests := make([]int32, 0, K)
+	for s, idx := range routing {
+		for t := 0; t < len(idx)/K; t++ {
+			dests = tokenDests(dests[:0], idx[t*K:(t+1)*K], L)
+			for _, d := range dests {
+				fromSrc[s*R+int(d)]++
+			}
+			for _, e := range idx[t*K : (t+1)*K] {
+				if e >= 0 {
+					expertFromSrc[s*E+int(e)]++
+				}
+			}
+		}
+	}
+	// rowBase[s*R+d]: first row on d of source s (receive order).
+	// expertBase[s*E+e]: rows routed to e on its rank from sources < s.
+	rowBase := make([]int, R*R)
+	expertBase := make([]int, R*E)
+	recvCounts := make([]int, R)
+	perExpert := make([]int, E)
+	for s := range R {
+		for d := range R {
+			rowBase[s*R+d] = recvCounts[d]
+			recvCounts[d] += fromSrc[s*R+d]
+		}
+		for e := range E {
+			expertBase[s*E+e] = perExpert[e]
+			perExpert[e] += expertFromSrc[s*E+e]
+		}
+	}
+	// Padded segment starts of every expert on its rank.
+	segStart := make([]int, E)
+	permCounts := make([]int, R)
+	for d := range R {
+		off := 0
+		for l := range L {
+			segStart[d*L+l] = off
+			off += padUp(perExpert[d*L+l], pad)
+		}
+		permCounts[d] = off
+	}
+
+	lay := &Layout{
+		Rank: rank, NumRanks: R, NumLocalExperts: L, TopK: K, PadMultiple: pad,
+		RecvCounts: recvCounts, PermutedCounts: permCounts,
+		RecvCount: recvCounts[rank], PermutedCount: permCounts[rank],
+	}
+
+	// Send side of this rank.
+	idx := routing[rank]
+	T := len(idx) / K
+	lay.NumTokens = T
+	lay.SendOffsets = make([]int32, T+1)
+	lay.SlotRow = make([]int32, T*K)
+	lay.SlotPos = make([]int32, T*K)
+	lay.SlotExpert = slices.Clone(idx)
+	nextRow := slices.Clone(rowBase[rank*R : (rank+1)*R])
+	nextPos := make([]int, E)
+	for e := range E {
+		nextPos[e] = segStart[e] + expertBase[rank*E+e]
+	}
+	for t := range T {
+		row := idx[t*K : (t+1)*K]
+		dests = tokenDests(dests[:0], row, L)
+		for _, d := range dests {
+			lay.SendDest = append(lay.SendDest, d)
+			lay.SendRow = append(lay.SendRow, int32(nextRow[d]))
+		}
+		for k, e := range row {
+			if e < 0 {
+				lay.SlotRow[t*K+k], lay.SlotPos[t*K+k] = -1, -1
+				continue
+			}
+			d := int(e) / L
+			lay.SlotRow[t*K+k] = int32(nextRow[d])
+			lay.SlotPos[t*K+k] = int32(nextPos[e])
+			nextPos[e]++
+		}
+		for _, d := range dests {
+			nextRow[d]++
+		}
+		lay.SendOffsets[t+1] = int32(len(lay.SendDest))
+	}
+
+	// Receive side of this rank.
+	N := lay.RecvCount
+	lay.RecvSrcRank = make([]int32, 0, N)
+	lay.RecvSrcToken = make([]int32, 0, N)
+	lay.RecvIdx = make([]int32, 0, N*K)
+	lay.Pos = make([]int32, 0, N*K)
+	lay.TokensPerExpert = make([]int32, L)
+	lay.ExpertOffsets = make([]int32, L+1)
+	for l := range L {
+		lay.TokensPerExpert[l] = int32(perExpert[rank*L+l])
+		lay.ExpertOffsets[l] = int32(segStart[rank*L+l])
+	}
+	lay.ExpertOffsets[L] = int32(lay.PermutedCount)
+	next := make([]int, L)
+	copy(next, segStart[rank*L:(rank+1)*L])
+	lo, hi := int32(rank*L), int32((rank+1)*L)
+	for s, sidx := range routing {
+		for t := 0; t < len(sidx)/K; t++ {
+			row := sidx[t*K : (t+1)*K]
+			mine := false
+			for _, e := range row {
+				if e >= lo && e < hi {
+					mine = true
+					break
+				}
+			}
+			if !mine {
+				continue
+			}
+			lay.RecvSrcRank = append(lay.RecvSrcRank, int32(s))
+			lay.RecvSrcToken = append(lay.RecvSrcToken, int32(t))
+			for _, e := range row {
+				if e >= lo && e < hi {
+					l := e - lo
+					lay.RecvIdx = append(lay.RecvIdx, l)
+					lay.Pos = append(lay.Pos, int32(next[l]))
+					next[l]++
+				} else {
+					lay.RecvIdx = append(lay.RecvIdx, -1)
+					lay.Pos = append(lay.Pos, -1)
+				}
+			}
+		}
+	}
+	return lay, nil
+}
+
+// tokenDests appends the distinct ranks owning the token's experts, in
+// ascending order.
+func tokenDests(dst []int32, row []int32, L int) []int32 {
+	for _, e := range row {
+		if e < 0 {
+			continue
+		}
+		d := e / int32(L)
+		if !slices.Contains(dst, d) {
+			dst = append(dst, d)
+		}
+	}
+	slices.Sort(dst)
+	return dst
+}

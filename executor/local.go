@@ -1,0 +1,139 @@
+package executor
+
+import (
+	"context"
+
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/permute"
+)
+
+// Permute, Unpermute and their gradients are local: they touch only this
+// rank's memory and need no peer.
+
+func (e *Engine) permuteMap(h *Handle, lay *Layout) permute.Map {
+	return permute.Map{Rows: e.validRecv(lay, e.rank), TopK: lay.TopK, Pos: lay.Pos, RowCap: h.recvRows, PermCap: h.permRows}
+}
+
+// Permute copies received rows into expert-major order: for each local
+// expert e in order, a copy of every received row that chose e (receive
+// order), then zero padding up to PadMultiple. Weights, when given, follow
+// as one fp32 per permuted row (0 on padding).
+func (e *Engine) Permute(ctx context.Context, h *Handle, in PermuteInput) (PermuteOutput, error) {
+	if err := e.checkHandle(h); err != nil {
+		return PermuteOutput{}, err
+	}
+	if err := checkTensor("permute: RecvX", in.RecvX, 0, h.recvRows, e.cfg.Hidden); err != nil {
+		return PermuteOutput{}, err
+	}
+	if in.RecvWeights != nil {
+		if err := checkTensor("permute: RecvWeights", in.RecvWeights, device.FP32, h.recvRows, e.cfg.TopK); err != nil {
+			return PermuteOutput{}, err
+		}
+	}
+	x, w := in.RecvX, in.RecvWeights
+	o, err := e.newOutputs(
+		outSpec{dt: x.DType(), shape: []int{h.permRows, e.cfg.Hidden}},
+		outSpec{dt: device.FP32, shape: []int{h.permRows}, skip: w == nil})
+	if err != nil {
+		return PermuteOutput{}, err
+	}
+	out := PermuteOutput{X: o[0], Weights: o[1]}
+	e.stream.Go("permute", func() error {
+		lay, err := e.ready(h)
+		if err != nil {
+			return err
+		}
+		m := e.permuteMap(h, lay)
+		rb := e.cfg.Hidden * x.DType().Size()
+		pw := f32(out.Weights)
+		permute.Permute(x.DType(), e.cfg.Hidden, out.X.Bytes(), pw, x.Bytes(), f32(w), m)
+		permute.ZeroPadding(out.X.Bytes(), rb, pw, lay.ExpertOffsets, lay.TokensPerExpert, m.PermCap)
+		return nil
+	})
+	return out, nil
+}
+
+// Unpermute folds expert-major rows back to received rows:
+// out[i] = sum over k in slot order with RecvIdx[i][k] >= 0 of
+// c_ik * y[pos(i, k)], c_ik = RecvWeights[i][k] when given, else 1; each
+// term rounded to fp32, summed in fp32 from the first term, rounded to the
+// dtype once.
+func (e *Engine) Unpermute(ctx context.Context, h *Handle, in UnpermuteInput) (*device.Tensor, error) {
+	if err := e.checkHandle(h); err != nil {
+		return nil, err
+	}
+	if err := e.checkUnpermuteInput(h, in); err != nil {
+		return nil, err
+	}
+	return e.unpermute(h, in.Y, in.RecvWeights)
+}
+
+func (e *Engine) unpermute(h *Handle, y, w *device.Tensor) (*device.Tensor, error) {
+	out, err := e.NewTensor(y.DType(), h.recvRows, e.cfg.Hidden)
+	if err != nil {
+		return nil, err
+	}
+	e.stream.Go("unpermute", func() error {
+		lay, err := e.ready(h)
+		if err != nil {
+			return err
+		}
+		permute.Unpermute(y.DType(), e.cfg.Hidden, out.Bytes(), y.Bytes(), f32(w), e.permuteMap(h, lay))
+		return nil
+	})
+	return out, nil
+}
+
+// PermuteBackward is the gradient of Permute: the unweighted Unpermute of
+// the permuted gradient.
+func (e *Engine) PermuteBackward(ctx context.Context, h *Handle, gradX *device.Tensor) (*device.Tensor, error) {
+	if err := e.checkHandle(h); err != nil {
+		return nil, err
+	}
+	if err := checkTensor("permute backward: gradient", gradX, 0, h.permRows, e.cfg.Hidden); err != nil {
+		return nil, err
+	}
+	return e.unpermute(h, gradX, nil)
+}
+
+// UnpermuteBackward is the gradient of Unpermute: GradY[pos(i,k)] =
+// c_ik * GradOut[i] (rounded to fp32, then to the dtype), zero on padding,
+// and, for a weighted forward, GradWeights[i][k] = <GradOut[i], Y[pos(i,k)]>
+// accumulated in fp64 in element order.
+func (e *Engine) UnpermuteBackward(ctx context.Context, h *Handle, in UnpermuteBackwardInput) (UnpermuteBackwardOutput, error) {
+	if err := e.checkHandle(h); err != nil {
+		return UnpermuteBackwardOutput{}, err
+	}
+	if err := checkTensor("unpermute backward: GradOut", in.GradOut, 0, h.recvRows, e.cfg.Hidden); err != nil {
+		return UnpermuteBackwardOutput{}, err
+	}
+	if err := e.checkUnpermuteInput(h, UnpermuteInput{Y: in.Y, RecvWeights: in.RecvWeights}); err != nil {
+		return UnpermuteBackwardOutput{}, err
+	}
+	if in.Y.DType() != in.GradOut.DType() {
+		return UnpermuteBackwardOutput{}, checkTensor("unpermute backward: Y", in.Y, in.GradOut.DType(), h.permRows, e.cfg.Hidden)
+	}
+	g, y, w := in.GradOut, in.Y, in.RecvWeights
+	o, err := e.newOutputs(
+		outSpec{dt: g.DType(), shape: []int{h.permRows, e.cfg.Hidden}},
+		outSpec{dt: device.FP32, shape: []int{h.recvRows, e.cfg.TopK}, skip: w == nil})
+	if err != nil {
+		return UnpermuteBackwardOutput{}, err
+	}
+	out := UnpermuteBackwardOutput{GradY: o[0], GradWeights: o[1]}
+	e.stream.Go("unpermute backward", func() error {
+		lay, err := e.ready(h)
+		if err != nil {
+			return err
+		}
+		m := e.permuteMap(h, lay)
+		rb := e.cfg.Hidden * g.DType().Size()
+		permute.PermuteScaled(g.DType(), e.cfg.Hidden, out.GradY.Bytes(), g.Bytes(), f32(w), m)
+		permute.ZeroPadding(out.GradY.Bytes(), rb, nil, lay.ExpertOffsets, lay.TokensPerExpert, m.PermCap)
+		if w != nil {
+			permute.WeightGrad(g.DType(), e.cfg.Hidden, f32(out.GradWeights), g.Bytes(), y.Bytes(), m)
+		}
+		return nil
+	})
+	return out, nil
+}
