@@ -111,7 +111,8 @@ type Route struct {
 
 // Routes returns, for every source rank s and token t, the destinations of
 // (s, t) in ascending rank order: routes[s][t]. A token routed nowhere has
-// none.
+// none; in capacity mode a row dropped at its destination (row >=
+// MaxRecvTokens) is not a route.
 func (w *World) Routes() [][][]Route {
 	routes := make([][][]Route, w.NumRanks)
 	for s := range w.NumRanks {
@@ -119,7 +120,7 @@ func (w *World) Routes() [][][]Route {
 	}
 	for d := range w.NumRanks { // ascending, so each list is sorted by rank
 		lay := w.Layout(d)
-		for i := range lay.RecvCount {
+		for i := range w.validRecv(lay) {
 			s, t := lay.SrcRank[i], lay.SrcToken[i]
 			routes[s][t] = append(routes[s][t], Route{Rank: d, Row: i})
 		}

@@ -8,12 +8,13 @@ import (
 
 // Gather returns rank d's received rows of per-rank tensors x ([T_s, H] in
 // DType on each rank s): recv[i] = x[s][t] for received row i from (s, t),
-// bytes copied unchanged. It is Dispatch of x.
+// bytes copied unchanged. It is Dispatch of x. In capacity mode rows past
+// the valid prefix are zero.
 func (w *World) Gather(d int, x [][]byte) []byte {
 	lay := w.Layout(d)
 	rb := w.RowBytes()
-	recv := make([]byte, lay.RecvCount*rb)
-	for i := range lay.RecvCount {
+	recv := make([]byte, w.RecvRows(lay)*rb)
+	for i := range w.validRecv(lay) {
 		s, t := int(lay.SrcRank[i]), int(lay.SrcToken[i])
 		copy(recv[i*rb:(i+1)*rb], x[s][t*rb:(t+1)*rb])
 	}
@@ -31,13 +32,13 @@ func (w *World) Dispatch(d int) []byte { return w.Gather(d, w.X) }
 func (w *World) Permute(d int, recvX []byte, recvWeights []float32) (px []byte, pw []float32) {
 	lay := w.Layout(d)
 	K, rb := w.TopK, w.RowBytes()
-	px = make([]byte, lay.PermutedCount*rb) // zero: padding rows stay zero
+	px = make([]byte, w.PermutedRows(lay)*rb) // zero: padding rows stay zero
 	if recvWeights != nil {
-		pw = make([]float32, lay.PermutedCount)
+		pw = make([]float32, w.PermutedRows(lay))
 	}
-	for i := range lay.RecvCount {
+	for i := range w.validRecv(lay) {
 		for k := range K {
-			p := int(lay.Pos[i*K+k])
+			p := w.slotPos(lay, i, k)
 			if p < 0 {
 				continue
 			}
@@ -64,17 +65,18 @@ func (w *World) DispatchPermute(d int) (px []byte, pw []float32) {
 // weights[i][k] when weights ([N_d, K]) is not nil, else 1. Each term is
 // rounded to fp32 (no fused multiply-add), the sum starts from the first
 // term (not from +0, so -0 survives), runs left to right in fp32 and is
-// rounded to DType once. A row with no term is zero.
+// rounded to DType once. A row with no term (in capacity mode: all its
+// positions dropped, or the row itself) is zero.
 func (w *World) Unpermute(d int, y []byte, weights []float32) []byte {
 	lay := w.Layout(d)
 	K, H, dt := w.TopK, w.Hidden, w.DType
-	out := make([]byte, lay.RecvCount*w.RowBytes())
-	for i := range lay.RecvCount {
+	out := make([]byte, w.RecvRows(lay)*w.RowBytes())
+	for i := range w.validRecv(lay) {
 		for j := range H {
 			var acc float32
 			first := true
 			for k := range K {
-				p := int(lay.Pos[i*K+k])
+				p := w.slotPos(lay, i, k)
 				if p < 0 {
 					continue
 				}
@@ -173,7 +175,8 @@ func (w *World) UnpermuteCombine(y [][]byte, weights [][]float32) [][]byte {
 //	gradTopkWeights[s][t][k] = gradRecvWeights[d][row of (s, t) on d][k]
 //
 // for d = TopkIdx[s][t][k] / L the rank owning slot k's expert, 0 for an
-// empty slot. gradTopkWeights is nil when gradRecvWeights is nil.
+// empty slot (or a row dropped at d in capacity mode). gradTopkWeights is
+// nil when gradRecvWeights is nil.
 func (w *World) DispatchBackward(gradRecvX [][]byte, gradRecvWeights [][]float32) (gradX [][]byte, gradTopkWeights [][]float32) {
 	gradX = w.Combine(gradRecvX)
 	if gradRecvWeights == nil {
@@ -220,17 +223,18 @@ func (w *World) PermuteBackward(d int, gradPX []byte) []byte { return w.Unpermut
 // with c_ik = weights[i][k] when weights is not nil, else 1; round is
 // rounding to DType; the dot product is accumulated in float64 in element
 // order j = 0, 1, ... and rounded to float32 once; gradWeights is 0 for an
-// empty slot and nil when weights is nil (an unweighted forward).
+// empty (or dropped) slot and nil when weights is nil (an unweighted
+// forward).
 func (w *World) UnpermuteBackward(d int, gradOut, y []byte, weights []float32) (gradY []byte, gradWeights []float32) {
 	lay := w.Layout(d)
 	K, H, dt := w.TopK, w.Hidden, w.DType
-	gradY = make([]byte, lay.PermutedCount*w.RowBytes())
+	gradY = make([]byte, w.PermutedRows(lay)*w.RowBytes())
 	if weights != nil {
-		gradWeights = make([]float32, lay.RecvCount*K)
+		gradWeights = make([]float32, w.RecvRows(lay)*K)
 	}
-	for i := range lay.RecvCount {
+	for i := range w.validRecv(lay) {
 		for k := range K {
-			p := int(lay.Pos[i*K+k])
+			p := w.slotPos(lay, i, k)
 			if p < 0 {
 				continue
 			}

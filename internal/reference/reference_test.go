@@ -408,3 +408,55 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestExampleCapacityDrop runs the example in capacity mode with the Drop
+// policy, MaxRecvTokens 3 and MaxPermutedTokens 5 (PadMultiple 4): rank 0
+// keeps rows 0..2 of its 4 (row 3, from (3, 2), is dropped) and drops
+// position 5 (row 2's slot 1); rank 2 drops position 5 (row 2's slot 1).
+func TestExampleCapacityDrop(t *testing.T) {
+	dt := device.FP32
+	w := exampleWorld(dt, 4)
+	w.MaxRecvTokens, w.MaxPermutedTokens = 3, 5
+	if err := w.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	recvX := [][][2]float32{
+		{{0, 100}, {10, 110}, {31, 131}},
+		{{1, 101}, {10, 110}, {31, 131}},
+		{{0, 100}, {1, 101}, {30, 130}},
+		{{11, 111}, {32, 132}, zero},
+	}
+	px := [][][2]float32{
+		{{10, 110}, zero, zero, zero, {0, 100}},
+		{{1, 101}, {31, 131}, zero, zero, {10, 110}},
+		{{0, 100}, {30, 130}, zero, zero, {1, 101}},
+		{{32, 132}, zero, zero, zero, {11, 111}},
+	}
+	unperm := [][][2]float32{
+		{{0, 75}, {3.75, 41.25}, zero},
+		{{0.5, 50.5}, {6.25, 68.75}, {7.75, 32.75}},
+		{{0, 25}, {0.5, 50.5}, {15, 65}},
+		{{10.3125, 104.0625}, {28, 115.5}, zero},
+	}
+	combined := [][][2]float32{
+		{{0, 100}, {1, 101}, zero},
+		{{10, 110}, {10.3125, 104.0625}},
+		{},
+		{{15, 65}, {7.75, 32.75}, {28, 115.5}},
+	}
+	y := make([][]byte, 4)
+	rw := make([][]float32, 4)
+	for d := range 4 {
+		lay := w.Layout(d)
+		// The received weights as capacity mode delivers them: 3 rows.
+		rw[d] = make([]float32, 3*2)
+		copy(rw[d], lay.RecvWeights)
+		checkBytes(t, "capacity Dispatch", dt, w.Dispatch(d), rows(dt, recvX[d]...))
+		y[d], _ = w.Permute(d, w.Dispatch(d), rw[d])
+		checkBytes(t, "capacity Permute", dt, y[d], rows(dt, px[d]...))
+		checkBytes(t, "capacity Unpermute", dt, w.Unpermute(d, y[d], rw[d]), rows(dt, unperm[d]...))
+	}
+	for s, out := range w.UnpermuteCombine(y, rw) {
+		checkBytes(t, "capacity UnpermuteCombine", dt, out, rows(dt, combined[s]...))
+	}
+}

@@ -43,6 +43,17 @@ type World struct {
 	PadMultiple int
 	// DType is the activation dtype, BF16 or FP32.
 	DType device.DType
+	// MaxRecvTokens and MaxPermutedTokens, when positive, model capacity
+	// mode with the Drop policy: received-row outputs (Dispatch, Unpermute,
+	// CombineBackward, PermuteBackward) have MaxRecvTokens rows and
+	// permuted outputs (Permute, UnpermuteBackward's gradY)
+	// MaxPermutedTokens rows, rows past the valid prefix zero; received row
+	// i of rank d exists only if i < MaxRecvTokens (a dropped row is not
+	// received, permuted, nor combined), and slot (i, k) is permuted only if
+	// its position is < MaxPermutedTokens (a dropped position is skipped by
+	// Permute, Unpermute and UnpermuteBackward). Layout still reports the
+	// true tables. 0 means blocking mode: exact sizes, nothing dropped.
+	MaxRecvTokens, MaxPermutedTokens int
 	// TopkIdx[r] is rank r's routing, [T_r, K] row-major, values in [-1, E),
 	// -1 an empty slot. T_r = len(TopkIdx[r]) / K.
 	TopkIdx [][]int32
@@ -93,6 +104,8 @@ func (w *World) Validate() error {
 		return fmt.Errorf("reference: Hidden %d", w.Hidden)
 	case w.RanksPerDomain < 0 || w.NumRanks%w.ranksPerDomain() != 0:
 		return fmt.Errorf("reference: RanksPerDomain %d does not divide NumRanks %d", w.RanksPerDomain, w.NumRanks)
+	case w.MaxRecvTokens < 0 || w.MaxPermutedTokens < 0:
+		return fmt.Errorf("reference: negative capacity (%d, %d)", w.MaxRecvTokens, w.MaxPermutedTokens)
 	case w.PadMultiple < 0:
 		return fmt.Errorf("reference: PadMultiple %d", w.PadMultiple)
 	case w.DType != device.BF16 && w.DType != device.FP32:
@@ -133,6 +146,43 @@ func (w *World) Validate() error {
 		}
 	}
 	return nil
+}
+
+// RecvRows is the row count of rank d's received-row outputs: N_d, or
+// MaxRecvTokens in capacity mode.
+func (w *World) RecvRows(lay RankLayout) int {
+	if w.MaxRecvTokens > 0 {
+		return w.MaxRecvTokens
+	}
+	return lay.RecvCount
+}
+
+// PermutedRows is the row count of rank d's permuted outputs: P_d, or
+// MaxPermutedTokens in capacity mode.
+func (w *World) PermutedRows(lay RankLayout) int {
+	if w.MaxPermutedTokens > 0 {
+		return w.MaxPermutedTokens
+	}
+	return lay.PermutedCount
+}
+
+// validRecv is the number of received rows of lay that are kept: N_d, or at
+// most MaxRecvTokens in capacity mode.
+func (w *World) validRecv(lay RankLayout) int {
+	if w.MaxRecvTokens > 0 {
+		return min(lay.RecvCount, w.MaxRecvTokens)
+	}
+	return lay.RecvCount
+}
+
+// slotPos is the permuted position of slot k of received row i, or -1 when
+// the slot is empty or its position is dropped (capacity mode).
+func (w *World) slotPos(lay RankLayout, i, k int) int {
+	p := int(lay.Pos[i*w.TopK+k])
+	if w.MaxPermutedTokens > 0 && p >= w.MaxPermutedTokens {
+		return -1
+	}
+	return p
 }
 
 // roundTo rounds f to dtype dt and widens it back: the value a store of f
