@@ -215,9 +215,7 @@ func (e *Engine) exchange(c nvlink.Call, fn func(peers [][]*device.Buffer) error
 		e.failed.CompareAndSwap(nil, &err)
 	}
 	if errors.Is(err, nvlink.ErrPeerReported) {
-		err = fmt.Errorf("%s: %w: %w", opNames[c.Op], err, ErrInvalidInput)
-	} else if err != nil {
-		err = fmt.Errorf("%s: %w", opNames[c.Op], err)
+		err = fmt.Errorf("%w: %w", err, ErrInvalidInput)
 	}
 	return err
 }
@@ -227,6 +225,9 @@ func (e *Engine) exchange(c nvlink.Call, fn func(peers [][]*device.Buffer) error
 // once instead of waiting for this rank. The local error is returned to the
 // caller directly, so the task itself reports nothing.
 func (e *Engine) reject(op uint64, cause error) error {
+	if e.usable() != nil {
+		return cause // the engine takes no calls; there is no exchange to join
+	}
 	e.stream.Go("reject "+opNames[op], func() error {
 		_ = e.domain.Exchange(nvlink.Call{Op: op, Status: cause}, nil)
 		return nil

@@ -13,7 +13,7 @@ import (
 // Results are bit-identical to the unfused calls.
 func (e *Engine) DispatchPermute(ctx context.Context, h *Handle, in DispatchInput) (DispatchPermuteOutput, error) {
 	if err := e.checkHandle(h); err != nil {
-		return DispatchPermuteOutput{}, err
+		return DispatchPermuteOutput{}, e.reject(opDispatchPermute, err)
 	}
 	if err := e.checkDispatchInput(h, in); err != nil {
 		return DispatchPermuteOutput{}, e.reject(opDispatchPermute, err)
@@ -70,6 +70,7 @@ func (e *Engine) gatherPermuted(lay *Layout, peers [][]*device.Buffer, dt device
 		}
 	})
 	permute.ZeroPadding(px, rb, pw, lay.ExpertOffsets, lay.TokensPerExpert, pcap)
+	permute.ZeroDropped(px, rb, pw, permute.Map{Rows: n, TopK: K, Pos: lay.Pos, PermCap: pcap})
 }
 
 // UnpermuteCombine is Combine(Unpermute(in)) in one pass (collective): each
@@ -79,7 +80,7 @@ func (e *Engine) gatherPermuted(lay *Layout, peers [][]*device.Buffer, dt device
 // calls.
 func (e *Engine) UnpermuteCombine(ctx context.Context, h *Handle, in UnpermuteInput) (*device.Tensor, error) {
 	if err := e.checkHandle(h); err != nil {
-		return nil, err
+		return nil, e.reject(opUnpermuteCombine, err)
 	}
 	if err := e.checkUnpermuteInput(h, in); err != nil {
 		return nil, e.reject(opUnpermuteCombine, err)
@@ -118,7 +119,7 @@ func (e *Engine) checkUnpermuteInput(h *Handle, in UnpermuteInput) error {
 // gradient sent back to its source (GradTopkWeights, 0 on empty slots).
 func (e *Engine) DispatchBackward(ctx context.Context, h *Handle, in DispatchBackwardInput) (DispatchBackwardOutput, error) {
 	if err := e.checkHandle(h); err != nil {
-		return DispatchBackwardOutput{}, err
+		return DispatchBackwardOutput{}, e.reject(opCombine, err)
 	}
 	err := checkTensor("dispatch backward: GradRecvX", in.GradRecvX, 0, h.recvRows, e.cfg.Hidden)
 	if err == nil && in.GradRecvWeights != nil {

@@ -48,6 +48,7 @@ func (e *Engine) Permute(ctx context.Context, h *Handle, in PermuteInput) (Permu
 		pw := f32(out.Weights)
 		permute.Permute(x.DType(), e.cfg.Hidden, out.X.Bytes(), pw, x.Bytes(), f32(w), m)
 		permute.ZeroPadding(out.X.Bytes(), rb, pw, lay.ExpertOffsets, lay.TokensPerExpert, m.PermCap)
+		permute.ZeroDropped(out.X.Bytes(), rb, pw, m)
 		return nil
 	})
 	return out, nil
@@ -130,6 +131,7 @@ func (e *Engine) UnpermuteBackward(ctx context.Context, h *Handle, in UnpermuteB
 		rb := e.cfg.Hidden * g.DType().Size()
 		permute.PermuteScaled(g.DType(), e.cfg.Hidden, out.GradY.Bytes(), g.Bytes(), f32(w), m)
 		permute.ZeroPadding(out.GradY.Bytes(), rb, nil, lay.ExpertOffsets, lay.TokensPerExpert, m.PermCap)
+		permute.ZeroDropped(out.GradY.Bytes(), rb, nil, m)
 		if w != nil {
 			permute.WeightGrad(g.DType(), e.cfg.Hidden, f32(out.GradWeights), g.Bytes(), y.Bytes(), m)
 		}

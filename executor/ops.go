@@ -111,7 +111,7 @@ type outSpec struct {
 // Received row i is x of its source (rank, token), in receive order.
 func (e *Engine) Dispatch(ctx context.Context, h *Handle, in DispatchInput) (DispatchOutput, error) {
 	if err := e.checkHandle(h); err != nil {
-		return DispatchOutput{}, err
+		return DispatchOutput{}, e.reject(opDispatch, err)
 	}
 	if err := e.checkDispatchInput(h, in); err != nil {
 		return DispatchOutput{}, e.reject(opDispatch, err)
@@ -203,7 +203,7 @@ func (e *Engine) checkDispatchInput(h *Handle, in DispatchInput) error {
 // nowhere gets a zero row.
 func (e *Engine) Combine(ctx context.Context, h *Handle, in CombineInput) (*device.Tensor, error) {
 	if err := e.checkHandle(h); err != nil {
-		return nil, err
+		return nil, e.reject(opCombine, err)
 	}
 	if err := checkTensor("combine: Z", in.Z, 0, h.recvRows, e.cfg.Hidden); err != nil {
 		return nil, e.reject(opCombine, err)

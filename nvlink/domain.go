@@ -178,6 +178,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	}
 	ids := make([]uint64, len(c.Buffers))
 	for i, b := range c.Buffers {
+		h.handles[i] = 0
 		if b == nil {
 			continue
 		}
@@ -201,19 +202,21 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	// Every rank sees the same headers, so every rank takes the same branch
 	// below and the done phase still completes.
 	var failure error
+	// A peer's own report comes first: a rank that rejected its input
+	// publishes no meaningful signature.
 	for p := range d.peers {
 		ph := hdr(d.peers[p])
-		if ph.op != c.Op || ph.sig != c.Sig {
-			failure = fmt.Errorf("nvlink: rank %d runs operation %d %v, rank %d runs %d %v: %w",
-				d.global[d.rank], c.Op, c.Sig, d.global[p], ph.op, ph.sig, ErrPeerMismatch)
+		if ph.status != StatusOK {
+			failure = &PeerError{Rank: d.global[p], Status: ph.status, Msg: string(ph.msg[:ph.msgLen])}
 			break
 		}
 	}
 	if failure == nil {
 		for p := range d.peers {
 			ph := hdr(d.peers[p])
-			if ph.status != StatusOK {
-				failure = &PeerError{Rank: d.global[p], Status: ph.status, Msg: string(ph.msg[:ph.msgLen])}
+			if ph.op != c.Op || ph.sig != c.Sig {
+				failure = fmt.Errorf("nvlink: rank %d runs operation %d %v, rank %d runs %d %v: %w",
+					d.global[d.rank], c.Op, c.Sig, d.global[p], ph.op, ph.sig, ErrPeerMismatch)
 				break
 			}
 		}

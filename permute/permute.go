@@ -44,6 +44,20 @@ func Permute(dt device.DType, hidden int, px []byte, pw []float32, x []byte, w [
 	})
 }
 
+// ZeroDropped zeroes the permuted rows (and weights) that belong to rows
+// dropped for capacity, i >= Rows, so that no output row is left
+// unwritten:
+//
+//	for Rows <= i < len(Pos)/TopK, k < TopK:
+//		if p := Pos[i*TopK+k]; p >= 0 && p < PermCap { px[p] = 0; pw[p] = 0 }
+func ZeroDropped(px []byte, rowBytes int, pw []float32, m Map) {
+	for i := m.Rows * m.TopK; i < len(m.Pos); i++ {
+		if p := int(m.Pos[i]); p >= 0 && p < m.PermCap {
+			ZeroRows(px, rowBytes, pw, p, p+1)
+		}
+	}
+}
+
 // ZeroRows zeroes rows [lo, hi) of a tensor with rowBytes-byte rows (and the
 // matching entries of w, if not nil).
 func ZeroRows(b []byte, rowBytes int, w []float32, lo, hi int) {

@@ -1,0 +1,162 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/goep/goep/device"
+)
+
+// TestBadInput is DESIGN.md invariant 5: each fault, made on one rank only,
+// gives a clear error on every rank, nothing hangs, and the engine still
+// works afterwards.
+func TestBadInput(t *testing.T) {
+	const R, E, K, H, T = 3, 6, 2, 8, 4
+	const bad = 1 // the rank that misbehaves
+	type call func(ctx context.Context, e *Engine, h *Handle, x *device.Tensor) error
+	mk := func(ctx context.Context, e *Engine, dt device.DType, shape ...int) *device.Tensor {
+		t, err := e.NewTensor(dt, shape...)
+		if err != nil {
+			panic(err)
+		}
+		clear(t.Bytes())
+		return t
+	}
+	layout := func(idx func(ctx context.Context, e *Engine) *device.Tensor) call {
+		return func(ctx context.Context, e *Engine, _ *Handle, _ *device.Tensor) error {
+			h, err := e.Layout(ctx, LayoutInput{TopkIdx: idx(ctx, e)})
+			if err == nil {
+				h.Close()
+			}
+			return err
+		}
+	}
+	routing := func(vals ...int32) func(ctx context.Context, e *Engine) *device.Tensor {
+		return func(ctx context.Context, e *Engine) *device.Tensor {
+			v := make([]int32, T*K)
+			for i := range v {
+				v[i] = int32(i % E)
+				if i%K == 1 {
+					v[i] = -1
+				}
+			}
+			if e.Rank() == bad {
+				copy(v, vals)
+			}
+			t, _ := upload(ctx, e, device.Int32, device.EncodeInt32(v), T, K)
+			return t
+		}
+	}
+	onBad := func(good, faulty func(ctx context.Context, e *Engine) *device.Tensor) func(ctx context.Context, e *Engine) *device.Tensor {
+		return func(ctx context.Context, e *Engine) *device.Tensor {
+			if e.Rank() == bad {
+				return faulty(ctx, e)
+			}
+			return good(ctx, e)
+		}
+	}
+	dispatchWith := func(x func(ctx context.Context, e *Engine, x *device.Tensor) *device.Tensor, w func(ctx context.Context, e *Engine) *device.Tensor) call {
+		return func(ctx context.Context, e *Engine, h *Handle, xt *device.Tensor) error {
+			in := DispatchInput{X: x(ctx, e, xt)}
+			if w != nil {
+				in.TopkWeights = w(ctx, e)
+			}
+			out, err := e.Dispatch(ctx, h, in)
+			if err == nil {
+				defer out.Close()
+				err = e.Synchronize(ctx)
+			}
+			return err
+		}
+	}
+	xOnBad := func(f func(ctx context.Context, e *Engine) *device.Tensor) func(ctx context.Context, e *Engine, x *device.Tensor) *device.Tensor {
+		return func(ctx context.Context, e *Engine, x *device.Tensor) *device.Tensor {
+			if e.Rank() == bad {
+				return f(ctx, e)
+			}
+			return x
+		}
+	}
+	cases := []struct {
+		name string
+		call call
+		want error  // sentinel every rank's error wraps
+		text string // the text every rank's error contains
+	}{
+		{"expert out of range", layout(routing(0, 6)), ErrInvalidInput, "rank 1, token 0, slot 1: expert 6 out of range"},
+		{"expert below -1", layout(routing(-2)), ErrInvalidInput, "expert -2 out of range"},
+		{"repeated expert", layout(routing(3, 3)), ErrInvalidInput, "expert 3 repeated"},
+		{"too many tokens", layout(onBad(routing(), func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.Int32, T+5, K) })), ErrInvalidInput, "exceed MaxTokensPerRank"},
+		{"routing dtype", layout(onBad(routing(), func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.FP32, T, K) })), ErrInvalidInput, "TopkIdx has dtype fp32"},
+		{"routing columns", layout(onBad(routing(), func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.Int32, T, K+1) })), ErrInvalidInput, "TopkIdx has shape"},
+		{"nil routing", layout(onBad(routing(), func(ctx context.Context, e *Engine) *device.Tensor { return nil })), ErrInvalidInput, "TopkIdx is nil"},
+		{"x hidden", dispatchWith(xOnBad(func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.BF16, T, H+1) }), nil), ErrInvalidInput, "X has shape"},
+		{"x rows", dispatchWith(xOnBad(func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.BF16, T-1, H) }), nil), ErrInvalidInput, "X has shape"},
+		{"x dtype", dispatchWith(xOnBad(func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.Int32, T, H) }), nil), ErrInvalidInput, "want bf16 or fp32"},
+		{"nil x", dispatchWith(xOnBad(func(ctx context.Context, e *Engine) *device.Tensor { return nil }), nil), ErrInvalidInput, "X is nil"},
+		{"weights on one rank only", dispatchWith(func(ctx context.Context, e *Engine, x *device.Tensor) *device.Tensor { return x },
+			func(ctx context.Context, e *Engine) *device.Tensor {
+				if e.Rank() == bad {
+					return mk(ctx, e, device.FP32, T, K)
+				}
+				return nil
+			}), ErrPeerMismatch, "runs operation"},
+		{"dtype differs between ranks", dispatchWith(xOnBad(func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.FP32, T, H) }), nil), ErrPeerMismatch, "runs operation"},
+		{"weights shape", dispatchWith(func(ctx context.Context, e *Engine, x *device.Tensor) *device.Tensor { return x },
+			func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.FP32, T, K+1) }), ErrInvalidInput, "TopkWeights has shape"},
+		{"combine rows", func(ctx context.Context, e *Engine, h *Handle, x *device.Tensor) error {
+			rows := h.RecvRows()
+			if e.Rank() == bad {
+				rows++
+			}
+			out, err := e.Combine(ctx, h, CombineInput{Z: mk(ctx, e, device.BF16, rows, H)})
+			if err == nil {
+				defer out.Close()
+				err = e.Synchronize(ctx)
+			}
+			return err
+		}, ErrInvalidInput, "Z has shape"},
+		{"nil handle", func(ctx context.Context, e *Engine, h *Handle, x *device.Tensor) error {
+			if e.Rank() == bad {
+				h = nil
+			}
+			_, err := e.Dispatch(ctx, h, DispatchInput{X: x})
+			if err == nil {
+				err = e.Synchronize(ctx)
+			}
+			return err
+		}, ErrInvalidInput, "nil handle"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T, Timeout: 5 * 1e9}
+			errs := runRanks(t, R, cfg, func(ctx context.Context, e *Engine) error {
+				h, err := e.Layout(ctx, LayoutInput{TopkIdx: routing()(ctx, e)})
+				if err != nil {
+					return fmt.Errorf("setup layout: %w", err)
+				}
+				defer h.Close()
+				x := mk(ctx, e, device.BF16, T, H)
+				err = tc.call(ctx, e, h, x)
+				// The engine still works afterwards.
+				out, derr := e.Dispatch(ctx, h, DispatchInput{X: x})
+				if derr == nil {
+					derr = e.Synchronize(ctx)
+					out.Close()
+				}
+				if derr != nil {
+					return fmt.Errorf("call after the fault: %v (fault's error: %v)", derr, err)
+				}
+				return err
+			})
+			for r, err := range errs {
+				if err == nil || !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
+					t.Errorf("rank %d: error %v; want %v containing %q", r, err, tc.want, tc.text)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,281 @@
+package executor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+)
+
+// runRanks creates an in-process world of R engines on one host backend and
+// runs fn on every rank concurrently. It closes the engines and checks that
+// every buffer was freed.
+func runRanks(t *testing.T, R int, cfg Config, fn func(ctx context.Context, e *Engine) error) []error {
+	t.Helper()
+	gs := comm.NewLocal(R)
+	b := device.NewHost()
+	errs := make([]error, R)
+	var wg sync.WaitGroup
+	for r := range R {
+		wg.Go(func() {
+			ctx := t.Context()
+			e, err := New(ctx, gs[r], b, cfg)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			errs[r] = fn(ctx, e)
+			if cerr := e.Close(); cerr != nil && errs[r] == nil {
+				errs[r] = cerr
+			}
+		})
+	}
+	wg.Wait()
+	runtime.GC()
+	runtime.GC()
+	deadline := time.Now().Add(5 * time.Second)
+	for b.LiveBuffers() != 0 && time.Now().Before(deadline) {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := b.LiveBuffers(); n != 0 {
+		t.Errorf("%d buffers still live after every engine closed", n)
+	}
+	return errs
+}
+
+// randomRouting returns T*K expert ids for one rank: each token picks
+// between 0 and K distinct experts, the rest of its slots -1.
+func randomRouting(rng *rand.Rand, T, K, E int) []int32 {
+	idx := make([]int32, T*K)
+	for t := range T {
+		perm := rng.Perm(E)
+		n := rng.IntN(K + 1)
+		for k := range K {
+			idx[t*K+k] = -1
+			if k < n {
+				idx[t*K+k] = int32(perm[k])
+			}
+		}
+		rng.Shuffle(K, func(i, j int) { idx[t*K+i], idx[t*K+j] = idx[t*K+j], idx[t*K+i] })
+	}
+	return idx
+}
+
+func upload(ctx context.Context, e *Engine, dt device.DType, data []byte, shape ...int) (*device.Tensor, error) {
+	t, err := e.NewTensor(dt, shape...)
+	if err != nil {
+		return nil, err
+	}
+	return t, device.Upload(ctx, t, data)
+}
+
+// rankInputs builds rank r's routing, tokens and weights deterministically.
+func rankInputs(seed uint64, r, T, K, E, H int, dt device.DType) (idx []int32, x []byte, w []float32) {
+	rng := rand.New(rand.NewPCG(seed, uint64(r)))
+	idx = randomRouting(rng, T, K, E)
+	xs := make([]float32, T*H)
+	for i := range xs {
+		xs[i] = float32(rng.NormFloat64())
+	}
+	w = make([]float32, T*K)
+	for i := range w {
+		w[i] = rng.Float32()
+	}
+	return idx, device.EncodeFloat32(dt, xs), w
+}
+
+// pipeline runs layout, dispatch-permute (weighted), unpermute-combine and
+// returns the combined output bytes.
+func pipeline(ctx context.Context, e *Engine, idx []int32, x []byte, w []float32, T int, dt device.DType, poison bool) ([]byte, error) {
+	K, H := e.cfg.TopK, e.cfg.Hidden
+	ti, err := upload(ctx, e, device.Int32, device.EncodeInt32(idx), T, K)
+	if err != nil {
+		return nil, err
+	}
+	h, err := e.Layout(ctx, LayoutInput{TopkIdx: ti})
+	if err != nil {
+		return nil, err
+	}
+	xt, err := upload(ctx, e, dt, x, T, H)
+	if err != nil {
+		return nil, err
+	}
+	wt, err := upload(ctx, e, device.FP32, device.EncodeFloat32(device.FP32, w), T, K)
+	if err != nil {
+		return nil, err
+	}
+	if poison {
+		// Hold the stream so that everything below is still queued while
+		// its inputs are dropped and their memory is scribbled over.
+		e.stream.Go("slow", func() error { time.Sleep(300 * time.Millisecond); return nil })
+	}
+	dp, err := e.DispatchPermute(ctx, h, DispatchInput{X: xt, TopkWeights: wt})
+	if err != nil {
+		return nil, err
+	}
+	y, err := e.Unpermute(ctx, h, UnpermuteInput{Y: dp.X, RecvWeights: dp.RecvWeights})
+	if err != nil {
+		return nil, err
+	}
+	out, err := e.Combine(ctx, h, CombineInput{Z: y})
+	if err != nil {
+		return nil, err
+	}
+	if poison {
+		// Drop everything but out: explicitly for some, by garbage
+		// collection alone for the rest.
+		h.Close()
+		ti.Close()
+		xt.Close()
+		dp.Close()
+		wt, y = nil, nil
+		for range 3 {
+			runtime.GC()
+		}
+		// Fresh allocations of the same sizes now come from the pool; if
+		// any of the dropped buffers had gone back early, this scribbling
+		// would land under the queued work.
+		var junk []*device.Tensor
+		for _, rows := range []int{T, T * 4, T * 8} {
+			for _, d := range []device.DType{dt, device.FP32, device.Int32} {
+				j, err := e.NewTensor(d, rows, H)
+				if err != nil {
+					return nil, err
+				}
+				for i := range j.Bytes() {
+					j.Bytes()[i] = 0xFF
+				}
+				junk = append(junk, j)
+			}
+		}
+		defer closeAll(junk...)
+	}
+	return device.Download(ctx, out)
+}
+
+// TestPoisonLifetimes is DESIGN.md invariant 2: dropping handles, inputs
+// and intermediate outputs while their work is queued never hands their
+// memory to anyone else before that work completes.
+func TestPoisonLifetimes(t *testing.T) {
+	const R, E, K, H, T = 3, 12, 3, 64, 40
+	for _, dt := range []device.DType{device.BF16, device.FP32} {
+		t.Run(dt.String(), func(t *testing.T) {
+			cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T, PadMultiple: 4}
+			want := make([][]byte, R)
+			got := make([][]byte, R)
+			errs := runRanks(t, R, cfg, func(ctx context.Context, e *Engine) error {
+				idx, x, w := rankInputs(7, e.Rank(), T, K, E, H, dt)
+				var err error
+				if want[e.Rank()], err = pipeline(ctx, e, idx, x, w, T, dt, false); err != nil {
+					return err
+				}
+				got[e.Rank()], err = pipeline(ctx, e, idx, x, w, T, dt, true)
+				return err
+			})
+			for r := range R {
+				if errs[r] != nil {
+					t.Fatalf("rank %d: %v", r, errs[r])
+				}
+				if !bytes.Equal(got[r], want[r]) {
+					t.Errorf("rank %d: result after dropping and scribbling differs from the clean run", r)
+				}
+			}
+		})
+	}
+}
+
+// TestTimeoutNamesMissingRank is DESIGN.md invariant 4.
+func TestTimeoutNamesMissingRank(t *testing.T) {
+	const R, E, K, H, T = 3, 6, 2, 16, 8
+	timeout := 300 * time.Millisecond
+	cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T, Timeout: timeout}
+	release := make(chan struct{})
+	var once sync.Once
+	var finished sync.WaitGroup
+	finished.Add(R - 1)
+	errs := runRanks(t, R, cfg, func(ctx context.Context, e *Engine) error {
+		if e.Rank() == R-1 { // the rank that never joins
+			<-release
+			return nil
+		}
+		defer finished.Done()
+		defer func() { go func() { finished.Wait(); once.Do(func() { close(release) }) }() }()
+		idx, _, _ := rankInputs(1, e.Rank(), T, K, E, H, device.BF16)
+		ti, err := upload(ctx, e, device.Int32, device.EncodeInt32(idx), T, K)
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		_, err = e.Layout(ctx, LayoutInput{TopkIdx: ti})
+		if el := time.Since(start); el > timeout+2*time.Second {
+			return fmt.Errorf("layout returned after %v, deadline %v", el, timeout)
+		}
+		var te *comm.TimeoutError
+		if !errors.Is(err, ErrTimeout) || !errors.As(err, &te) || len(te.Missing) != 1 || te.Missing[0] != R-1 {
+			return fmt.Errorf("layout error %v: want ErrTimeout naming rank %d", err, R-1)
+		}
+		// The engine now fails fast.
+		start = time.Now()
+		if _, err := e.Layout(ctx, LayoutInput{TopkIdx: ti}); !errors.Is(err, ErrFailed) || time.Since(start) > 100*time.Millisecond {
+			return fmt.Errorf("second layout: %v after %v: want ErrFailed at once", err, time.Since(start))
+		}
+		return nil
+	})
+	for r := range R - 1 {
+		if errs[r] != nil {
+			t.Errorf("rank %d: %v", r, errs[r])
+		}
+	}
+	// The absent rank's Close finds its peers gone; it may report that,
+	// but it must return (runRanks has also checked that all memory was
+	// freed).
+}
+
+func TestConfigMismatch(t *testing.T) {
+	gs := comm.NewLocal(2)
+	b := device.NewHost()
+	defer b.Close()
+	var g errgroup.Group
+	errs := make([]error, 2)
+	for r := range 2 {
+		g.Go(func() error {
+			cfg := Config{NumExperts: 4, TopK: 2, Hidden: 8, MaxTokensPerRank: 4}
+			if r == 1 {
+				cfg.Hidden = 16
+			}
+			e, err := New(t.Context(), gs[r], b, cfg)
+			if err == nil {
+				e.Close()
+			}
+			errs[r] = err
+			return nil
+		})
+	}
+	g.Wait()
+	for r, err := range errs {
+		if !errors.Is(err, ErrPeerMismatch) || !strings.Contains(err.Error(), "Hidden=") {
+			t.Errorf("rank %d: %v, want ErrPeerMismatch naming Hidden", r, err)
+		}
+	}
+}
+
+func TestUnsupportedDomains(t *testing.T) {
+	errs := runRanks(t, 4, Config{NumExperts: 4, TopK: 1, Hidden: 4, MaxTokensPerRank: 1, RanksPerDomain: 2}, func(ctx context.Context, e *Engine) error { return nil })
+	for r, err := range errs {
+		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "inter-domain") {
+			t.Errorf("rank %d: %v, want ErrUnsupported naming the inter-domain path", r, err)
+		}
+	}
+}
