@@ -1,0 +1,290 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/goep/goep/configs"
+	"github.com/goep/goep/internal/bench"
+)
+
+type benchFlags struct {
+	config            string
+	ranks             int
+	ranksPerDomain    int
+	tokens            []int
+	hidden            []int
+	topk              int
+	experts           int
+	dtype             []string
+	iters             int
+	warmup            int
+	mode              string
+	pad               int
+	seed              uint64
+	calls             []string
+	maxRecvTokens     int
+	maxPermutedTokens int
+	jsonOut           string
+	format            string
+	quiet             bool
+}
+
+func newBench(stdout, stderr io.Writer) *cobra.Command {
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "bench [CONFIG]",
+		Short: "Time dispatch, combine, dispatch-permute and unpermute-combine, and check their results",
+		Long: `Time dispatch, combine, dispatch-permute and unpermute-combine on the host backend with
+in-process ranks, check every output against an expectation computed from the routing, and
+compare with a plain copy of the same bytes done in the same run.
+
+CONFIG is a YAML file, or the name of an embedded config (` + strings.Join(embeddedNames(), ", ") + `);
+without one the embedded default runs. Flags override the config's fields. Tokens, hidden and
+dtype take comma-separated lists to sweep.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if f.config != "" && f.config != args[0] {
+					return fmt.Errorf("bench: config given twice (%q and --config %q)", args[0], f.config)
+				}
+				f.config = args[0]
+			}
+			return runBench(cmd, f, stdout, stderr)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.config, "config", "", "YAML config file or embedded config name (default: the embedded default)")
+	fl.IntVar(&f.ranks, "ranks", 0, "ranks R (in-process)")
+	fl.IntVar(&f.ranksPerDomain, "ranks-per-domain", 0, "ranks per NVLink domain D (0: GOEP_RANKS_PER_DOMAIN, else all)")
+	fl.IntSliceVar(&f.tokens, "tokens", nil, "tokens per rank (comma-separated list to sweep)")
+	fl.IntSliceVar(&f.hidden, "hidden", nil, "hidden size H (comma-separated list to sweep)")
+	fl.IntVar(&f.topk, "topk", 0, "expert slots per token K")
+	fl.IntVar(&f.experts, "experts", 0, "experts E (a multiple of ranks)")
+	fl.StringSliceVar(&f.dtype, "dtype", nil, "activation dtype: bf16 or fp32 (comma-separated list to sweep)")
+	fl.IntVar(&f.iters, "iters", 0, "timed iterations per call")
+	fl.IntVar(&f.warmup, "warmup", 0, "untimed warm-up iterations per call")
+	fl.StringVar(&f.mode, "mode", "", "blocking or capacity")
+	fl.IntVar(&f.pad, "pad", 0, "pad multiple of each expert's permuted segment (1 = none)")
+	fl.Uint64Var(&f.seed, "seed", 0, "seed of the routing and payload")
+	fl.StringSliceVar(&f.calls, "calls", nil, "calls to time: "+strings.Join(bench.AllCalls, ","))
+	fl.IntVar(&f.maxRecvTokens, "max-recv-tokens", 0, "capacity mode: receive capacity (0: worst case)")
+	fl.IntVar(&f.maxPermutedTokens, "max-permuted-tokens", 0, "capacity mode: permuted capacity (0: worst case)")
+	fl.StringVar(&f.jsonOut, "json", "", "write the full record as JSON to FILE (- for stdout; the table then goes to stderr)")
+	fl.StringVar(&f.format, "format", "table", "output format: table or gobench (lines for benchstat)")
+	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
+	return cmd
+}
+
+// embeddedNames lists the embedded configs without their .yaml.
+func embeddedNames() []string {
+	ents, _ := fs.ReadDir(configs.FS, ".")
+	var out []string
+	for _, e := range ents {
+		out = append(out, strings.TrimSuffix(e.Name(), ".yaml"))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// loadConfig reads name: the embedded default when empty, a file when one
+// exists, else an embedded config of that name (with or without configs/
+// and .yaml).
+func loadConfig(name string) (bench.Config, error) {
+	if name == "" {
+		name = configs.Default
+	} else if _, err := os.Stat(name); err == nil {
+		return bench.LoadConfig(name)
+	}
+	base := path.Base(strings.TrimPrefix(name, "configs/"))
+	if !strings.HasSuffix(base, ".yaml") {
+		base += ".yaml"
+	}
+	data, err := configs.FS.ReadFile(base)
+	if err != nil {
+		return bench.Config{}, fmt.Errorf("config %q: no such file, and no embedded config of that name (embedded: %s)", name, strings.Join(embeddedNames(), ", "))
+	}
+	c, err := bench.ParseConfig(bytes.NewReader(data))
+	if err != nil {
+		return c, fmt.Errorf("embedded %s: %w", base, err)
+	}
+	return c, nil
+}
+
+// apply overrides the config's fields with the flags that were set.
+func (f benchFlags) apply(cmd *cobra.Command, c *bench.Config) {
+	set := cmd.Flags().Changed
+	if set("ranks") {
+		c.Ranks = f.ranks
+	}
+	if set("ranks-per-domain") {
+		c.RanksPerDomain = f.ranksPerDomain
+	}
+	if set("tokens") {
+		c.Tokens = f.tokens
+	}
+	if set("hidden") {
+		c.Hidden = f.hidden
+	}
+	if set("topk") {
+		c.TopK = f.topk
+	}
+	if set("experts") {
+		c.Experts = f.experts
+	}
+	if set("dtype") {
+		c.DType = f.dtype
+	}
+	if set("iters") {
+		c.Iters = f.iters
+	}
+	if set("warmup") {
+		c.Warmup = f.warmup
+	}
+	if set("mode") {
+		c.Mode = f.mode
+	}
+	if set("pad") {
+		c.Pad = f.pad
+	}
+	if set("seed") {
+		c.Seed = f.seed
+	}
+	if set("calls") {
+		c.Calls = f.calls
+	}
+	if set("max-recv-tokens") {
+		c.MaxRecvTokens = f.maxRecvTokens
+	}
+	if set("max-permuted-tokens") {
+		c.MaxPermutedTokens = f.maxPermutedTokens
+	}
+}
+
+func runBench(cmd *cobra.Command, f benchFlags, stdout, stderr io.Writer) error {
+	if f.format != "table" && f.format != "gobench" {
+		return fmt.Errorf("bench: --format %q: want table or gobench", f.format)
+	}
+	cfg, err := loadConfig(f.config)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	f.apply(cmd, &cfg)
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("bench: config: %w", err)
+	}
+	var jsonFile *os.File
+	if f.jsonOut != "" && f.jsonOut != "-" {
+		// Open it first: a bad path should fail before a long run.
+		if jsonFile, err = os.Create(f.jsonOut); err != nil {
+			return fmt.Errorf("bench: --json: %w", err)
+		}
+		defer jsonFile.Close()
+	}
+
+	ctx := cmd.Context()
+	env := bench.CollectEnv(ctx)
+	env.Args = os.Args
+	var prog *progress
+	if !f.quiet {
+		prog = newProgress(stderr)
+	}
+	res, runErr := bench.Run(ctx, cfg, bench.Options{Progress: prog.update})
+	prog.finish()
+	rec := bench.NewRecord(env, cfg, res, runErr)
+
+	table := stdout
+	if f.jsonOut == "-" {
+		table = stderr
+	}
+	var werr error
+	if f.format == "gobench" {
+		werr = bench.WriteGoBench(table, rec)
+	} else {
+		werr = bench.WriteTable(table, rec)
+	}
+	if f.jsonOut != "" {
+		data, err := json.MarshalIndent(rec, "", "  ")
+		if err != nil {
+			werr = errors.Join(werr, err)
+		} else if jsonFile != nil {
+			_, err := jsonFile.Write(append(data, '\n'))
+			werr = errors.Join(werr, err, jsonFile.Close())
+		} else {
+			_, err := stdout.Write(append(data, '\n'))
+			werr = errors.Join(werr, err)
+		}
+	}
+	switch {
+	case runErr != nil:
+		return runError{fmt.Errorf("bench: %w", runErr)}
+	case werr != nil:
+		return runError{fmt.Errorf("bench: writing results: %w", werr)}
+	case rec.Wrong > 0:
+		return runError{fmt.Errorf("bench: check failed: %d of %d output rows wrong", rec.Wrong, rec.CheckedRows)}
+	}
+	return nil
+}
+
+// progress reports on stderr: a bar redrawn in place on a terminal, else a
+// line whenever a new call starts.
+type progress struct {
+	w     io.Writer
+	tty   bool
+	start time.Time
+	last  string
+	drawn time.Time
+}
+
+func newProgress(w io.Writer) *progress {
+	p := &progress{w: w, start: time.Now()}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb" {
+			p.tty = true
+		}
+	}
+	return p
+}
+
+func (p *progress) update(ev bench.Progress) {
+	if p == nil {
+		return
+	}
+	step := fmt.Sprintf("case %d/%d %s", ev.Case, ev.Cases, ev.Step)
+	if !p.tty {
+		if step != p.last {
+			p.last = step
+			fmt.Fprintf(p.w, "eprun: %s (%.1fs)\n", step, time.Since(p.start).Seconds())
+		}
+		return
+	}
+	if now := time.Now(); ev.Done < ev.Total && now.Sub(p.drawn) < 50*time.Millisecond {
+		return
+	} else {
+		p.drawn = now
+	}
+	const width = 30
+	fill := width * ev.Done / max(ev.Total, 1)
+	bar := strings.Repeat("=", fill) + strings.Repeat(" ", width-fill)
+	fmt.Fprintf(p.w, "\r\x1b[Keprun: [%s] %3d%% %-28s %5.1fs", bar, 100*ev.Done/max(ev.Total, 1), step, time.Since(p.start).Seconds())
+}
+
+func (p *progress) finish() {
+	if p == nil {
+		return
+	}
+	if p.tty {
+		fmt.Fprint(p.w, "\r\x1b[K")
+	}
+}

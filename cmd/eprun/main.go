@@ -1,0 +1,83 @@
+// Command eprun benchmarks and checks goep.
+//
+//	eprun bench [CONFIG]   time dispatch, combine and the fused calls, and check them
+//	eprun version          print the goep version and commit
+//
+// eprun bench with no config runs the embedded configs/default.yaml on the
+// host backend with in-process ranks; CONFIG is a YAML file, or the name of
+// an embedded config (default, tiny, capacity). Flags override its fields.
+// The output is a table in the manner of nccl-tests, or Go benchmark lines
+// for benchstat with --format=gobench; --json writes the full record.
+//
+// Exit status: 0 on success, 1 when a run fails or a check finds a wrong
+// row, 2 on a bad flag, argument or config.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// runError is a failure of a command that started correctly (exit 1);
+// every other error is a usage error (exit 2).
+type runError struct{ err error }
+
+func (e runError) Error() string { return e.err.Error() }
+func (e runError) Unwrap() error { return e.err }
+
+// run executes eprun with args and returns the exit status. Errors are
+// printed as one line on stderr.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stdout, stderr)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintf(stderr, "eprun: %s\n", oneLine(err.Error()))
+	if errors.As(err, new(runError)) {
+		return 1
+	}
+	return 2
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+}
+
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "eprun",
+		Short: "eprun benchmarks and checks goep, the expert-parallel communication library",
+		Long: `eprun benchmarks and checks goep, the expert-parallel (MoE) communication library.
+
+  eprun bench             run the default benchmark (configs/default.yaml) and check its results
+  eprun bench CONFIG      run a YAML config (a file, or an embedded name: default, tiny, capacity)
+  eprun version           print the version`,
+		SilenceErrors:     true,
+		SilenceUsage:      true,
+		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return fmt.Errorf("%s: %w (see eprun %s --help)", c.Name(), err, c.Name())
+	})
+	root.AddCommand(newBench(stdout, stderr), newVersion(stdout))
+	return root
+}

@@ -1,0 +1,256 @@
+package bench
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/goep/goep/device"
+)
+
+// The calls a benchmark can time, in the order they run.
+const (
+	CallDispatch         = "dispatch"
+	CallCombine          = "combine"
+	CallDispatchPermute  = "dispatch-permute"
+	CallUnpermuteCombine = "unpermute-combine"
+)
+
+// AllCalls lists every call, in run order.
+var AllCalls = []string{CallDispatch, CallCombine, CallDispatchPermute, CallUnpermuteCombine}
+
+// Config is one benchmark run: the engine shape and the sweep. Tokens,
+// Hidden and DType may list several values; every combination is a case,
+// and every case times every call in Calls.
+type Config struct {
+	// Ranks is R, the in-process ranks (one goroutine and one engine each).
+	Ranks int `yaml:"ranks" json:"ranks"`
+	// RanksPerDomain is D (0: GOEP_RANKS_PER_DOMAIN, else all ranks in one
+	// domain).
+	RanksPerDomain int `yaml:"ranks_per_domain,omitempty" json:"ranks_per_domain,omitempty"`
+	// Experts is E; Ranks must divide it.
+	Experts int `yaml:"experts" json:"experts"`
+	// TopK is K, the expert slots per token (distinct experts, uniform).
+	TopK int `yaml:"topk" json:"topk"`
+	// Hidden is H, the elements per row (one or more values).
+	Hidden Ints `yaml:"hidden" json:"hidden"`
+	// Tokens is T, the tokens on every rank (one or more values).
+	Tokens Ints `yaml:"tokens" json:"tokens"`
+	// DType is the activation dtype, bf16 or fp32 (one or more values).
+	DType Strings `yaml:"dtype" json:"dtype"`
+	// Iters is the timed iterations per call; Warmup the untimed ones
+	// before them.
+	Iters  int `yaml:"iters" json:"iters"`
+	Warmup int `yaml:"warmup" json:"warmup"`
+	// Mode is "blocking" or "capacity".
+	Mode string `yaml:"mode" json:"mode"`
+	// Pad is the PadMultiple of the permuted layout (1: no padding).
+	Pad int `yaml:"pad" json:"pad"`
+	// MaxRecvTokens and MaxPermutedTokens are the capacity-mode output
+	// sizes; 0 means the worst case for the largest case of the sweep.
+	MaxRecvTokens     int `yaml:"max_recv_tokens,omitempty" json:"max_recv_tokens,omitempty"`
+	MaxPermutedTokens int `yaml:"max_permuted_tokens,omitempty" json:"max_permuted_tokens,omitempty"`
+	// Seed makes the routing and the payload; equal seeds give equal runs.
+	Seed uint64 `yaml:"seed" json:"seed"`
+	// Calls is the calls to time (default: all four).
+	Calls []string `yaml:"calls,omitempty" json:"calls,omitempty"`
+}
+
+// Defaults is what a field left out of a YAML config gets.
+func Defaults() Config {
+	return Config{
+		Ranks:   8,
+		Experts: 64,
+		TopK:    8,
+		Hidden:  Ints{2048},
+		Tokens:  Ints{512},
+		DType:   Strings{"bf16"},
+		Iters:   20,
+		Warmup:  3,
+		Mode:    "blocking",
+		Pad:     1,
+		Seed:    1,
+		Calls:   slices.Clone(AllCalls),
+	}
+}
+
+// ParseConfig reads a YAML config over Defaults. Unknown fields are errors.
+func ParseConfig(r io.Reader) (Config, error) {
+	c := Defaults()
+	dec := yaml.NewDecoder(r)
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return c, fmt.Errorf("config: %s", oneLine(err.Error()))
+	}
+	return c, nil
+}
+
+// LoadConfig reads a YAML config file.
+func LoadConfig(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, err
+	}
+	c, err := ParseConfig(bytes.NewReader(data))
+	if err != nil {
+		return c, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// oneLine folds a multi-line message (yaml's) into one line.
+func oneLine(s string) string {
+	f := strings.Fields(strings.ReplaceAll(s, "\n", "; "))
+	return strings.ReplaceAll(strings.Join(f, " "), ":;", ":")
+}
+
+// Validate checks the config and says what is wrong.
+func (c Config) Validate() error {
+	switch {
+	case c.Ranks <= 0:
+		return fmt.Errorf("ranks is %d; need at least 1", c.Ranks)
+	case c.Experts <= 0:
+		return fmt.Errorf("experts is %d; need at least 1", c.Experts)
+	case c.Experts%c.Ranks != 0:
+		return fmt.Errorf("experts %d is not a multiple of ranks %d; every rank owns E/R experts", c.Experts, c.Ranks)
+	case c.TopK <= 0 || c.TopK > c.Experts:
+		return fmt.Errorf("topk is %d; need 1 <= topk <= experts (%d)", c.TopK, c.Experts)
+	case c.RanksPerDomain < 0 || (c.RanksPerDomain > 0 && c.Ranks%c.RanksPerDomain != 0):
+		return fmt.Errorf("ranks_per_domain %d does not divide ranks %d", c.RanksPerDomain, c.Ranks)
+	case len(c.Hidden) == 0:
+		return errors.New("hidden is empty")
+	case len(c.Tokens) == 0:
+		return errors.New("tokens is empty")
+	case len(c.DType) == 0:
+		return errors.New("dtype is empty")
+	case c.Iters <= 0:
+		return fmt.Errorf("iters is %d; need at least 1", c.Iters)
+	case c.Warmup < 0:
+		return fmt.Errorf("warmup is %d; cannot be negative", c.Warmup)
+	case c.Mode != "blocking" && c.Mode != "capacity":
+		return fmt.Errorf("mode %q: want blocking or capacity", c.Mode)
+	case c.Pad <= 0:
+		return fmt.Errorf("pad is %d; need at least 1 (1 = no padding)", c.Pad)
+	case c.MaxRecvTokens < 0 || c.MaxPermutedTokens < 0:
+		return errors.New("max_recv_tokens and max_permuted_tokens cannot be negative")
+	case len(c.Calls) == 0:
+		return errors.New("calls is empty")
+	}
+	for _, h := range c.Hidden {
+		if h <= 0 {
+			return fmt.Errorf("hidden %d: need at least 1", h)
+		}
+	}
+	for _, t := range c.Tokens {
+		if t < 0 {
+			return fmt.Errorf("tokens %d: cannot be negative", t)
+		}
+	}
+	for _, d := range c.DType {
+		if _, err := parseDType(d); err != nil {
+			return err
+		}
+	}
+	for _, call := range c.Calls {
+		if !slices.Contains(AllCalls, call) {
+			return fmt.Errorf("call %q: want one of %s", call, strings.Join(AllCalls, ", "))
+		}
+	}
+	if _, err := c.domainSize(); err != nil {
+		return err
+	}
+	return nil
+}
+
+func parseDType(s string) (device.DType, error) {
+	dt, err := device.ParseDType(s)
+	if err != nil || (dt != device.BF16 && dt != device.FP32) {
+		return 0, fmt.Errorf("dtype %q: want bf16 or fp32", s)
+	}
+	return dt, nil
+}
+
+// domainSize is D as the engine will see it: RanksPerDomain, else
+// GOEP_RANKS_PER_DOMAIN, else all ranks.
+func (c Config) domainSize() (int, error) {
+	if c.RanksPerDomain > 0 {
+		return c.RanksPerDomain, nil
+	}
+	if v, ok := os.LookupEnv("GOEP_RANKS_PER_DOMAIN"); ok {
+		d, err := strconv.Atoi(v)
+		if err != nil || d <= 0 {
+			return 0, fmt.Errorf("GOEP_RANKS_PER_DOMAIN=%q: want a positive integer", v)
+		}
+		if c.Ranks%d != 0 {
+			return 0, fmt.Errorf("GOEP_RANKS_PER_DOMAIN=%d does not divide ranks %d", d, c.Ranks)
+		}
+		return d, nil
+	}
+	return c.Ranks, nil
+}
+
+// Case is one point of the sweep.
+type Case struct {
+	Tokens, Hidden int
+	DType          device.DType
+}
+
+// Cases expands the sweep: dtype, then hidden, then tokens, in the order
+// given.
+func (c Config) Cases() []Case {
+	var out []Case
+	for _, d := range c.DType {
+		dt, _ := parseDType(d)
+		for _, h := range c.Hidden {
+			for _, t := range c.Tokens {
+				out = append(out, Case{Tokens: t, Hidden: h, DType: dt})
+			}
+		}
+	}
+	return out
+}
+
+// Ints is a list of ints that YAML may also give as one scalar.
+type Ints []int
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (v *Ints) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		var x int
+		if err := n.Decode(&x); err != nil {
+			return err
+		}
+		*v = Ints{x}
+		return nil
+	}
+	var xs []int
+	if err := n.Decode(&xs); err != nil {
+		return err
+	}
+	*v = xs
+	return nil
+}
+
+// Strings is a list of strings that YAML may also give as one scalar.
+type Strings []string
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (v *Strings) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		*v = Strings{n.Value}
+		return nil
+	}
+	var xs []string
+	if err := n.Decode(&xs); err != nil {
+		return err
+	}
+	*v = xs
+	return nil
+}

@@ -1,0 +1,99 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"time"
+)
+
+// Version is goep's version, set at release time with
+// -ldflags "-X github.com/goep/goep/internal/bench.Version=v1.2.3".
+var Version = "0.1.0-dev"
+
+// Env is the environment a run was measured in.
+type Env struct {
+	Backend     string    `json:"backend"`
+	GoepVersion string    `json:"goep_version"`
+	Commit      string    `json:"commit,omitempty"`
+	CommitTime  string    `json:"commit_time,omitempty"`
+	Modified    bool      `json:"modified,omitempty"`
+	GoVersion   string    `json:"go_version"`
+	GOOS        string    `json:"goos"`
+	GOARCH      string    `json:"goarch"`
+	GOMAXPROCS  int       `json:"gomaxprocs"`
+	NumCPU      int       `json:"num_cpu"`
+	CPU         string    `json:"cpu,omitempty"`
+	Hostname    string    `json:"hostname,omitempty"`
+	Start       time.Time `json:"start"`
+	Args        []string  `json:"args,omitempty"`
+}
+
+// CollectEnv describes this process and machine. The commit comes from the
+// binary's build info (go build stamps it); when that is absent (go run,
+// go test) it asks git, if git is there, with a short deadline.
+func CollectEnv(ctx context.Context) Env {
+	e := Env{
+		Backend:     "host",
+		GoepVersion: Version,
+		GoVersion:   runtime.Version(),
+		GOOS:        runtime.GOOS,
+		GOARCH:      runtime.GOARCH,
+		GOMAXPROCS:  runtime.GOMAXPROCS(0),
+		NumCPU:      runtime.NumCPU(),
+		CPU:         cpuModel(),
+		Start:       time.Now().UTC(),
+	}
+	e.Hostname, _ = os.Hostname()
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				e.Commit = s.Value
+			case "vcs.time":
+				e.CommitTime = s.Value
+			case "vcs.modified":
+				e.Modified = s.Value == "true"
+			}
+		}
+	}
+	if e.Commit == "" {
+		e.Commit, e.Modified = gitCommit(ctx)
+	}
+	return e
+}
+
+// cpuModel is the first "model name" of /proc/cpuinfo (Linux), else "".
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+func gitCommit(ctx context.Context) (commit string, modified bool) {
+	if _, err := exec.LookPath("git"); err != nil {
+		return "", false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		return "", false
+	}
+	st, err := exec.CommandContext(ctx, "git", "status", "--porcelain", "--untracked-files=no").Output()
+	return strings.TrimSpace(string(out)), err == nil && len(strings.TrimSpace(string(st))) > 0
+}

@@ -1,0 +1,349 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor"
+)
+
+// rank is one rank's goroutine: build the engine and inputs, run the
+// layout once, then time every call and the baseline, checking each call's
+// last output.
+func (st *caseState) rank(ctx context.Context, r int) (err error) {
+	w := st.world
+	t, h, k := w.Tokens[r], w.Hidden, w.TopK
+	e, err := executor.New(ctx, st.groups[r], st.backend, st.ecfg)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+
+	x, idx, wts := w.Inputs(r)
+	xt, err := upload(ctx, e, w.DType, x, t, h)
+	if err != nil {
+		return err
+	}
+	defer xt.Close()
+	it, err := upload(ctx, e, device.Int32, device.EncodeInt32(idx), t, k)
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	wt, err := upload(ctx, e, device.FP32, device.EncodeFloat32(device.FP32, wts), t, k)
+	if err != nil {
+		return err
+	}
+	defer wt.Close()
+
+	hd, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: it})
+	if err != nil {
+		return fmt.Errorf("layout: %w", err)
+	}
+	defer hd.Close()
+	cnt, err := hd.Counts(ctx)
+	if err != nil {
+		return fmt.Errorf("counts: %w", err)
+	}
+	if cnt.Overflow {
+		return fmt.Errorf("capacity overflow: %d rows received, %d permuted; raise max_recv_tokens / max_permuted_tokens", cnt.RecvCount, cnt.PermutedCount)
+	}
+	st.recvRows[r] = cnt.RecvCount
+	ctl := st.ctl[r]
+	in := executor.DispatchInput{X: xt, TopkWeights: wt}
+
+	var disp *executor.DispatchOutput
+	var dperm *executor.DispatchPermuteOutput
+	defer func() {
+		if disp != nil {
+			disp.Close()
+		}
+		if dperm != nil {
+			dperm.Close()
+		}
+	}()
+	// dispatched returns a checked dispatch output, timing it if asked.
+	dispatched := func(timed bool) error {
+		o, err := loop(ctx, st, r, CallDispatch, ctl, e.Synchronize, timed, func() (executor.DispatchOutput, error) {
+			return e.Dispatch(ctx, hd, in)
+		})
+		if err != nil {
+			return fmt.Errorf("dispatch: %w", err)
+		}
+		disp = &o
+		c, err := st.checkDispatch(ctx, r, cnt, o.RecvX, o.RecvIdx, o.RecvWeights)
+		if err != nil {
+			return err
+		}
+		if timed {
+			st.checks[CallDispatch][r].add(c)
+		}
+		return nil
+	}
+	permuted := func(timed bool) error {
+		o, err := loop(ctx, st, r, CallDispatchPermute, ctl, e.Synchronize, timed, func() (executor.DispatchPermuteOutput, error) {
+			return e.DispatchPermute(ctx, hd, in)
+		})
+		if err != nil {
+			return fmt.Errorf("dispatch-permute: %w", err)
+		}
+		dperm = &o
+		c, err := st.checkDispatch(ctx, r, cnt, nil, o.RecvIdx, o.RecvWeights)
+		if err != nil {
+			return err
+		}
+		pc, err := st.checkPermute(ctx, r, cnt, o.X, o.Weights)
+		if err != nil {
+			return err
+		}
+		c.Wrong += pc.Wrong
+		if timed {
+			st.checks[CallDispatchPermute][r].add(c)
+		}
+		return nil
+	}
+
+	for _, call := range st.cfg.Calls {
+		switch call {
+		case CallDispatch:
+			if disp != nil {
+				disp.Close()
+				disp = nil
+			}
+			if err := dispatched(true); err != nil {
+				return err
+			}
+		case CallCombine:
+			if disp == nil {
+				if err := dispatched(false); err != nil {
+					return err
+				}
+			}
+			z := disp.RecvX
+			out, err := loop(ctx, st, r, CallCombine, ctl, e.Synchronize, true, func() (*device.Tensor, error) {
+				return e.Combine(ctx, hd, executor.CombineInput{Z: z})
+			})
+			if err != nil {
+				return fmt.Errorf("combine: %w", err)
+			}
+			c, err := st.checkCombine(ctx, r, out, false)
+			out.Close()
+			if err != nil {
+				return err
+			}
+			st.checks[CallCombine][r].add(c)
+		case CallDispatchPermute:
+			if dperm != nil {
+				dperm.Close()
+				dperm = nil
+			}
+			if err := permuted(true); err != nil {
+				return err
+			}
+		case CallUnpermuteCombine:
+			if dperm == nil {
+				if err := permuted(false); err != nil {
+					return err
+				}
+			}
+			y, rw := dperm.X, dperm.RecvWeights
+			out, err := loop(ctx, st, r, CallUnpermuteCombine, ctl, e.Synchronize, true, func() (*device.Tensor, error) {
+				return e.UnpermuteCombine(ctx, hd, executor.UnpermuteInput{Y: y, RecvWeights: rw})
+			})
+			if err != nil {
+				return fmt.Errorf("unpermute-combine: %w", err)
+			}
+			c, err := st.checkCombine(ctx, r, out, true)
+			out.Close()
+			if err != nil {
+				return err
+			}
+			st.checks[CallUnpermuteCombine][r].add(c)
+		}
+	}
+	if err := e.Synchronize(ctx); err != nil {
+		return err
+	}
+	return st.runBaseline(ctx, r, ctl)
+}
+
+func upload(ctx context.Context, e *executor.Engine, dt device.DType, data []byte, shape ...int) (*device.Tensor, error) {
+	t, err := e.NewTensor(dt, shape...)
+	if err != nil {
+		return nil, err
+	}
+	if err := device.Upload(ctx, t, data); err != nil {
+		t.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
+// loop runs op after a barrier of all ranks, timing op plus
+// synchronisation, and returns the last output (earlier ones are closed).
+// Timed, it runs Warmup+Iters times and records the last Iters; untimed,
+// once.
+func loop[T interface{ Close() error }](ctx context.Context, st *caseState, r int, call string, ctl comm.Group, sync func(context.Context) error, timed bool, op func() (T, error)) (T, error) {
+	var last, zero T
+	warmup, iters := 0, 1
+	if timed {
+		warmup, iters = st.cfg.Warmup, st.cfg.Iters
+	}
+	for i := range warmup + iters {
+		if i > 0 {
+			last.Close()
+		}
+		if err := ctl.Barrier(ctx); err != nil {
+			return zero, err
+		}
+		t0 := time.Now()
+		out, err := op()
+		if err == nil {
+			if err = sync(ctx); err != nil {
+				out.Close()
+			}
+		}
+		t1 := time.Now()
+		if err != nil {
+			return zero, err
+		}
+		last = out
+		if timed && i >= warmup {
+			st.times[call].Start[r][i-warmup] = t0
+			st.times[call].End[r][i-warmup] = t1
+		}
+		if r == 0 && timed {
+			st.progress(call)
+		}
+	}
+	// Hold every rank until the last finishes, so that no rank's checking
+	// competes for the cores with a rank still inside the timed call.
+	if err := ctl.Barrier(ctx); err != nil {
+		last.Close()
+		return zero, err
+	}
+	return last, nil
+}
+
+// runBaseline times a plain copy of this rank's N_r rows, all ranks at
+// once, each on its own stream of the host backend and spread over the
+// cores with device.ParallelFor as the engine's copies are.
+func (st *caseState) runBaseline(ctx context.Context, r int, ctl comm.Group) error {
+	w := st.world
+	s, err := st.backend.NewStream()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	hs, ok := s.(*device.HostStream)
+	if !ok {
+		return fmt.Errorf("baseline: not a host stream")
+	}
+	n := st.recvRows[r]
+	src, err := device.NewTensor(s, w.DType, n, w.Hidden)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := device.NewTensor(s, w.DType, n, w.Hidden)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	rb := w.Hidden * w.DType.Size()
+	hs.Go("baseline fill", func() error {
+		b := src.Bytes()
+		for i := range b {
+			b[i] = byte(i)
+		}
+		clear(dst.Bytes())
+		return nil
+	})
+	grain := max(1, (64<<10)/rb)
+	for i := range st.cfg.Warmup + st.cfg.Iters {
+		if err := ctl.Barrier(ctx); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		hs.Go("baseline copy", func() error {
+			sb, db := src.Bytes(), dst.Bytes()
+			device.ParallelFor(n, grain, func(lo, hi int) {
+				copy(db[lo*rb:hi*rb], sb[lo*rb:hi*rb])
+			})
+			return nil
+		})
+		if err := hs.Synchronize(ctx); err != nil {
+			return fmt.Errorf("baseline: %w", err)
+		}
+		if t1 := time.Now(); i >= st.cfg.Warmup {
+			st.times["baseline"].Start[r][i-st.cfg.Warmup] = t0
+			st.times["baseline"].End[r][i-st.cfg.Warmup] = t1
+		}
+		if r == 0 {
+			st.progress("baseline")
+		}
+	}
+	if err := ctl.Barrier(ctx); err != nil {
+		return err
+	}
+	if !slices.Equal(src.Bytes(), dst.Bytes()) {
+		return fmt.Errorf("baseline: copy differs from its source")
+	}
+	return nil
+}
+
+// download returns t's bytes, or nil for a nil tensor.
+func download(ctx context.Context, t *device.Tensor) ([]byte, error) {
+	if t == nil {
+		return nil, nil
+	}
+	return device.Download(ctx, t)
+}
+
+func (st *caseState) checkDispatch(ctx context.Context, r int, cnt executor.Counts, x, idx, wts *device.Tensor) (Check, error) {
+	xb, err := download(ctx, x)
+	if err != nil {
+		return Check{}, err
+	}
+	ib, err := download(ctx, idx)
+	if err != nil {
+		return Check{}, err
+	}
+	wb, err := download(ctx, wts)
+	if err != nil {
+		return Check{}, err
+	}
+	var wf []float32
+	if wb != nil {
+		wf = device.DecodeFloat32(device.FP32, wb)
+	}
+	return st.world.CheckDispatch(r, cnt.RecvCount, xb, device.DecodeInt32(ib), wf), nil
+}
+
+func (st *caseState) checkPermute(ctx context.Context, r int, cnt executor.Counts, x, wts *device.Tensor) (Check, error) {
+	xb, err := download(ctx, x)
+	if err != nil {
+		return Check{}, err
+	}
+	wb, err := download(ctx, wts)
+	if err != nil {
+		return Check{}, err
+	}
+	var wf []float32
+	if wb != nil {
+		wf = device.DecodeFloat32(device.FP32, wb)
+	}
+	return st.world.CheckPermute(r, st.cfg.Pad, cnt.PermutedCount, xb, wf), nil
+}
+
+func (st *caseState) checkCombine(ctx context.Context, r int, out *device.Tensor, unpermuted bool) (Check, error) {
+	b, err := download(ctx, out)
+	if err != nil {
+		return Check{}, err
+	}
+	return st.world.CheckCombine(r, b, unpermuted), nil
+}

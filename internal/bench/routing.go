@@ -1,0 +1,177 @@
+package bench
+
+import (
+	"math/rand/v2"
+
+	"github.com/goep/goep/device"
+)
+
+// Routing returns the top-k routing of one rank: tokens rows of topk
+// distinct experts drawn uniformly from [0, experts), row-major
+// ([tokens*topk]). It depends only on (seed, rank, tokens, topk, experts),
+// so every rank can build every other rank's routing without communication.
+//
+// Each row is a uniformly random ordered k-subset (a partial Fisher-Yates
+// shuffle of 0..experts-1), so no row names an expert twice.
+func Routing(seed uint64, rank, tokens, topk, experts int) []int32 {
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15^uint64(rank)))
+	perm := make([]int32, experts)
+	for i := range perm {
+		perm[i] = int32(i)
+	}
+	swaps := make([]int, topk)
+	out := make([]int32, tokens*topk)
+	for t := range tokens {
+		row := out[t*topk : (t+1)*topk]
+		for j := range topk {
+			i := j + rng.IntN(experts-j)
+			perm[i], perm[j] = perm[j], perm[i]
+			swaps[j] = i
+			row[j] = perm[j]
+		}
+		for j := topk - 1; j >= 0; j-- { // undo, so perm is the identity again
+			i := swaps[j]
+			perm[i], perm[j] = perm[j], perm[i]
+		}
+	}
+	return out
+}
+
+// World is the global routing and payload of one case, which every rank
+// can rebuild on its own to check its results.
+type World struct {
+	Seed                  uint64
+	Ranks, RanksPerDomain int
+	Experts, TopK, Hidden int
+	DType                 device.DType
+	Tokens                []int     // T_r
+	Idx                   [][]int32 // [rank][t*K+k]
+}
+
+// NewWorld builds the routing of every rank.
+func NewWorld(seed uint64, ranks, ranksPerDomain, experts, topk, hidden int, dt device.DType, tokens []int) *World {
+	w := &World{Seed: seed, Ranks: ranks, RanksPerDomain: ranksPerDomain, Experts: experts, TopK: topk, Hidden: hidden, DType: dt, Tokens: tokens}
+	w.Idx = make([][]int32, ranks)
+	for r := range ranks {
+		w.Idx[r] = Routing(seed, r, tokens[r], topk, experts)
+	}
+	return w
+}
+
+// LocalExperts is L = E / R.
+func (w *World) LocalExperts() int { return w.Experts / w.Ranks }
+
+// Dests returns the ranks token t of rank s goes to, ascending.
+func (w *World) Dests(s, t int, buf []int) []int {
+	buf = buf[:0]
+	l := w.LocalExperts()
+	for _, e := range w.Idx[s][t*w.TopK : (t+1)*w.TopK] {
+		if e < 0 {
+			continue
+		}
+		d := int(e) / l
+		seen := false
+		for _, x := range buf {
+			if x == d {
+				seen = true
+				break
+			}
+		}
+		if !seen {
+			buf = append(buf, d)
+		}
+	}
+	// insertion sort: at most K entries
+	for i := 1; i < len(buf); i++ {
+		for j := i; j > 0 && buf[j] < buf[j-1]; j-- {
+			buf[j], buf[j-1] = buf[j-1], buf[j]
+		}
+	}
+	return buf
+}
+
+// Source is a received row's origin.
+type Source struct{ Rank, Token int }
+
+// Recv returns the rows rank d receives, in receive order: by source rank,
+// then source token.
+func (w *World) Recv(d int) []Source {
+	var out []Source
+	l := w.LocalExperts()
+	for s := range w.Ranks {
+		for t := range w.Tokens[s] {
+			for _, e := range w.Idx[s][t*w.TopK : (t+1)*w.TopK] {
+				if e >= 0 && int(e)/l == d {
+					out = append(out, Source{s, t})
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+// RDMARows is the DESIGN.md section 6 RDMA row count of rank s: the sum
+// over its tokens of the distinct destination domains, its own included.
+func (w *World) RDMARows(s int) int {
+	n := 0
+	var buf []int
+	for t := range w.Tokens[s] {
+		buf = w.Dests(s, t, buf)
+		last := -1
+		for _, d := range buf {
+			if dom := d / w.RanksPerDomain; dom != last {
+				n++
+				last = dom
+			}
+		}
+	}
+	return n
+}
+
+// mix is splitmix64's finaliser.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// rowKey is the hash seed of token t of rank s.
+func (w *World) rowKey(s, t int) uint64 {
+	return mix(w.Seed ^ mix(uint64(s)<<32|uint64(uint32(t))))
+}
+
+// XRow writes the payload row of token t of rank s into dst (H elements of
+// the world's dtype). Elements are small integers in [-16, 16] drawn from a
+// hash of (seed, s, t, j): every row differs from every other, so a
+// misplaced row is caught, and sums of a few of them are exact.
+func (w *World) XRow(dst []byte, s, t int) {
+	k := w.rowKey(s, t)
+	for j := range w.Hidden {
+		v := float32(int(mix(k+uint64(j))%33) - 16)
+		device.StoreFloat32(w.DType, dst, j, v)
+	}
+}
+
+// Weight is the router weight of slot k of token t of rank s: a multiple of
+// 1/64 in (0, 1].
+func (w *World) Weight(s, t, k int) float32 {
+	return float32(mix(w.rowKey(s, t)^0xa5a5a5a5^uint64(k)<<48)%64+1) / 64
+}
+
+// Inputs returns rank r's x [T, H] bytes, topk indices and weights.
+func (w *World) Inputs(r int) (x []byte, idx []int32, weights []float32) {
+	rb := w.Hidden * w.DType.Size()
+	x = make([]byte, w.Tokens[r]*rb)
+	weights = make([]float32, w.Tokens[r]*w.TopK)
+	for t := range w.Tokens[r] {
+		w.XRow(x[t*rb:(t+1)*rb], r, t)
+		for k := range w.TopK {
+			weights[t*w.TopK+k] = w.Weight(r, t, k)
+		}
+	}
+	return x, w.Idx[r], weights
+}
