@@ -154,10 +154,15 @@ func (w *World) CheckCombine(s int, out []byte, unpermuted bool) Check {
 				// unpermute on d: weighted terms rounded to fp32, summed
 				// in slot order, rounded to the dtype once
 				var acc float32
+				first := true
 				for q, e := range slotsIdx {
 					if e >= 0 && int(e)/l == d {
 						p := float32(w.Weight(s, t, q) * x)
-						acc = float32(acc + p)
+						if first {
+							acc, first = p, false
+						} else {
+							acc = float32(acc + p)
+						}
 					}
 				}
 				terms = append(terms, round(dt, acc))
@@ -173,29 +178,30 @@ func (w *World) CheckCombine(s int, out []byte, unpermuted bool) Check {
 
 // combineSum adds the terms of destination ranks dests (ascending) for a
 // token of rank s: an fp32 partial per domain, rounded to the dtype when it
-// crosses domains, then the partials in domain order in fp32.
+// crosses domains, then the partials in domain order in fp32. A sum of one
+// term is that term (a -0 stays -0).
 func (w *World) combineSum(s int, dests []int, terms []float32) float32 {
 	dsize := w.RanksPerDomain
 	home := s / dsize
-	var total, part float32
-	dom := -1
-	flush := func() {
-		if dom < 0 {
-			return
+	var total float32
+	haveTotal := false
+	for a := 0; a < len(dests); {
+		dom := dests[a] / dsize
+		part := terms[a]
+		b := a + 1
+		for ; b < len(dests) && dests[b]/dsize == dom; b++ {
+			part = float32(part + terms[b])
 		}
 		if dom != home {
 			part = round(w.DType, part)
 		}
-		total = float32(total + part)
-	}
-	for i, d := range dests {
-		if d/dsize != dom {
-			flush()
-			dom, part = d/dsize, 0
+		if haveTotal {
+			total = float32(total + part)
+		} else {
+			total, haveTotal = part, true
 		}
-		part = float32(part + terms[i])
+		a = b
 	}
-	flush()
 	return total
 }
 

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/goep/goep/internal/bench"
+)
+
+// eprun runs the command in-process and returns its exit status, stdout
+// and stderr.
+func eprun(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(t.Context(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// tiny is a bench command line that runs in well under a second.
+var tiny = []string{"bench", "tiny", "-q", "--iters", "2", "--warmup", "1"}
+
+func TestBadUsage(t *testing.T) {
+	dir := t.TempDir()
+	badYAML := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(badYAML, []byte("ranks: 4\nbogus: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "--no-such-flag"}, "unknown flag: --no-such-flag"},
+		{[]string{"bench", "--ranks", "two"}, `invalid argument "two"`},
+		{[]string{"bench", "--ranks", "3"}, "not a multiple of ranks 3"},
+		{[]string{"bench", "--dtype", "fp8"}, `dtype "fp8"`},
+		{[]string{"bench", "--format", "xml"}, `--format "xml"`},
+		{[]string{"bench", "no/such/config.yaml"}, "no such file"},
+		{[]string{"bench", badYAML}, "field bogus not found"},
+		{[]string{"bench", "a.yaml", "b.yaml"}, "accepts at most 1 arg"},
+		{[]string{"frobnicate"}, "unknown command"},
+	} {
+		code, stdout, stderr := eprun(t, tc.args...)
+		if code != 2 {
+			t.Errorf("%v: exit %d, want 2", tc.args, code)
+		}
+		if stdout != "" {
+			t.Errorf("%v: wrote to stdout: %q", tc.args, stdout)
+		}
+		if !strings.HasPrefix(stderr, "eprun: ") || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: stderr %q, want one line \"eprun: ...%s...\"", tc.args, stderr, tc.want)
+		}
+		if strings.Contains(stderr, "goroutine ") || strings.Contains(stderr, "Usage:") {
+			t.Errorf("%v: stderr has a stack trace or usage: %q", tc.args, stderr)
+		}
+	}
+}
+
+func TestBenchTable(t *testing.T) {
+	code, stdout, stderr := eprun(t, tiny...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if stderr != "" {
+		t.Errorf("-q still wrote to stderr: %q", stderr)
+	}
+	for _, want := range []string{"# call", "time_us", "nvl_GBps", "baseline_GBps", "#wrong", "dispatch", "combine", "dispatch-permute", "unpermute-combine", "# check: OK"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("table lacks %q:\n%s", want, stdout)
+		}
+	}
+	rows := 0
+	for _, l := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		if !strings.HasPrefix(l, "#") {
+			rows++
+			if f := strings.Fields(l); len(f) != 12 || f[len(f)-1] != "0" {
+				t.Errorf("row %q: want 12 columns, #wrong 0", l)
+			}
+		}
+	}
+	if rows != 4 {
+		t.Errorf("%d rows, want 4:\n%s", rows, stdout)
+	}
+}
+
+func TestBenchJSON(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "out.json")
+	code, _, stderr := eprun(t, append(tiny, "--json", path, "--tokens", "8,16", "--calls", "dispatch,combine")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec bench.Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatalf("JSON does not parse: %v", err)
+	}
+	if rec.Env.Backend != "host" || rec.Env.GoVersion == "" || rec.Env.GOMAXPROCS < 1 || rec.Env.GoepVersion == "" {
+		t.Errorf("env %+v", rec.Env)
+	}
+	if rec.Config.Ranks != 4 || len(rec.Config.Tokens) != 2 || rec.Config.Iters != 2 {
+		t.Errorf("config %+v: flags were not applied", rec.Config)
+	}
+	if len(rec.Rows) != 4 || rec.Wrong != 0 || rec.CheckedRows == 0 || rec.Error != "" {
+		t.Errorf("%d rows, %d of %d wrong, error %q", len(rec.Rows), rec.Wrong, rec.CheckedRows, rec.Error)
+	}
+	for _, r := range rec.Rows {
+		if r.Time.N != 2 || r.Time.Median <= 0 || r.NVLGBps <= 0 {
+			t.Errorf("row %+v", r)
+		}
+	}
+
+	// --json - puts the JSON on stdout and the table on stderr.
+	code, stdout, stderr := eprun(t, append(tiny, "--json", "-")...)
+	if code != 0 {
+		t.Fatalf("--json -: exit %d: %s", code, stderr)
+	}
+	if err := json.Unmarshal([]byte(stdout), &rec); err != nil {
+		t.Errorf("--json -: stdout is not JSON: %v", err)
+	}
+	if !strings.Contains(stderr, "# check: OK") {
+		t.Errorf("--json -: table not on stderr: %q", stderr)
+	}
+}
+
+// TestBenchGoBench checks that every result line follows the Go benchmark
+// format benchstat reads: Benchmark<name> <iterations> (<value> <unit>)+.
+func TestBenchGoBench(t *testing.T) {
+	code, stdout, stderr := eprun(t, append(tiny, "--format=gobench")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var names []string
+	sc := bufio.NewScanner(strings.NewReader(stdout))
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, "Benchmark") {
+			if k, _, ok := strings.Cut(l, ": "); !ok || strings.ContainsAny(k, " \t") {
+				t.Errorf("line %q is neither a result nor a key: value line", l)
+			}
+			continue
+		}
+		f := strings.Fields(l)
+		if len(f) < 4 || len(f)%2 != 0 {
+			t.Errorf("line %q: want name, iterations and value-unit pairs", l)
+			continue
+		}
+		if n, err := strconv.Atoi(f[1]); err != nil || n != 2 {
+			t.Errorf("line %q: iterations %q, want 2", l, f[1])
+		}
+		units := map[string]float64{}
+		for i := 2; i < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err != nil {
+				t.Errorf("line %q: value %q: %v", l, f[i], err)
+			}
+			units[f[i+1]] = v
+		}
+		if units["ns/op"] <= 0 || units["MB/s"] <= 0 {
+			t.Errorf("line %q: want positive ns/op and MB/s", l)
+		}
+		names = append(names, strings.SplitN(f[0], "/", 2)[0])
+	}
+	want := []string{"BenchmarkDispatch", "BenchmarkCombine", "BenchmarkDispatchPermute", "BenchmarkUnpermuteCombine", "BenchmarkBaseline"}
+	if strings.Join(names, " ") != strings.Join(want, " ") {
+		t.Errorf("benchmarks %v, want %v", names, want)
+	}
+	if !strings.Contains(stdout, "BenchmarkDispatch/ranks=4/tokens=32/hidden=64/topk=2/dtype=bf16-") {
+		t.Errorf("names lack the case keys:\n%s", stdout)
+	}
+}
+
+func TestEmbeddedConfigsValid(t *testing.T) {
+	for _, name := range embeddedNames() {
+		c, err := loadConfig(name)
+		if err == nil {
+			err = c.Validate()
+		}
+		if err != nil {
+			t.Errorf("embedded config %s: %v", name, err)
+		}
+	}
+	if c, err := loadConfig(""); err != nil || c.Ranks != 8 {
+		t.Errorf("default config: %+v, %v", c, err)
+	}
+	// The copy in configs/ is what is embedded, and is found by path too.
+	if _, err := loadConfig("configs/tiny.yaml"); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	code, stdout, stderr := eprun(t, "version")
+	if code != 0 || !strings.HasPrefix(stdout, "goep ") || !strings.Contains(stdout, "go1.") {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}

@@ -1,0 +1,81 @@
+package bench
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/goep/goep/device"
+)
+
+func TestRoutingDeterministic(t *testing.T) {
+	a := Routing(42, 3, 100, 8, 64)
+	b := Routing(42, 3, 100, 8, 64)
+	if !slices.Equal(a, b) {
+		t.Fatal("same (seed, rank) gave different routings")
+	}
+	if slices.Equal(a, Routing(42, 4, 100, 8, 64)) {
+		t.Error("ranks 3 and 4 got the same routing")
+	}
+	if slices.Equal(a, Routing(43, 3, 100, 8, 64)) {
+		t.Error("seeds 42 and 43 gave the same routing")
+	}
+}
+
+func TestRoutingValid(t *testing.T) {
+	for _, tc := range []struct{ tokens, topk, experts int }{
+		{0, 2, 8}, {1, 1, 1}, {50, 8, 8}, {200, 8, 64}, {100, 2, 256}, {64, 6, 7},
+	} {
+		idx := Routing(1, 0, tc.tokens, tc.topk, tc.experts)
+		if len(idx) != tc.tokens*tc.topk {
+			t.Fatalf("%+v: %d indices", tc, len(idx))
+		}
+		for tok := range tc.tokens {
+			row := idx[tok*tc.topk : (tok+1)*tc.topk]
+			for k, e := range row {
+				if e < 0 || int(e) >= tc.experts {
+					t.Fatalf("%+v: token %d slot %d: expert %d out of range", tc, tok, k, e)
+				}
+				if slices.Contains(row[:k], e) {
+					t.Fatalf("%+v: token %d: expert %d repeated in %v", tc, tok, e, row)
+				}
+			}
+		}
+	}
+}
+
+// TestRoutingUniform checks that every expert is chosen about equally
+// often, in every slot position.
+func TestRoutingUniform(t *testing.T) {
+	const tokens, topk, experts = 20000, 4, 16
+	idx := Routing(7, 1, tokens, topk, experts)
+	for k := range topk {
+		count := make([]int, experts)
+		for tok := range tokens {
+			count[idx[tok*topk+k]]++
+		}
+		want := float64(tokens) / experts // 1250, sd about 34
+		for e, c := range count {
+			if d := float64(c) - want; d > 200 || d < -200 {
+				t.Errorf("slot %d: expert %d chosen %d times, want about %.0f", k, e, c, want)
+			}
+		}
+	}
+}
+
+func TestWorldRecvOrder(t *testing.T) {
+	w := NewWorld(3, 4, 4, 8, 3, 16, device.BF16, []int{10, 0, 7, 12})
+	for d := range 4 {
+		recv := w.Recv(d)
+		for i := 1; i < len(recv); i++ {
+			a, b := recv[i-1], recv[i]
+			if a.Rank > b.Rank || (a.Rank == b.Rank && a.Token >= b.Token) {
+				t.Fatalf("rank %d: rows %d and %d out of order: %v then %v", d, i-1, i, a, b)
+			}
+		}
+		for _, src := range recv {
+			if !slices.Contains(w.Dests(src.Rank, src.Token, nil), d) {
+				t.Fatalf("rank %d receives %v, which does not go there", d, src)
+			}
+		}
+	}
+}

@@ -1,0 +1,71 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/goep/goep/executor"
+)
+
+// TestRun runs small benchmarks end to end on the real engine: every output
+// must check, and the numbers must be sane.
+func TestRun(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+	}{
+		{"blocking", func(*Config) {}},
+		{"capacity-pad", func(c *Config) { c.Mode, c.Pad, c.DType = "capacity", 4, Strings{"fp32"} }},
+		{"sweep", func(c *Config) { c.Tokens, c.Hidden = Ints{0, 8}, Ints{16, 40} }},
+		{"combine-only", func(c *Config) { c.Calls = []string{CallCombine, CallUnpermuteCombine} }},
+		{"two-domains", func(c *Config) { c.RanksPerDomain = 2 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Defaults()
+			c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, 3, Ints{32}, Ints{24}, 3, 1
+			tc.edit(&c)
+			steps := 0
+			res, err := Run(t.Context(), c, Options{Progress: func(p Progress) { steps = p.Done }})
+			if errors.Is(err, executor.ErrUnsupported) {
+				t.Skipf("the engine does not support this yet: %v", err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			cases := len(c.Cases())
+			if want := cases * (len(c.Calls) + 1) * (c.Iters + c.Warmup); steps != want {
+				t.Errorf("progress reached %d steps, want %d", steps, want)
+			}
+			if len(res.Rows) != cases*len(c.Calls) {
+				t.Fatalf("%d rows, want %d", len(res.Rows), cases*len(c.Calls))
+			}
+			if res.Wrong() != 0 {
+				t.Errorf("%d of %d rows wrong", res.Wrong(), res.Checked())
+			}
+			for _, r := range res.Rows {
+				what := fmt.Sprintf("%s tokens=%d hidden=%d", r.Call, r.Tokens, r.Hidden)
+				if r.Time.N != c.Iters || r.Time.Median <= 0 || len(r.IterUS) != c.Iters {
+					t.Errorf("%s: time %+v", what, r.Time)
+				}
+				if r.CheckedRows == 0 && r.Tokens > 0 {
+					t.Errorf("%s: nothing checked", what)
+				}
+				if r.Tokens > 0 && (r.NVLGBps <= 0 || r.BaselineGBps <= 0 || r.Ratio <= 0) {
+					t.Errorf("%s: bandwidth %v GB/s, baseline %v GB/s, ratio %v", what, r.NVLGBps, r.BaselineGBps, r.Ratio)
+				}
+				if (c.RanksPerDomain > 0) != (r.RDMAGBps > 0) && r.Tokens > 0 {
+					t.Errorf("%s: rdma_GBps %v with ranks_per_domain %d", what, r.RDMAGBps, c.RanksPerDomain)
+				}
+			}
+		})
+	}
+}
+
+func TestRunInvalid(t *testing.T) {
+	c := Defaults()
+	c.Experts = 9
+	if _, err := Run(t.Context(), c, Options{}); err == nil {
+		t.Fatal("Run accepted 9 experts on 8 ranks")
+	}
+}
