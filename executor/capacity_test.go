@@ -78,7 +78,7 @@ func runCapacity(t *testing.T, R int, cfg Config, T int, dt device.DType) []capR
 		res[r] = capResult{
 			lay: h.lay, recvX: d.RecvX.Bytes(), recvIdx: slices.Clone(permute.Int32s(d.RecvIdx.Bytes())),
 			recvW: slices.Clone(permute.Float32s(d.RecvWeights.Bytes())),
-			px: slices.Clone(dp.X.Bytes()), pw: slices.Clone(dp.Weights.Bytes()),
+			px:    slices.Clone(dp.X.Bytes()), pw: slices.Clone(dp.Weights.Bytes()),
 			unperm: slices.Clone(u.Bytes()), comb: slices.Clone(c.Bytes()),
 		}
 		res[r].recvX = slices.Clone(res[r].recvX)

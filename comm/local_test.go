@@ -1,0 +1,124 @@
+package comm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+)
+
+func each(t *testing.T, gs []Group, fn func(g Group) error) {
+	t.Helper()
+	var eg errgroup.Group
+	for _, g := range gs {
+		eg.Go(func() error { return fn(g) })
+	}
+	if err := eg.Wait(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAllGatherBroadcastBarrier(t *testing.T) {
+	gs := NewLocal(5)
+	each(t, gs, func(g Group) error {
+		ctx := t.Context()
+		for round := range 20 {
+			data := make([]byte, g.Rank()+round%3) // lengths differ
+			for i := range data {
+				data[i] = byte(g.Rank())
+			}
+			all, err := g.AllGather(ctx, data)
+			if err != nil {
+				return err
+			}
+			for r, d := range all {
+				if len(d) != r+round%3 || (len(d) > 0 && d[0] != byte(r)) {
+					return fmt.Errorf("rank %d round %d: got %v from rank %d", g.Rank(), round, d, r)
+				}
+			}
+			b, err := g.Broadcast(ctx, round%5, []byte{byte(g.Rank())})
+			if err != nil {
+				return err
+			}
+			if len(b) != 1 || int(b[0]) != round%5 {
+				return fmt.Errorf("broadcast from %d gave %v", round%5, b)
+			}
+			if err := g.Barrier(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func TestSplit(t *testing.T) {
+	gs := NewLocal(6)
+	each(t, gs, func(g Group) error {
+		ctx := t.Context()
+		// Colors by parity, keys reverse the order.
+		sub, err := g.Split(ctx, g.Rank()%2, -g.Rank())
+		if err != nil {
+			return err
+		}
+		if sub.Size() != 3 {
+			return fmt.Errorf("sub size %d", sub.Size())
+		}
+		all, err := sub.AllGather(ctx, []byte{byte(g.Rank())})
+		if err != nil {
+			return err
+		}
+		var got []int
+		for _, d := range all {
+			got = append(got, int(d[0]))
+		}
+		want := []int{4, 2, 0}
+		if g.Rank()%2 == 1 {
+			want = []int{5, 3, 1}
+		}
+		if !slices.Equal(got, want) || got[sub.Rank()] != g.Rank() {
+			return fmt.Errorf("rank %d: sub ranks %v (me %d), want %v", g.Rank(), got, sub.Rank(), want)
+		}
+		return nil
+	})
+}
+
+func TestTimeoutNamesMissingRanks(t *testing.T) {
+	gs := NewLocal(4)
+	errs := make([]error, 2)
+	var eg errgroup.Group
+	for r := range 2 { // ranks 2 and 3 never come
+		eg.Go(func() error {
+			ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+			defer cancel()
+			_, errs[r] = gs[r].AllGather(ctx, nil)
+			return nil
+		})
+	}
+	eg.Wait()
+	for r, err := range errs {
+		var te *TimeoutError
+		if !errors.Is(err, ErrTimeout) || !errors.As(err, &te) || !slices.Equal(te.Missing, []int{2, 3}) {
+			t.Errorf("rank %d: %v, want a timeout naming ranks 2 and 3", r, err)
+		}
+	}
+}
+
+func TestCloseReleasesWaiters(t *testing.T) {
+	gs := NewLocal(2)
+	done := make(chan error)
+	go func() { done <- gs[0].Barrier(t.Context()) }()
+	time.Sleep(10 * time.Millisecond)
+	gs[1].Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("barrier: %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a closed peer left the barrier hanging")
+	}
+}

@@ -1,0 +1,219 @@
+package device
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func newStream(t *testing.T) (*Host, *HostStream) {
+	t.Helper()
+	h := NewHost()
+	s, err := h.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Close()
+		h.Close()
+	})
+	return h, s.(*HostStream)
+}
+
+func TestStreamRunsInOrder(t *testing.T) {
+	_, s := newStream(t)
+	var got []int
+	for i := range 100 {
+		s.Go("append", func() error { got = append(got, i); return nil })
+	}
+	if err := s.Synchronize(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 100 || !slices.IsSorted(got) {
+		t.Fatalf("tasks ran out of order: %v", got)
+	}
+}
+
+func TestStreamIsAsynchronous(t *testing.T) {
+	_, s := newStream(t)
+	release := make(chan struct{})
+	var ran atomic.Bool
+	s.Go("blocked", func() error { <-release; return nil })
+	s.Go("after", func() error { ran.Store(true); return nil })
+	ev, _ := s.Record()
+	if ev.Done() || ran.Load() {
+		t.Fatal("work completed before the stream could run it")
+	}
+	close(release)
+	if err := ev.Wait(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if !ran.Load() || !ev.Done() {
+		t.Fatal("event completed before the work recorded before it")
+	}
+}
+
+func TestStreamErrorIsStickyUntilSynchronize(t *testing.T) {
+	h, s := newStream(t)
+	boom := errors.New("boom")
+	var skipped atomic.Bool
+	skipped.Store(true)
+	s.Go("fails", func() error { return boom })
+	s.Go("skipped", func() error { skipped.Store(false); return nil })
+	b, _ := s.Alloc(10)
+	s.Free(b) // frees run even after an error
+	err := s.Synchronize(t.Context())
+	var te *TaskError
+	if !errors.Is(err, boom) || !errors.As(err, &te) || te.Task != "fails" {
+		t.Fatalf("Synchronize: %v, want the failing task's error", err)
+	}
+	if !skipped.Load() {
+		t.Fatal("a task after the failure ran")
+	}
+	if h.LiveBuffers() != 0 {
+		t.Fatal("the free after the failure did not run")
+	}
+	if err := s.Synchronize(t.Context()); err != nil {
+		t.Fatalf("second Synchronize: %v, want the error cleared", err)
+	}
+}
+
+func TestPanicBecomesError(t *testing.T) {
+	_, s := newStream(t)
+	s.Go("panics", func() error { panic("bad op") })
+	if err := s.Synchronize(t.Context()); err == nil {
+		t.Fatal("a panicking task reported no error")
+	}
+}
+
+func TestSynchronizeHonoursContext(t *testing.T) {
+	_, s := newStream(t)
+	release := make(chan struct{})
+	defer close(release)
+	s.Go("blocked", func() error { <-release; return nil })
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if err := s.Synchronize(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Synchronize: %v, want the context's deadline", err)
+	}
+}
+
+func TestFreeIsStreamOrdered(t *testing.T) {
+	h, s := newStream(t)
+	b, err := s.Alloc(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	s.Go("uses b", func() error { <-release; b.Host()[0] = 1; return nil })
+	b.Free()
+	b.Free() // twice is harmless
+	// The pool must not hand b's memory out while the task is queued.
+	c, err := s.Alloc(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if &c.region[0] == &b.region[0] {
+		t.Fatal("memory freed under queued work was handed out again")
+	}
+	close(release)
+	if err := s.Synchronize(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := s.Alloc(1000)
+	if &d.region[0] != &b.region[0] {
+		t.Fatal("freed memory was not reused once the work completed")
+	}
+	c.Free()
+	d.Free()
+	s.Synchronize(t.Context())
+	if n := h.LiveBuffers(); n != 0 {
+		t.Fatalf("%d buffers live", n)
+	}
+}
+
+func TestCrossStreamWait(t *testing.T) {
+	h := NewHost()
+	defer h.Close()
+	a, _ := h.NewStream()
+	b, _ := h.NewStream()
+	defer a.Close()
+	defer b.Close()
+	release := make(chan struct{})
+	var order []string
+	a.(*HostStream).Go("a", func() error { <-release; order = append(order, "a"); return nil })
+	ev, _ := a.Record()
+	b.Wait(ev)
+	b.(*HostStream).Go("b", func() error { order = append(order, "b"); return nil })
+	close(release)
+	if err := b.Synchronize(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(order, []string{"a", "b"}) {
+		t.Fatalf("order %v", order)
+	}
+}
+
+func TestGuards(t *testing.T) {
+	_, s := newStream(t)
+	x, err := NewTensor(s, BF16, 3, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.CheckGuards(); err != nil {
+		t.Fatal(err)
+	}
+	x.buf.region[guardSize+x.buf.size] = 0 // one byte past the end
+	if err := x.CheckGuards(); err == nil {
+		t.Fatal("an out-of-bounds write went unnoticed")
+	}
+}
+
+func TestBF16Rounding(t *testing.T) {
+	for _, tc := range []struct {
+		in   float32
+		want uint16
+	}{
+		{1, 0x3f80},
+		{-2, 0xc000},
+		{1 + 1.0/256, 0x3f80},             // tie, even stays
+		{1 + 3.0/256, 0x3f82},             // tie, rounds up to even
+		{1 + 1.0/256 + 1.0/65536, 0x3f81}, // above the tie
+		{float32(math.Inf(1)), 0x7f80},
+		{math.MaxFloat32, 0x7f80}, // overflows to infinity
+		{float32(math.Copysign(0, -1)), 0x8000},
+	} {
+		if got := Float32ToBF16(tc.in); got != tc.want {
+			t.Errorf("Float32ToBF16(%v) = %#04x, want %#04x", tc.in, got, tc.want)
+		}
+	}
+	if nan := Float32ToBF16(float32(math.NaN())); BF16ToFloat32(nan) == BF16ToFloat32(nan) {
+		t.Error("NaN did not stay NaN")
+	}
+	for u := range 1 << 16 {
+		f := BF16ToFloat32(uint16(u))
+		if f == f && Float32ToBF16(f) != uint16(u) {
+			t.Fatalf("bf16 %#04x does not round-trip", u)
+		}
+	}
+}
+
+func TestParallelForCoversRange(t *testing.T) {
+	for _, n := range []int{0, 1, 7, 100, 1001} {
+		hits := make([]int32, n)
+		ParallelFor(n, 3, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				atomic.AddInt32(&hits[i], 1)
+			}
+		})
+		for i, h := range hits {
+			if h != 1 {
+				t.Fatalf("n=%d: index %d visited %d times", n, i, h)
+			}
+		}
+	}
+}

@@ -1,0 +1,150 @@
+package nvlink
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+)
+
+// domains builds n in-process domain members on one host backend.
+func domains(t *testing.T, n int, timeout time.Duration) ([]*Domain, []device.Stream) {
+	t.Helper()
+	gs := comm.NewLocal(n)
+	b := device.NewHost()
+	ds := make([]*Domain, n)
+	ss := make([]device.Stream, n)
+	global := make([]int, n)
+	for i := range global {
+		global[i] = 10 + i
+	}
+	var eg errgroup.Group
+	for r := range n {
+		eg.Go(func() error {
+			s, err := b.NewStream()
+			if err != nil {
+				return err
+			}
+			ss[r] = s
+			ds[r], err = New(t.Context(), gs[r], s, global, timeout)
+			return err
+		})
+	}
+	if err := eg.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for r := range n {
+			ds[r].Close()
+			ss[r].Close()
+		}
+	})
+	return ds, ss
+}
+
+func TestExchangeMovesData(t *testing.T) {
+	const n = 4
+	ds, ss := domains(t, n, 5*time.Second)
+	var eg errgroup.Group
+	for r := range n {
+		eg.Go(func() error {
+			for epoch := range 50 {
+				b, _ := ss[r].Alloc(8)
+				b.Host()[0] = byte(r*100 + epoch%100)
+				var got []byte
+				err := ds[r].Exchange(Call{Op: 7, Sig: [4]uint64{uint64(epoch)}, Buffers: []*device.Buffer{b}}, func(peers [][]*device.Buffer) error {
+					for p := range peers {
+						got = append(got, peers[p][0].Host()[0])
+					}
+					return nil
+				})
+				if err != nil {
+					return err
+				}
+				for p, v := range got {
+					if v != byte(p*100+epoch%100) {
+						return fmt.Errorf("rank %d epoch %d: read %d from rank %d", r, epoch, v, p)
+					}
+				}
+				b.Free()
+			}
+			return nil
+		})
+	}
+	if err := eg.Wait(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestExchangeMismatchAndPeerStatus(t *testing.T) {
+	const n = 3
+	ds, _ := domains(t, n, 5*time.Second)
+	errs := make([]error, n)
+	var eg errgroup.Group
+	for r := range n {
+		eg.Go(func() error {
+			sig := [4]uint64{1}
+			if r == 2 {
+				sig[0] = 2
+			}
+			errs[r] = ds[r].Exchange(Call{Op: 1, Sig: sig}, func([][]*device.Buffer) error { t.Error("fn ran despite a mismatch"); return nil })
+			return nil
+		})
+	}
+	eg.Wait()
+	for r, err := range errs {
+		if !errors.Is(err, ErrPeerMismatch) {
+			t.Errorf("rank %d: %v, want ErrPeerMismatch", r, err)
+		}
+	}
+	// A rank that rejects its input makes every rank fail with its reason.
+	for r := range n {
+		eg.Go(func() error {
+			var status error
+			if r == 1 {
+				status = errors.New("x has the wrong shape")
+			}
+			errs[r] = ds[r].Exchange(Call{Op: 1, Status: status}, nil)
+			return nil
+		})
+	}
+	eg.Wait()
+	for r, err := range errs {
+		var pe *PeerError
+		if !errors.As(err, &pe) || pe.Rank != 11 || !strings.Contains(err.Error(), "wrong shape") {
+			t.Errorf("rank %d: %v, want rank 11's report", r, err)
+		}
+	}
+}
+
+func TestExchangeTimeoutNamesMissingRank(t *testing.T) {
+	const n = 3
+	ds, _ := domains(t, n, 150*time.Millisecond)
+	errs := make([]error, n-1)
+	var eg errgroup.Group
+	for r := range n - 1 { // the last rank never comes
+		eg.Go(func() error {
+			errs[r] = ds[r].Exchange(Call{Op: 1}, nil)
+			return nil
+		})
+	}
+	eg.Wait()
+	for r, err := range errs {
+		var te *comm.TimeoutError
+		if !errors.As(err, &te) || !slices.Equal(te.Missing, []int{12}) {
+			t.Errorf("rank %d: %v, want a timeout naming rank 12", r, err)
+		}
+		// Failed for good, at once.
+		start := time.Now()
+		if err := ds[r].Exchange(Call{Op: 1}, nil); err == nil || time.Since(start) > 50*time.Millisecond {
+			t.Errorf("rank %d: exchange after a timeout: %v after %v", r, err, time.Since(start))
+		}
+	}
+}
