@@ -1,0 +1,842 @@
+package executor_test
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor"
+	"github.com/goep/goep/internal/reference"
+)
+
+// Property tests: the engine on the host backend against the naive model of
+// DESIGN.md section 2 in internal/reference, on random shapes and routings,
+// bit for bit (weight gradients within 1e-5 relative), twice per case, with
+// fused == unfused, adjoint identities of the backward calls, and guard
+// bytes on every output.
+//
+// The reference and the engine must not fuse multiply-adds (DESIGN.md: no
+// FMA); run with GOAMD64=v3, where the Go compiler may fuse x*y+z, to check.
+//
+// Reproduce one case with
+//
+//	go test ./executor -run Property -prop.seed=N
+//
+// (N as printed in the failure), or more cases with -prop.cases.
+
+var (
+	propSeed  = flag.Uint64("prop.seed", 0, "run only the property case with this seed")
+	propCases = flag.Int("prop.cases", 0, "number of random property cases (0: 200, or 40 with -short)")
+)
+
+// propCase is one random configuration and routing.
+type propCase struct {
+	seed     uint64
+	R, L, K  int
+	H, pad   int
+	dt       device.DType
+	weighted bool
+	mode     executor.Mode
+	overflow executor.Overflow
+	capR     int // capacity mode: MaxRecvTokens
+	capP     int // capacity mode: MaxPermutedTokens
+	maxT     int // MaxTokensPerRank
+	idx      [][]int32
+}
+
+func (c *propCase) String() string {
+	s := fmt.Sprintf("seed=%d R=%d E=%d K=%d H=%d pad=%d %v", c.seed, c.R, c.R*c.L, c.K, c.H, c.pad, c.dt)
+	if c.weighted {
+		s += " weighted"
+	}
+	if c.mode == executor.Capacity {
+		s += fmt.Sprintf(" capacity(recv=%d,perm=%d,%v)", c.capR, c.capP, c.overflow)
+	}
+	T := make([]int, c.R)
+	for r := range T {
+		T[r] = len(c.idx[r]) / c.K
+	}
+	return s + fmt.Sprintf(" T=%v", T)
+}
+
+// world is the reference model of the case (without data).
+func (c *propCase) world() *reference.World {
+	w := &reference.World{NumRanks: c.R, NumExperts: c.R * c.L, TopK: c.K, Hidden: c.H,
+		PadMultiple: c.pad, DType: c.dt, TopkIdx: c.idx}
+	if c.mode == executor.Capacity {
+		w.MaxRecvTokens, w.MaxPermutedTokens = c.capR, c.capP
+	}
+	return w
+}
+
+func (c *propCase) config() executor.Config {
+	cfg := executor.Config{NumExperts: c.R * c.L, TopK: c.K, Hidden: c.H, MaxTokensPerRank: c.maxT,
+		PadMultiple: c.pad, Mode: c.mode, Overflow: c.overflow, Timeout: 30 * time.Second}
+	if c.mode == executor.Capacity {
+		cfg.MaxRecvTokens, cfg.MaxPermutedTokens = c.capR, c.capP
+	}
+	return cfg
+}
+
+// genCase draws a case. Sizes are bounded so that the elements moved per
+// case stay in the hundreds of thousands.
+func genCase(seed uint64) *propCase {
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	c := &propCase{seed: seed}
+	c.R = 1 + rng.IntN(16)
+	switch maxL := 1024 / c.R; {
+	case rng.IntN(6) == 0:
+		c.L = maxL // E up to 1024
+	default:
+		c.L = 1 + rng.IntN(min(8, maxL))
+	}
+	E := c.R * c.L
+	c.K = 1 + rng.IntN(min(16, E))
+	hs := []int{1, 2, 3, 7, 8, 31, 64, 127, 128, 255, 300}
+	if rng.IntN(3) == 0 {
+		c.H = 1 + rng.IntN(300)
+	} else {
+		c.H = hs[rng.IntN(len(hs))]
+	}
+	c.pad = []int{1, 16, 128}[rng.IntN(3)]
+	c.dt = []device.DType{device.BF16, device.FP32}[rng.IntN(2)]
+	c.weighted = rng.IntN(2) == 0
+
+	// Tokens per rank: ragged, some ranks empty; the total bounded by the
+	// element budget.
+	budget := 400_000 / (c.H * c.R)
+	tmax := max(1, min(200, budget))
+	for range c.R {
+		T := 0
+		if rng.IntN(5) != 0 {
+			T = rng.IntN(tmax + 1)
+		}
+		c.maxT = max(c.maxT, T)
+		c.idx = append(c.idx, genRouting(rng, T, E, c.K, c.R))
+	}
+	c.maxT += rng.IntN(3)
+
+	if rng.IntN(2) == 0 {
+		c.mode = executor.Capacity
+		maxN, maxP := 0, 0
+		w := c.world()
+		for d := range c.R {
+			lay := w.Layout(d)
+			maxN, maxP = max(maxN, lay.RecvCount), max(maxP, lay.PermutedCount)
+		}
+		switch rng.IntN(5) {
+		case 0, 1: // ample
+			c.capR, c.capP = maxN+rng.IntN(5)+1, maxP+rng.IntN(5)+1
+		case 2, 3: // tight, drop
+			c.overflow = executor.OverflowDrop
+			c.capR, c.capP = 1+rng.IntN(maxN+1), 1+rng.IntN(maxP+1)
+		default: // tight, error
+			c.overflow = executor.OverflowError
+			c.capR, c.capP = 1+rng.IntN(maxN+1), 1+rng.IntN(maxP+1)
+		}
+	}
+	return c
+}
+
+// genRouting draws T rows of K slots over E experts: some rows routed
+// nowhere, some partly empty, and often a hot subset of experts (so that a
+// token picks several experts of one rank).
+func genRouting(rng *rand.Rand, T, E, K, R int) []int32 {
+	idx := make([]int32, T*K)
+	var hot []int
+	if rng.IntN(2) == 0 {
+		hot = rng.Perm(E)[:min(E, K+rng.IntN(2*K+1))]
+	}
+	for t := range T {
+		row := idx[t*K : (t+1)*K]
+		for k := range row {
+			row[k] = -1
+		}
+		m := K
+		switch rng.IntN(10) {
+		case 0:
+			m = 0
+		case 1, 2, 3:
+			m = rng.IntN(K + 1)
+		}
+		slots := rng.Perm(K)[:m]
+		for _, k := range slots {
+			for {
+				var e int
+				if hot != nil && rng.IntN(4) != 0 {
+					e = hot[rng.IntN(len(hot))]
+				} else {
+					e = rng.IntN(E)
+				}
+				if !containsInt32(row, int32(e)) {
+					row[k] = int32(e)
+					break
+				}
+			}
+		}
+	}
+	return idx
+}
+
+func containsInt32(s []int32, v int32) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// propInputs is every rank's data for one case.
+type propInputs struct {
+	x     [][]byte    // [T, H]: element 0 = source rank, 1 = token, rest random
+	w     [][]float32 // [T, K] or nil
+	y     [][]byte    // [permRows, H]: random; padding and dropped rows garbage
+	z     [][]byte    // [recvRows, H]: random; rows past the valid prefix garbage
+	gzw   [][]float32 // [recvRows, K] random (GradRecvWeights), or nil
+	gout  [][]byte    // [T, H] random (CombineBackward's gradient)
+	xRows map[string][2]int
+}
+
+// garbage is what rows outside the valid data hold: huge, so that a sum that
+// wrongly includes one is obviously wrong, finite, so that adjoint dot
+// products with zero rows stay zero.
+const garbage = 1e30
+
+func genInputs(c *propCase, w *reference.World) *propInputs {
+	rng := rand.New(rand.NewPCG(c.seed, 12345))
+	in := &propInputs{xRows: map[string][2]int{}}
+	H, K := c.H, c.K
+	rnd := func() float32 {
+		switch rng.IntN(12) {
+		case 0:
+			return float32(math.Copysign(0, -1)) // -0 must survive sums of -0
+		case 1:
+			return 0
+		}
+		return float32(rng.NormFloat64() * math.Ldexp(1, rng.IntN(9)-4))
+	}
+	randRows := func(rows, valid int, valOK func(r int) bool) []byte {
+		v := make([]float32, rows*H)
+		for r := range rows {
+			for j := range H {
+				if r < valid && (valOK == nil || valOK(r)) {
+					v[r*H+j] = rnd()
+				} else {
+					v[r*H+j] = float32(garbage * float64(1+j%3))
+				}
+			}
+		}
+		return device.EncodeFloat32(c.dt, v)
+	}
+	for s := range c.R {
+		T := len(c.idx[s]) / K
+		v := make([]float32, T*H)
+		for t := range T {
+			for j := range H {
+				switch j {
+				case 0:
+					v[t*H] = float32(s)
+				case 1:
+					v[t*H+1] = float32(t)
+				default:
+					v[t*H+j] = rnd()
+				}
+			}
+		}
+		in.x = append(in.x, device.EncodeFloat32(c.dt, v))
+		rb := H * c.dt.Size()
+		for t := range T {
+			in.xRows[string(in.x[s][t*rb:(t+1)*rb])] = [2]int{s, t}
+		}
+		if c.weighted {
+			wt := make([]float32, T*K)
+			for i := range wt {
+				wt[i] = rng.Float32()
+			}
+			in.w = append(in.w, wt)
+		}
+		in.gout = append(in.gout, randRows(T, T, nil))
+	}
+	if c.weighted {
+		in.gzw = make([][]float32, c.R)
+	}
+	for d := range c.R {
+		lay := w.Layout(d)
+		N, P := w.RecvRows(lay), w.PermutedRows(lay)
+		valid := lay.RecvCount
+		if c.mode == executor.Capacity {
+			valid = min(valid, c.capR)
+		}
+		// y: random where some slot lands, garbage on padding.
+		used := make([]bool, P)
+		for _, p := range lay.Pos {
+			if p >= 0 && int(p) < P {
+				used[p] = true
+			}
+		}
+		in.y = append(in.y, randRows(P, P, func(r int) bool { return used[r] }))
+		in.z = append(in.z, randRows(N, valid, nil))
+		if c.weighted {
+			gw := make([]float32, N*K)
+			for i := range gw {
+				if i < valid*K {
+					gw[i] = rng.Float32()*2 - 1
+				} else {
+					gw[i] = garbage
+				}
+			}
+			in.gzw[d] = gw
+		}
+	}
+	return in
+}
+
+// propOut is what one rank's engine returned, downloaded.
+type propOut struct {
+	counts                          executor.Counts
+	countsErr                       error
+	recvX, recvIdx, recvW           []byte
+	px, pw                          []byte
+	fpx, fpw, fRecvIdx, fRecvW      []byte
+	unperm, combU, fused, combZ     []byte
+	gradX, gradTW, combBack, permBk []byte
+	gradY, gradW                    []byte
+}
+
+// fields lists the outputs by name, for run-to-run comparison.
+func (o *propOut) fields() map[string][]byte {
+	return map[string][]byte{
+		"RecvX": o.recvX, "RecvIdx": o.recvIdx, "RecvWeights": o.recvW, "Permute.X": o.px, "Permute.Weights": o.pw,
+		"DispatchPermute.X": o.fpx, "DispatchPermute.Weights": o.fpw, "DispatchPermute.RecvIdx": o.fRecvIdx,
+		"DispatchPermute.RecvWeights": o.fRecvW, "Unpermute": o.unperm, "Combine(Unpermute)": o.combU,
+		"UnpermuteCombine": o.fused, "Combine(z)": o.combZ, "DispatchBackward.GradX": o.gradX,
+		"DispatchBackward.GradTopkWeights": o.gradTW, "CombineBackward": o.combBack, "PermuteBackward": o.permBk,
+		"UnpermuteBackward.GradY": o.gradY, "UnpermuteBackward.GradWeights": o.gradW,
+	}
+}
+
+// propRank runs the whole sequence of calls on one rank and downloads every
+// output, checking its guard bytes.
+type propRank struct {
+	t   *testing.T
+	e   *executor.Engine
+	c   *propCase
+	in  *propInputs
+	r   int
+	err error
+	own []*device.Tensor
+}
+
+func (p *propRank) tensor(dt device.DType, data []byte, shape ...int) *device.Tensor {
+	if p.err != nil {
+		return nil
+	}
+	t, err := p.e.NewTensor(dt, shape...)
+	if err != nil {
+		p.err = fmt.Errorf("new tensor %v%v: %w", dt, shape, err)
+		return nil
+	}
+	p.own = append(p.own, t)
+	if err := device.Upload(p.t.Context(), t, data); err != nil {
+		p.err = fmt.Errorf("upload %v%v: %w", dt, shape, err)
+	}
+	return t
+}
+
+// get downloads an output (nil for a nil tensor) and checks its guards.
+func (p *propRank) get(name string, t *device.Tensor) []byte {
+	if p.err != nil || t == nil {
+		return nil
+	}
+	b, err := device.Download(p.t.Context(), t)
+	if err != nil {
+		p.err = fmt.Errorf("%s: %w", name, err)
+		return nil
+	}
+	if err := t.CheckGuards(); err != nil {
+		p.err = fmt.Errorf("%s: %w", name, err)
+	}
+	p.own = append(p.own, t)
+	return b
+}
+
+func (p *propRank) check(op string, err error) bool {
+	if p.err == nil && err != nil {
+		p.err = fmt.Errorf("%s: %w", op, err)
+	}
+	return p.err == nil
+}
+
+func f32bytes(v []float32) []byte {
+	if v == nil {
+		return nil
+	}
+	return device.EncodeFloat32(device.FP32, v)
+}
+
+// run makes every call once. Capacity errors (OverflowError) end the run
+// after the layout's counts.
+func (p *propRank) run() (*propOut, error) {
+	defer func() {
+		for _, t := range p.own {
+			t.Close()
+		}
+		p.own = nil
+	}()
+	ctx := p.t.Context()
+	c, in, r, e := p.c, p.in, p.r, p.e
+	H, K := c.H, c.K
+	T := len(c.idx[r]) / K
+	out := &propOut{}
+
+	idx := p.tensor(device.Int32, device.EncodeInt32(c.idx[r]), T, K)
+	if p.err != nil {
+		return nil, p.err
+	}
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: idx})
+	if !p.check("Layout", err) {
+		return nil, p.err
+	}
+	defer h.Close()
+	out.counts, out.countsErr = h.Counts(ctx)
+	if out.countsErr != nil {
+		if errors.Is(out.countsErr, executor.ErrCapacityExceeded) {
+			// Every later call on the handle must fail the same way.
+			x := p.tensor(c.dt, in.x[r], T, H)
+			_, err := e.Dispatch(ctx, h, executor.DispatchInput{X: x})
+			if err == nil {
+				err = e.Synchronize(ctx)
+			}
+			if !errors.Is(err, executor.ErrCapacityExceeded) {
+				return out, fmt.Errorf("Dispatch on an over-capacity handle (OverflowError): got %v, want ErrCapacityExceeded", err)
+			}
+		}
+		return out, p.err
+	}
+	N, P := h.RecvRows(), h.PermutedRows()
+
+	x := p.tensor(c.dt, in.x[r], T, H)
+	var w *device.Tensor
+	if c.weighted {
+		w = p.tensor(device.FP32, f32bytes(in.w[r]), T, K)
+	}
+	if p.err != nil {
+		return nil, p.err
+	}
+
+	// Forward.
+	do, err := e.Dispatch(ctx, h, executor.DispatchInput{X: x, TopkWeights: w})
+	if !p.check("Dispatch", err) {
+		return nil, p.err
+	}
+	out.recvX, out.recvIdx, out.recvW = p.get("Dispatch.RecvX", do.RecvX), p.get("Dispatch.RecvIdx", do.RecvIdx), p.get("Dispatch.RecvWeights", do.RecvWeights)
+	if (do.RecvWeights != nil) != c.weighted {
+		return nil, fmt.Errorf("Dispatch: RecvWeights present=%v for weighted=%v", do.RecvWeights != nil, c.weighted)
+	}
+
+	po, err := e.Permute(ctx, h, executor.PermuteInput{RecvX: do.RecvX, RecvWeights: do.RecvWeights})
+	if !p.check("Permute", err) {
+		return nil, p.err
+	}
+	out.px, out.pw = p.get("Permute.X", po.X), p.get("Permute.Weights", po.Weights)
+
+	fo, err := e.DispatchPermute(ctx, h, executor.DispatchInput{X: x, TopkWeights: w})
+	if !p.check("DispatchPermute", err) {
+		return nil, p.err
+	}
+	out.fpx, out.fpw = p.get("DispatchPermute.X", fo.X), p.get("DispatchPermute.Weights", fo.Weights)
+	out.fRecvIdx, out.fRecvW = p.get("DispatchPermute.RecvIdx", fo.RecvIdx), p.get("DispatchPermute.RecvWeights", fo.RecvWeights)
+
+	y := p.tensor(c.dt, in.y[r], P, H)
+	z := p.tensor(c.dt, in.z[r], N, H)
+	var gzw *device.Tensor
+	if c.weighted {
+		gzw = p.tensor(device.FP32, f32bytes(in.gzw[r]), N, K)
+	}
+	gout := p.tensor(c.dt, in.gout[r], T, H)
+	if p.err != nil {
+		return nil, p.err
+	}
+
+	u, err := e.Unpermute(ctx, h, executor.UnpermuteInput{Y: y, RecvWeights: do.RecvWeights})
+	if !p.check("Unpermute", err) {
+		return nil, p.err
+	}
+	cu, err := e.Combine(ctx, h, executor.CombineInput{Z: u})
+	if !p.check("Combine(Unpermute)", err) {
+		return nil, p.err
+	}
+	fu, err := e.UnpermuteCombine(ctx, h, executor.UnpermuteInput{Y: y, RecvWeights: do.RecvWeights})
+	if !p.check("UnpermuteCombine", err) {
+		return nil, p.err
+	}
+	cz, err := e.Combine(ctx, h, executor.CombineInput{Z: z})
+	if !p.check("Combine(z)", err) {
+		return nil, p.err
+	}
+
+	// Backward.
+	db, err := e.DispatchBackward(ctx, h, executor.DispatchBackwardInput{GradRecvX: z, GradRecvWeights: gzw})
+	if !p.check("DispatchBackward", err) {
+		return nil, p.err
+	}
+	cb, err := e.CombineBackward(ctx, h, gout)
+	if !p.check("CombineBackward", err) {
+		return nil, p.err
+	}
+	pb, err := e.PermuteBackward(ctx, h, y)
+	if !p.check("PermuteBackward", err) {
+		return nil, p.err
+	}
+	ub, err := e.UnpermuteBackward(ctx, h, executor.UnpermuteBackwardInput{GradOut: z, Y: y, RecvWeights: do.RecvWeights})
+	if !p.check("UnpermuteBackward", err) {
+		return nil, p.err
+	}
+	if err := e.Synchronize(ctx); !p.check("Synchronize", err) {
+		return nil, p.err
+	}
+	out.unperm, out.combU, out.fused, out.combZ = p.get("Unpermute", u), p.get("Combine(Unpermute)", cu), p.get("UnpermuteCombine", fu), p.get("Combine(z)", cz)
+	out.gradX, out.gradTW = p.get("DispatchBackward.GradX", db.GradX), p.get("DispatchBackward.GradTopkWeights", db.GradTopkWeights)
+	out.combBack, out.permBk = p.get("CombineBackward", cb), p.get("PermuteBackward", pb)
+	out.gradY, out.gradW = p.get("UnpermuteBackward.GradY", ub.GradY), p.get("UnpermuteBackward.GradWeights", ub.GradWeights)
+	return out, p.err
+}
+
+// runEngine runs the case on R in-process ranks, twice on each engine (two
+// layouts of the same routing), and returns both runs' outputs.
+func runEngine(t *testing.T, c *propCase, in *propInputs) (first, second []*propOut) {
+	groups := comm.NewLocal(c.R)
+	b := device.NewHost()
+	defer b.Close()
+	first, second = make([]*propOut, c.R), make([]*propOut, c.R)
+	var g errgroup.Group
+	for r := range c.R {
+		g.Go(func() (err error) {
+			e, err := executor.New(t.Context(), groups[r], b, c.config())
+			if err != nil {
+				return fmt.Errorf("rank %d: New: %w", r, err)
+			}
+			defer func() {
+				if cerr := e.Close(); cerr != nil && err == nil {
+					err = fmt.Errorf("rank %d: Close: %w", r, cerr)
+				}
+			}()
+			for run, dst := range [][]*propOut{first, second} {
+				p := &propRank{t: t, e: e, c: c, in: in, r: r}
+				o, err := p.run()
+				if err != nil {
+					return fmt.Errorf("rank %d run %d: %w", r, run+1, err)
+				}
+				dst[r] = o
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatalf("%v: %v", c, err)
+	}
+	return first, second
+}
+
+// checker compares outputs and reports the first mismatch of each.
+type checker struct {
+	t    *testing.T
+	c    *propCase
+	in   *propInputs
+	fail int
+}
+
+func (k *checker) errorf(format string, args ...any) {
+	k.t.Helper()
+	k.fail++
+	if k.fail <= 20 {
+		k.t.Errorf("%v: "+format, append([]any{k.c}, args...)...)
+	}
+}
+
+// rows compares two row-major tensors of dtype dt and cols columns bit for
+// bit and reports the first differing element by rank, row and column.
+func (k *checker) rows(what string, rank int, dt device.DType, cols int, got, want []byte) {
+	k.t.Helper()
+	if len(got) != len(want) {
+		k.errorf("rank %d %s: %d bytes (%d rows), want %d (%d rows)", rank, what, len(got), len(got)/max(1, cols*dt.Size()), len(want), len(want)/max(1, cols*dt.Size()))
+		return
+	}
+	if bytes.Equal(got, want) {
+		return
+	}
+	es := dt.Size()
+	for i := 0; i < len(got); i += es {
+		if bytes.Equal(got[i:i+es], want[i:i+es]) {
+			continue
+		}
+		e := i / es
+		row, col := e/cols, e%cols
+		var g, w string
+		switch dt {
+		case device.Int32:
+			g, w = fmt.Sprint(device.DecodeInt32(got[i:i+4])[0]), fmt.Sprint(device.DecodeInt32(want[i:i+4])[0])
+		default:
+			gv, wv := device.LoadFloat32(dt, got, e), device.LoadFloat32(dt, want, e)
+			if dt == device.BF16 {
+				g, w = fmt.Sprintf("%v (0x%04x)", gv, device.Float32ToBF16(gv)), fmt.Sprintf("%v (0x%04x)", wv, device.Float32ToBF16(wv))
+			} else {
+				g, w = fmt.Sprintf("%v (0x%08x)", gv, math.Float32bits(gv)), fmt.Sprintf("%v (0x%08x)", wv, math.Float32bits(wv))
+			}
+		}
+		rb := cols * es
+		note := ""
+		if dt == k.c.dt && cols == k.c.H && k.in != nil && (row+1)*rb <= len(got) {
+			if st, ok := k.in.xRows[string(got[row*rb:(row+1)*rb])]; ok {
+				note = fmt.Sprintf("; the row got is x of rank %d token %d", st[0], st[1])
+			}
+			if st, ok := k.in.xRows[string(want[row*rb:(row+1)*rb])]; ok {
+				note += fmt.Sprintf("; the row wanted is x of rank %d token %d", st[0], st[1])
+			}
+		}
+		k.errorf("rank %d %s: row %d col %d: got %s, want %s%s", rank, what, row, col, g, w, note)
+		return
+	}
+}
+
+func (k *checker) same(what string, rank int, got, want []byte) {
+	k.t.Helper()
+	if !bytes.Equal(got, want) {
+		k.errorf("rank %d: %s differ (%d vs %d bytes)", rank, what, len(got), len(want))
+	}
+}
+
+// close reports |got - want| > tol.
+func (k *checker) close(what string, got, want, tol float64) {
+	k.t.Helper()
+	if math.Abs(got-want) > tol || math.IsNaN(got) != math.IsNaN(want) {
+		k.errorf("%s: got %.17g, want %.17g (tolerance %.3g)", what, got, want, tol)
+	}
+}
+
+func absDot(dt device.DType, a, b []byte) float64 {
+	var s float64
+	for i := range len(a) / dt.Size() {
+		s += math.Abs(float64(device.LoadFloat32(dt, a, i)) * float64(device.LoadFloat32(dt, b, i)))
+	}
+	return s
+}
+
+func TestPropertyEngine(t *testing.T) {
+	n := *propCases
+	if n == 0 {
+		n = 200
+		if testing.Short() {
+			n = 40
+		}
+	}
+	seeds := make([]uint64, n)
+	for i := range seeds {
+		seeds[i] = uint64(i + 1)
+	}
+	if *propSeed != 0 {
+		seeds = []uint64{*propSeed}
+	}
+	for _, seed := range seeds {
+		c := genCase(seed)
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			checkCase(t, c)
+		})
+	}
+}
+
+func checkCase(t *testing.T, c *propCase) {
+	w := c.world()
+	if err := w.Validate(); err != nil {
+		t.Fatalf("%v: bad case: %v", c, err)
+	}
+	in := genInputs(c, w)
+	w.X, w.Weights = in.x, in.w
+	first, second := runEngine(t, c, in)
+	k := &checker{t: t, c: c, in: in}
+
+	// Run to run: every output bit-identical.
+	for r := range c.R {
+		a, b := first[r].fields(), second[r].fields()
+		for name, v := range a {
+			k.same(name+" of run 1 and run 2", r, v, b[name])
+		}
+	}
+
+	lays := make([]reference.RankLayout, c.R)
+	over := false
+	for d := range c.R {
+		lays[d] = w.Layout(d)
+		over = over || c.mode == executor.Capacity && (lays[d].RecvCount > c.capR || lays[d].PermutedCount > c.capP)
+	}
+
+	// Counts, and the OverflowError policy.
+	for d, o := range first {
+		lay := lays[d]
+		if c.mode == executor.Capacity && c.overflow == executor.OverflowError && over {
+			var ce *executor.CapacityError
+			if !errors.As(o.countsErr, &ce) {
+				k.errorf("rank %d: Counts error %v, want a *CapacityError (some rank is over capacity)", d, o.countsErr)
+			}
+			continue
+		}
+		if o.countsErr != nil {
+			k.errorf("rank %d: Counts: %v", d, o.countsErr)
+			continue
+		}
+		wantOver := c.mode == executor.Capacity && (lay.RecvCount > c.capR || lay.PermutedCount > c.capP)
+		if o.counts.RecvCount != lay.RecvCount || o.counts.PermutedCount != lay.PermutedCount ||
+			fmt.Sprint(o.counts.TokensPerExpert) != fmt.Sprint(lay.TokensPerExpert) || o.counts.Overflow != wantOver {
+			k.errorf("rank %d: Counts %+v, want RecvCount %d PermutedCount %d TokensPerExpert %v Overflow %v",
+				d, o.counts, lay.RecvCount, lay.PermutedCount, lay.TokensPerExpert, wantOver)
+		}
+	}
+	if k.fail > 0 {
+		return
+	}
+	if c.mode == executor.Capacity && c.overflow == executor.OverflowError && over {
+		if testing.Verbose() {
+			t.Logf("%v: ok (over capacity: every rank reports ErrCapacityExceeded)", c)
+		}
+		return
+	}
+
+	dt, H, K := c.dt, c.H, c.K
+	var rw [][]float32
+	if c.weighted {
+		rw = make([][]float32, c.R)
+	}
+	u := make([][]byte, c.R)
+	for d, o := range first {
+		lay := lays[d]
+		N := w.RecvRows(lay)
+		valid := min(lay.RecvCount, N)
+		// Dispatch.
+		k.rows("Dispatch.RecvX", d, dt, H, o.recvX, w.Dispatch(d))
+		wantIdx := make([]int32, N*K)
+		for i := range wantIdx {
+			wantIdx[i] = -1
+		}
+		copy(wantIdx, lay.RecvIdx[:valid*K])
+		k.rows("Dispatch.RecvIdx", d, device.Int32, K, o.recvIdx, device.EncodeInt32(wantIdx))
+		if c.weighted {
+			rw[d] = make([]float32, N*K)
+			copy(rw[d], lay.RecvWeights[:valid*K])
+			k.rows("Dispatch.RecvWeights", d, device.FP32, K, o.recvW, f32bytes(rw[d]))
+		}
+		var rwd []float32
+		if rw != nil {
+			rwd = rw[d]
+		}
+		// Permute, fused and not.
+		px, pw := w.Permute(d, w.Dispatch(d), rwd)
+		k.rows("Permute.X", d, dt, H, o.px, px)
+		k.rows("Permute.Weights", d, device.FP32, 1, o.pw, f32bytes(pw))
+		k.same("DispatchPermute.X and Permute(Dispatch).X", d, o.fpx, o.px)
+		k.same("DispatchPermute.Weights and Permute(Dispatch).Weights", d, o.fpw, o.pw)
+		k.same("DispatchPermute.RecvIdx and Dispatch.RecvIdx", d, o.fRecvIdx, o.recvIdx)
+		k.same("DispatchPermute.RecvWeights and Dispatch.RecvWeights", d, o.fRecvW, o.recvW)
+		// Unpermute.
+		u[d] = w.Unpermute(d, in.y[d], rwd)
+		k.rows("Unpermute", d, dt, H, o.unperm, u[d])
+		// Backward, local.
+		k.rows("PermuteBackward", d, dt, H, o.permBk, w.PermuteBackward(d, in.y[d]))
+		k.rows("CombineBackward", d, dt, H, o.combBack, w.CombineBackward(d, in.gout))
+		gy, gw := w.UnpermuteBackward(d, in.z[d], in.y[d], rwd)
+		k.rows("UnpermuteBackward.GradY", d, dt, H, o.gradY, gy)
+		if !c.weighted {
+			if o.gradW != nil {
+				k.errorf("rank %d: UnpermuteBackward.GradWeights returned for an unweighted forward", d)
+			}
+		} else if got := device.DecodeFloat32(device.FP32, o.gradW); len(got) != len(gw) {
+			k.errorf("rank %d: UnpermuteBackward.GradWeights has %d values, want %d", d, len(got), len(gw))
+		} else {
+			for i := range got {
+				// Within 1e-5 relative of the fp64 dot product (plus the
+				// fp64 summation error bound of any order).
+				ad := 0.0
+				if i < valid*K {
+					if p := int(lay.Pos[i]); p >= 0 && p < w.PermutedRows(lay) {
+						rb := H * dt.Size()
+						ad = absDot(dt, in.z[d][i/K*rb:(i/K+1)*rb], in.y[d][p*rb:(p+1)*rb])
+					}
+				}
+				tol := 1e-5*math.Abs(float64(gw[i])) + 1e-12*ad
+				if math.Abs(float64(got[i])-float64(gw[i])) > tol {
+					k.errorf("rank %d UnpermuteBackward.GradWeights: row %d col %d: got %v, want %v (tolerance %.3g)", d, i/K, i%K, got[i], gw[i], tol)
+					break
+				}
+			}
+		}
+	}
+
+	// Collective results on each source rank.
+	combU := w.Combine(u)
+	combZ := w.Combine(in.z)
+	gradX, gradTW := w.DispatchBackward(in.z, in.gzw)
+	fusedRef := w.UnpermuteCombine(in.y, rw)
+	for s, o := range first {
+		k.rows("Combine(Unpermute)", s, dt, H, o.combU, combU[s])
+		k.rows("UnpermuteCombine", s, dt, H, o.fused, fusedRef[s])
+		k.same("UnpermuteCombine and Combine(Unpermute)", s, o.fused, o.combU)
+		k.rows("Combine(z)", s, dt, H, o.combZ, combZ[s])
+		k.rows("DispatchBackward.GradX", s, dt, H, o.gradX, gradX[s])
+		if c.weighted {
+			k.rows("DispatchBackward.GradTopkWeights", s, device.FP32, K, o.gradTW, f32bytes(gradTW[s]))
+		} else if o.gradTW != nil {
+			k.errorf("rank %d: DispatchBackward.GradTopkWeights returned without GradRecvWeights", s)
+		}
+	}
+
+	// Adjoint identities on fp32 data, in fp64: <Dispatch(x), g> =
+	// <x, DispatchBackward(g)>, <Permute(r), g> = <r, PermuteBackward(g)>,
+	// <Unpermute(y), g> = <y, UnpermuteBackward(g).GradY> (unweighted: c = 1)
+	// and <Combine(z), g> = <z, CombineBackward(g)>.
+	if dt == device.FP32 && k.fail == 0 {
+		var l, r, a float64
+		for d, o := range first {
+			l += reference.Dot64(dt, o.recvX, in.z[d])
+			a += absDot(dt, o.recvX, in.z[d])
+		}
+		for s, o := range first {
+			r += reference.Dot64(dt, in.x[s], o.gradX)
+		}
+		k.close("<Dispatch(x), g> vs <x, DispatchBackward(g)>", l, r, 1e-5*a+1e-30)
+		l, r, a = 0, 0, 0
+		for s, o := range first {
+			l += reference.Dot64(dt, o.combZ, in.gout[s])
+			a += absDot(dt, o.combZ, in.gout[s])
+		}
+		for d, o := range first {
+			r += reference.Dot64(dt, in.z[d], o.combBack)
+		}
+		k.close("<Combine(z), g> vs <z, CombineBackward(g)>", l, r, 1e-5*a+1e-30)
+		for d, o := range first {
+			l := reference.Dot64(dt, o.px, in.y[d])
+			r := reference.Dot64(dt, o.recvX, o.permBk)
+			k.close(fmt.Sprintf("rank %d: <Permute(r), g> vs <r, PermuteBackward(g)>", d), l, r, 1e-5*absDot(dt, o.px, in.y[d])+1e-30)
+			if !c.weighted {
+				l := reference.Dot64(dt, o.unperm, in.z[d])
+				r := reference.Dot64(dt, in.y[d], o.gradY)
+				k.close(fmt.Sprintf("rank %d: <Unpermute(y), g> vs <y, UnpermuteBackward(g)>", d), l, r, 1e-5*absDot(dt, in.y[d], o.gradY)+1e-30)
+			}
+		}
+	}
+	if k.fail > 20 {
+		t.Errorf("%v: %d more mismatches", c, k.fail-20)
+	}
+	if testing.Verbose() && k.fail == 0 {
+		t.Logf("%v: ok", strings.TrimSpace(c.String()))
+	}
+}
