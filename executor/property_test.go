@@ -586,7 +586,7 @@ func (k *checker) rows(what string, rank int, dt device.DType, cols int, got, wa
 		var g, w string
 		switch dt {
 		case device.Int32:
-			g, w = fmt.Sprint(device.DecodeInt32(got[i:i+4])[0]), fmt.Sprint(device.DecodeInt32(want[i:i+4])[0])
+			g, w = fmt.Sprint(device.DecodeInt32(got[i : i+4])[0]), fmt.Sprint(device.DecodeInt32(want[i : i+4])[0])
 		default:
 			gv, wv := device.LoadFloat32(dt, got, e), device.LoadFloat32(dt, want, e)
 			if dt == device.BF16 {
