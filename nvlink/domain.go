@@ -5,7 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -194,6 +194,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	}()
 	h.nbufs = uint64(len(c.Buffers))
 	h.epoch.Store(e)
+	flags.stored()
 
 	if err := d.wait("publish", deadline, func(p int) bool { return hdr(d.peers[p]).epoch.Load() >= e }); err != nil {
 		return err
@@ -247,21 +248,25 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	for p := range d.peers {
 		done(d.peers[p], d.rank).Store(e)
 	}
+	flags.stored()
 	if err := d.wait("done", deadline, func(p int) bool { return done(d.ctrl, p).Load() >= e }); err != nil {
 		return err
 	}
 	return failure
 }
 
-// wait polls ready(p) for every peer until all are true or the deadline
-// passes; then the domain is failed and the error names the missing ranks.
+// wait waits until ready(p) holds for every peer or the deadline passes;
+// then the domain is failed and the error names the missing ranks. Peers in
+// this process wake it when they store a flag; it also polls, for writers it
+// cannot hear (other processes).
 func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) error {
 	pending := make([]int, 0, len(d.peers))
 	for p := range d.peers {
 		pending = append(pending, p)
 	}
-	backoff := time.Microsecond
-	for spins := 0; ; spins++ {
+	var timer *time.Timer
+	for {
+		woken := flags.changed()
 		left := pending[:0]
 		for _, p := range pending {
 			if !ready(p) {
@@ -272,7 +277,8 @@ func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) 
 		if len(pending) == 0 {
 			return nil
 		}
-		if time.Now().After(deadline) {
+		now := time.Now()
+		if now.After(deadline) {
 			missing := make([]int, len(pending))
 			for i, p := range pending {
 				missing[i] = d.global[p]
@@ -280,13 +286,50 @@ func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) 
 			d.failed = &comm.TimeoutError{Op: fmt.Sprintf("nvlink exchange %d (%s) on rank %d", d.epoch, phase, d.global[d.rank]), Missing: missing}
 			return d.failed
 		}
-		if spins < 64 {
-			runtime.Gosched()
-			continue
+		poll := min(deadline.Sub(now), pollInterval)
+		if timer == nil {
+			timer = time.NewTimer(poll)
+			defer timer.Stop()
+		} else {
+			timer.Reset(poll)
 		}
-		time.Sleep(backoff)
-		backoff = min(2*backoff, 200*time.Microsecond)
+		select {
+		case <-woken:
+		case <-timer.C:
+		}
 	}
+}
+
+// pollInterval bounds how long a waiter sleeps without a wake-up.
+const pollInterval = time.Millisecond
+
+// flags wakes the waiters of this process whenever a flag is stored: a
+// channel closed and replaced on every store.
+var flags waker
+
+type waker struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// changed returns a channel closed at the next store.
+func (w *waker) changed() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch == nil {
+		w.ch = make(chan struct{})
+	}
+	return w.ch
+}
+
+// stored wakes everyone waiting for a change.
+func (w *waker) stored() {
+	w.mu.Lock()
+	if w.ch != nil {
+		close(w.ch)
+		w.ch = nil
+	}
+	w.mu.Unlock()
 }
 
 // Fail marks the domain failed: later exchanges return err at once.

@@ -1,0 +1,112 @@
+package executor
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+)
+
+// BenchmarkCalls times each collective call on an in-process world (every
+// rank in its own goroutine, one iteration = every rank's call plus its
+// Synchronize). Bytes are the received rows of rank 0 (DESIGN.md section 6).
+func BenchmarkCalls(b *testing.B) {
+	const R, E, K, H, T = 8, 64, 8, 2048, 512
+	dt := device.BF16
+	for _, call := range []string{"dispatch", "combine", "dispatch-permute", "unpermute-combine"} {
+		b.Run(fmt.Sprintf("call=%s/ranks=%d/tokens=%d/hidden=%d/topk=%d", call, R, T, H, K), func(b *testing.B) {
+			gs := comm.NewLocal(R)
+			be := device.NewHost()
+			defer be.Close()
+			cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T}
+			start := make([]chan bool, R)
+			var done sync.WaitGroup
+			var bytes int64
+			var setup sync.WaitGroup
+			setup.Add(R)
+			for r := range R {
+				start[r] = make(chan bool)
+				go func() {
+					ctx := context.Background()
+					e, err := New(ctx, gs[r], be, cfg)
+					if err != nil {
+						panic(err)
+					}
+					defer e.Close()
+					idx, x, w := rankInputs(3, r, T, K, E, H, dt)
+					for i := range idx { // every token uses all K slots
+						if idx[i] < 0 {
+							idx[i] = int32((int(idx[i-i%K]) + 1 + i%K) % E)
+						}
+					}
+					ti, _ := upload(ctx, e, device.Int32, device.EncodeInt32(dedupe(idx, K, E)), T, K)
+					xt, _ := upload(ctx, e, dt, x, T, H)
+					_ = w
+					h, err := e.Layout(ctx, LayoutInput{TopkIdx: ti})
+					if err != nil {
+						panic(err)
+					}
+					if r == 0 {
+						bytes = int64(h.RecvRows() * H * dt.Size())
+					}
+					z, _ := e.NewTensor(dt, h.RecvRows(), H)
+					y, _ := e.NewTensor(dt, h.PermutedRows(), H)
+					setup.Done()
+					for range start[r] {
+						var outs []*device.Tensor
+						switch call {
+						case "dispatch":
+							o, _ := e.Dispatch(ctx, h, DispatchInput{X: xt})
+							outs = append(outs, o.RecvX, o.RecvIdx)
+						case "combine":
+							o, _ := e.Combine(ctx, h, CombineInput{Z: z})
+							outs = append(outs, o)
+						case "dispatch-permute":
+							o, _ := e.DispatchPermute(ctx, h, DispatchInput{X: xt})
+							outs = append(outs, o.X, o.RecvIdx)
+						case "unpermute-combine":
+							o, _ := e.UnpermuteCombine(ctx, h, UnpermuteInput{Y: y})
+							outs = append(outs, o)
+						}
+						if err := e.Synchronize(ctx); err != nil {
+							panic(err)
+						}
+						closeAll(outs...)
+						done.Done()
+					}
+				}()
+			}
+			setup.Wait()
+			b.SetBytes(bytes)
+			for b.Loop() {
+				done.Add(R)
+				for r := range R {
+					start[r] <- true
+				}
+				done.Wait()
+			}
+			for r := range R {
+				close(start[r])
+			}
+		})
+	}
+}
+
+// dedupe replaces repeated experts in a row by the next unused ones.
+func dedupe(idx []int32, K, E int) []int32 {
+	for t := 0; t < len(idx)/K; t++ {
+		used := map[int32]bool{}
+		for k := range K {
+			v := idx[t*K+k]
+			for used[v] {
+				v = (v + 1) % int32(E)
+			}
+			used[v] = true
+			idx[t*K+k] = v
+		}
+	}
+	return idx
+}
