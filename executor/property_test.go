@@ -41,6 +41,7 @@ var (
 
 // propCase is one random configuration and routing.
 type propCase struct {
+	name     string // fixed cases
 	seed     uint64
 	R, L, K  int
 	H, pad   int
@@ -55,7 +56,11 @@ type propCase struct {
 }
 
 func (c *propCase) String() string {
-	s := fmt.Sprintf("seed=%d R=%d E=%d K=%d H=%d pad=%d %v", c.seed, c.R, c.R*c.L, c.K, c.H, c.pad, c.dt)
+	s := fmt.Sprintf("seed=%d", c.seed)
+	if c.name != "" {
+		s = "case " + c.name
+	}
+	s += fmt.Sprintf(" R=%d E=%d K=%d H=%d pad=%d %v", c.R, c.R*c.L, c.K, c.H, c.pad, c.dt)
 	if c.weighted {
 		s += " weighted"
 	}
@@ -633,6 +638,50 @@ func absDot(dt device.DType, a, b []byte) float64 {
 	return s
 }
 
+// fixedCases are the edges, run before the random cases: the example of
+// docs/EXAMPLE.md in every mode, no tokens anywhere, no token routed
+// anywhere, every token to every expert, the widest group, one rank.
+func fixedCases() []*propCase {
+	example := [][]int32{{1, 4, 5, 2, -1, -1}, {3, 0, -1, 7}, {}, {4, 5, 2, 1, 6, 0}}
+	ex := func(name string, dt device.DType, pad int, mode executor.Mode, ov executor.Overflow, capR, capP int) *propCase {
+		return &propCase{name: name, seed: 1_000_001, R: 4, L: 2, K: 2, H: 2, pad: pad, dt: dt, weighted: true,
+			mode: mode, overflow: ov, capR: capR, capP: capP, maxT: 3, idx: example}
+	}
+	routing := func(R, T, K int, f func(r, t, k int) int32) [][]int32 {
+		idx := make([][]int32, R)
+		for r := range R {
+			for t := range T {
+				for k := range K {
+					idx[r] = append(idx[r], f(r, t, k))
+				}
+			}
+		}
+		return idx
+	}
+	everyExpert := routing(4, 5, 8, func(r, t, k int) int32 { return int32((k + t + r) % 8) })
+	everyExpert[2] = nil
+	nowhere := routing(4, 5, 3, func(r, t, k int) int32 { return -1 })
+	nowhere[1] = nowhere[1][:3]
+	wide := &propCase{name: "widest", seed: 1_000_002, R: 16, L: 64, K: 16, H: 1, pad: 128, dt: device.BF16, weighted: true, maxT: 40}
+	rng := rand.New(rand.NewPCG(7, 7))
+	for range 16 {
+		wide.idx = append(wide.idx, genRouting(rng, 1+rng.IntN(40), 1024, 16, 16))
+	}
+	return []*propCase{
+		ex("example", device.FP32, 1, executor.Blocking, 0, 0, 0),
+		ex("example pad 4", device.BF16, 4, executor.Blocking, 0, 0, 0),
+		ex("example capacity", device.FP32, 4, executor.Capacity, executor.OverflowError, 4, 8),
+		ex("example drop", device.FP32, 4, executor.Capacity, executor.OverflowDrop, 3, 5),
+		ex("example error", device.BF16, 4, executor.Capacity, executor.OverflowError, 3, 5),
+		{name: "no tokens", seed: 1_000_003, R: 3, L: 2, K: 2, H: 5, pad: 16, dt: device.BF16, weighted: true, maxT: 4, idx: make([][]int32, 3)},
+		{name: "no tokens capacity", seed: 1_000_004, R: 3, L: 2, K: 2, H: 5, pad: 16, dt: device.FP32, mode: executor.Capacity, capR: 2, capP: 3, maxT: 4, idx: make([][]int32, 3)},
+		{name: "routed nowhere", seed: 1_000_005, R: 4, L: 1, K: 3, H: 3, pad: 1, dt: device.FP32, weighted: true, maxT: 5, idx: nowhere},
+		{name: "every expert", seed: 1_000_006, R: 4, L: 2, K: 8, H: 9, pad: 16, dt: device.FP32, weighted: true, maxT: 5, idx: everyExpert},
+		wide,
+		{name: "one rank", seed: 1_000_007, R: 1, L: 3, K: 2, H: 4, pad: 1, dt: device.BF16, weighted: true, maxT: 4, idx: [][]int32{{0, 2, -1, 1, 2, 0, -1, -1}}},
+	}
+}
+
 func TestPropertyEngine(t *testing.T) {
 	n := *propCases
 	if n == 0 {
@@ -647,6 +696,11 @@ func TestPropertyEngine(t *testing.T) {
 	}
 	if *propSeed != 0 {
 		seeds = []uint64{*propSeed}
+	}
+	if *propSeed == 0 {
+		for _, c := range fixedCases() {
+			t.Run(c.name, func(t *testing.T) { checkCase(t, c) })
+		}
 	}
 	for _, seed := range seeds {
 		c := genCase(seed)
@@ -675,11 +729,14 @@ func checkCase(t *testing.T, c *propCase) {
 	}
 
 	lays := make([]reference.RankLayout, c.R)
-	over := false
+	var overRanks []int
 	for d := range c.R {
 		lays[d] = w.Layout(d)
-		over = over || c.mode == executor.Capacity && (lays[d].RecvCount > c.capR || lays[d].PermutedCount > c.capP)
+		if c.mode == executor.Capacity && (lays[d].RecvCount > c.capR || lays[d].PermutedCount > c.capP) {
+			overRanks = append(overRanks, d)
+		}
 	}
+	over := len(overRanks) > 0
 
 	// Counts, and the OverflowError policy.
 	for d, o := range first {
@@ -687,7 +744,9 @@ func checkCase(t *testing.T, c *propCase) {
 		if c.mode == executor.Capacity && c.overflow == executor.OverflowError && over {
 			var ce *executor.CapacityError
 			if !errors.As(o.countsErr, &ce) {
-				k.errorf("rank %d: Counts error %v, want a *CapacityError (some rank is over capacity)", d, o.countsErr)
+				k.errorf("rank %d: Counts error %v, want a *CapacityError (ranks %v are over capacity)", d, o.countsErr, overRanks)
+			} else if fmt.Sprint(ce.Ranks) != fmt.Sprint(overRanks) {
+				k.errorf("rank %d: CapacityError names ranks %v, want %v", d, ce.Ranks, overRanks)
 			}
 			continue
 		}
