@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The project's test command (README "Quick start"; .ci/run runs it).
+#
+# On a fresh Debian 12 machine, as root, it installs what the tests need,
+# then runs go vet and go test over the whole module, and go test -race.
+#
+#   GOEP_TEST_RACE=all    (default) race detector over every package, -short
+#   GOEP_TEST_RACE=small  race detector over the small packages only
+#   GOEP_TEST_RACE=none   no race run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '== %s\n' "$*" >&2; }
+
+# want_go is the Go version go.mod asks for.
+want_go=$(awk '$1 == "go" { print $2; exit }' go.mod)
+
+# apt_install installs Debian packages, running apt-get update once.
+apt_updated=
+apt_install() {
+	if [ "$(id -u)" != 0 ]; then
+		echo "scripts/test.sh: need root to install $* with apt-get" >&2
+		exit 1
+	fi
+	if [ -z "$apt_updated" ]; then
+		apt-get update -qq
+		apt_updated=1
+	fi
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# Debian packages the tests need (none yet beyond a C compiler for -race;
+# add here: e.g. openmpi for the mpi tag, libucx-dev for the ucx tag).
+APT_PACKAGES=()
+command -v gcc >/dev/null || APT_PACKAGES+=(gcc libc6-dev)
+command -v git >/dev/null || APT_PACKAGES+=(git)
+if [ ${#APT_PACKAGES[@]} -gt 0 ]; then
+	log "apt-get install ${APT_PACKAGES[*]}"
+	apt_install "${APT_PACKAGES[@]}"
+fi
+
+# Go: the machine's /usr/local/go, else any go on PATH, else Debian's
+# golang-go. A go of 1.21 or later fetches the toolchain go.mod asks for
+# from the module proxy by itself (GOTOOLCHAIN=auto). Debian 12's go is
+# 1.19, which cannot; it downloads the toolchain module with
+# `go mod download` instead and runs that.
+export PATH="/usr/local/go/bin:$PATH"
+if ! command -v go >/dev/null; then
+	log "apt-get install golang-go"
+	apt_install golang-go ca-certificates
+fi
+have_go=$(go env GOVERSION 2>/dev/null || go version | awk '{print $3}')
+have_go=${have_go#go}
+if [ "$(printf '%s\n%s\n' "1.21" "$have_go" | sort -V | head -1)" != "1.21" ]; then
+	tc="golang.org/toolchain@v0.0.1-go${want_go}.$(go env GOOS)-$(go env GOARCH)"
+	log "go $have_go is older than 1.21: fetching $tc from the module proxy"
+	dir=$(cd "$(mktemp -d)" && GOFLAGS=-mod=mod go mod download -json "$tc" | awk -F'"' '$2 == "Dir" { print $4 }')
+	chmod -R u+w "$dir" && chmod +x "$dir"/bin/* "$dir"/pkg/tool/*/*
+	export PATH="$dir/bin:$PATH" GOROOT="$dir"
+fi
+export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+log "$(go version)"
+
+log "go vet ./..."
+go vet ./...
+
+log "go test ./..."
+go test -count=1 ./...
+
+case "${GOEP_TEST_RACE:-all}" in
+all)
+	log "go test -race -short ./..."
+	go test -race -short -count=1 ./...
+	;;
+small)
+	log "go test -race (small packages)"
+	go test -race -short -count=1 ./comm/... ./device/... ./nvlink/... ./permute/... ./internal/... ./cmd/...
+	;;
+none) ;;
+*)
+	echo "scripts/test.sh: GOEP_TEST_RACE=$GOEP_TEST_RACE: want all, small or none" >&2
+	exit 2
+	;;
+esac
+log "all tests passed"
