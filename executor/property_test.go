@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -754,6 +755,25 @@ func checkCase(t *testing.T, c *propCase) {
 		a, b := first[r].fields(), second[r].fields()
 		for name, v := range a {
 			k.same(name+" of run 1 and run 2", r, v, b[name])
+		}
+	}
+	// And independent of the host's parallelism (how rows are split over
+	// workers): every third case runs again on new engines under another
+	// GOMAXPROCS.
+	if c.seed%3 == 0 {
+		procs := runtime.GOMAXPROCS(0)
+		other := 5
+		if procs == other {
+			other = 1
+		}
+		runtime.GOMAXPROCS(other)
+		third, _ := runEngine(t, c, in)
+		runtime.GOMAXPROCS(procs)
+		for r := range c.R {
+			a, b := first[r].fields(), third[r].fields()
+			for name, v := range a {
+				k.same(fmt.Sprintf("%s under GOMAXPROCS %d and %d", name, procs, other), r, v, b[name])
+			}
 		}
 	}
 
