@@ -45,8 +45,47 @@ func bf16(u uint16) float32 { return math.Float32frombits(uint32(u) << 16) }
 //		if first { acc[j] = term } else { acc[j] = acc[j] + term }
 //	}
 //
-// With c == 1 the term is the element itself, exactly.
+// With c == 1 the term is the element itself, exactly. On amd64 with AVX2
+// the loop runs in assembly (rows_amd64.s), bit-identical to accumulateGo.
 func Accumulate(dt device.DType, acc []float32, row []byte, c float32, first bool) {
+	if useAVX2 {
+		accumulateAVX2(dt, acc, row, c, first)
+		return
+	}
+	accumulateGo(dt, acc, row, c, first)
+}
+
+// Store rounds the accumulator to dt into row (round to nearest even for
+// BF16, as device.Float32ToBF16):
+//
+//	for j, f := range acc { row[j] = round_dt(f) }
+func Store(dt device.DType, row []byte, acc []float32) {
+	if useAVX2 {
+		storeAVX2(dt, row, acc)
+		return
+	}
+	storeGo(dt, row, acc)
+}
+
+// Scale writes float32(c * float32(src[j])) rounded to dt into dst; with
+// c == 1 it is a copy:
+//
+//	for j := range dst { dst[j] = round_dt(float32(c * float32(src[j]))) }
+func Scale(dt device.DType, dst, src []byte, c float32) {
+	if c == 1 {
+		copy(dst, src)
+		return
+	}
+	if useAVX2 {
+		scaleAVX2(dt, dst, src, c)
+		return
+	}
+	scaleGo(dt, dst, src, c)
+}
+
+// accumulateGo is the reference loop of Accumulate and its portable
+// implementation; the assembly is tested against it bit for bit.
+func accumulateGo(dt device.DType, acc []float32, row []byte, c float32, first bool) {
 	switch dt {
 	case device.BF16:
 		src := asU16(row)[:len(acc)]
@@ -89,9 +128,8 @@ func Accumulate(dt device.DType, acc []float32, row []byte, c float32, first boo
 	}
 }
 
-// Store rounds the accumulator to dt into row (round to nearest even for
-// BF16).
-func Store(dt device.DType, row []byte, acc []float32) {
+// storeGo is the reference loop of Store.
+func storeGo(dt device.DType, row []byte, acc []float32) {
 	switch dt {
 	case device.BF16:
 		dst := asU16(row)[:len(acc)]
@@ -103,13 +141,8 @@ func Store(dt device.DType, row []byte, acc []float32) {
 	}
 }
 
-// Scale writes float32(c * float32(src[j])) rounded to dt into dst; with
-// c == 1 it is a copy.
-func Scale(dt device.DType, dst, src []byte, c float32) {
-	if c == 1 {
-		copy(dst, src)
-		return
-	}
+// scaleGo is the reference loop of Scale for c != 1.
+func scaleGo(dt device.DType, dst, src []byte, c float32) {
 	switch dt {
 	case device.BF16:
 		d, s := asU16(dst), asU16(src)[:len(asU16(dst))]

@@ -1,0 +1,150 @@
+package permute
+
+import (
+	"golang.org/x/sys/cpu"
+
+	"github.com/goep/goep/device"
+)
+
+// useAVX2 selects the assembly row loops of rows_amd64.s. Tests and
+// benchmarks switch it off to run the reference loops.
+var useAVX2 = cpu.X86.HasAVX2
+
+// The assembly kernels below handle n elements, n a multiple of 8 (n may be
+// 0); the wrappers run the remaining n%8 elements through the reference
+// loops, so every element goes through the same two rounded operations
+// (multiply, then add) as in Go. Each kernel's reference loop is quoted in
+// its comment; x is the element widened to fp32 (bf16: bits << 16).
+
+// acc[j] = x[j]
+//
+//go:noescape
+func accSetBF16(acc *float32, src *uint16, n int)
+
+// acc[j] = acc[j] + x[j]
+//
+//go:noescape
+func accAddBF16(acc *float32, src *uint16, n int)
+
+// acc[j] = float32(c * x[j])
+//
+//go:noescape
+func accMulBF16(acc *float32, src *uint16, n int, c float32)
+
+// acc[j] = acc[j] + float32(c*x[j])
+//
+//go:noescape
+func accMulAddBF16(acc *float32, src *uint16, n int, c float32)
+
+// acc[j] = acc[j] + src[j]
+//
+//go:noescape
+func accAddF32(acc, src *float32, n int)
+
+// dst[j] = float32(c * src[j]) (also Scale for FP32)
+//
+//go:noescape
+func accMulF32(dst, src *float32, n int, c float32)
+
+// acc[j] = acc[j] + float32(c*src[j])
+//
+//go:noescape
+func accMulAddF32(acc, src *float32, n int, c float32)
+
+// dst[j] = device.Float32ToBF16(src[j])
+//
+//go:noescape
+func storeBF16(dst *uint16, src *float32, n int)
+
+// dst[j] = device.Float32ToBF16(float32(c * x[j]))
+//
+//go:noescape
+func scaleBF16(dst, src *uint16, n int, c float32)
+
+// accumulateAVX2 is Accumulate with the bulk of the row in assembly.
+func accumulateAVX2(dt device.DType, acc []float32, row []byte, c float32, first bool) {
+	n := len(acc) &^ 7
+	if n == 0 {
+		accumulateGo(dt, acc, row, c, first)
+		return
+	}
+	sz := dt.Size()
+	switch dt {
+	case device.BF16:
+		src := asU16(row)[:len(acc)]
+		switch {
+		case c == 1 && first:
+			accSetBF16(&acc[0], &src[0], n)
+		case c == 1:
+			accAddBF16(&acc[0], &src[0], n)
+		case first:
+			accMulBF16(&acc[0], &src[0], n, c)
+		default:
+			accMulAddBF16(&acc[0], &src[0], n, c)
+		}
+	case device.FP32:
+		src := asF32(row)[:len(acc)]
+		switch {
+		case c == 1 && first:
+			copy(acc, src)
+			return
+		case c == 1:
+			accAddF32(&acc[0], &src[0], n)
+		case first:
+			accMulF32(&acc[0], &src[0], n, c)
+		default:
+			accMulAddF32(&acc[0], &src[0], n, c)
+		}
+	default:
+		return
+	}
+	if n < len(acc) {
+		accumulateGo(dt, acc[n:], row[n*sz:], c, first)
+	}
+}
+
+// storeAVX2 is Store with the bulk of the row in assembly.
+func storeAVX2(dt device.DType, row []byte, acc []float32) {
+	if dt != device.BF16 {
+		storeGo(dt, row, acc)
+		return
+	}
+	dst := asU16(row)[:len(acc)]
+	n := len(acc) &^ 7
+	if n > 0 {
+		storeBF16(&dst[0], &acc[0], n)
+	}
+	if n < len(acc) {
+		storeGo(dt, row[2*n:], acc[n:])
+	}
+}
+
+// scaleAVX2 is Scale (c != 1) with the bulk of the row in assembly.
+func scaleAVX2(dt device.DType, dst, src []byte, c float32) {
+	var m int
+	switch dt {
+	case device.BF16:
+		d := asU16(dst)
+		s := asU16(src)[:len(d)]
+		m = len(d)
+		if n := m &^ 7; n > 0 {
+			scaleBF16(&d[0], &s[0], n, c)
+			if n < m {
+				scaleGo(dt, dst[2*n:], src[2*n:], c)
+			}
+			return
+		}
+	case device.FP32:
+		d := asF32(dst)
+		s := asF32(src)[:len(d)]
+		m = len(d)
+		if n := m &^ 7; n > 0 {
+			accMulF32(&d[0], &s[0], n, c)
+			if n < m {
+				scaleGo(dt, dst[4*n:], src[4*n:], c)
+			}
+			return
+		}
+	}
+	scaleGo(dt, dst, src, c)
+}
