@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -78,6 +79,10 @@ func (c *propCase) String() string {
 // specials reports whether the case's data includes special values
 // (subnormals, huge values, NaN and infinity bit patterns); see genInputs.
 func (c *propCase) specials() bool { return c.seed%4 == 0 }
+
+// nans reports whether the special values of the case include NaNs in the
+// data that is summed (instead of huge values; see genInputs).
+func (c *propCase) nans() bool { return c.seed%8 == 4 }
 
 // world is the reference model of the case (without data).
 func (c *propCase) world() *reference.World {
@@ -228,10 +233,13 @@ func genInputs(c *propCase, w *reference.World) *propInputs {
 	in := &propInputs{xRows: map[string][2]int{}}
 	H, K := c.H, c.K
 	// One case in four also has special values: subnormals (which neither
-	// side may flush), the smallest normals, and values near the top of the
-	// range whose sums may overflow to infinity; and, in bf16, NaN and
-	// infinity bit patterns in x, which data movement must copy unchanged.
-	specials := c.specials()
+	// side may flush), the smallest normals, and either values near the top
+	// of the range whose sums may overflow to infinity or (c.nans) a
+	// signalling NaN, which sums must quiet as the reference does; and, in
+	// bf16, NaN and infinity bit patterns in x, which data movement must
+	// copy unchanged. A case holds one NaN pattern only, so that which
+	// operand's payload an addition propagates cannot matter.
+	specials, nans := c.specials(), c.nans()
 	rnd := func() float32 {
 		switch rng.IntN(12) {
 		case 0:
@@ -247,6 +255,9 @@ func genInputs(c *propCase, w *reference.World) *propInputs {
 			case 1:
 				return float32(sign * math.Ldexp(1+rng.Float64(), -126)) // smallest normals
 			default:
+				if nans {
+					return float32(math.NaN()) // replaced by the case's NaN pattern below
+				}
 				return float32(sign * math.Ldexp(1+rng.Float64()/2, 126)) // near the top
 			}
 		}
@@ -263,7 +274,17 @@ func genInputs(c *propCase, w *reference.World) *propInputs {
 				}
 			}
 		}
-		return device.EncodeFloat32(c.dt, v)
+		b := device.EncodeFloat32(c.dt, v)
+		for i, f := range v {
+			if f != f { // the signalling NaN, which encoding would quiet
+				if c.dt == device.BF16 {
+					b[2*i], b[2*i+1] = 0x81, 0x7f // 0x7f81
+				} else {
+					b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = 0x01, 0x00, 0x80, 0x7f // 0x7f800001
+				}
+			}
+		}
+		return b
 	}
 	for s := range c.R {
 		T := len(c.idx[s]) / K
@@ -625,7 +646,7 @@ func (k *checker) rows(what string, rank int, dt device.DType, cols int, got, wa
 		default:
 			gv, wv := device.LoadFloat32(dt, got, e), device.LoadFloat32(dt, want, e)
 			if dt == device.BF16 {
-				g, w = fmt.Sprintf("%v (0x%04x)", gv, device.Float32ToBF16(gv)), fmt.Sprintf("%v (0x%04x)", wv, device.Float32ToBF16(wv))
+				g, w = fmt.Sprintf("%v (0x%04x)", gv, binary.LittleEndian.Uint16(got[i:])), fmt.Sprintf("%v (0x%04x)", wv, binary.LittleEndian.Uint16(want[i:]))
 			} else {
 				g, w = fmt.Sprintf("%v (0x%08x)", gv, math.Float32bits(gv)), fmt.Sprintf("%v (0x%08x)", wv, math.Float32bits(wv))
 			}
@@ -881,7 +902,7 @@ func checkCase(t *testing.T, c *propCase) {
 					}
 				}
 				tol := 1e-5*math.Abs(float64(gw[i])) + 1e-12*ad
-				if math.Abs(float64(got[i])-float64(gw[i])) > tol {
+				if g, w := float64(got[i]), float64(gw[i]); math.Abs(g-w) > tol || math.IsNaN(g) != math.IsNaN(w) || math.IsInf(w, 0) && g != w {
 					k.errorf("rank %d UnpermuteBackward.GradWeights: row %d col %d: got %v, want %v (tolerance %.3g)", d, i/K, i%K, got[i], gw[i], tol)
 					break
 				}

@@ -59,11 +59,13 @@ func (w *World) DispatchPermute(d int) (px []byte, pw []float32) {
 // Unpermute folds y [P_d, H] back to received rows: out [N_d, H] with
 //
 //	out[i][j] = round(term(i, k_1) + term(i, k_2) + ...)
-//	term(i, k) = float32(c_ik * y[Pos[i][k]][j])
+//	term(i, k) = float32(weights[i][k] * y[Pos[i][k]][j])  (weighted)
+//	term(i, k) = y[Pos[i][k]][j]                           (unweighted: c = 1)
 //
-// over the slots k_1 < k_2 < ... with RecvIdx[i][k] >= 0, where c_ik =
-// weights[i][k] when weights ([N_d, K]) is not nil, else 1. Each term is
-// rounded to fp32 (no fused multiply-add), the sum starts from the first
+// over the slots k_1 < k_2 < ... with RecvIdx[i][k] >= 0, weights being
+// [N_d, K] or nil. Each weighted term is rounded to fp32 (no fused
+// multiply-add); an unweighted term is the element itself, not a product by
+// 1 (which would quiet a signalling NaN). The sum starts from the first
 // term (not from +0, so -0 survives), runs left to right in fp32 and is
 // rounded to DType once. A row with no term (in capacity mode: all its
 // positions dropped, or the row itself) is zero.
@@ -80,11 +82,10 @@ func (w *World) Unpermute(d int, y []byte, weights []float32) []byte {
 				if p < 0 {
 					continue
 				}
-				c := float32(1)
+				term := device.LoadFloat32(dt, y, p*H+j) // c = 1: the element itself
 				if weights != nil {
-					c = weights[i*K+k]
+					term = float32(weights[i*K+k] * term)
 				}
-				term := float32(c * device.LoadFloat32(dt, y, p*H+j))
 				if first {
 					acc, first = term, false
 				} else {
@@ -216,12 +217,12 @@ func (w *World) PermuteBackward(d int, gradPX []byte) []byte { return w.Unpermut
 // UnpermuteBackward is the gradient of Unpermute(d, y, weights) given the
 // gradient of its output gradOut [N_d, H]:
 //
-//	gradY[Pos[i][k]][j] = round(float32(c_ik * gradOut[i][j]))  for RecvIdx[i][k] >= 0
+//	gradY[Pos[i][k]][j] = round(float32(weights[i][k] * gradOut[i][j]))  for RecvIdx[i][k] >= 0
+//	gradY[Pos[i][k]] = gradOut[i]       (unweighted: c = 1, bytes copied)
 //	gradY[p] = 0                                                on padding rows p
 //	gradWeights[i][k] = float32(sum_j float64(gradOut[i][j]) * float64(y[Pos[i][k]][j]))
 //
-// with c_ik = weights[i][k] when weights is not nil, else 1; round is
-// rounding to DType; the dot product is accumulated in float64 in element
+// round is rounding to DType; the dot product is accumulated in float64 in element
 // order j = 0, 1, ... and rounded to float32 once; gradWeights is 0 for an
 // empty (or dropped) slot and nil when weights is nil (an unweighted
 // forward).
@@ -238,10 +239,12 @@ func (w *World) UnpermuteBackward(d int, gradOut, y []byte, weights []float32) (
 			if p < 0 {
 				continue
 			}
-			c := float32(1)
-			if weights != nil {
-				c = weights[i*K+k]
+			rb := w.RowBytes()
+			if weights == nil {
+				copy(gradY[p*rb:(p+1)*rb], gradOut[i*rb:(i+1)*rb]) // c = 1: pure data movement
+				continue
 			}
+			c := weights[i*K+k]
 			var dot float64
 			for j := range H {
 				g := device.LoadFloat32(dt, gradOut, i*H+j)
