@@ -328,23 +328,26 @@ ffmadone:
 	VZEROUPPER
 	RET
 
-// BF16CONSTS loads the constants of ROUND8.
+DATA bf16abs<>+0(SB)/4, $0x7fffffff
+GLOBL bf16abs<>(SB), RODATA|NOPTR, $4
+DATA bf16inf<>+0(SB)/4, $0x7f800000
+GLOBL bf16inf<>(SB), RODATA|NOPTR, $4
+DATA bf16half<>+0(SB)/4, $0x7fff
+GLOBL bf16half<>(SB), RODATA|NOPTR, $4
+DATA bf16one<>+0(SB)/4, $1
+GLOBL bf16one<>(SB), RODATA|NOPTR, $4
+DATA bf16quiet<>+0(SB)/4, $0x40
+GLOBL bf16quiet<>(SB), RODATA|NOPTR, $4
+
+// BF16CONSTS loads the constants of ROUND8 with VEX instructions only (a
+// legacy SSE instruction here, after a VEX.256 one, would pay the AVX-SSE
+// transition).
 #define BF16CONSTS \
-	MOVL         $0x7fffffff, AX; \
-	MOVQ         AX, X10; \
-	VPBROADCASTD X10, Y10; \
-	MOVL         $0x7f800000, AX; \
-	MOVQ         AX, X11; \
-	VPBROADCASTD X11, Y11; \
-	MOVL         $0x7fff, AX; \
-	MOVQ         AX, X12; \
-	VPBROADCASTD X12, Y12; \
-	MOVL         $1, AX; \
-	MOVQ         AX, X13; \
-	VPBROADCASTD X13, Y13; \
-	MOVL         $0x40, AX; \
-	MOVQ         AX, X14; \
-	VPBROADCASTD X14, Y14
+	VPBROADCASTD bf16abs<>(SB), Y10; \
+	VPBROADCASTD bf16inf<>(SB), Y11; \
+	VPBROADCASTD bf16half<>(SB), Y12; \
+	VPBROADCASTD bf16one<>(SB), Y13; \
+	VPBROADCASTD bf16quiet<>(SB), Y14
 
 // ROUND8 rounds the 8 fp32 in Y to bf16 in the low 16 bits of each lane of
 // Y, as device.Float32ToBF16:
