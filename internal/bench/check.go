@@ -139,10 +139,14 @@ func (w *World) CheckCombine(s int, out []byte, unpermuted bool) Check {
 	want := make([]byte, rb)
 	var dests []int
 	terms := make([]float32, 0, k)
+	wk := make([]float32, k)
 	for t := range w.Tokens[s] {
 		dests = w.Dests(s, t, dests)
 		w.XRow(xrow, s, t)
 		slotsIdx := w.Idx[s][t*k : (t+1)*k]
+		for q := range k {
+			wk[q] = w.Weight(s, t, q)
+		}
 		for j := range w.Hidden {
 			x := device.LoadFloat32(dt, xrow, j)
 			terms = terms[:0]
@@ -157,7 +161,7 @@ func (w *World) CheckCombine(s int, out []byte, unpermuted bool) Check {
 				first := true
 				for q, e := range slotsIdx {
 					if e >= 0 && int(e)/l == d {
-						p := float32(w.Weight(s, t, q) * x)
+						p := float32(wk[q] * x)
 						if first {
 							acc, first = p, false
 						} else {

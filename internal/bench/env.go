@@ -17,20 +17,23 @@ var Version = "0.1.0-dev"
 
 // Env is the environment a run was measured in.
 type Env struct {
-	Backend     string    `json:"backend"`
-	GoepVersion string    `json:"goep_version"`
-	Commit      string    `json:"commit,omitempty"`
-	CommitTime  string    `json:"commit_time,omitempty"`
-	Modified    bool      `json:"modified,omitempty"`
-	GoVersion   string    `json:"go_version"`
-	GOOS        string    `json:"goos"`
-	GOARCH      string    `json:"goarch"`
-	GOMAXPROCS  int       `json:"gomaxprocs"`
-	NumCPU      int       `json:"num_cpu"`
-	CPU         string    `json:"cpu,omitempty"`
-	Hostname    string    `json:"hostname,omitempty"`
-	Start       time.Time `json:"start"`
-	Args        []string  `json:"args,omitempty"`
+	Backend     string `json:"backend"`
+	GoepVersion string `json:"goep_version"`
+	Commit      string `json:"commit,omitempty"`
+	CommitTime  string `json:"commit_time,omitempty"`
+	Modified    bool   `json:"modified,omitempty"`
+	GoVersion   string `json:"go_version"`
+	GOOS        string `json:"goos"`
+	GOARCH      string `json:"goarch"`
+	GOMAXPROCS  int    `json:"gomaxprocs"`
+	NumCPU      int    `json:"num_cpu"`
+	CPU         string `json:"cpu,omitempty"`
+	Hostname    string `json:"hostname,omitempty"`
+	// LoadAvg is /proc/loadavg at the start: other work on the machine
+	// skews a CPU benchmark.
+	LoadAvg string    `json:"loadavg,omitempty"`
+	Start   time.Time `json:"start"`
+	Args    []string  `json:"args,omitempty"`
 }
 
 // CollectEnv describes this process and machine. The commit comes from the
@@ -49,6 +52,9 @@ func CollectEnv(ctx context.Context) Env {
 		Start:       time.Now().UTC(),
 	}
 	e.Hostname, _ = os.Hostname()
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		e.LoadAvg = strings.TrimSpace(string(b))
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
 			switch s.Key {

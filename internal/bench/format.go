@@ -48,7 +48,7 @@ func WriteTable(w io.Writer, rec Record) error {
 	}
 	fmt.Fprintf(&b, "# goep %s (%s)  backend %s  %s %s/%s  GOMAXPROCS %d\n", e.GoepVersion, orDash(commit), e.Backend, e.GoVersion, e.GOOS, e.GOARCH, e.GOMAXPROCS)
 	if e.CPU != "" {
-		fmt.Fprintf(&b, "# cpu: %s (%d logical)\n", e.CPU, e.NumCPU)
+		fmt.Fprintf(&b, "# cpu: %s (%d logical)  loadavg %s\n", e.CPU, e.NumCPU, orDash(e.LoadAvg))
 	}
 	domains := "1 domain"
 	if d := c.RanksPerDomain; d > 0 && d < c.Ranks {
