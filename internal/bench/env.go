@@ -29,8 +29,8 @@ type Env struct {
 	NumCPU      int    `json:"num_cpu"`
 	CPU         string `json:"cpu,omitempty"`
 	Hostname    string `json:"hostname,omitempty"`
-	// LoadAvg is /proc/loadavg at the start: other work on the machine
-	// skews a CPU benchmark.
+	// LoadAvg is the 1, 5 and 15 minute load averages at the start (Linux):
+	// other work on the machine skews a CPU benchmark.
 	LoadAvg string    `json:"loadavg,omitempty"`
 	Start   time.Time `json:"start"`
 	Args    []string  `json:"args,omitempty"`
@@ -53,7 +53,9 @@ func CollectEnv(ctx context.Context) Env {
 	}
 	e.Hostname, _ = os.Hostname()
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		e.LoadAvg = strings.TrimSpace(string(b))
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			e.LoadAvg = strings.Join(f[:3], " ")
+		}
 	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
