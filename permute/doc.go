@@ -4,7 +4,11 @@
 //
 // Each function's doc comment is its reference loop; the host
 // implementations here are those loops (with typed views of the bytes for
-// speed), and the CUDA kernels are tested against them bit for bit.
+// speed), and the CUDA kernels are tested against them bit for bit. On
+// amd64 with AVX2 (detected at run time) the hot row loops — Accumulate,
+// Store and Scale — run in assembly (rows_amd64.s), tested bit for bit
+// against the same reference loops (accumulateGo, storeGo, scaleGo), which
+// remain the implementation everywhere else.
 //
 // Arithmetic follows DESIGN.md section 2 exactly: a weighted term is
 // rounded to fp32 before it is added (no fused multiply-add: every product
