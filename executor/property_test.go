@@ -392,6 +392,8 @@ type propRank struct {
 	r   int
 	err error
 	own []*device.Tensor
+	// decoy makes run interleave calls on a second handle (another routing).
+	decoy bool
 }
 
 func (p *propRank) tensor(dt device.DType, data []byte, shape ...int) *device.Tensor {
@@ -460,6 +462,28 @@ func (p *propRank) run() (*propOut, error) {
 	if p.err != nil {
 		return nil, p.err
 	}
+	// The decoy (blocking mode, second run): another routing's handle, made
+	// before this one and used between its calls, must not disturb it.
+	var decoy *executor.Handle
+	if p.decoy {
+		E := int32(c.R * c.L)
+		shifted := make([]int32, len(c.idx[r]))
+		for i, v := range c.idx[r] {
+			shifted[i] = -1
+			if v >= 0 {
+				shifted[i] = (v + 1) % E
+			}
+		}
+		didx := p.tensor(device.Int32, device.EncodeInt32(shifted), T, K)
+		if p.err != nil {
+			return nil, p.err
+		}
+		var err error
+		if decoy, err = e.Layout(ctx, executor.LayoutInput{TopkIdx: didx}); !p.check("decoy Layout", err) {
+			return nil, p.err
+		}
+		defer decoy.Close()
+	}
 	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: idx})
 	if !p.check("Layout", err) {
 		return nil, p.err
@@ -495,6 +519,17 @@ func (p *propRank) run() (*propOut, error) {
 	do, err := e.Dispatch(ctx, h, executor.DispatchInput{X: x, TopkWeights: w})
 	if !p.check("Dispatch", err) {
 		return nil, p.err
+	}
+	if decoy != nil {
+		dd, err := e.Dispatch(ctx, decoy, executor.DispatchInput{X: x, TopkWeights: w})
+		if !p.check("decoy Dispatch", err) {
+			return nil, p.err
+		}
+		dc, err := e.Combine(ctx, decoy, executor.CombineInput{Z: dd.RecvX})
+		if !p.check("decoy Combine", err) {
+			return nil, p.err
+		}
+		p.own = append(p.own, dd.RecvX, dd.RecvIdx, dd.RecvWeights, dc)
 	}
 	out.recvX, out.recvIdx, out.recvW = p.get("Dispatch.RecvX", do.RecvX), p.get("Dispatch.RecvIdx", do.RecvIdx), p.get("Dispatch.RecvWeights", do.RecvWeights)
 	if (do.RecvWeights != nil) != c.weighted {
@@ -589,7 +624,7 @@ func runEngine(t *testing.T, c *propCase, in *propInputs) (first, second []*prop
 				}
 			}()
 			for run, dst := range [][]*propOut{first, second} {
-				p := &propRank{t: t, e: e, c: c, in: in, r: r}
+				p := &propRank{t: t, e: e, c: c, in: in, r: r, decoy: run == 1 && c.mode == executor.Blocking}
 				o, err := p.run()
 				if err != nil {
 					return fmt.Errorf("rank %d run %d: %w", r, run+1, err)
