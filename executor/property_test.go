@@ -704,7 +704,12 @@ func (k *checker) rows(what string, rank int, dt device.DType, cols int, got, wa
 func (k *checker) same(what string, rank int, got, want []byte) {
 	k.t.Helper()
 	if !bytes.Equal(got, want) {
-		k.errorf("rank %d: %s differ (%d vs %d bytes)", rank, what, len(got), len(want))
+		i := 0
+		for i < min(len(got), len(want)) && got[i] == want[i] {
+			i++
+		}
+		k.errorf("rank %d: %s differ (%d vs %d bytes; first difference at byte %d, row %d for Hidden-wide %v rows)",
+			rank, what, len(got), len(want), i, i/(k.c.H*k.c.dt.Size()), k.c.dt)
 	}
 }
 
