@@ -45,7 +45,9 @@ func bf16(u uint16) float32 { return math.Float32frombits(uint32(u) << 16) }
 //		if first { acc[j] = term } else { acc[j] = acc[j] + term }
 //	}
 //
-// With c == 1 the term is the element itself, exactly. On amd64 with AVX2
+// With c == 1 the term is the element itself, exactly. NaNs propagate by
+// the first-operand rule of add and mul below: when both operands are NaN
+// the result is acc[j] (in a sum) or c (in a product), quieted. On amd64 with AVX2
 // the loop runs in assembly (rows_amd64.s), bit-identical to accumulateGo.
 func Accumulate(dt device.DType, acc []float32, row []byte, c float32, first bool) {
 	if useAVX2 {
@@ -67,8 +69,8 @@ func Store(dt device.DType, row []byte, acc []float32) {
 	storeGo(dt, row, acc)
 }
 
-// Scale writes float32(c * float32(src[j])) rounded to dt into dst; with
-// c == 1 it is a copy:
+// Scale writes float32(c * float32(src[j])) rounded to dt into dst (a NaN
+// c wins over a NaN element, as in Accumulate); with c == 1 it is a copy:
 //
 //	for j := range dst { dst[j] = round_dt(float32(c * float32(src[j]))) }
 func Scale(dt device.DType, dst, src []byte, c float32) {
@@ -83,6 +85,35 @@ func Scale(dt device.DType, dst, src []byte, c float32) {
 	scaleGo(dt, dst, src, c)
 }
 
+// add is a + b, except that when both are NaN the result is a, quieted,
+// whatever operand order the compiler gives the instruction (x86 returns
+// its first source then, and Go's register allocator may put either
+// operand first; it does differ between builds, e.g. with -race). This
+// makes the NaN payloads of the reference loops a property of the source,
+// which the assembly can match. A single NaN operand, or a NaN made by the
+// operation itself, comes out the same in either order.
+func add(a, b float32) float32 {
+	s := float32(a + b)
+	if s != s && a != a {
+		return quiet(a)
+	}
+	return s
+}
+
+// mul is a * b with the NaN rule of add, rounded to float32: the explicit
+// conversion keeps the compiler from fusing it with a following add (the
+// Go spec allows fusion across statements otherwise; GOAMD64=v3 and arm64
+// do fuse).
+func mul(a, b float32) float32 {
+	p := float32(a * b)
+	if p != p && a != a {
+		return quiet(a)
+	}
+	return p
+}
+
+func quiet(f float32) float32 { return math.Float32frombits(math.Float32bits(f) | 0x00400000) }
+
 // accumulateGo is the reference loop of Accumulate and its portable
 // implementation; the assembly is tested against it bit for bit.
 func accumulateGo(dt device.DType, acc []float32, row []byte, c float32, first bool) {
@@ -96,15 +127,15 @@ func accumulateGo(dt device.DType, acc []float32, row []byte, c float32, first b
 			}
 		case c == 1:
 			for j, u := range src {
-				acc[j] = acc[j] + bf16(u)
+				acc[j] = add(acc[j], bf16(u))
 			}
 		case first:
 			for j, u := range src {
-				acc[j] = float32(c * bf16(u))
+				acc[j] = mul(c, bf16(u))
 			}
 		default:
 			for j, u := range src {
-				acc[j] = acc[j] + float32(c*bf16(u))
+				acc[j] = add(acc[j], mul(c, bf16(u)))
 			}
 		}
 	case device.FP32:
@@ -114,15 +145,15 @@ func accumulateGo(dt device.DType, acc []float32, row []byte, c float32, first b
 			copy(acc, src)
 		case c == 1:
 			for j, v := range src {
-				acc[j] = acc[j] + v
+				acc[j] = add(acc[j], v)
 			}
 		case first:
 			for j, v := range src {
-				acc[j] = float32(c * v)
+				acc[j] = mul(c, v)
 			}
 		default:
 			for j, v := range src {
-				acc[j] = acc[j] + float32(c*v)
+				acc[j] = add(acc[j], mul(c, v))
 			}
 		}
 	}
@@ -147,12 +178,12 @@ func scaleGo(dt device.DType, dst, src []byte, c float32) {
 	case device.BF16:
 		d, s := asU16(dst), asU16(src)[:len(asU16(dst))]
 		for j, u := range s {
-			d[j] = device.Float32ToBF16(float32(c * bf16(u)))
+			d[j] = device.Float32ToBF16(mul(c, bf16(u)))
 		}
 	case device.FP32:
 		d, s := asF32(dst), asF32(src)[:len(asF32(dst))]
 		for j, v := range s {
-			d[j] = float32(c * v)
+			d[j] = mul(c, v)
 		}
 	}
 }

@@ -12,41 +12,42 @@ var useAVX2 = cpu.X86.HasAVX2
 
 // The assembly kernels below handle n elements, n a multiple of 8 (n may be
 // 0); the wrappers run the remaining n%8 elements through the reference
-// loops, so every element goes through the same two rounded operations
-// (multiply, then add) as in Go. Each kernel's reference loop is quoted in
-// its comment; x is the element widened to fp32 (bf16: bits << 16).
+// loops. Each kernel's reference loop is quoted in its comment, with add
+// and mul of rows.go (rounded fp32 operations whose NaN result, when both
+// operands are NaN, is the first one); x is the element widened to fp32
+// (bf16: bits << 16).
 
 // acc[j] = x[j]
 //
 //go:noescape
 func accSetBF16(acc *float32, src *uint16, n int)
 
-// acc[j] = acc[j] + x[j]
+// acc[j] = add(acc[j], x[j])
 //
 //go:noescape
 func accAddBF16(acc *float32, src *uint16, n int)
 
-// acc[j] = float32(c * x[j])
+// acc[j] = mul(c, x[j])
 //
 //go:noescape
 func accMulBF16(acc *float32, src *uint16, n int, c float32)
 
-// acc[j] = acc[j] + float32(c*x[j])
+// acc[j] = add(acc[j], mul(c, x[j]))
 //
 //go:noescape
 func accMulAddBF16(acc *float32, src *uint16, n int, c float32)
 
-// acc[j] = acc[j] + src[j]
+// acc[j] = add(acc[j], src[j])
 //
 //go:noescape
 func accAddF32(acc, src *float32, n int)
 
-// dst[j] = float32(c * src[j]) (also Scale for FP32)
+// dst[j] = mul(c, src[j]) (also Scale for FP32)
 //
 //go:noescape
 func accMulF32(dst, src *float32, n int, c float32)
 
-// acc[j] = acc[j] + float32(c*src[j])
+// acc[j] = add(acc[j], mul(c, src[j]))
 //
 //go:noescape
 func accMulAddF32(acc, src *float32, n int, c float32)
@@ -56,7 +57,7 @@ func accMulAddF32(acc, src *float32, n int, c float32)
 //go:noescape
 func storeBF16(dst *uint16, src *float32, n int)
 
-// dst[j] = device.Float32ToBF16(float32(c * x[j]))
+// dst[j] = device.Float32ToBF16(mul(c, x[j]))
 //
 //go:noescape
 func scaleBF16(dst, src *uint16, n int, c float32)

@@ -5,22 +5,15 @@
 // Go declarations of rows_amd64.go; the tests compare these kernels with
 // them bit for bit.
 //
-// Operand order follows the code the Go compiler (go1.26, amd64) emits for
-// the reference loops, so that an operation on two NaNs returns the same
-// payload (SSE and AVX both return the first source's NaN, quieted):
-//   - x*c has x as the first source (MULSS c, x);
-//   - the unweighted acc + x has acc as the first source (ADDSS x, acc);
-//   - the weighted acc + term has the term as the first source
-//     (ADDSS acc, term): the compiler computes the product in a register
-//     and adds acc from memory into it.
-// In Go syntax the first source is the middle operand: VMULPS Yc, Yx, Yx;
-// VADDPS Yx, Yacc, Yacc; VADDPS acc, Yterm, Yterm. TestNaNPayloads pins
-// each case; if a Go release changes its register allocation there, that
-// test names the loop to adjust. Multiply and add are separate
-// instructions (never VFMADD): each product is rounded to fp32 before it is
-// added. Go's scalar SSE and these AVX instructions run under the same
-// MXCSR (round to nearest even, no FTZ/DAZ), so every other result is
-// identical too.
+// NaN operands: when both sources of an add or a multiply are NaN, x86
+// returns the first source, quieted. The reference loops fix that choice in
+// the source (add and mul in rows.go: acc in a sum, c in a product), so
+// here acc and c are always the first source. In Go syntax the first
+// source is the middle operand: VADDPS Yterm, Yacc, Yacc and
+// VMULPS Yx, Yc, Yx. Multiply and add are separate instructions (never
+// VFMADD): each product is rounded to fp32 before it is added. Go's scalar
+// SSE code and these AVX instructions run under the same MXCSR (round to
+// nearest even, no FTZ/DAZ), so every other result is identical too.
 
 // WIDEN8 widens 8 bf16 at off(SI) to fp32 in Y (bits << 16).
 #define WIDEN8(off, Y) \
@@ -123,10 +116,10 @@ mul32:
 	WIDEN8(16, Y1)
 	WIDEN8(32, Y2)
 	WIDEN8(48, Y3)
-	VMULPS  Y15, Y0, Y0
-	VMULPS  Y15, Y1, Y1
-	VMULPS  Y15, Y2, Y2
-	VMULPS  Y15, Y3, Y3
+	VMULPS  Y0, Y15, Y0
+	VMULPS  Y1, Y15, Y1
+	VMULPS  Y2, Y15, Y2
+	VMULPS  Y3, Y15, Y3
 	VMOVUPS Y0, (DI)
 	VMOVUPS Y1, 32(DI)
 	VMOVUPS Y2, 64(DI)
@@ -140,7 +133,7 @@ mul8:
 	TESTQ CX, CX
 	JZ    muldone
 	WIDEN8(0, Y0)
-	VMULPS  Y15, Y0, Y0
+	VMULPS  Y0, Y15, Y0
 	VMOVUPS Y0, (DI)
 	ADDQ    $16, SI
 	ADDQ    $32, DI
@@ -165,18 +158,22 @@ fma32:
 	WIDEN8(16, Y1)
 	WIDEN8(32, Y2)
 	WIDEN8(48, Y3)
-	VMULPS  Y15, Y0, Y0
-	VMULPS  Y15, Y1, Y1
-	VMULPS  Y15, Y2, Y2
-	VMULPS  Y15, Y3, Y3
-	VADDPS  (DI), Y0, Y0
-	VADDPS  32(DI), Y1, Y1
-	VADDPS  64(DI), Y2, Y2
-	VADDPS  96(DI), Y3, Y3
-	VMOVUPS Y0, (DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
+	VMULPS  Y0, Y15, Y0
+	VMULPS  Y1, Y15, Y1
+	VMULPS  Y2, Y15, Y2
+	VMULPS  Y3, Y15, Y3
+	VMOVUPS (DI), Y4
+	VADDPS  Y0, Y4, Y4
+	VMOVUPS 32(DI), Y5
+	VADDPS  Y1, Y5, Y5
+	VMOVUPS 64(DI), Y6
+	VADDPS  Y2, Y6, Y6
+	VMOVUPS 96(DI), Y7
+	VADDPS  Y3, Y7, Y7
+	VMOVUPS Y4, (DI)
+	VMOVUPS Y5, 32(DI)
+	VMOVUPS Y6, 64(DI)
+	VMOVUPS Y7, 96(DI)
 	ADDQ    $64, SI
 	ADDQ    $128, DI
 	SUBQ    $32, CX
@@ -186,9 +183,10 @@ fma8:
 	TESTQ CX, CX
 	JZ    fmadone
 	WIDEN8(0, Y0)
-	VMULPS  Y15, Y0, Y0
-	VADDPS  (DI), Y0, Y0
-	VMOVUPS Y0, (DI)
+	VMULPS  Y0, Y15, Y0
+	VMOVUPS (DI), Y4
+	VADDPS  Y0, Y4, Y4
+	VMOVUPS Y4, (DI)
 	ADDQ    $16, SI
 	ADDQ    $32, DI
 	SUBQ    $8, CX
@@ -253,10 +251,10 @@ fmul32:
 	VMOVUPS 32(SI), Y1
 	VMOVUPS 64(SI), Y2
 	VMOVUPS 96(SI), Y3
-	VMULPS  Y15, Y0, Y0
-	VMULPS  Y15, Y1, Y1
-	VMULPS  Y15, Y2, Y2
-	VMULPS  Y15, Y3, Y3
+	VMULPS  Y0, Y15, Y0
+	VMULPS  Y1, Y15, Y1
+	VMULPS  Y2, Y15, Y2
+	VMULPS  Y3, Y15, Y3
 	VMOVUPS Y0, (DI)
 	VMOVUPS Y1, 32(DI)
 	VMOVUPS Y2, 64(DI)
@@ -270,7 +268,7 @@ fmul8:
 	TESTQ CX, CX
 	JZ    fmuldone
 	VMOVUPS (SI), Y0
-	VMULPS  Y15, Y0, Y0
+	VMULPS  Y0, Y15, Y0
 	VMOVUPS Y0, (DI)
 	ADDQ    $32, SI
 	ADDQ    $32, DI
@@ -295,18 +293,22 @@ ffma32:
 	VMOVUPS 32(SI), Y1
 	VMOVUPS 64(SI), Y2
 	VMOVUPS 96(SI), Y3
-	VMULPS  Y15, Y0, Y0
-	VMULPS  Y15, Y1, Y1
-	VMULPS  Y15, Y2, Y2
-	VMULPS  Y15, Y3, Y3
-	VADDPS  (DI), Y0, Y0
-	VADDPS  32(DI), Y1, Y1
-	VADDPS  64(DI), Y2, Y2
-	VADDPS  96(DI), Y3, Y3
-	VMOVUPS Y0, (DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
+	VMULPS  Y0, Y15, Y0
+	VMULPS  Y1, Y15, Y1
+	VMULPS  Y2, Y15, Y2
+	VMULPS  Y3, Y15, Y3
+	VMOVUPS (DI), Y4
+	VADDPS  Y0, Y4, Y4
+	VMOVUPS 32(DI), Y5
+	VADDPS  Y1, Y5, Y5
+	VMOVUPS 64(DI), Y6
+	VADDPS  Y2, Y6, Y6
+	VMOVUPS 96(DI), Y7
+	VADDPS  Y3, Y7, Y7
+	VMOVUPS Y4, (DI)
+	VMOVUPS Y5, 32(DI)
+	VMOVUPS Y6, 64(DI)
+	VMOVUPS Y7, 96(DI)
 	ADDQ    $128, SI
 	ADDQ    $128, DI
 	SUBQ    $32, CX
@@ -316,9 +318,10 @@ ffma8:
 	TESTQ CX, CX
 	JZ    ffmadone
 	VMOVUPS (SI), Y0
-	VMULPS  Y15, Y0, Y0
-	VADDPS  (DI), Y0, Y0
-	VMOVUPS Y0, (DI)
+	VMULPS  Y0, Y15, Y0
+	VMOVUPS (DI), Y4
+	VADDPS  Y0, Y4, Y4
+	VMOVUPS Y4, (DI)
 	ADDQ    $32, SI
 	ADDQ    $32, DI
 	SUBQ    $8, CX
@@ -413,8 +416,8 @@ sc16:
 	JB   sc8
 	WIDEN8(0, Y0)
 	WIDEN8(16, Y1)
-	VMULPS    Y15, Y0, Y0
-	VMULPS    Y15, Y1, Y1
+	VMULPS    Y0, Y15, Y0
+	VMULPS    Y1, Y15, Y1
 	ROUND8(Y0, Y2, Y3)
 	ROUND8(Y1, Y4, Y5)
 	VPACKUSDW Y1, Y0, Y0
@@ -429,7 +432,7 @@ sc8:
 	TESTQ CX, CX
 	JZ    scdone
 	WIDEN8(0, Y0)
-	VMULPS       Y15, Y0, Y0
+	VMULPS       Y0, Y15, Y0
 	ROUND8(Y0, Y2, Y3)
 	VEXTRACTI128 $1, Y0, X1
 	VPACKUSDW    X1, X0, X0

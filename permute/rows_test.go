@@ -223,15 +223,25 @@ func TestRowsFallback(t *testing.T) {
 }
 
 // TestNaNPayloads pins the NaN a two-NaN operation returns: acc, the
-// element and c carry distinct NaN payloads (quiet and signalling), and the
-// assembly must pick the same one as the compiled reference loop in each of
-// the four Accumulate cases and in Scale.
+// element and c carry distinct NaN payloads (quiet and signalling); the
+// result must be the one the reference loops define (acc in a sum, c in a
+// product, quieted), in each of the four Accumulate cases and in Scale, in
+// the assembly and in the fallback.
 func TestNaNPayloads(t *testing.T) {
-	withAVX2(t, true)
+	for _, avx2 := range []bool{true, false} {
+		t.Run(fmt.Sprintf("avx2=%v", avx2), func(t *testing.T) {
+			withAVX2(t, avx2)
+			checkNaNPayloads(t)
+		})
+	}
+}
+
+func checkNaNPayloads(t *testing.T) {
 	accNaN := []uint32{0x7fc00003, 0xffc0a003, 0x7f800005, 0xff9a0000}
 	xNaN := []uint32{0x7fc20000, 0xffd40000, 0x7f810000, 0xff830000}
 	cNaN := []uint32{0x7fc00001, 0xffe00011, 0x7f800009, 0xffa00001}
-	const n = 8*3 + 5 // assembly blocks and a Go tail
+	const quietBit = 0x00400000
+	const n = 32 + 8 + 5 // both assembly loops and a Go tail
 	for _, dt := range dtypes {
 		for _, a := range accNaN {
 			for _, x := range xNaN {
@@ -245,6 +255,14 @@ func TestNaNPayloads(t *testing.T) {
 							asF32(row)[j] = math.Float32frombits(x)
 						}
 					}
+					// The term: x itself when c == 1, else c*x: c if c is NaN.
+					term := x | quietBit
+					switch {
+					case c == 1:
+						term = x
+					case c != c:
+						term = cb | quietBit
+					}
 					for _, first := range []bool{true, false} {
 						acc := make([]float32, n)
 						for j := range acc {
@@ -253,9 +271,13 @@ func TestNaNPayloads(t *testing.T) {
 						want := append([]float32(nil), acc...)
 						accumulateGo(dt, want, row, c, first)
 						Accumulate(dt, acc, row, c, first)
-						if d := diffF32(acc, want); d != "" {
-							t.Errorf("Accumulate(%v, acc=%#08x, x=%#08x, c=%#08x, first=%v): acc%s",
-								dt, a, x, cb, first, d)
+						rule := a | quietBit // acc + term: acc
+						if first {
+							rule = term
+						}
+						if d := diffF32(acc, want); d != "" || math.Float32bits(want[0]) != rule {
+							t.Errorf("Accumulate(%v, acc=%#08x, x=%#08x, c=%#08x, first=%v): acc%s; reference %#08x, rule %#08x",
+								dt, a, x, cb, first, d, math.Float32bits(want[0]), rule)
 						}
 					}
 					if c == 1 {
@@ -266,6 +288,17 @@ func TestNaNPayloads(t *testing.T) {
 					Scale(dt, dst, row, c)
 					if d := diffBytes(dt, dst, want); d != "" {
 						t.Errorf("Scale(%v, x=%#08x, c=%#08x): dst%s", dt, x, cb, d)
+					}
+					rule := []byte(nil)
+					if dt == device.BF16 {
+						rule = []byte{0, 0}
+						asU16(rule)[0] = device.Float32ToBF16(math.Float32frombits(term))
+					} else {
+						rule = []byte{0, 0, 0, 0}
+						asF32(rule)[0] = math.Float32frombits(term)
+					}
+					if string(want[:len(rule)]) != string(rule) {
+						t.Errorf("scaleGo(%v, x=%#08x, c=%#08x) = % x, rule % x", dt, x, cb, want[:len(rule)], rule)
 					}
 				}
 			}
