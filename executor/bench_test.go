@@ -44,7 +44,7 @@ func BenchmarkCalls(b *testing.B) {
 					}
 					ti, _ := upload(ctx, e, device.Int32, device.EncodeInt32(dedupe(idx, K, E)), T, K)
 					xt, _ := upload(ctx, e, dt, x, T, H)
-					_ = w
+					wt, _ := upload(ctx, e, device.FP32, device.EncodeFloat32(device.FP32, w), T, K)
 					h, err := e.Layout(ctx, LayoutInput{TopkIdx: ti})
 					if err != nil {
 						panic(err)
@@ -52,8 +52,15 @@ func BenchmarkCalls(b *testing.B) {
 					if r == 0 {
 						bytes = int64(h.RecvRows() * H * dt.Size())
 					}
-					z, _ := e.NewTensor(dt, h.RecvRows(), H)
-					y, _ := e.NewTensor(dt, h.PermutedRows(), H)
+					// Realistic operands: z and y hold dispatched rows
+					// (uninitialised memory could hold subnormals, which
+					// are slow on CPUs), and the unpermute is weighted.
+					d, err := e.DispatchPermute(ctx, h, DispatchInput{X: xt, TopkWeights: wt})
+					if err != nil {
+						panic(err)
+					}
+					z, _ := e.Unpermute(ctx, h, UnpermuteInput{Y: d.X})
+					y, rw := d.X, d.RecvWeights
 					setup.Done()
 					for range start[r] {
 						var outs []*device.Tensor
@@ -68,7 +75,7 @@ func BenchmarkCalls(b *testing.B) {
 							o, _ := e.DispatchPermute(ctx, h, DispatchInput{X: xt})
 							outs = append(outs, o.X, o.RecvIdx)
 						case "unpermute-combine":
-							o, _ := e.UnpermuteCombine(ctx, h, UnpermuteInput{Y: y})
+							o, _ := e.UnpermuteCombine(ctx, h, UnpermuteInput{Y: y, RecvWeights: rw})
 							outs = append(outs, o)
 						}
 						if err := e.Synchronize(ctx); err != nil {
