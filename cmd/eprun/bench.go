@@ -193,6 +193,11 @@ func runBench(cmd *cobra.Command, f benchFlags, stdout, stderr io.Writer) error 
 		defer jsonFile.Close()
 	}
 
+	log, err := newLogger(stderr)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	defer log.Sync()
 	ctx := cmd.Context()
 	env := bench.CollectEnv(ctx)
 	env.Args = os.Args
@@ -200,7 +205,7 @@ func runBench(cmd *cobra.Command, f benchFlags, stdout, stderr io.Writer) error 
 	if !f.quiet {
 		prog = newProgress(stderr)
 	}
-	res, runErr := bench.Run(ctx, cfg, bench.Options{Progress: prog.update})
+	res, runErr := bench.Run(ctx, cfg, bench.Options{Progress: prog.update, Logger: log})
 	prog.finish()
 	rec := bench.NewRecord(env, cfg, res, runErr)
 

@@ -17,7 +17,7 @@ import (
 func (st *caseState) rank(ctx context.Context, r int) (err error) {
 	w := st.world
 	t, h, k := w.Tokens[r], w.Hidden, w.TopK
-	e, err := executor.New(ctx, st.groups[r], st.backend, st.ecfg)
+	e, err := executor.New(ctx, st.groups[r], st.backend, st.ecfg, executor.WithLogger(st.log))
 	if err != nil {
 		return err
 	}

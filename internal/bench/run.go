@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.uber.org/zap"
 
 	"golang.org/x/sync/errgroup"
 
@@ -90,6 +91,8 @@ type Progress struct {
 type Options struct {
 	// Progress, when set, is called from rank 0's goroutine.
 	Progress func(Progress)
+	// Logger is passed to every engine (nil: no logging).
+	Logger *zap.Logger
 }
 
 // Run runs every case of cfg with in-process ranks on the host backend.
@@ -106,6 +109,10 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 		st, err := newCaseState(cfg, c)
 		if err != nil {
 			return res, err
+		}
+		st.log = opt.Logger
+		if st.log == nil {
+			st.log = zap.NewNop()
 		}
 		st.progress = func(step string) {
 			done++
@@ -138,6 +145,7 @@ type caseState struct {
 	checks   map[string][]Check // call -> [rank]
 	recvRows []int
 	progress func(step string) // rank 0 only
+	log      *zap.Logger
 }
 
 func newCaseState(cfg Config, c Case) (*caseState, error) {
