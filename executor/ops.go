@@ -254,43 +254,38 @@ func (e *Engine) sumRows(lay *Layout, peers [][]*device.Buffer, dt device.DType,
 	H, K := e.cfg.Hidden, lay.TopK
 	rb := H * dt.Size()
 	device.ParallelFor(lay.NumTokens, 16, func(lo, hi int) {
-		acc := make([]float32, H)
-		var tmp []byte
-		var tacc, tw []float32
+		var terms, slots permute.Terms
+		var tmp [][]byte // one unpermuted row per destination (fused only)
+		var tw []float32
 		var tpos []int32
 		if u != nil {
-			tmp = make([]byte, rb)
-			tacc = make([]float32, H)
 			tw = make([]float32, K)
 			tpos = make([]int32, K)
 		}
 		for t := lo; t < hi; t++ {
-			first := true
+			terms.Reset()
 			for j := lay.SendOffsets[t]; j < lay.SendOffsets[t+1]; j++ {
 				d, row := int(lay.SendDest[j]), int(lay.SendRow[j])
 				if row >= e.validRecv(lay, d) {
 					continue // dropped at d (capacity mode)
 				}
-				var term []byte
 				if u == nil {
-					term = peers[d][0].Host()[row*rb : (row+1)*rb]
-				} else {
-					e.slotsOn(lay, t, d, row, peers[d], u.weighted, tpos, tw)
-					var ws []float32
-					if u.weighted {
-						ws = tw
-					}
-					permute.UnpermuteRow(dt, tmp, peers[d][0].Host(), tpos, ws, e.permCapOf(lay, d), tacc)
-					term = tmp
+					terms.Rows = append(terms.Rows, peers[d][0].Host()[row*rb:(row+1)*rb])
+					continue
 				}
-				permute.Accumulate(dt, acc, term, 1, first)
-				first = false
+				if len(tmp) <= len(terms.Rows) {
+					tmp = append(tmp, make([]byte, rb))
+				}
+				term := tmp[len(terms.Rows)]
+				e.slotsOn(lay, t, d, row, peers[d], u.weighted, tpos, tw)
+				var ws []float32
+				if u.weighted {
+					ws = tw
+				}
+				permute.UnpermuteRow(dt, term, peers[d][0].Host(), tpos, ws, e.permCapOf(lay, d), &slots)
+				terms.Rows = append(terms.Rows, term)
 			}
-			if first {
-				clear(out[t*rb : (t+1)*rb])
-			} else {
-				permute.Store(dt, out[t*rb:(t+1)*rb], acc)
-			}
+			permute.SumRows(dt, out[t*rb:(t+1)*rb], terms.Rows, nil)
 		}
 	})
 }

@@ -80,32 +80,42 @@ func ZeroPadding(px []byte, rowBytes int, pw []float32, offsets, counts []int32,
 	ZeroRows(px, rowBytes, pw, min(int(offsets[len(counts)]), capacity), capacity)
 }
 
+// Terms is scratch for gathering the rows (and weights) of one sum; reuse
+// one per goroutine.
+type Terms struct {
+	Rows [][]byte
+	C    []float32
+}
+
+// Reset empties t for a new sum.
+func (t *Terms) Reset() {
+	t.Rows, t.C = t.Rows[:0], t.C[:0]
+}
+
 // UnpermuteRow folds row i back:
 //
-//	out = round(sum over k in slot order with p = pos[k] in [0, PermCap) of
-//	      float32(c_k * y[p])),  c_k = w[k] if w != nil else 1
+//	out = round(sum over k in slot order with p = pos[k] in [0, permCap) of
+//	      term_k),  term_k = mul(w[k], y[p]) if w != nil, else y[p]
 //
-// starting from the first term; a row with no term is zero. acc is scratch
-// of Hidden floats.
-func UnpermuteRow(dt device.DType, out []byte, y []byte, pos []int32, w []float32, permCap int, acc []float32) {
+// summed in fp32 from the first term (SumRows); a row with no term is
+// zero.
+func UnpermuteRow(dt device.DType, out []byte, y []byte, pos []int32, w []float32, permCap int, t *Terms) {
 	rb := len(out)
-	first := true
+	t.Reset()
 	for k, p := range pos {
 		if p < 0 || int(p) >= permCap {
 			continue
 		}
-		c := float32(1)
+		t.Rows = append(t.Rows, y[int(p)*rb:(int(p)+1)*rb])
 		if w != nil {
-			c = w[k]
+			t.C = append(t.C, w[k])
 		}
-		Accumulate(dt, acc, y[int(p)*rb:(int(p)+1)*rb], c, first)
-		first = false
 	}
-	if first {
-		clear(out)
-		return
+	c := t.C
+	if w == nil {
+		c = nil
 	}
-	Store(dt, out, acc)
+	SumRows(dt, out, t.Rows, c)
 }
 
 // Unpermute applies UnpermuteRow to every valid row i (weights w[i*TopK:],
@@ -114,13 +124,13 @@ func Unpermute(dt device.DType, hidden int, out []byte, y []byte, w []float32, m
 	rb := hidden * dt.Size()
 	rows := min(m.Rows, m.RowCap)
 	device.ParallelFor(rows, rowGrain, func(lo, hi int) {
-		acc := make([]float32, hidden)
+		var t Terms
 		for i := lo; i < hi; i++ {
 			var wi []float32
 			if w != nil {
 				wi = w[i*m.TopK : (i+1)*m.TopK]
 			}
-			UnpermuteRow(dt, out[i*rb:(i+1)*rb], y, m.Pos[i*m.TopK:(i+1)*m.TopK], wi, m.PermCap, acc)
+			UnpermuteRow(dt, out[i*rb:(i+1)*rb], y, m.Pos[i*m.TopK:(i+1)*m.TopK], wi, m.PermCap, &t)
 		}
 	})
 	ZeroRows(out, rb, nil, rows, m.RowCap)

@@ -1,0 +1,55 @@
+package permute
+
+import (
+	"runtime"
+	"unsafe"
+
+	"github.com/goep/goep/device"
+)
+
+// maxSumRows is the most rows the assembly sums in one call; longer lists
+// (more destinations or slots than this) take the reference loop.
+const maxSumRows = 64
+
+// The kernels sum n elements, n a multiple of 32, of nrows >= 1 rows whose
+// addresses are in rows[0:nrows] (and weights in c[0:nrows]); their
+// reference loop is SumRows's, with rounding to bf16 as
+// device.Float32ToBF16.
+
+//go:noescape
+func sumBF16(dst *uint16, rows *unsafe.Pointer, nrows, n int)
+
+//go:noescape
+func sumScaledBF16(dst *uint16, rows *unsafe.Pointer, c *float32, nrows, n int)
+
+//go:noescape
+func sumF32(dst *float32, rows *unsafe.Pointer, nrows, n int)
+
+//go:noescape
+func sumScaledF32(dst *float32, rows *unsafe.Pointer, c *float32, nrows, n int)
+
+// sumRowsAVX2 sums the largest multiple of 32 elements of the rows in
+// assembly and returns how many it did.
+func sumRowsAVX2(dt device.DType, dst []byte, rows [][]byte, c []float32, n int) int {
+	m := n &^ 31
+	if m == 0 || len(rows) > maxSumRows {
+		return 0
+	}
+	var ptrs [maxSumRows]unsafe.Pointer
+	for i, r := range rows {
+		_ = r[m*dt.Size()-1] // every row holds the elements summed
+		ptrs[i] = unsafe.Pointer(&r[0])
+	}
+	switch {
+	case dt == device.BF16 && c == nil:
+		sumBF16((*uint16)(unsafe.Pointer(&dst[0])), &ptrs[0], len(rows), m)
+	case dt == device.BF16:
+		sumScaledBF16((*uint16)(unsafe.Pointer(&dst[0])), &ptrs[0], &c[:len(rows)][0], len(rows), m)
+	case c == nil:
+		sumF32((*float32)(unsafe.Pointer(&dst[0])), &ptrs[0], len(rows), m)
+	default:
+		sumScaledF32((*float32)(unsafe.Pointer(&dst[0])), &ptrs[0], &c[:len(rows)][0], len(rows), m)
+	}
+	runtime.KeepAlive(rows)
+	return m
+}
