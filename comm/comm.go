@@ -30,6 +30,14 @@ var ErrTimeout = errors.New("comm: timeout")
 // has closed.
 var ErrClosed = errors.New("comm: group closed")
 
+// ErrPeerLost is returned when a peer disappears (its process died or its
+// connection broke) during or before a collective.
+var ErrPeerLost = errors.New("comm: peer lost")
+
+// ErrUnsupported is returned by a constructor whose implementation is not
+// compiled in (the message names the build tag to add).
+var ErrUnsupported = errors.New("comm: unsupported")
+
 // Group is a set of ranks that run collectives together.
 type Group interface {
 	// Rank is this member's index in [0, Size).
@@ -39,6 +47,11 @@ type Group interface {
 	// AllGather returns every rank's data, indexed by rank. Lengths may
 	// differ between ranks.
 	AllGather(ctx context.Context, data []byte) ([][]byte, error)
+	// AllToAll sends send[p] to rank p and returns, indexed by rank, what
+	// every rank sent to this one (len(send) must be Size(); lengths may
+	// differ). It is the baseline a user would otherwise pick for moving
+	// tokens, not goep's data path.
+	AllToAll(ctx context.Context, send [][]byte) ([][]byte, error)
 	// Broadcast returns root's data on every rank (data is ignored on
 	// other ranks).
 	Broadcast(ctx context.Context, root int, data []byte) ([]byte, error)
@@ -64,6 +77,20 @@ func (e *TimeoutError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrTimeout) true.
 func (e *TimeoutError) Unwrap() error { return ErrTimeout }
+
+// PeerLostError names the peers that disappeared.
+type PeerLostError struct {
+	Op    string
+	Ranks []int // ascending
+	Cause string
+}
+
+func (e *PeerLostError) Error() string {
+	return fmt.Sprintf("comm: %s: lost rank(s) %v: %s", e.Op, e.Ranks, e.Cause)
+}
+
+// Unwrap makes errors.Is(err, ErrPeerLost) true.
+func (e *PeerLostError) Unwrap() error { return ErrPeerLost }
 
 // splitMembers returns, for the rank with the given color, the ranks of its
 // new group in order (by key, then old rank), and its index among them.

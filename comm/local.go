@@ -116,6 +116,35 @@ func (g *localGroup) AllGather(ctx context.Context, data []byte) ([][]byte, erro
 	return all, err
 }
 
+func (g *localGroup) AllToAll(ctx context.Context, send [][]byte) ([][]byte, error) {
+	if len(send) != g.w.size {
+		return nil, fmt.Errorf("comm: alltoall on rank %d: %d buffers for %d ranks", g.rank, len(send), g.w.size)
+	}
+	// Deposit every outgoing buffer (framed by length) and pick out column
+	// g.rank of everyone's.
+	var enc []byte
+	for _, b := range send {
+		enc = binary.LittleEndian.AppendUint64(enc, uint64(len(b)))
+		enc = append(enc, b...)
+	}
+	all, _, err := g.exchange(ctx, "alltoall", enc)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]byte, g.w.size)
+	for r, d := range all {
+		for p := 0; p <= g.rank; p++ {
+			n := int(binary.LittleEndian.Uint64(d))
+			d = d[8:]
+			if p == g.rank {
+				out[r] = append([]byte(nil), d[:n]...)
+			}
+			d = d[n:]
+		}
+	}
+	return out, nil
+}
+
 func (g *localGroup) Broadcast(ctx context.Context, root int, data []byte) ([]byte, error) {
 	if root < 0 || root >= g.w.size {
 		return nil, fmt.Errorf("comm: broadcast root %d out of range [0, %d)", root, g.w.size)

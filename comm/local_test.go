@@ -122,3 +122,31 @@ func TestCloseReleasesWaiters(t *testing.T) {
 		t.Fatal("a closed peer left the barrier hanging")
 	}
 }
+
+func TestAllToAll(t *testing.T) {
+	gs := NewLocal(4)
+	each(t, gs, func(g Group) error {
+		send := make([][]byte, g.Size())
+		for p := range send {
+			send[p] = make([]byte, g.Rank()+p) // lengths differ, some empty
+			for i := range send[p] {
+				send[p][i] = byte(10*g.Rank() + p)
+			}
+		}
+		got, err := g.AllToAll(t.Context(), send)
+		if err != nil {
+			return err
+		}
+		for r, b := range got {
+			if len(b) != r+g.Rank() {
+				return fmt.Errorf("rank %d: %d bytes from rank %d, want %d", g.Rank(), len(b), r, r+g.Rank())
+			}
+			for _, v := range b {
+				if v != byte(10*r+g.Rank()) {
+					return fmt.Errorf("rank %d: byte %d from rank %d", g.Rank(), v, r)
+				}
+			}
+		}
+		return nil
+	})
+}
