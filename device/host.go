@@ -24,7 +24,7 @@ const (
 // class; its streams run tasks on worker goroutines.
 type Host struct {
 	mu      sync.Mutex
-	pool    map[int][][]byte // size class -> free regions
+	pool    map[int][]*region // size class -> free regions
 	pooled  int
 	closed  bool
 	live    atomic.Int64 // regions handed out and not yet returned
@@ -32,7 +32,7 @@ type Host struct {
 }
 
 // NewHost returns a host backend.
-func NewHost() *Host { return &Host{pool: map[int][][]byte{}} }
+func NewHost() *Host { return &Host{pool: map[int][]*region{}} }
 
 // Kind implements Backend.
 func (h *Host) Kind() Kind { return KindHost }
@@ -49,7 +49,25 @@ func sizeClass(n int) int {
 	return 1 << bits.Len(uint(n-1))
 }
 
-func (h *Host) get(n int) ([]byte, error) {
+// region is one mapping of host "device memory": a memfd mapped shared, so
+// that ranks in other processes can map it too (ShareHandle).
+type region struct {
+	mem []byte
+	fd  int    // memfd, or -1 for a private anonymous mapping
+	ino uint64 // the memfd's inode, naming it across processes
+}
+
+func (r *region) release() error {
+	err := unix.Munmap(r.mem)
+	if r.fd >= 0 {
+		if cerr := unix.Close(r.fd); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
+func (h *Host) get(n int) (*region, error) {
 	c := sizeClass(n + 2*guardSize)
 	h.mu.Lock()
 	if h.closed {
@@ -57,33 +75,57 @@ func (h *Host) get(n int) ([]byte, error) {
 		return nil, fmt.Errorf("device: host alloc: %w", ErrClosed)
 	}
 	if l := h.pool[c]; len(l) > 0 {
-		m := l[len(l)-1]
+		r := l[len(l)-1]
 		h.pool[c] = l[:len(l)-1]
 		h.pooled -= c
 		h.mu.Unlock()
 		h.live.Add(1)
-		return m, nil
+		return r, nil
 	}
 	h.mu.Unlock()
+	r, err := newRegion(c)
+	if err != nil {
+		return nil, err
+	}
+	h.live.Add(1)
+	return r, nil
+}
+
+// newRegion maps c bytes backed by a memfd. If no memfd can be made (out of
+// file descriptors, say) it falls back to private memory, which works for
+// ranks in this process only.
+func newRegion(c int) (*region, error) {
+	fd, err := unix.MemfdCreate("goep", unix.MFD_CLOEXEC)
+	if err == nil {
+		if err = unix.Ftruncate(fd, int64(c)); err == nil {
+			var st unix.Stat_t
+			if err = unix.Fstat(fd, &st); err == nil {
+				m, err := unix.Mmap(fd, 0, c, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+				if err == nil {
+					return &region{mem: m, fd: fd, ino: st.Ino}, nil
+				}
+			}
+		}
+		unix.Close(fd)
+	}
 	m, err := unix.Mmap(-1, 0, c, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		return nil, fmt.Errorf("device: host alloc of %d bytes: mmap: %w", c, err)
 	}
-	h.live.Add(1)
-	return m, nil
+	return &region{mem: m, fd: -1}, nil
 }
 
-func (h *Host) put(m []byte) {
+func (h *Host) put(r *region) {
 	h.live.Add(-1)
 	h.mu.Lock()
-	if !h.closed && h.pooled+len(m) <= poolLimit {
-		h.pool[len(m)] = append(h.pool[len(m)], m)
-		h.pooled += len(m)
+	if !h.closed && h.pooled+len(r.mem) <= poolLimit {
+		h.pool[len(r.mem)] = append(h.pool[len(r.mem)], r)
+		h.pooled += len(r.mem)
 		h.mu.Unlock()
 		return
 	}
 	h.mu.Unlock()
-	_ = unix.Munmap(m) // cannot fail for a region we mapped
+	_ = r.release() // cannot fail for a region we mapped
 }
 
 // Close unmaps the pooled memory. Buffers still live are unmapped when freed.
@@ -93,9 +135,9 @@ func (h *Host) Close() error {
 	h.closed = true
 	var first error
 	for c, l := range h.pool {
-		for _, m := range l {
-			if err := unix.Munmap(m); err != nil && first == nil {
-				first = fmt.Errorf("device: host close: munmap: %w", err)
+		for _, r := range l {
+			if err := r.release(); err != nil && first == nil {
+				first = fmt.Errorf("device: host close: %w", err)
 			}
 		}
 		delete(h.pool, c)
@@ -123,7 +165,8 @@ func (h *Host) NewStream() (Stream, error) {
 // bytes; guard bytes surround it.
 type Buffer struct {
 	size   int
-	region []byte // whole mapping, guards included (host)
+	region []byte  // whole mapping, guards included (host)
+	reg    *region // nil for a peer's buffer mapped from a ShareHandle
 	stream Stream
 	freed  atomic.Bool
 }
@@ -263,23 +306,24 @@ func (s *HostStream) Alloc(n int) (*Buffer, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("device: alloc of %d bytes", n)
 	}
-	m, err := s.host.get(n)
+	r, err := s.host.get(n)
 	if err != nil {
 		return nil, err
 	}
+	m := r.mem
 	for i := 0; i < guardSize; i++ {
 		m[i] = guardByte
 		m[guardSize+n+i] = guardByte
 	}
-	return &Buffer{size: n, region: m, stream: s}, nil
+	return &Buffer{size: n, region: m, reg: r, stream: s}, nil
 }
 
 // Free implements Stream.
 func (s *HostStream) Free(b *Buffer) {
-	if b == nil || !b.freed.CompareAndSwap(false, true) {
+	if b == nil || b.reg == nil || !b.freed.CompareAndSwap(false, true) {
 		return
 	}
-	m := b.region
+	m := b.reg
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()

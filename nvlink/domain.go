@@ -2,10 +2,8 @@ package nvlink
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -44,13 +42,17 @@ type header struct {
 	status  uint64
 	sig     [4]uint64
 	nbufs   uint64
-	handles [MaxBuffers]uint64
+	handles [MaxBuffers][handleSize]byte
 	msgLen  uint64
 	msg     [msgCap]byte
 }
 
-// doneOffset is where the done[] array (one epoch per peer) starts.
-var doneOffset = (int(unsafe.Sizeof(header{})) + 127) &^ 127
+// A control block is the header, then (each on its own cache lines) the
+// bell its owner sleeps on and the done[] array (one epoch per peer).
+var (
+	bellOffset = (int(unsafe.Sizeof(header{})) + 127) &^ 127
+	doneOffset = bellOffset + 128
+)
 
 // Call describes this rank's side of one exchange.
 type Call struct {
@@ -86,6 +88,9 @@ type Domain struct {
 	ctrlBuf *device.Buffer
 	ctrl    []byte   // my control block
 	peers   [][]byte // every member's control block, mine included
+	pids    []int    // every member's process
+	maps    map[mapKey]*device.Mapping
+	ctrlMap []*device.Mapping // peers' control blocks mapped from other processes
 	epoch   uint64
 	failed  error
 }
@@ -107,32 +112,45 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 		return nil, fmt.Errorf("nvlink: allocate control block: %w", err)
 	}
 	clear(buf.Host())
-	id := export(buf)
-	var h [handleSize]byte
-	putHandle(h[:], id)
-	all, err := g.AllGather(ctx, h[:])
-	if err != nil {
-		unexport(id)
-		s.Free(buf)
-		return nil, fmt.Errorf("nvlink: exchange control-block handles: %w", err)
+	h := export(buf)
+	var hb [handleSize]byte
+	h.encode(hb[:])
+	d := &Domain{rank: g.Rank(), global: global, timeout: timeout, ctrlBuf: buf, ctrl: buf.Host(), maps: map[mapKey]*device.Mapping{}}
+	fail := func(err error) (*Domain, error) {
+		unexport(h)
+		d.Close()
+		return nil, err
 	}
-	d := &Domain{rank: g.Rank(), global: global, timeout: timeout, ctrlBuf: buf, ctrl: buf.Host()}
-	for p, hb := range all {
-		b, err := open(getHandle(hb))
+	all, err := g.AllGather(ctx, hb[:])
+	if err != nil {
+		return fail(fmt.Errorf("nvlink: exchange control-block handles: %w", err))
+	}
+	for p, raw := range all {
+		if len(raw) != handleSize {
+			return fail(fmt.Errorf("nvlink: control-block handle of rank %d has %d bytes, want %d", global[p], len(raw), handleSize))
+		}
+		ph := decodeHandle(raw)
+		var b *device.Buffer
+		if ph.share.PID == myPID {
+			b, err = lookup(ph.id)
+		} else {
+			var m *device.Mapping
+			if m, err = device.MapShared(ph.share); err == nil {
+				d.ctrlMap = append(d.ctrlMap, m)
+				b = m.Buffer(ph.share.Size)
+			}
+		}
 		if err != nil {
-			unexport(id)
-			s.Free(buf)
-			return nil, fmt.Errorf("nvlink: map control block of rank %d: %w", global[p], err)
+			return fail(fmt.Errorf("nvlink: map control block of rank %d: %w", global[p], err))
 		}
 		d.peers = append(d.peers, b.Host())
+		d.pids = append(d.pids, ph.share.PID)
 	}
 	// Nobody may unexport before everyone has mapped.
 	if err := g.Barrier(ctx); err != nil {
-		unexport(id)
-		s.Free(buf)
-		return nil, fmt.Errorf("nvlink: barrier after mapping control blocks: %w", err)
+		return fail(fmt.Errorf("nvlink: barrier after mapping control blocks: %w", err))
 	}
-	unexport(id)
+	unexport(h)
 	return d, nil
 }
 
@@ -146,6 +164,15 @@ func (d *Domain) Size() int { return len(d.global) }
 func (d *Domain) Global(i int) int { return d.global[i] }
 
 func hdr(block []byte) *header { return (*header)(unsafe.Pointer(&block[0])) }
+
+func bell(block []byte) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&block[bellOffset]))
+}
+
+// waiters counts the owner's goroutines asleep on its bell's futex.
+func waiters(block []byte) *atomic.Int32 {
+	return (*atomic.Int32)(unsafe.Pointer(&block[bellOffset+4]))
+}
 
 func done(block []byte, p int) *atomic.Uint64 {
 	return (*atomic.Uint64)(unsafe.Pointer(&block[doneOffset+8*p]))
@@ -176,25 +203,28 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 		n := copy(h.msg[:], c.Status.Error())
 		h.msgLen = uint64(n)
 	}
-	ids := make([]uint64, len(c.Buffers))
+	d.trimMappings()
+	exported := make([]handle, 0, len(c.Buffers))
 	for i, b := range c.Buffers {
-		h.handles[i] = 0
+		h.handles[i] = [handleSize]byte{}
 		if b == nil {
 			continue
 		}
-		ids[i] = export(b)
-		h.handles[i] = ids[i]
+		eh := export(b)
+		eh.encode(h.handles[i][:])
+		exported = append(exported, eh)
 	}
 	defer func() {
-		for _, id := range ids {
-			if id != 0 {
-				unexport(id)
-			}
+		for _, eh := range exported {
+			unexport(eh)
 		}
 	}()
 	h.nbufs = uint64(len(c.Buffers))
 	h.epoch.Store(e)
-	flags.stored()
+	for p := range d.peers {
+		ring(d.peers[p])
+	}
+	rang()
 
 	if err := d.wait("publish", deadline, func(p int) bool { return hdr(d.peers[p]).epoch.Load() >= e }); err != nil {
 		return err
@@ -228,10 +258,10 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 			ph := hdr(d.peers[p])
 			peers[p] = make([]*device.Buffer, ph.nbufs)
 			for i := range peers[p] {
-				if ph.handles[i] == 0 {
+				if ph.handles[i] == ([handleSize]byte{}) {
 					continue
 				}
-				b, err := open(ph.handles[i])
+				b, err := d.open(decodeHandle(ph.handles[i][:]))
 				if err != nil {
 					failure = fmt.Errorf("nvlink: map buffer %d of rank %d: %w", i, d.global[p], err)
 					break
@@ -247,30 +277,35 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	// Phase 2: done.
 	for p := range d.peers {
 		done(d.peers[p], d.rank).Store(e)
+		ring(d.peers[p])
 	}
-	flags.stored()
+	rang()
 	if err := d.wait("done", deadline, func(p int) bool { return done(d.ctrl, p).Load() >= e }); err != nil {
 		return err
 	}
 	return failure
 }
 
-// wait waits until ready(p) holds for every peer or the deadline passes;
-// then the domain is failed and the error names the missing ranks. Peers in
-// this process wake it when they store a flag; it also polls, for writers it
-// cannot hear (other processes).
+// wait sleeps on this rank's bell until ready(p) holds for every peer,
+// the deadline passes (the error names the ranks not heard from), or a
+// pending peer's process is found dead (the error names it); either failure
+// fails the domain for good.
 func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) error {
 	pending := make([]int, 0, len(d.peers))
 	for p := range d.peers {
 		pending = append(pending, p)
 	}
-	var timer *time.Timer
+	myBell := bell(d.ctrl)
+	lastCheck := time.Now()
 	for {
-		woken := flags.changed()
+		rung := myBell.Load()
+		woken := inProcess.changed()
 		left := pending[:0]
+		local := true // every pending peer is in this process
 		for _, p := range pending {
 			if !ready(p) {
 				left = append(left, p)
+				local = local && d.pids[p] == myPID
 			}
 		}
 		pending = left
@@ -279,58 +314,68 @@ func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) 
 		}
 		now := time.Now()
 		if now.After(deadline) {
-			missing := make([]int, len(pending))
-			for i, p := range pending {
-				missing[i] = d.global[p]
-			}
-			d.failed = &comm.TimeoutError{Op: fmt.Sprintf("nvlink exchange %d (%s) on rank %d", d.epoch, phase, d.global[d.rank]), Missing: missing}
+			d.failed = &comm.TimeoutError{Op: d.opName(phase), Missing: d.globalRanks(pending)}
 			return d.failed
 		}
-		poll := min(deadline.Sub(now), pollInterval)
-		if timer == nil {
-			timer = time.NewTimer(poll)
-			defer timer.Stop()
-		} else {
-			timer.Reset(poll)
+		if now.Sub(lastCheck) >= livenessInterval {
+			lastCheck = now
+			var dead []int
+			for _, p := range pending {
+				if d.pids[p] != myPID && !processAlive(d.pids[p]) {
+					dead = append(dead, p)
+				}
+			}
+			if len(dead) > 0 {
+				d.failed = &comm.PeerLostError{Op: d.opName(phase), Ranks: d.globalRanks(dead), Cause: "process exited"}
+				return d.failed
+			}
 		}
-		select {
-		case <-woken:
-		case <-timer.C:
+		sleep := min(deadline.Sub(now), livenessInterval)
+		if local {
+			// Peers in this process wake this goroutine through a channel:
+			// far cheaper than a futex, which parks an OS thread.
+			timer := time.NewTimer(sleep)
+			select {
+			case <-woken:
+			case <-timer.C:
+			}
+			timer.Stop()
+			continue
 		}
+		waiters(d.ctrl).Add(1)
+		futexWait(myBell, rung, sleep)
+		waiters(d.ctrl).Add(-1)
 	}
 }
 
-// pollInterval bounds how long a waiter sleeps without a wake-up.
-const pollInterval = time.Millisecond
+// livenessInterval is how often a waiter looks at its peers' processes
+// (and the longest it sleeps without re-checking the deadline).
+const livenessInterval = 20 * time.Millisecond
 
-// flags wakes the waiters of this process whenever a flag is stored: a
-// channel closed and replaced on every store.
-var flags waker
-
-type waker struct {
-	mu sync.Mutex
-	ch chan struct{}
+func (d *Domain) opName(phase string) string {
+	return fmt.Sprintf("nvlink exchange %d (%s) on rank %d", d.epoch, phase, d.global[d.rank])
 }
 
-// changed returns a channel closed at the next store.
-func (w *waker) changed() <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.ch == nil {
-		w.ch = make(chan struct{})
+func (d *Domain) globalRanks(ps []int) []int {
+	out := make([]int, len(ps))
+	for i, p := range ps {
+		out[i] = d.global[p]
 	}
-	return w.ch
+	return out
 }
 
-// stored wakes everyone waiting for a change.
-func (w *waker) stored() {
-	w.mu.Lock()
-	if w.ch != nil {
-		close(w.ch)
-		w.ch = nil
+// ring wakes the owner of a control block after a store it may wait for:
+// the in-process waker always, the futex only when the owner sleeps on it.
+func ring(block []byte) {
+	b := bell(block)
+	b.Add(1)
+	if waiters(block).Load() > 0 {
+		futexWake(b)
 	}
-	w.mu.Unlock()
 }
+
+// rang wakes this process's waiters after a round of rings.
+func rang() { inProcess.stored() }
 
 // Fail marks the domain failed: later exchanges return err at once.
 func (d *Domain) Fail(err error) {
@@ -346,14 +391,12 @@ func (d *Domain) Close() {
 		d.ctrlBuf.Free()
 		d.ctrlBuf = nil
 	}
-}
-
-// U64 packs a few integers into a signature word (low 16 bits of a, etc.);
-// a helper for building Call.Sig values.
-func U64(vals ...uint16) uint64 {
-	var b [8]byte
-	for i, v := range vals[:min(len(vals), 4)] {
-		binary.LittleEndian.PutUint16(b[2*i:], v)
+	for k, m := range d.maps {
+		_ = m.Unmap()
+		delete(d.maps, k)
 	}
-	return binary.LittleEndian.Uint64(b[:])
+	for _, m := range d.ctrlMap {
+		_ = m.Unmap()
+	}
+	d.ctrlMap = nil
 }

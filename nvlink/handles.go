@@ -3,14 +3,33 @@ package nvlink
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 
 	"github.com/goep/goep/device"
 )
 
-// registry is the in-process handle table of the host backend: a handle is
-// the key under which a buffer is registered. Ranks in one process "map" a
+// A handle names a buffer a rank exposes: its key in the in-process
+// registry (ranks in the same process look it up there) and its
+// device.ShareHandle (ranks in other processes map its memfd).
+const handleSize = 8 + device.ShareHandleSize
+
+type handle struct {
+	id    uint64
+	share device.ShareHandle
+}
+
+func (h handle) encode(b []byte) {
+	binary.LittleEndian.PutUint64(b, h.id)
+	h.share.Encode(b[8:])
+}
+
+func decodeHandle(b []byte) handle {
+	return handle{id: binary.LittleEndian.Uint64(b), share: device.DecodeShareHandle(b[8:])}
+}
+
+// registry is the in-process handle table: ranks in one process "map" a
 // peer's buffer by looking it up.
 var registry struct {
 	mu   sync.Mutex
@@ -18,10 +37,12 @@ var registry struct {
 	bufs map[uint64]*device.Buffer
 }
 
-// handleSize is the size of an exported handle in a control block.
-const handleSize = 8
+var myPID = os.Getpid()
 
-func export(b *device.Buffer) uint64 {
+// export registers b for the duration of an exchange and returns its
+// handle. A buffer that cannot be shared across processes (private memory)
+// gets a handle that only ranks of this process can open.
+func export(b *device.Buffer) handle {
 	id := registry.next.Add(1)
 	registry.mu.Lock()
 	if registry.bufs == nil {
@@ -29,24 +50,72 @@ func export(b *device.Buffer) uint64 {
 	}
 	registry.bufs[id] = b
 	registry.mu.Unlock()
-	return id
+	h := handle{id: id}
+	if sh, err := b.Share(); err == nil {
+		h.share = sh
+	} else {
+		h.share.PID = myPID
+		h.share.FD = -1
+	}
+	return h
 }
 
-func unexport(id uint64) {
+func unexport(h handle) {
 	registry.mu.Lock()
-	delete(registry.bufs, id)
+	delete(registry.bufs, h.id)
 	registry.mu.Unlock()
 }
 
-func open(id uint64) (*device.Buffer, error) {
+func lookup(id uint64) (*device.Buffer, error) {
 	registry.mu.Lock()
 	b := registry.bufs[id]
 	registry.mu.Unlock()
 	if b == nil {
-		return nil, fmt.Errorf("nvlink: no buffer is exported under handle %d (ranks of one domain must share a process on the host backend)", id)
+		return nil, fmt.Errorf("nvlink: no buffer is exported under handle %d", id)
 	}
 	return b, nil
 }
 
-func putHandle(dst []byte, id uint64) { binary.LittleEndian.PutUint64(dst, id) }
-func getHandle(src []byte) uint64     { return binary.LittleEndian.Uint64(src) }
+// mapKey identifies a peer's region across its reuse by the peer's pool.
+type mapKey struct {
+	pid, fd int
+	ino     uint64
+}
+
+// maxMappings bounds the peer regions a domain keeps mapped; past it, the
+// cache is emptied between two exchanges (when no view is in use).
+const maxMappings = 512
+
+// open returns the buffer a peer exposed: from the registry if the peer is
+// in this process, else a view of its region mapped into this one (cached
+// by region).
+func (d *Domain) open(h handle) (*device.Buffer, error) {
+	if h.share.PID == myPID {
+		return lookup(h.id)
+	}
+	if h.share.FD < 0 {
+		return nil, fmt.Errorf("nvlink: buffer of process %d is private memory and cannot be mapped by process %d", h.share.PID, myPID)
+	}
+	k := mapKey{h.share.PID, h.share.FD, h.share.Ino}
+	m := d.maps[k]
+	if m == nil {
+		var err error
+		if m, err = device.MapShared(h.share); err != nil {
+			return nil, err
+		}
+		d.maps[k] = m
+	}
+	return m.Buffer(h.share.Size), nil
+}
+
+// trimMappings unmaps the cached peer regions if there are too many; it
+// runs between exchanges, when no view of them is in use.
+func (d *Domain) trimMappings() {
+	if len(d.maps) <= maxMappings {
+		return
+	}
+	for k, m := range d.maps {
+		_ = m.Unmap()
+		delete(d.maps, k)
+	}
+}
