@@ -25,7 +25,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -88,9 +87,8 @@ var initState struct {
 // serialises its MPI calls with a mutex), and sets MPI_ERRORS_RETURN on
 // MPI_COMM_WORLD. If MPI is already initialised (by this package or by
 // other code in the process) Init only checks the thread level and sets the
-// error handler. Under Open MPI, Init also sets OMPI_MCA_opal_signal to ""
-// unless it is set, so that Open MPI leaves SIGSEGV, SIGBUS, SIGFPE and
-// SIGABRT to the Go runtime (a nil dereference stays a Go panic).
+// error handler. (Open MPI leaves signals that already have a handler, as
+// the Go runtime's do, alone: a nil dereference stays a Go panic.)
 func Init() error {
 	initState.mu.Lock()
 	defer initState.mu.Unlock()
@@ -106,11 +104,6 @@ func Init() error {
 	}
 	var provided C.int
 	if flag == 0 {
-		// MPI reads MCA parameters from the C environment, which
-		// os.Setenv also updates in a cgo program.
-		if err := setenvDefault("OMPI_MCA_opal_signal", ""); err != nil {
-			return err
-		}
 		done := make(chan error)
 		fin := make(chan chan int)
 		go func() {
@@ -640,12 +633,4 @@ func (c *Comm) Abort(code int) error {
 	lock()
 	defer unlock()
 	return result("MPI_Abort", C.MPI_Abort(c.h, C.int(code)))
-}
-
-// setenvDefault sets an environment variable unless it is set.
-func setenvDefault(k, v string) error {
-	if _, ok := os.LookupEnv(k); ok {
-		return nil
-	}
-	return os.Setenv(k, v)
 }
