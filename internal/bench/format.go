@@ -11,7 +11,23 @@ import (
 type Record struct {
 	Env    Env    `json:"env"`
 	Config Config `json:"config"`
-	Rows   []Row  `json:"rows"`
+	// Launcher is what started the ranks: "in-process" (goroutines of one
+	// process), or the launcher.Env kind ("ompi", "pmi", "slurm",
+	// "torchrun" for eprun launch) with one process per rank.
+	Launcher string `json:"launcher"`
+	// Processes is the number of processes the ranks ran in.
+	Processes int `json:"processes"`
+	// Group is the transport of the ranks' comm group: "local", "tcp" or
+	// "mpi".
+	Group string `json:"group,omitempty"`
+	// Timing is how an iteration's time is taken: "span" (in-process: first
+	// rank's start to last rank's end on the shared clock) or "rank_max"
+	// (processes: the maximum over ranks of each rank's own time).
+	Timing string `json:"timing"`
+	// BaselineA2ATransport is what carried the a2a baseline's exchange:
+	// "mpi" (MPI_Alltoallv), "tcp" or "local" (empty: not run).
+	BaselineA2ATransport string `json:"baseline_a2a_transport,omitempty"`
+	Rows                 []Row  `json:"rows"`
 	// CheckedRows and Wrong total the rows of all calls.
 	CheckedRows int `json:"checked_rows"`
 	Wrong       int `json:"wrong"`
@@ -24,6 +40,8 @@ func NewRecord(env Env, cfg Config, res *Result, err error) Record {
 	rec := Record{Env: env, Config: cfg, Rows: []Row{}}
 	if res != nil {
 		rec.Rows = res.Rows
+		rec.Timing = res.Timing
+		rec.BaselineA2ATransport = res.A2ATransport
 		rec.CheckedRows = res.Checked()
 		rec.Wrong = res.Wrong()
 	}
@@ -54,18 +72,30 @@ func WriteTable(w io.Writer, rec Record) error {
 	if d := c.RanksPerDomain; d > 0 && d < c.Ranks {
 		domains = fmt.Sprintf("%d domains of %d", c.Ranks/d, d)
 	}
-	fmt.Fprintf(&b, "# ranks %d (%s)  experts %d  topk %d  mode %s  pad %d  iters %d (+%d warm-up)  seed %d\n#\n",
+	fmt.Fprintf(&b, "# ranks %d (%s)  experts %d  topk %d  mode %s  pad %d  iters %d (+%d warm-up)  seed %d\n",
 		c.Ranks, domains, c.Experts, c.TopK, c.Mode, c.Pad, c.Iters, c.Warmup, c.Seed)
+	if rec.Launcher != "" {
+		fmt.Fprintf(&b, "# launcher %s  processes %d  group %s  timing %s  a2a over %s\n", rec.Launcher, rec.Processes, orDash(rec.Group), orDash(rec.Timing), orDash(rec.BaselineA2ATransport))
+	}
+	b.WriteString("#\n")
 
-	fmt.Fprintf(&b, "# %-17s %7s %7s %5s %5s %11s %11s %9s %9s %13s %6s %7s\n",
-		"call", "tokens", "hidden", "topk", "dtype", "time_us", "p99_us", "nvl_GBps", "rdma_GBps", "baseline_GBps", "ratio", "#wrong")
+	fmt.Fprintf(&b, "# %-17s %7s %7s %5s %5s %11s %11s %9s %9s %13s %6s %11s %9s %7s %7s\n",
+		"call", "tokens", "hidden", "topk", "dtype", "time_us", "p99_us", "nvl_GBps", "rdma_GBps", "baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "#wrong")
 	for _, r := range rec.Rows {
 		rdma := "-"
 		if r.RDMAGBps > 0 {
 			rdma = fmt.Sprintf("%.2f", r.RDMAGBps)
 		}
-		fmt.Fprintf(&b, "  %-17s %7d %7d %5d %5s %11.1f %11.1f %9.2f %9s %13.2f %6.2f %7d\n",
-			r.Call, r.Tokens, r.Hidden, r.TopK, r.DType, r.Time.Median, r.Time.P99, r.NVLGBps, rdma, r.BaselineGBps, r.Ratio, r.Wrong)
+		base, ratio := "-", "-"
+		if r.BaselineGBps > 0 {
+			base, ratio = fmt.Sprintf("%.2f", r.BaselineGBps), fmt.Sprintf("%.2f", r.Ratio)
+		}
+		a2aUS, a2aGBps, vs := "-", "-", "-"
+		if r.A2A != nil {
+			a2aUS, a2aGBps, vs = fmt.Sprintf("%.1f", r.A2A.Median), fmt.Sprintf("%.2f", r.A2AGBps), fmt.Sprintf("%.2f", r.A2ASpeedup)
+		}
+		fmt.Fprintf(&b, "  %-17s %7d %7d %5d %5s %11.1f %11.1f %9.2f %9s %13s %6s %11s %9s %7s %7d\n",
+			r.Call, r.Tokens, r.Hidden, r.TopK, r.DType, r.Time.Median, r.Time.P99, r.NVLGBps, rdma, base, ratio, a2aUS, a2aGBps, vs, r.Wrong+r.A2AWrong)
 	}
 	b.WriteString("#\n")
 	switch {
@@ -76,11 +106,21 @@ func WriteTable(w io.Writer, rec Record) error {
 	default:
 		fmt.Fprintf(&b, "# check: OK, %d output rows match the expectation\n", rec.CheckedRows)
 	}
-	if s := ratioSummary(rec.Rows); s != "" {
+	if s := ratioSummary(rec.Rows, func(r *Row) float64 { return r.Ratio }); s != "" {
 		fmt.Fprintf(&b, "# ratio nvl_GBps / baseline_GBps: %s\n", s)
 	}
-	b.WriteString("# time_us, p99_us: median and p99 over iterations of the time from the first rank entering the call to the last leaving Synchronize\n")
+	if s := ratioSummary(rec.Rows, func(r *Row) float64 { return r.A2ASpeedup }); s != "" {
+		fmt.Fprintf(&b, "# vs_a2a = a2a_us / time_us (goep's speedup over the a2a baseline): %s\n", s)
+	}
+	if rec.Timing == TimingRankMax {
+		b.WriteString("# time_us, p99_us: median and p99 over iterations of the maximum over ranks of each rank's time from a barrier's exit to leaving Synchronize\n")
+	} else {
+		b.WriteString("# time_us, p99_us: median and p99 over iterations of the time from the first rank entering the call to the last leaving Synchronize\n")
+	}
 	b.WriteString("# nvl_GBps: mean over ranks of received rows x hidden x dtype size, / time_us; baseline: a plain copy of those bytes by every rank at once\n")
+	if rec.BaselineA2ATransport != "" {
+		fmt.Fprintf(&b, "# a2a: the same call as an all-to-all of the token rows over %s plus a local permute or sum, same bytes, timed the same way; #wrong counts its rows too\n", rec.BaselineA2ATransport)
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -92,29 +132,30 @@ func orDash(s string) string {
 	return s
 }
 
-// ratioSummary is "min X (call), geomean Y, max Z (call)".
-func ratioSummary(rows []Row) string {
+// ratioSummary is "min X (call), geomean Y, max Z (call)" of f over the
+// rows where it is positive.
+func ratioSummary(rows []Row, f func(*Row) float64) string {
 	var lo, hi *Row
 	logSum, n := 0.0, 0
 	for i := range rows {
 		r := &rows[i]
-		if r.Ratio <= 0 {
+		if f(r) <= 0 {
 			continue
 		}
-		if lo == nil || r.Ratio < lo.Ratio {
+		if lo == nil || f(r) < f(lo) {
 			lo = r
 		}
-		if hi == nil || r.Ratio > hi.Ratio {
+		if hi == nil || f(r) > f(hi) {
 			hi = r
 		}
-		logSum += math.Log(r.Ratio)
+		logSum += math.Log(f(r))
 		n++
 	}
 	if n == 0 {
 		return ""
 	}
 	return fmt.Sprintf("min %.2f (%s, tokens %d), geomean %.2f, max %.2f (%s, tokens %d)",
-		lo.Ratio, lo.Call, lo.Tokens, math.Exp(logSum/float64(n)), hi.Ratio, hi.Call, hi.Tokens)
+		f(lo), lo.Call, lo.Tokens, math.Exp(logSum/float64(n)), f(hi), hi.Call, hi.Tokens)
 }
 
 // benchName is the Go benchmark name of a call: dispatch-permute ->
@@ -146,7 +187,10 @@ func WriteGoBench(w io.Writer, rec Record) error {
 	}
 	for i, r := range rec.Rows {
 		line(benchName(r.Call), r, r.Time, r.NVLGBps)
-		if i+1 == len(rec.Rows) || !sameCase(r, rec.Rows[i+1]) {
+		if r.A2A != nil {
+			line("A2A"+benchName(r.Call), r, *r.A2A, r.A2AGBps)
+		}
+		if r.BaselineGBps > 0 && (i+1 == len(rec.Rows) || !sameCase(r, rec.Rows[i+1])) {
 			line("Baseline", r, r.Baseline, r.BaselineGBps)
 		}
 	}

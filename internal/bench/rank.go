@@ -14,10 +14,11 @@ import (
 // rank is one rank's goroutine: build the engine and inputs, run the
 // layout once, then time every call and the baseline, checking each call's
 // last output.
-func (st *caseState) rank(ctx context.Context, r int) (err error) {
+func (st *rankState) rankMain(ctx context.Context) (err error) {
 	w := st.world
+	r := st.rank
 	t, h, k := w.Tokens[r], w.Hidden, w.TopK
-	e, err := executor.New(ctx, st.groups[r], st.backend, st.ecfg, executor.WithLogger(st.log))
+	e, err := executor.New(ctx, st.g, st.backend, st.ecfg, executor.WithLogger(st.log))
 	if err != nil {
 		return err
 	}
@@ -52,8 +53,8 @@ func (st *caseState) rank(ctx context.Context, r int) (err error) {
 	if cnt.Overflow {
 		return fmt.Errorf("capacity overflow: %d rows received, %d permuted; raise max_recv_tokens / max_permuted_tokens", cnt.RecvCount, cnt.PermutedCount)
 	}
-	st.recvRows[r] = cnt.RecvCount
-	ctl := st.ctl[r]
+	st.recvRows = cnt.RecvCount
+	ctl := st.ctl
 	in := executor.DispatchInput{X: xt, TopkWeights: wt}
 
 	var disp *executor.DispatchOutput
@@ -68,7 +69,7 @@ func (st *caseState) rank(ctx context.Context, r int) (err error) {
 	}()
 	// dispatched returns a checked dispatch output, timing it if asked.
 	dispatched := func(timed bool) error {
-		o, err := loop(ctx, st, r, CallDispatch, ctl, e.Synchronize, timed, func() (executor.DispatchOutput, error) {
+		o, err := loop(ctx, st, CallDispatch, ctl, e.Synchronize, timed, func() (executor.DispatchOutput, error) {
 			return e.Dispatch(ctx, hd, in)
 		})
 		if err != nil {
@@ -80,12 +81,12 @@ func (st *caseState) rank(ctx context.Context, r int) (err error) {
 			return err
 		}
 		if timed {
-			st.checks[CallDispatch][r].add(c)
+			st.checks[CallDispatch].add(c)
 		}
 		return nil
 	}
 	permuted := func(timed bool) error {
-		o, err := loop(ctx, st, r, CallDispatchPermute, ctl, e.Synchronize, timed, func() (executor.DispatchPermuteOutput, error) {
+		o, err := loop(ctx, st, CallDispatchPermute, ctl, e.Synchronize, timed, func() (executor.DispatchPermuteOutput, error) {
 			return e.DispatchPermute(ctx, hd, in)
 		})
 		if err != nil {
@@ -102,7 +103,7 @@ func (st *caseState) rank(ctx context.Context, r int) (err error) {
 		}
 		c.Wrong += pc.Wrong
 		if timed {
-			st.checks[CallDispatchPermute][r].add(c)
+			st.checks[CallDispatchPermute].add(c)
 		}
 		return nil
 	}
@@ -124,7 +125,7 @@ func (st *caseState) rank(ctx context.Context, r int) (err error) {
 				}
 			}
 			z := disp.RecvX
-			out, err := loop(ctx, st, r, CallCombine, ctl, e.Synchronize, true, func() (*device.Tensor, error) {
+			out, err := loop(ctx, st, CallCombine, ctl, e.Synchronize, true, func() (*device.Tensor, error) {
 				return e.Combine(ctx, hd, executor.CombineInput{Z: z})
 			})
 			if err != nil {
@@ -135,7 +136,7 @@ func (st *caseState) rank(ctx context.Context, r int) (err error) {
 			if err != nil {
 				return err
 			}
-			st.checks[CallCombine][r].add(c)
+			st.checks[CallCombine].add(c)
 		case CallDispatchPermute:
 			if dperm != nil {
 				dperm.Close()
@@ -151,7 +152,7 @@ func (st *caseState) rank(ctx context.Context, r int) (err error) {
 				}
 			}
 			y, rw := dperm.X, dperm.RecvWeights
-			out, err := loop(ctx, st, r, CallUnpermuteCombine, ctl, e.Synchronize, true, func() (*device.Tensor, error) {
+			out, err := loop(ctx, st, CallUnpermuteCombine, ctl, e.Synchronize, true, func() (*device.Tensor, error) {
 				return e.UnpermuteCombine(ctx, hd, executor.UnpermuteInput{Y: y, RecvWeights: rw})
 			})
 			if err != nil {
@@ -162,13 +163,19 @@ func (st *caseState) rank(ctx context.Context, r int) (err error) {
 			if err != nil {
 				return err
 			}
-			st.checks[CallUnpermuteCombine][r].add(c)
+			st.checks[CallUnpermuteCombine].add(c)
 		}
 	}
 	if err := e.Synchronize(ctx); err != nil {
 		return err
 	}
-	return st.runBaseline(ctx, r, ctl)
+	if st.checkOnly {
+		return nil
+	}
+	if err := st.runBaseline(ctx, ctl); err != nil {
+		return err
+	}
+	return st.runA2A(ctx)
 }
 
 func upload(ctx context.Context, e *executor.Engine, dt device.DType, data []byte, shape ...int) (*device.Tensor, error) {
@@ -187,7 +194,7 @@ func upload(ctx context.Context, e *executor.Engine, dt device.DType, data []byt
 // synchronisation, and returns the last output (earlier ones are closed).
 // Timed, it runs Warmup+Iters times and records the last Iters; untimed,
 // once.
-func loop[T interface{ Close() error }](ctx context.Context, st *caseState, r int, call string, ctl comm.Group, sync func(context.Context) error, timed bool, op func() (T, error)) (T, error) {
+func loop[T interface{ Close() error }](ctx context.Context, st *rankState, call string, ctl comm.Group, sync func(context.Context) error, timed bool, op func() (T, error)) (T, error) {
 	var last, zero T
 	warmup, iters := 0, 1
 	if timed {
@@ -213,10 +220,9 @@ func loop[T interface{ Close() error }](ctx context.Context, st *caseState, r in
 		}
 		last = out
 		if timed && i >= warmup {
-			st.times[call].Start[r][i-warmup] = t0
-			st.times[call].End[r][i-warmup] = t1
+			st.record(call, i-warmup, t0, t1)
 		}
-		if r == 0 && timed {
+		if timed {
 			st.progress(call)
 		}
 	}
@@ -232,7 +238,7 @@ func loop[T interface{ Close() error }](ctx context.Context, st *caseState, r in
 // runBaseline times a plain copy of this rank's N_r rows, all ranks at
 // once, each on its own stream of the host backend and spread over the
 // cores with device.ParallelFor as the engine's copies are.
-func (st *caseState) runBaseline(ctx context.Context, r int, ctl comm.Group) error {
+func (st *rankState) runBaseline(ctx context.Context, ctl comm.Group) error {
 	w := st.world
 	s, err := st.backend.NewStream()
 	if err != nil {
@@ -243,7 +249,7 @@ func (st *caseState) runBaseline(ctx context.Context, r int, ctl comm.Group) err
 	if !ok {
 		return fmt.Errorf("baseline: not a host stream")
 	}
-	n := st.recvRows[r]
+	n := st.recvRows
 	src, err := device.NewTensor(s, w.DType, n, w.Hidden)
 	if err != nil {
 		return err
@@ -280,12 +286,9 @@ func (st *caseState) runBaseline(ctx context.Context, r int, ctl comm.Group) err
 			return fmt.Errorf("baseline: %w", err)
 		}
 		if t1 := time.Now(); i >= st.cfg.Warmup {
-			st.times["baseline"].Start[r][i-st.cfg.Warmup] = t0
-			st.times["baseline"].End[r][i-st.cfg.Warmup] = t1
+			st.record("baseline", i-st.cfg.Warmup, t0, t1)
 		}
-		if r == 0 {
-			st.progress("baseline")
-		}
+		st.progress("baseline")
 	}
 	if err := ctl.Barrier(ctx); err != nil {
 		return err
@@ -304,7 +307,7 @@ func download(ctx context.Context, t *device.Tensor) ([]byte, error) {
 	return device.Download(ctx, t)
 }
 
-func (st *caseState) checkDispatch(ctx context.Context, r int, cnt executor.Counts, x, idx, wts *device.Tensor) (Check, error) {
+func (st *rankState) checkDispatch(ctx context.Context, r int, cnt executor.Counts, x, idx, wts *device.Tensor) (Check, error) {
 	xb, err := download(ctx, x)
 	if err != nil {
 		return Check{}, err
@@ -324,7 +327,7 @@ func (st *caseState) checkDispatch(ctx context.Context, r int, cnt executor.Coun
 	return st.world.CheckDispatch(r, cnt.RecvCount, xb, device.DecodeInt32(ib), wf), nil
 }
 
-func (st *caseState) checkPermute(ctx context.Context, r int, cnt executor.Counts, x, wts *device.Tensor) (Check, error) {
+func (st *rankState) checkPermute(ctx context.Context, r int, cnt executor.Counts, x, wts *device.Tensor) (Check, error) {
 	xb, err := download(ctx, x)
 	if err != nil {
 		return Check{}, err
@@ -340,7 +343,7 @@ func (st *caseState) checkPermute(ctx context.Context, r int, cnt executor.Count
 	return st.world.CheckPermute(r, st.cfg.Pad, cnt.PermutedCount, xb, wf), nil
 }
 
-func (st *caseState) checkCombine(ctx context.Context, r int, out *device.Tensor, unpermuted bool) (Check, error) {
+func (st *rankState) checkCombine(ctx context.Context, r int, out *device.Tensor, unpermuted bool) (Check, error) {
 	b, err := download(ctx, out)
 	if err != nil {
 		return Check{}, err

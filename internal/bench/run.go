@@ -2,15 +2,28 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"go.uber.org/zap"
+	"strings"
+	"time"
 
+	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
+)
+
+// Timing definitions: how Row.Time is taken from the ranks' clocks.
+const (
+	// TimingSpan: from the first rank entering the call to the last
+	// leaving it, on the one clock in-process ranks share.
+	TimingSpan = "span"
+	// TimingRankMax: the maximum over ranks of each rank's own time after
+	// a barrier (processes have no shared clock).
+	TimingRankMax = "rank_max"
 )
 
 // Row is the result of one call in one case.
@@ -25,10 +38,11 @@ type Row struct {
 	Mode    string `json:"mode"`
 	Pad     int    `json:"pad"`
 
-	// Time is over the timed iterations, each from the first rank
-	// entering the call to the last leaving Synchronize (Timing.Spans);
-	// IterUS lists them. RankMaxTime is over the maximum over ranks of each
-	// rank's own time (Timing.RankMax), for comparison.
+	// Time is over the timed iterations, each taken as Result.Timing says:
+	// in-process, from the first rank entering the call to the last
+	// leaving Synchronize (Timing.Spans); across processes, the maximum
+	// over ranks of each rank's own time (Timing.RankMax). IterUS lists
+	// them. RankMaxTime is always over the per-rank maximum.
 	Time        Stats     `json:"time"`
 	IterUS      []float64 `json:"iter_us"`
 	RankMaxTime Stats     `json:"rank_max_time"`
@@ -50,6 +64,20 @@ type Row struct {
 	BaselineGBps float64 `json:"baseline_GBps"`
 	Ratio        float64 `json:"ratio"`
 
+	// A2A is the same call done the way a user without goep would: an
+	// all-to-all of the token rows through the group (MPI_Alltoallv under
+	// MPI, the TCP exchange under eprun launch, comm.NewLocal's in
+	// process; Result.A2ATransport says which) plus a local permute or
+	// sum, timed the same way. A2AGBps counts the call's bytes (NVLBytes);
+	// A2ASpeedup = A2A median / Time median (> 1: goep is faster).
+	// A2ACheckedRows and A2AWrong count its output rows checked as the
+	// call's are. Absent when the baseline did not run (eprun check).
+	A2A            *Stats  `json:"baseline_a2a_time,omitempty"`
+	A2AGBps        float64 `json:"baseline_a2a_GBps,omitempty"`
+	A2ASpeedup     float64 `json:"speedup_vs_a2a,omitempty"`
+	A2ACheckedRows int     `json:"baseline_a2a_checked_rows,omitempty"`
+	A2AWrong       int     `json:"baseline_a2a_wrong"`
+
 	// CheckedRows and Wrong count the output rows compared with the
 	// expectation, over all ranks, and those that differed.
 	CheckedRows int `json:"checked_rows"`
@@ -60,22 +88,29 @@ type Row struct {
 type Result struct {
 	Config Config `json:"config"`
 	Rows   []Row  `json:"rows"`
+	// Timing is TimingSpan or TimingRankMax.
+	Timing string `json:"timing"`
+	// A2ATransport is what carried the a2a baseline's exchange: "mpi",
+	// "tcp" or "local" (empty when it did not run).
+	A2ATransport string `json:"baseline_a2a_transport,omitempty"`
 }
 
-// Wrong is the number of wrong rows over all rows.
+// Wrong is the number of wrong rows over all rows, the a2a baseline's
+// included.
 func (r *Result) Wrong() int {
 	n := 0
 	for _, row := range r.Rows {
-		n += row.Wrong
+		n += row.Wrong + row.A2AWrong
 	}
 	return n
 }
 
-// Checked is the number of rows checked over all rows.
+// Checked is the number of rows checked over all rows, the a2a baseline's
+// included.
 func (r *Result) Checked() int {
 	n := 0
 	for _, row := range r.Rows {
-		n += row.CheckedRows
+		n += row.CheckedRows + row.A2ACheckedRows
 	}
 	return n
 }
@@ -87,40 +122,131 @@ type Progress struct {
 	Done, Total int // iterations done and total, over the whole run
 }
 
-// Options tunes Run.
+// Options tunes Run and RunRank.
 type Options struct {
-	// Progress, when set, is called from rank 0's goroutine.
+	// Progress, when set, is called from rank 0 (RunRank calls it only on
+	// rank 0).
 	Progress func(Progress)
 	// Logger is passed to every engine (nil: no logging).
 	Logger *zap.Logger
+	// CheckOnly runs the calls and their checks only: no copy baseline, no
+	// a2a baseline (eprun check).
+	CheckOnly bool
+	// Backend is the host backend the engines use; nil: RunRank makes one
+	// and closes it at the end.
+	Backend *device.Host
+	// Transport names what carries the group's AllToAll in the record;
+	// empty: guessed from the group's type.
+	Transport string
+
+	// sharedClock: the ranks are goroutines of one process (Run), so an
+	// iteration is timed as the span over ranks.
+	sharedClock bool
 }
 
-// Run runs every case of cfg with in-process ranks on the host backend.
-// It returns the rows of the cases that completed and the first error.
+// Steps is the number of progress steps of a run of cfg.
+func (o Options) Steps(cfg Config) int {
+	per := len(cfg.Calls)
+	if !o.CheckOnly {
+		per += 1 + len(cfg.Calls)
+	}
+	return len(cfg.Cases()) * per * (cfg.Warmup + cfg.Iters)
+}
+
+// Run runs every case of cfg with cfg.Ranks in-process ranks (goroutines,
+// comm.NewLocal groups, one shared host backend), each running RunRank
+// exactly as one process of a multi-process world does. It returns rank
+// 0's rows of the cases that completed and the first error.
 func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	res := &Result{Config: cfg}
+	r := cfg.Ranks
+	groups := comm.NewLocal(r)
+	backend := opt.Backend
+	if backend == nil {
+		backend = device.NewHost()
+	}
+	results := make([]*Result, r)
+	g, gctx := errgroup.WithContext(ctx)
+	for rank := range r {
+		g.Go(func() error {
+			o := opt
+			o.Backend, o.sharedClock = backend, true
+			if o.Transport == "" {
+				o.Transport = "local"
+			}
+			res, err := RunRank(gctx, cfg, groups[rank], o)
+			results[rank] = res
+			if err != nil {
+				return fmt.Errorf("rank %d: %w", rank, err)
+			}
+			return nil
+		})
+	}
+	err := g.Wait()
+	for rank := range r {
+		err = errors.Join(err, groups[rank].Close())
+	}
+	if opt.Backend == nil {
+		err = errors.Join(err, backend.Close())
+	}
+	return results[0], err
+}
+
+// RunRank runs every case of cfg as rank g.Rank() of g: one engine on this
+// rank, created on g; the harness's barriers and gathers go through a
+// second group split from g, so they never interleave with the engine's
+// traffic. cfg.Ranks must equal g.Size(). Every rank returns the same
+// aggregated rows (times over all ranks, checks summed over ranks); the
+// caller prints rank 0's. On error it returns the cases that completed.
+func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Ranks != g.Size() {
+		return nil, fmt.Errorf("config has %d ranks, the group %d", cfg.Ranks, g.Size())
+	}
+	rank := g.Rank()
+	res := &Result{Config: cfg, Timing: TimingRankMax}
+	if opt.sharedClock {
+		res.Timing = TimingSpan
+	}
+	if !opt.CheckOnly {
+		res.A2ATransport = opt.Transport
+		if res.A2ATransport == "" {
+			res.A2ATransport = TransportOf(g)
+		}
+	}
+	ctl, err := g.Split(ctx, 0, rank)
+	if err != nil {
+		return res, fmt.Errorf("harness group: %w", err)
+	}
+	defer ctl.Close()
+	backend := opt.Backend
+	if backend == nil {
+		backend = device.NewHost()
+		defer backend.Close()
+	}
+	log := opt.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
 	cases := cfg.Cases()
-	steps := len(cases) * (len(cfg.Calls) + 1) * (cfg.Warmup + cfg.Iters)
-	done := 0
+	steps, done := opt.Steps(cfg), 0
 	for i, c := range cases {
-		st, err := newCaseState(cfg, c)
+		rs, err := newRankState(cfg, c, rank)
 		if err != nil {
 			return res, err
 		}
-		st.log = opt.Logger
-		if st.log == nil {
-			st.log = zap.NewNop()
-		}
-		st.progress = func(step string) {
+		rs.g, rs.ctl, rs.backend, rs.log, rs.checkOnly = g, ctl, backend, log, opt.CheckOnly
+		rs.progress = func(step string) {
 			done++
-			if opt.Progress != nil {
+			if rank == 0 && opt.Progress != nil {
 				opt.Progress(Progress{Case: i + 1, Cases: len(cases), Step: step, Done: done, Total: steps})
 			}
 		}
-		rows, err := st.run(ctx)
+		rows, err := rs.run(ctx, res.Timing)
 		if err != nil {
 			return res, fmt.Errorf("tokens=%d hidden=%d dtype=%v: %w", c.Tokens, c.Hidden, c.DType, err)
 		}
@@ -129,26 +255,60 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 	return res, nil
 }
 
-// caseState is what the rank goroutines of one case share. Each rank writes
-// only its own index of the slices; they are read after all ranks finish.
-type caseState struct {
+// TransportOf names the transport of a comm group from its type: "mpi",
+// "tcp", "local", else the type's name.
+func TransportOf(g comm.Group) string {
+	t := fmt.Sprintf("%T", g)
+	l := strings.ToLower(t)
+	for _, k := range []string{"mpi", "tcp", "local"} {
+		if strings.Contains(l, k) {
+			return k
+		}
+	}
+	return t
+}
+
+// epoch is this process's time origin; in-process ranks share it, so their
+// times can be compared (spans).
+var epoch = time.Now()
+
+// series is one rank's start and end of every timed iteration of one
+// call, in nanoseconds since epoch.
+type series struct {
+	Start []int64 `json:"s"`
+	End   []int64 `json:"e"`
+}
+
+// rankState is one rank's view of one case. Nothing in it is shared with
+// other ranks; the per-rank results are gathered through ctl at the end.
+type rankState struct {
 	cfg   Config
 	c     Case
+	rank  int
 	world *World
 	ecfg  executor.Config
 
-	groups  []comm.Group // the engines'
-	ctl     []comm.Group // the harness's barriers
-	backend *device.Host
+	g, ctl    comm.Group // the engine's (and the a2a baseline's), the harness's
+	backend   *device.Host
+	checkOnly bool
 
-	times    map[string]*Timing // call, or "baseline"
-	checks   map[string][]Check // call -> [rank]
-	recvRows []int
-	progress func(step string) // rank 0 only
-	log      *zap.Logger
+	times     map[string]*series // call, "baseline", or "a2a/"+call
+	checks    map[string]*Check  // call
+	a2aChecks map[string]*Check  // call
+	recvRows  int
+	progress  func(step string)
+	log       *zap.Logger
 }
 
-func newCaseState(cfg Config, c Case) (*caseState, error) {
+// rankReport is what each rank contributes to the rows of a case.
+type rankReport struct {
+	RecvRows  int                `json:"recv_rows"`
+	Times     map[string]*series `json:"times"`
+	Checks    map[string]*Check  `json:"checks"`
+	A2AChecks map[string]*Check  `json:"a2a_checks"`
+}
+
+func newRankState(cfg Config, c Case, rank int) (*rankState, error) {
 	d, err := cfg.domainSize()
 	if err != nil {
 		return nil, err
@@ -182,69 +342,117 @@ func newCaseState(cfg Config, c Case) (*caseState, error) {
 			ecfg.MaxPermutedTokens = max(1, r*maxT*min(cfg.TopK, l)+l*(cfg.Pad-1))
 		}
 	}
-	st := &caseState{
-		cfg:      cfg,
-		c:        c,
-		world:    NewWorld(cfg.Seed, r, d, cfg.Experts, cfg.TopK, c.Hidden, c.DType, tokens),
-		ecfg:     ecfg,
-		times:    map[string]*Timing{"baseline": NewTiming(r, cfg.Iters)},
-		checks:   map[string][]Check{},
-		recvRows: make([]int, r),
+	rs := &rankState{
+		cfg:       cfg,
+		c:         c,
+		rank:      rank,
+		world:     NewWorld(cfg.Seed, r, d, cfg.Experts, cfg.TopK, c.Hidden, c.DType, tokens),
+		ecfg:      ecfg,
+		times:     map[string]*series{},
+		checks:    map[string]*Check{},
+		a2aChecks: map[string]*Check{},
 	}
 	for _, call := range cfg.Calls {
-		st.times[call] = NewTiming(r, cfg.Iters)
-		st.checks[call] = make([]Check, r)
+		rs.checks[call] = &Check{}
 	}
-	return st, nil
+	return rs, nil
 }
 
-func (st *caseState) run(ctx context.Context) ([]Row, error) {
-	r := st.cfg.Ranks
-	st.groups = comm.NewLocal(r)
-	st.ctl = comm.NewLocal(r)
-	st.backend = device.NewHost()
-	g, gctx := errgroup.WithContext(ctx)
-	for rank := range r {
-		g.Go(func() error {
-			if err := st.rank(gctx, rank); err != nil {
-				return fmt.Errorf("rank %d: %w", rank, err)
-			}
-			return nil
-		})
+// record stores iteration i of a timed series.
+func (rs *rankState) record(name string, i int, t0, t1 time.Time) {
+	s := rs.times[name]
+	if s == nil {
+		s = &series{Start: make([]int64, rs.cfg.Iters), End: make([]int64, rs.cfg.Iters)}
+		rs.times[name] = s
 	}
-	err := g.Wait()
-	for rank := range r {
-		err = errors.Join(err, st.groups[rank].Close(), st.ctl[rank].Close())
+	s.Start[i] = t0.Sub(epoch).Nanoseconds()
+	s.End[i] = t1.Sub(epoch).Nanoseconds()
+}
+
+// run runs this rank's part of the case, then gathers every rank's report
+// and turns them into rows.
+func (rs *rankState) run(ctx context.Context, timing string) ([]Row, error) {
+	if err := rs.rankMain(ctx); err != nil {
+		return nil, err
 	}
-	err = errors.Join(err, st.backend.Close())
+	rep, err := json.Marshal(rankReport{RecvRows: rs.recvRows, Times: rs.times, Checks: rs.checks, A2AChecks: rs.a2aChecks})
 	if err != nil {
 		return nil, err
 	}
-	return st.rows(), nil
+	all, err := rs.ctl.AllGather(ctx, rep)
+	if err != nil {
+		return nil, fmt.Errorf("gather results: %w", err)
+	}
+	reps := make([]rankReport, len(all))
+	for r, b := range all {
+		if err := json.Unmarshal(b, &reps[r]); err != nil {
+			return nil, fmt.Errorf("results of rank %d: %w", r, err)
+		}
+	}
+	return rs.rows(reps, timing)
 }
 
-// rows turns the per-rank measurements into one row per call.
-func (st *caseState) rows() []Row {
-	w := st.world
+// timingOf assembles the ranks' series of one name.
+func timingOf(reps []rankReport, name string, iters int) (*Timing, error) {
+	t := NewTiming(len(reps), iters)
+	for r, rep := range reps {
+		s := rep.Times[name]
+		if s == nil || len(s.Start) != iters || len(s.End) != iters {
+			return nil, fmt.Errorf("rank %d has no times of %s", r, name)
+		}
+		for i := range iters {
+			t.Start[r][i] = epoch.Add(time.Duration(s.Start[i]))
+			t.End[r][i] = epoch.Add(time.Duration(s.End[i]))
+		}
+	}
+	return t, nil
+}
+
+// rows turns the ranks' reports into one row per call.
+func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
+	w := rs.world
 	rb := float64(w.Hidden * w.DType.Size())
+	recvRows := make([]int, len(reps))
 	var nvl, rdma float64
-	for rank, n := range st.recvRows {
-		nvl += float64(n) * rb
+	for rank, rep := range reps {
+		recvRows[rank] = rep.RecvRows
+		nvl += float64(rep.RecvRows) * rb
 		rdma += float64(w.RDMARows(rank)) * rb
 	}
-	nvl /= float64(len(st.recvRows))
-	rdma /= float64(len(st.recvRows))
-	base := Summarize(st.times["baseline"].Spans())
+	nvl /= float64(len(reps))
+	rdma /= float64(len(reps))
+	iters := rs.cfg.Iters
+	times := func(name string) ([]float64, []float64, error) {
+		t, err := timingOf(reps, name, iters)
+		if err != nil {
+			return nil, nil, err
+		}
+		if timing == TimingSpan {
+			return t.Spans(), t.RankMax(), nil
+		}
+		return t.RankMax(), t.RankMax(), nil
+	}
+	var base Stats
+	if !rs.checkOnly {
+		b, _, err := times("baseline")
+		if err != nil {
+			return nil, err
+		}
+		base = Summarize(b)
+	}
 	var out []Row
-	for _, call := range st.cfg.Calls {
-		iters := st.times[call].Spans()
+	for _, call := range rs.cfg.Calls {
+		it, rm, err := times(call)
+		if err != nil {
+			return nil, err
+		}
 		row := Row{
-			Call: call, Ranks: st.cfg.Ranks, Experts: st.cfg.Experts,
-			Tokens: st.c.Tokens, Hidden: st.c.Hidden, TopK: st.cfg.TopK,
-			DType: st.c.DType.String(), Mode: st.cfg.Mode, Pad: st.cfg.Pad,
-			Time: Summarize(iters), IterUS: iters,
-			RankMaxTime: Summarize(st.times[call].RankMax()),
-			RecvRows:    st.recvRows, NVLBytes: nvl,
+			Call: call, Ranks: rs.cfg.Ranks, Experts: rs.cfg.Experts,
+			Tokens: rs.c.Tokens, Hidden: rs.c.Hidden, TopK: rs.cfg.TopK,
+			DType: rs.c.DType.String(), Mode: rs.cfg.Mode, Pad: rs.cfg.Pad,
+			Time: Summarize(it), IterUS: it,
+			RankMaxTime: Summarize(rm),
+			RecvRows:    recvRows, NVLBytes: nvl,
 			Baseline: base,
 		}
 		row.NVLGBps = gbps(nvl, row.Time.Median)
@@ -256,13 +464,31 @@ func (st *caseState) rows() []Row {
 		if row.BaselineGBps > 0 {
 			row.Ratio = row.NVLGBps / row.BaselineGBps
 		}
-		for _, c := range st.checks[call] {
-			row.CheckedRows += c.Rows
-			row.Wrong += c.Wrong
+		if !rs.checkOnly {
+			at, _, err := times("a2a/" + call)
+			if err != nil {
+				return nil, err
+			}
+			s := Summarize(at)
+			row.A2A = &s
+			row.A2AGBps = gbps(nvl, s.Median)
+			if row.Time.Median > 0 {
+				row.A2ASpeedup = s.Median / row.Time.Median
+			}
+		}
+		for _, rep := range reps {
+			if c := rep.Checks[call]; c != nil {
+				row.CheckedRows += c.Rows
+				row.Wrong += c.Wrong
+			}
+			if c := rep.A2AChecks[call]; c != nil {
+				row.A2ACheckedRows += c.Rows
+				row.A2AWrong += c.Wrong
+			}
 		}
 		out = append(out, row)
 	}
-	return out
+	return out, nil
 }
 
 // gbps is bytes / (us microseconds) in GB/s (1e9 bytes per second).

@@ -34,7 +34,7 @@ func TestRun(t *testing.T) {
 				t.Fatal(err)
 			}
 			cases := len(c.Cases())
-			if want := cases * (len(c.Calls) + 1) * (c.Iters + c.Warmup); steps != want {
+			if want := cases * (2*len(c.Calls) + 1) * (c.Iters + c.Warmup); steps != want {
 				t.Errorf("progress reached %d steps, want %d", steps, want)
 			}
 			if len(res.Rows) != cases*len(c.Calls) {
