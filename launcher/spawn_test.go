@@ -1,0 +1,446 @@
+package launcher
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// helperVar tells a child started by a Spawn test what to do: a
+// comma-separated list of RANK:ACTION, "*" for every other rank.
+const helperVar = "GOEP_LAUNCHER_TEST_HELPER"
+
+// helperActions are what a child can do (see TestHelperProcess).
+var helperActions = map[string]func(rank int){
+	"print": func(int) {
+		fmt.Println("out line 1")
+		fmt.Fprintln(os.Stderr, "err line")
+		fmt.Print("out line 2\nno newline")
+	},
+	"env": func(int) {
+		for _, k := range []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GOEP_MASTER_ADDR", "GOEP_MASTER_PORT", "GOEP_RANKS_PER_DOMAIN"} {
+			v, ok := os.LookupEnv(k)
+			if !ok {
+				v = "<unset>"
+			}
+			fmt.Printf("%s=%s\n", k, v)
+		}
+	},
+	"exit0": func(int) {},
+	"exit3": func(int) { os.Exit(3) },
+	// failsoon fails once every other rank is ready.
+	"failsoon": func(r int) { ready(r); waitReady(); os.Exit(3) },
+	"killself": func(r int) {
+		ready(r)
+		waitReady()
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	},
+	"sleep": func(r int) { ready(r); time.Sleep(time.Minute) },
+	"trap": func(r int) {
+		signal.Ignore(syscall.SIGTERM)
+		fmt.Println("trapping")
+		ready(r)
+		time.Sleep(time.Minute)
+	},
+	"grandchild": func(r int) {
+		c := exec.Command("sleep", "60")
+		if err := c.Start(); err != nil {
+			fmt.Println("grandchild:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("grandchild %d\n", c.Process.Pid)
+		ready(r)
+		time.Sleep(time.Minute)
+	},
+	"spam": func(rank int) {
+		tail := strings.Repeat("x", 100+rank*1000)
+		for i := range 300 {
+			fmt.Printf("spam %d %d %s\n", rank, i, tail)
+		}
+	},
+}
+
+// readyDir is where helpers say they are ready (they have printed their pid
+// and set up), so that a failing rank fails only once the others run.
+const readyDir = "GOEP_LAUNCHER_TEST_READY"
+
+func ready(rank int) {
+	if dir := os.Getenv(readyDir); dir != "" {
+		_ = os.WriteFile(fmt.Sprintf("%s/%d", dir, rank), nil, 0o644)
+	}
+}
+
+// waitReady waits (at most 30 s) until every rank is ready.
+func waitReady() {
+	dir := os.Getenv(readyDir)
+	n, _ := strconv.Atoi(os.Getenv("WORLD_SIZE"))
+	for deadline := time.Now().Add(30 * time.Second); dir != "" && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if ents, _ := os.ReadDir(dir); len(ents) >= n {
+			return
+		}
+	}
+}
+
+// TestHelperProcess is the child of the Spawn tests: run with helperVar
+// set, it prints its pid, does what helperVar says for its RANK and exits.
+func TestHelperProcess(t *testing.T) {
+	spec, ok := os.LookupEnv(helperVar)
+	if !ok {
+		t.Skip("the child process of the Spawn tests; runs only under Spawn")
+	}
+	rank, err := strconv.Atoi(os.Getenv("RANK"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper: RANK:", err)
+		os.Exit(100)
+	}
+	action := ""
+	for _, item := range strings.Split(spec, ",") {
+		r, a, _ := strings.Cut(item, ":")
+		if r == strconv.Itoa(rank) || (r == "*" && action == "") {
+			action = a
+		}
+	}
+	f, ok := helperActions[action]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "helper: no action %q for rank %d in %q\n", action, rank, spec)
+		os.Exit(100)
+	}
+	fmt.Printf("pid %d\n", os.Getpid())
+	f(rank)
+	os.Exit(0)
+}
+
+// spawnHelper runs n ranks of the test binary doing spec, and returns
+// Spawn's error, the output and how long it took.
+func spawnHelper(t *testing.T, ctx context.Context, cfg SpawnConfig, spec string) (err error, stdout, stderr string, took time.Duration) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cfg.Command = []string{os.Args[0], "-test.run=^TestHelperProcess$"}
+	cfg.Stdout, cfg.Stderr = &out, &errb
+	cfg.Env = append(os.Environ(), helperVar+"="+spec, readyDir+"="+t.TempDir())
+	start := time.Now()
+	err = Spawn(ctx, cfg)
+	took = time.Since(start)
+	t.Logf("Spawn took %v, returned %v", took, err)
+	return err, out.String(), errb.String(), took
+}
+
+var pidLine = regexp.MustCompile(`(?m)^\[rank (\d+)\] (pid|grandchild) (\d+)$`)
+
+// pids returns the pids the ranks printed, by rank, and grandchildren's.
+func pids(t *testing.T, n int, stdout string) (ranks map[int]int, grandchildren []int) {
+	t.Helper()
+	ranks = map[int]int{}
+	for _, m := range pidLine.FindAllStringSubmatch(stdout, -1) {
+		r, _ := strconv.Atoi(m[1])
+		pid, _ := strconv.Atoi(m[3])
+		if m[2] == "pid" {
+			ranks[r] = pid
+		} else {
+			grandchildren = append(grandchildren, pid)
+		}
+	}
+	if len(ranks) != n {
+		t.Fatalf("%d ranks printed their pid, want %d:\n%s", len(ranks), n, stdout)
+	}
+	return ranks, grandchildren
+}
+
+// checkReaped checks that every rank has been reaped: its pid is gone.
+func checkReaped(t *testing.T, ranks map[int]int) {
+	t.Helper()
+	for r, pid := range ranks {
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("rank %d (pid %d) still exists after Spawn returned: kill 0: %v", r, pid, err)
+		}
+	}
+}
+
+// dead reports whether pid is gone or a zombie (an orphan waiting for
+// init to reap it, which is not Spawn's to do).
+func dead(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(stat)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && len(s) > i+2 {
+		return s[i+2] == 'Z' || s[i+2] == 'X'
+	}
+	return false
+}
+
+func TestSpawnOutput(t *testing.T) {
+	err, stdout, stderr, _ := spawnHelper(t, t.Context(), SpawnConfig{N: 3}, "*:print")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranks, _ := pids(t, 3, stdout)
+	checkReaped(t, ranks)
+	for r := range 3 {
+		for _, want := range []string{"out line 1", "out line 2", "no newline"} {
+			if !strings.Contains(stdout, fmt.Sprintf("[rank %d] %s\n", r, want)) {
+				t.Errorf("stdout lacks rank %d's %q:\n%s", r, want, stdout)
+			}
+		}
+		if !strings.Contains(stderr, fmt.Sprintf("[rank %d] err line\n", r)) {
+			t.Errorf("stderr lacks rank %d's line:\n%s", r, stderr)
+		}
+	}
+	if n := strings.Count(stdout, "\n"); n != 3*4 {
+		t.Errorf("stdout has %d lines, want 12:\n%s", n, stdout)
+	}
+	if n := strings.Count(stderr, "\n"); n != 3 {
+		t.Errorf("stderr has %d lines, want 3:\n%s", n, stderr)
+	}
+}
+
+// TestSpawnLines checks that lines of concurrent ranks never mix, whatever
+// their length, on a destination shared by stdout and stderr.
+func TestSpawnLines(t *testing.T) {
+	var out bytes.Buffer
+	cfg := SpawnConfig{N: 4, Command: []string{os.Args[0], "-test.run=^TestHelperProcess$"}, Stdout: &out, Stderr: &out,
+		Env: append(os.Environ(), helperVar+"=*:spam")}
+	if err := Spawn(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	line := regexp.MustCompile(`^\[rank (\d)\] (pid \d+|spam (\d) (\d+) (x+))$`)
+	next := map[string]int{}
+	for _, l := range strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n") {
+		m := line.FindStringSubmatch(l)
+		if m == nil {
+			t.Fatalf("mixed or malformed line %.200q", l)
+		}
+		if m[3] == "" {
+			continue
+		}
+		r, _ := strconv.Atoi(m[1])
+		if m[3] != m[1] || m[4] != strconv.Itoa(next[m[1]]) || len(m[5]) != 100+r*1000 {
+			t.Fatalf("rank %s: line %.80q out of order or cut (want line %d)", m[1], l, next[m[1]])
+		}
+		next[m[1]]++
+	}
+	for r := range 4 {
+		if n := next[strconv.Itoa(r)]; n != 300 {
+			t.Errorf("rank %d: %d lines, want 300", r, n)
+		}
+	}
+}
+
+func TestSpawnEnv(t *testing.T) {
+	for _, tc := range []struct {
+		n, domains, perDomain int
+	}{
+		{n: 3, domains: 0, perDomain: 3},
+		{n: 4, domains: 1, perDomain: 4},
+		{n: 4, domains: 2, perDomain: 2},
+		{n: 6, domains: 3, perDomain: 2},
+	} {
+		t.Run(fmt.Sprintf("n=%d/domains=%d", tc.n, tc.domains), func(t *testing.T) {
+			var out bytes.Buffer
+			env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOEP_RANKS_PER_DOMAIN=") })
+			// Stale values of an outer launcher are replaced.
+			env = append(env, helperVar+"=*:env", "RANK=99", "WORLD_SIZE=100", "GOEP_MASTER_PORT=1")
+			cfg := SpawnConfig{N: tc.n, Domains: tc.domains, Command: []string{os.Args[0], "-test.run=^TestHelperProcess$"}, Stdout: &out, Env: env}
+			if err := Spawn(t.Context(), cfg); err != nil {
+				t.Fatal(err)
+			}
+			got := map[int]map[string]string{}
+			for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+				var r int
+				var kv string
+				if _, err := fmt.Sscanf(l, "[rank %d] %s", &r, &kv); err != nil {
+					t.Fatalf("line %q: %v", l, err)
+				}
+				k, v, _ := strings.Cut(kv, "=")
+				if got[r] == nil {
+					got[r] = map[string]string{}
+				}
+				got[r][k] = v
+			}
+			port := got[0]["GOEP_MASTER_PORT"]
+			if p, err := strconv.Atoi(port); err != nil || p <= 1 || p > 65535 {
+				t.Errorf("GOEP_MASTER_PORT=%q", port)
+			}
+			perDomain := "<unset>"
+			if tc.domains > 1 {
+				perDomain = strconv.Itoa(tc.perDomain)
+			}
+			for r := range tc.n {
+				want := map[string]string{
+					"pid":                   got[r]["pid"],
+					"RANK":                  strconv.Itoa(r),
+					"WORLD_SIZE":            strconv.Itoa(tc.n),
+					"LOCAL_RANK":            strconv.Itoa(r % tc.perDomain),
+					"LOCAL_WORLD_SIZE":      strconv.Itoa(tc.perDomain),
+					"GOEP_MASTER_ADDR":      "127.0.0.1",
+					"GOEP_MASTER_PORT":      port,
+					"GOEP_RANKS_PER_DOMAIN": perDomain,
+				}
+				if fmt.Sprint(got[r]) != fmt.Sprint(want) {
+					t.Errorf("rank %d sees %v, want %v", r, got[r], want)
+				}
+			}
+			// What the ranks see is what Detect reads.
+			e, err := detect(func(k string) (string, bool) { v, ok := got[tc.n-1][k]; return v, ok && v != "<unset>" })
+			if want := (Env{KindTorchrun, tc.n - 1, tc.n, (tc.n - 1) % tc.perDomain, tc.perDomain}); err != nil || e != want {
+				t.Errorf("Detect in the last rank: %+v, %v; want %+v", e, err, want)
+			}
+		})
+	}
+}
+
+func TestSpawnAllSucceed(t *testing.T) {
+	err, stdout, _, _ := spawnHelper(t, t.Context(), SpawnConfig{N: 4}, "*:exit0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranks, _ := pids(t, 4, stdout)
+	checkReaped(t, ranks)
+}
+
+// TestSpawnFailure checks that a failing rank is named and that the others,
+// which would sleep a minute, are terminated at once.
+func TestSpawnFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name, spec string
+		want       RankError
+		msg        string
+	}{
+		{"exit", "2:failsoon,*:sleep", RankError{Rank: 2, ExitCode: 3}, "rank 2 exited with status 3"},
+		{"exit at once", "1:exit3,*:sleep", RankError{Rank: 1, ExitCode: 3}, "rank 1 exited with status 3"},
+		{"signal", "3:killself,*:sleep", RankError{Rank: 3, ExitCode: -1, Signal: syscall.SIGKILL}, "rank 3 killed by signal 9 (killed)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err, stdout, stderr, took := spawnHelper(t, t.Context(), SpawnConfig{N: 4}, tc.spec)
+			var re *RankError
+			if !errors.As(err, &re) || *re != tc.want || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("error %v, want %q (%+v)\nstdout:\n%s\nstderr:\n%s", err, tc.msg, tc.want, stdout, stderr)
+			}
+			if took > 10*time.Second {
+				t.Errorf("Spawn took %v: the sleeping ranks were not terminated promptly", took)
+			}
+			if tc.name == "exit at once" {
+				return // the others may be terminated before they print their pid
+			}
+			ranks, _ := pids(t, 4, stdout)
+			checkReaped(t, ranks)
+		})
+	}
+}
+
+// TestSpawnGrace checks that ranks ignoring SIGTERM get SIGKILL after the
+// grace period.
+func TestSpawnGrace(t *testing.T) {
+	err, stdout, _, took := spawnHelper(t, t.Context(), SpawnConfig{N: 3, Grace: 500 * time.Millisecond}, "0:failsoon,*:trap")
+	if re := (*RankError)(nil); !errors.As(err, &re) || re.Rank != 0 {
+		t.Fatalf("error %v, want rank 0's", err)
+	}
+	if took < 500*time.Millisecond || took > 10*time.Second {
+		t.Errorf("Spawn took %v, want at least the 500 ms grace period", took)
+	}
+	if n := strings.Count(stdout, "trapping"); n != 2 {
+		t.Errorf("%d ranks trapped SIGTERM, want 2", n)
+	}
+	ranks, _ := pids(t, 3, stdout)
+	checkReaped(t, ranks)
+}
+
+// TestSpawnGrandchild checks that a rank's own children die with the job.
+func TestSpawnGrandchild(t *testing.T) {
+	if _, err := exec.LookPath("sleep"); err != nil {
+		t.Skip("no sleep command:", err)
+	}
+	err, stdout, _, took := spawnHelper(t, t.Context(), SpawnConfig{N: 2}, "0:grandchild,1:failsoon")
+	if re := (*RankError)(nil); !errors.As(err, &re) || re.Rank != 1 {
+		t.Fatalf("error %v, want rank 1's", err)
+	}
+	if took > 10*time.Second {
+		t.Errorf("Spawn took %v", took)
+	}
+	ranks, gc := pids(t, 2, stdout)
+	checkReaped(t, ranks)
+	if len(gc) != 1 {
+		t.Fatalf("grandchild pids %v:\n%s", gc, stdout)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !dead(gc[0]) {
+		if time.Now().After(deadline) {
+			t.Fatalf("grandchild %d still alive", gc[0])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestSpawnCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	err, stdout, _, took := spawnHelper(t, ctx, SpawnConfig{N: 3}, "*:sleep")
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "interrupted") {
+		t.Fatalf("error %v, want an interruption", err)
+	}
+	if took > 10*time.Second {
+		t.Errorf("Spawn took %v", took)
+	}
+	ranks, _ := pids(t, 3, stdout)
+	checkReaped(t, ranks)
+}
+
+func TestSpawnTimeout(t *testing.T) {
+	err, stdout, _, took := spawnHelper(t, t.Context(), SpawnConfig{N: 2, Timeout: 300 * time.Millisecond}, "*:sleep")
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "timed out after 300ms") {
+		t.Fatalf("error %v, want a timeout", err)
+	}
+	if took > 10*time.Second {
+		t.Errorf("Spawn took %v", took)
+	}
+	ranks, _ := pids(t, 2, stdout)
+	checkReaped(t, ranks)
+}
+
+func TestSpawnBadConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  SpawnConfig
+		want string
+	}{
+		{SpawnConfig{N: 0, Command: []string{"true"}}, "0 ranks"},
+		{SpawnConfig{N: 4, Domains: 3, Command: []string{"true"}}, "4 ranks do not split into 3 domains"},
+		{SpawnConfig{N: 4, Domains: -1, Command: []string{"true"}}, "-1 domains"},
+		{SpawnConfig{N: 1}, "no command"},
+		{SpawnConfig{N: 1, Command: []string{"true"}, Grace: -time.Second}, "negative"},
+		{SpawnConfig{N: 2, Command: []string{"/no/such/program"}}, "/no/such/program"},
+	} {
+		err := Spawn(t.Context(), tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: error %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+func TestLineWriter(t *testing.T) {
+	var out bytes.Buffer
+	w := &lineWriter{prefix: "[rank 7] ", dst: &out, out: &lockedWriter{}}
+	for _, s := range []string{"a", "b\nc", "\n\nd", strings.Repeat("y", maxLine+5)} {
+		w.Write([]byte(s))
+	}
+	w.flush()
+	want := "[rank 7] ab\n[rank 7] c\n[rank 7] \n[rank 7] d" + strings.Repeat("y", maxLine-1) + "\n[rank 7] yyyyyy\n"
+	if out.String() != want {
+		t.Errorf("got %.200q, want %.200q", out.String(), want)
+	}
+}
