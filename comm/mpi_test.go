@@ -218,7 +218,7 @@ func TestMPIGroup(t *testing.T) {
 func TestMPITimeout(t *testing.T) {
 	if !underMPIRun() {
 		dir := t.TempDir()
-		out, err := mpirun(t, "TestMPITimeout", "GOEP_MPI_TEST_DIR="+dir)
+		out, err := mpirun(t, "TestMPITimeout", "GOEPTEST_MPI_DIR="+dir)
 		t.Logf("mpirun: %v; output:\n%s", err, out)
 		for r := range mpiNP {
 			b, err := os.ReadFile(filepath.Join(dir, fmt.Sprint(r)))
@@ -230,9 +230,9 @@ func TestMPITimeout(t *testing.T) {
 		}
 		return
 	}
-	dir := os.Getenv("GOEP_MPI_TEST_DIR")
+	dir := os.Getenv("GOEPTEST_MPI_DIR") // set by the parent; not a goep setting
 	if dir == "" {
-		t.Fatal("GOEP_MPI_TEST_DIR not set")
+		t.Fatal("GOEPTEST_MPI_DIR not set")
 	}
 	g, err := NewMPI(t.Context())
 	if err != nil {

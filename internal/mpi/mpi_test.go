@@ -298,7 +298,7 @@ func TestCollectives(t *testing.T) {
 func TestTimeout(t *testing.T) {
 	if !underMPIRun() {
 		dir := t.TempDir()
-		out, err := mpirun(t, "TestTimeout", "GOEP_MPI_TEST_DIR="+dir)
+		out, err := mpirun(t, "TestTimeout", "GOEPTEST_MPI_DIR="+dir)
 		t.Logf("mpirun: %v; output:\n%s", err, out)
 		for r := range np {
 			b, err := os.ReadFile(filepath.Join(dir, fmt.Sprint(r)))
@@ -310,9 +310,9 @@ func TestTimeout(t *testing.T) {
 		}
 		return
 	}
-	dir := os.Getenv("GOEP_MPI_TEST_DIR")
+	dir := os.Getenv("GOEPTEST_MPI_DIR") // set by the parent; not a goep setting
 	if dir == "" {
-		t.Fatal("GOEP_MPI_TEST_DIR not set")
+		t.Fatal("GOEPTEST_MPI_DIR not set")
 	}
 	if err := Init(); err != nil {
 		t.Fatal(err)
