@@ -17,6 +17,7 @@ import (
 
 	"github.com/goep/goep/configs"
 	"github.com/goep/goep/internal/bench"
+	"github.com/goep/goep/launcher"
 )
 
 type benchFlags struct {
@@ -46,9 +47,17 @@ func newBench(stdout, stderr io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench [CONFIG]",
 		Short: "Time dispatch, combine, dispatch-permute and unpermute-combine, and check their results",
-		Long: `Time dispatch, combine, dispatch-permute and unpermute-combine on the host backend with
-in-process ranks, check every output against an expectation computed from the routing, and
-compare with a plain copy of the same bytes done in the same run.
+		Long: `Time dispatch, combine, dispatch-permute and unpermute-combine on the host backend, check
+every output against an expectation computed from the routing, and compare, in the same run,
+with a plain copy of the same bytes and with the same calls done as an all-to-all of the token
+rows plus a local permute or sum (the a2a baseline).
+
+Without a launcher the ranks are goroutines of this process (--ranks of them). Started by a
+launcher (mpirun, srun, torchrun, eprun launch) this process is one rank: the group comes
+from the launcher's environment (MPI with -tags mpi under mpirun, else TCP rendezvous), the
+number of ranks is the number of processes (the config's ranks is replaced by it; --ranks,
+if given, must equal it), and only rank 0 prints. The a2a baseline then runs over that
+group: MPI_Alltoallv under MPI, the TCP exchange under eprun launch.
 
 CONFIG is a YAML file, or the name of an embedded config (` + strings.Join(embeddedNames(), ", ") + `);
 without one the embedded default runs. Flags override the config's fields. Tokens, hidden and
@@ -64,9 +73,17 @@ dtype take comma-separated lists to sweep.`,
 			return runBench(cmd, f, stdout, stderr)
 		},
 	}
+	f.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&f.format, "format", "table", "output format: table or gobench (lines for benchstat)")
+	return cmd
+}
+
+// register adds the flags that bench and check share.
+func (f *benchFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.config, "config", "", "YAML config file or embedded config name (default: the embedded default)")
-	fl.IntVar(&f.ranks, "ranks", 0, "ranks R (in-process)")
+	fl.IntVar(&f.ranks, "ranks", 0, "ranks R (in-process; under a launcher the number of processes, which --ranks must match if given)")
 	fl.IntVar(&f.ranksPerDomain, "ranks-per-domain", 0, "ranks per NVLink domain D (0: GOEP_RANKS_PER_DOMAIN, else all)")
 	fl.IntSliceVar(&f.tokens, "tokens", nil, "tokens per rank (comma-separated list to sweep)")
 	fl.IntSliceVar(&f.hidden, "hidden", nil, "hidden size H (comma-separated list to sweep)")
@@ -82,9 +99,7 @@ dtype take comma-separated lists to sweep.`,
 	fl.IntVar(&f.maxRecvTokens, "max-recv-tokens", 0, "capacity mode: receive capacity (0: worst case)")
 	fl.IntVar(&f.maxPermutedTokens, "max-permuted-tokens", 0, "capacity mode: permuted capacity (0: worst case)")
 	fl.StringVar(&f.jsonOut, "json", "", "write the full record as JSON to FILE (- for stdout; the table then goes to stderr)")
-	fl.StringVar(&f.format, "format", "table", "output format: table or gobench (lines for benchstat)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
-	return cmd
 }
 
 // embeddedNames lists the embedded configs without their .yaml.
@@ -176,48 +191,114 @@ func runBench(cmd *cobra.Command, f benchFlags, stdout, stderr io.Writer) error 
 	if f.format != "table" && f.format != "gobench" {
 		return fmt.Errorf("bench: --format %q: want table or gobench", f.format)
 	}
+	return execute(cmd, "bench", f, stdout, stderr, func(w io.Writer, rec bench.Record) error {
+		if f.format == "gobench" {
+			return bench.WriteGoBench(w, rec)
+		}
+		return bench.WriteTable(w, rec)
+	})
+}
+
+// configure loads the config, applies the flags and, under a launcher,
+// sets the ranks to the number of processes.
+func configure(cmd *cobra.Command, name string, f benchFlags, env launcher.Env) (bench.Config, error) {
 	cfg, err := loadConfig(f.config)
 	if err != nil {
-		return fmt.Errorf("bench: %w", err)
+		return cfg, fmt.Errorf("%s: %w", name, err)
 	}
 	f.apply(cmd, &cfg)
+	if env.Kind != launcher.KindSingle {
+		if cmd.Flags().Changed("ranks") && f.ranks != env.Size {
+			return cfg, fmt.Errorf("%s: --ranks %d, but %s started %d processes (under a launcher the ranks are the processes)", name, f.ranks, env.Kind, env.Size)
+		}
+		cfg.Ranks = env.Size
+	}
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("bench: config: %w", err)
+		return cfg, fmt.Errorf("%s: config: %w", name, err)
+	}
+	return cfg, nil
+}
+
+// execute runs the benchmark (bench) or the checks alone (check), in
+// process or as one rank of a launched world, and writes the results on
+// rank 0 with write; --json writes the record too. Under a launcher an
+// error names this process's rank.
+func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Writer, write func(io.Writer, bench.Record) error) (err error) {
+	env, err := launcher.Detect()
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if env.Kind != launcher.KindSingle {
+		defer func() {
+			if err != nil {
+				err = rankError(env.Rank, err)
+			}
+		}()
+	}
+	cfg, err := configure(cmd, name, f, env)
+	if err != nil {
+		return err
+	}
+	rank0 := env.Rank == 0
+	if !rank0 {
+		stdout, f.quiet, f.jsonOut = io.Discard, true, ""
 	}
 	var jsonFile *os.File
 	if f.jsonOut != "" && f.jsonOut != "-" {
 		// Open it first: a bad path should fail before a long run.
 		if jsonFile, err = os.Create(f.jsonOut); err != nil {
-			return fmt.Errorf("bench: --json: %w", err)
+			return fmt.Errorf("%s: --json: %w", name, err)
 		}
 		defer jsonFile.Close()
 	}
 
 	log, err := newLogger(stderr)
 	if err != nil {
-		return fmt.Errorf("bench: %w", err)
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	defer log.Sync()
 	ctx := cmd.Context()
-	env := bench.CollectEnv(ctx)
-	env.Args = os.Args
+	envRec := bench.CollectEnv(ctx)
+	envRec.Args = os.Args
 	var prog *progress
 	if !f.quiet {
 		prog = newProgress(stderr)
 	}
-	res, runErr := bench.Run(ctx, cfg, bench.Options{Progress: prog.update, Logger: log})
+	opt := bench.Options{Progress: prog.update, Logger: log, CheckOnly: name == "check"}
+	var (
+		res    *bench.Result
+		runErr error
+		group  = "local"
+		launch = "in-process"
+		procs  = 1
+	)
+	if env.Kind == launcher.KindSingle {
+		res, runErr = bench.Run(ctx, cfg, opt)
+	} else {
+		g, benv, err := launcher.Bootstrap(ctx, launcher.WithLogger(log))
+		if err != nil {
+			return runError{fmt.Errorf("%s: %w", name, err)}
+		}
+		if g.Size() != cfg.Ranks || g.Rank() != benv.Rank {
+			g.Close()
+			return runError{fmt.Errorf("%s: the group has rank %d of %d, the launcher said %v", name, g.Rank(), g.Size(), benv)}
+		}
+		group, launch, procs = bench.TransportOf(g), benv.Kind, g.Size()
+		opt.Transport = group
+		res, runErr = bench.RunRank(ctx, cfg, g, opt)
+		runErr = errors.Join(runErr, g.Close())
+	}
 	prog.finish()
-	rec := bench.NewRecord(env, cfg, res, runErr)
+	rec := bench.NewRecord(envRec, cfg, res, runErr)
+	rec.Launcher, rec.Processes, rec.Group = launch, procs, group
 
-	table := stdout
+	out := stdout
 	if f.jsonOut == "-" {
-		table = stderr
+		out = stderr
 	}
 	var werr error
-	if f.format == "gobench" {
-		werr = bench.WriteGoBench(table, rec)
-	} else {
-		werr = bench.WriteTable(table, rec)
+	if rank0 {
+		werr = write(out, rec)
 	}
 	if f.jsonOut != "" {
 		data, err := json.MarshalIndent(rec, "", "  ")
@@ -233,13 +314,22 @@ func runBench(cmd *cobra.Command, f benchFlags, stdout, stderr io.Writer) error 
 	}
 	switch {
 	case runErr != nil:
-		return runError{fmt.Errorf("bench: %w", runErr)}
+		return runError{fmt.Errorf("%s: %w", name, runErr)}
 	case werr != nil:
-		return runError{fmt.Errorf("bench: writing results: %w", werr)}
+		return runError{fmt.Errorf("%s: writing results: %w", name, werr)}
 	case rec.Wrong > 0:
-		return runError{fmt.Errorf("bench: check failed: %d of %d output rows wrong", rec.Wrong, rec.CheckedRows)}
+		return runError{fmt.Errorf("%s: check failed: %d of %d output rows wrong", name, rec.Wrong, rec.CheckedRows)}
 	}
 	return nil
+}
+
+// rankError prefixes err with the rank, keeping runError (exit 1) as is.
+func rankError(rank int, err error) error {
+	var re runError
+	if errors.As(err, &re) {
+		return runError{fmt.Errorf("rank %d: %w", rank, re.err)}
+	}
+	return fmt.Errorf("rank %d: %w", rank, err)
 }
 
 // progress reports on stderr: a bar redrawn in place on a terminal, else a

@@ -79,5 +79,6 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		return fmt.Errorf("%s: %w (see eprun %s --help)", c.Name(), err, c.Name())
 	})
 	root.AddCommand(newBench(stdout, stderr), newVersion(stdout))
+	root.AddCommand(newCheck(stdout, stderr))
 	return root
 }

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/goep/goep/internal/bench"
+)
+
+func newCheck(stdout, stderr io.Writer) *cobra.Command {
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "check [CONFIG]",
+		Short: "Run every call of a config a few times and check every output; exit 1 on any mismatch",
+		Long: `Run the correctness sweep of eprun bench alone: every case of the config, every call, a few
+iterations (--iters, default 2, no warm-up), each rank checking its own outputs against the
+expectation computed from the routing (DESIGN.md section 2), with no timing baselines. Prints
+a summary per call and exits 1 if any row is wrong on any rank.
+
+Without a launcher the ranks are goroutines of this process; under mpirun or eprun launch this
+process is one rank, as for eprun bench, and only rank 0 prints.
+
+CONFIG is a YAML file or an embedded config (` + strings.Join(embeddedNames(), ", ") + `); default: the
+embedded default. Flags override its fields.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if f.config != "" && f.config != args[0] {
+					return fmt.Errorf("check: config given twice (%q and --config %q)", args[0], f.config)
+				}
+				f.config = args[0]
+			}
+			// A few iterations, unless the flags say otherwise.
+			if !cmd.Flags().Changed("iters") {
+				_ = cmd.Flags().Set("iters", "2")
+			}
+			if !cmd.Flags().Changed("warmup") {
+				_ = cmd.Flags().Set("warmup", "0")
+			}
+			return execute(cmd, "check", f, stdout, stderr, writeCheck)
+		},
+	}
+	f.register(cmd)
+	return cmd
+}
+
+// writeCheck prints the per-call summary of a check run.
+func writeCheck(w io.Writer, rec bench.Record) error {
+	var b strings.Builder
+	e, c := rec.Env, rec.Config
+	commit := e.Commit
+	if len(commit) > 12 {
+		commit = commit[:12]
+	}
+	if e.Modified {
+		commit += "+dirty"
+	}
+	fmt.Fprintf(&b, "# goep %s (%s)  backend %s  %s %s/%s\n", e.GoepVersion, dash(commit), e.Backend, e.GoVersion, e.GOOS, e.GOARCH)
+	fmt.Fprintf(&b, "# ranks %d  experts %d  topk %d  hidden %v  tokens %v  dtype %v  mode %s  pad %d  iters %d  seed %d\n",
+		c.Ranks, c.Experts, c.TopK, []int(c.Hidden), []int(c.Tokens), []string(c.DType), c.Mode, c.Pad, c.Iters, c.Seed)
+	fmt.Fprintf(&b, "# launcher %s  processes %d  group %s\n#\n", rec.Launcher, rec.Processes, dash(rec.Group))
+	fmt.Fprintf(&b, "# %-17s %6s %13s %8s\n", "call", "cases", "rows_checked", "#wrong")
+	type sum struct{ cases, rows, wrong int }
+	sums := map[string]*sum{}
+	for _, r := range rec.Rows {
+		s := sums[r.Call]
+		if s == nil {
+			s = &sum{}
+			sums[r.Call] = s
+		}
+		s.cases++
+		s.rows += r.CheckedRows
+		s.wrong += r.Wrong
+	}
+	for _, call := range c.Calls {
+		s := sums[call]
+		if s == nil {
+			s = &sum{}
+		}
+		fmt.Fprintf(&b, "  %-17s %6d %13d %8d\n", call, s.cases, s.rows, s.wrong)
+	}
+	b.WriteString("#\n")
+	switch {
+	case rec.Error != "":
+		fmt.Fprintf(&b, "# check: INCOMPLETE, run failed: %s\n", rec.Error)
+	case rec.Wrong > 0:
+		fmt.Fprintf(&b, "# check: FAILED, %d of %d output rows wrong\n", rec.Wrong, rec.CheckedRows)
+	default:
+		fmt.Fprintf(&b, "# check: OK, %d output rows match the expectation\n", rec.CheckedRows)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,234 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor"
+)
+
+// TestRunRankWorld runs RunRank on 4 in-process groups, one goroutine and
+// one host backend per rank, exactly as 4 processes under a launcher would
+// (no shared clock: Timing is rank_max), and checks the aggregated rows:
+// every rank returns the same rows, every output checks, and the a2a
+// baseline ran over the group and checked too.
+func TestRunRankWorld(t *testing.T) {
+	c := Defaults()
+	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, 3, Ints{32}, Ints{0, 24}, 3, 1
+	groups := comm.NewLocal(c.Ranks)
+	defer func() {
+		for _, g := range groups {
+			g.Close()
+		}
+	}()
+	results := make([]*Result, c.Ranks)
+	steps := 0
+	eg, ctx := errgroup.WithContext(t.Context())
+	for r, g := range groups {
+		eg.Go(func() error {
+			opt := Options{}
+			if r == 0 {
+				opt.Progress = func(p Progress) { steps = p.Done }
+			} else {
+				opt.Progress = func(Progress) { panic("progress on a rank other than 0") }
+			}
+			res, err := RunRank(ctx, c, g, opt)
+			results[r] = res
+			return err
+		})
+	}
+	if err := eg.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if want := (Options{}).Steps(c); steps != want {
+		t.Errorf("progress reached %d steps, want %d", steps, want)
+	}
+	res := results[0]
+	if res.Timing != TimingRankMax || res.A2ATransport != "local" {
+		t.Errorf("timing %q, a2a transport %q; want rank_max, local", res.Timing, res.A2ATransport)
+	}
+	if len(res.Rows) != 2*len(AllCalls) {
+		t.Fatalf("%d rows, want %d", len(res.Rows), 2*len(AllCalls))
+	}
+	if res.Wrong() != 0 || res.Checked() == 0 {
+		t.Errorf("%d of %d rows wrong", res.Wrong(), res.Checked())
+	}
+	want, _ := json.Marshal(res)
+	for r := 1; r < c.Ranks; r++ {
+		if got, _ := json.Marshal(results[r]); !bytes.Equal(got, want) {
+			t.Errorf("rank %d's aggregated result differs from rank 0's", r)
+		}
+	}
+	for _, row := range res.Rows {
+		what := fmt.Sprintf("%s tokens=%d", row.Call, row.Tokens)
+		if len(row.RecvRows) != c.Ranks || row.Time.N != c.Iters || row.A2A == nil || row.A2A.N != c.Iters {
+			t.Errorf("%s: recv rows %v, time %+v, a2a %+v", what, row.RecvRows, row.Time, row.A2A)
+			continue
+		}
+		if row.Time != row.RankMaxTime {
+			t.Errorf("%s: time %+v is not the rank maximum %+v", what, row.Time, row.RankMaxTime)
+		}
+		if row.Tokens == 0 {
+			continue
+		}
+		if row.CheckedRows == 0 || row.A2ACheckedRows != row.CheckedRows {
+			t.Errorf("%s: %d rows checked, a2a %d", what, row.CheckedRows, row.A2ACheckedRows)
+		}
+		if row.NVLGBps <= 0 || row.BaselineGBps <= 0 || row.A2AGBps <= 0 || row.A2ASpeedup <= 0 {
+			t.Errorf("%s: nvl %v, baseline %v, a2a %v GB/s, speedup %v", what, row.NVLGBps, row.BaselineGBps, row.A2AGBps, row.A2ASpeedup)
+		}
+	}
+}
+
+// TestRunRankCheckOnly: no baselines, the checks still run.
+func TestRunRankCheckOnly(t *testing.T) {
+	c := Defaults()
+	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 2, 4, 2, Ints{16}, Ints{8}, 1, 0
+	res, err := Run(t.Context(), c, Options{CheckOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range res.Rows {
+		if row.A2A != nil || row.BaselineGBps != 0 || row.CheckedRows == 0 || row.Wrong != 0 {
+			t.Errorf("%s: a2a %v, baseline %v GB/s, %d of %d wrong", row.Call, row.A2A, row.BaselineGBps, row.Wrong, row.CheckedRows)
+		}
+	}
+	if res.A2ATransport != "" {
+		t.Errorf("a2a transport %q without an a2a run", res.A2ATransport)
+	}
+}
+
+// TestA2AMatchesEngine runs goep's four calls and the a2a baseline on the
+// same inputs: the received rows, slots, weights, permuted layout and both
+// combines must be identical byte for byte.
+func TestA2AMatchesEngine(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		experts, topk, hidden int
+		pad                   int
+		dt                    device.DType
+		tokens                []int
+	}{
+		{"bf16", 8, 3, 40, 1, device.BF16, []int{17, 0, 9, 23}},
+		{"fp32-pad4", 16, 4, 24, 4, device.FP32, []int{5, 12, 30, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const R = 4
+			w := NewWorld(7, R, R, tc.experts, tc.topk, tc.hidden, tc.dt, tc.tokens)
+			groups := comm.NewLocal(R)
+			a2aGroups := comm.NewLocal(R)
+			backend := device.NewHost()
+			defer backend.Close()
+			eg, ctx := errgroup.WithContext(t.Context())
+			for r := range R {
+				eg.Go(func() error {
+					defer groups[r].Close()
+					defer a2aGroups[r].Close()
+					if err := compareA2A(ctx, w, groups[r], a2aGroups[r], backend, tc.pad); err != nil {
+						return fmt.Errorf("rank %d: %w", r, err)
+					}
+					return nil
+				})
+			}
+			if err := eg.Wait(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func compareA2A(ctx context.Context, w *World, g, ag comm.Group, backend *device.Host, pad int) error {
+	r := g.Rank()
+	e, err := executor.New(ctx, g, backend, executor.Config{
+		NumExperts: w.Experts, TopK: w.TopK, Hidden: w.Hidden, MaxTokensPerRank: 64, PadMultiple: pad,
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	x, idx, wts := w.Inputs(r)
+	t := w.Tokens[r]
+	xt, err := upload(ctx, e, w.DType, x, t, w.Hidden)
+	if err != nil {
+		return err
+	}
+	it, err := upload(ctx, e, device.Int32, device.EncodeInt32(idx), t, w.TopK)
+	if err != nil {
+		return err
+	}
+	wt, err := upload(ctx, e, device.FP32, device.EncodeFloat32(device.FP32, wts), t, w.TopK)
+	if err != nil {
+		return err
+	}
+	hd, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: it})
+	if err != nil {
+		return err
+	}
+	defer hd.Close()
+	in := executor.DispatchInput{X: xt, TopkWeights: wt}
+	disp, err := e.Dispatch(ctx, hd, in)
+	if err != nil {
+		return err
+	}
+	comb, err := e.Combine(ctx, hd, executor.CombineInput{Z: disp.RecvX})
+	if err != nil {
+		return err
+	}
+	dp, err := e.DispatchPermute(ctx, hd, in)
+	if err != nil {
+		return err
+	}
+	uc, err := e.UnpermuteCombine(ctx, hd, executor.UnpermuteInput{Y: dp.X, RecvWeights: dp.RecvWeights})
+	if err != nil {
+		return err
+	}
+	get := func(t *device.Tensor) []byte {
+		b, derr := device.Download(ctx, t)
+		err = errors.Join(err, derr)
+		return b
+	}
+	want := map[string][]byte{
+		"RecvX": get(disp.RecvX), "RecvIdx": get(disp.RecvIdx), "RecvWeights": get(disp.RecvWeights),
+		"Combine": get(comb), "PermutedX": get(dp.X), "PermutedWeights": get(dp.Weights),
+		"UnpermuteCombine": get(uc),
+	}
+	if err != nil {
+		return err
+	}
+
+	a := NewA2A(w, ag, pad)
+	got := map[string][]byte{}
+	if err := a.Dispatch(ctx); err != nil {
+		return err
+	}
+	z := a.RecvX()
+	got["RecvX"], got["RecvIdx"], got["RecvWeights"] = z, device.EncodeInt32(a.RecvIdx), device.EncodeFloat32(device.FP32, a.RecvWeights)
+	if err := a.Combine(ctx, z); err != nil {
+		return err
+	}
+	got["Combine"] = bytes.Clone(a.Out)
+	if err := a.Dispatch(ctx); err != nil {
+		return err
+	}
+	a.Permute()
+	rb := w.Hidden * w.DType.Size()
+	got["PermutedX"], got["PermutedWeights"] = a.X[:a.P*rb], device.EncodeFloat32(device.FP32, a.Weights[:a.P])
+	if err := a.UnpermuteCombine(ctx, bytes.Clone(got["PermutedX"])); err != nil {
+		return err
+	}
+	got["UnpermuteCombine"] = a.Out
+	for k, wb := range want {
+		if !bytes.Equal(got[k], wb) {
+			return fmt.Errorf("a2a %s differs from goep's (%d bytes, goep %d)", k, len(got[k]), len(wb))
+		}
+	}
+	return nil
+}
