@@ -1,0 +1,347 @@
+package comm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+)
+
+// The TCP rendezvous speaks length-prefixed binary frames. Every frame is a
+// 28-byte header followed by Len bytes of payload:
+//
+//	offset size field
+//	0      4    Len     payload length, little-endian, at most maxFramePayload
+//	4      1    Type    frameType
+//	5      1    Op      collective (tcpOp) for contributions and replies, else 0
+//	6      2    reserved, must be 0
+//	8      8    GID     group id (0 = the world group)
+//	16     8    Seq     collective sequence number within the group
+//	24     4    Rank    sender's rank, or the rank a notice is about
+//
+// A decoder never trusts Len: it is capped, and the payload buffer grows only
+// as bytes actually arrive, so a corrupt or hostile header cannot make it
+// allocate more than about twice what the peer really sent.
+const (
+	frameHeaderLen  = 28
+	maxFramePayload = 1 << 30    // 1 GiB: far above any control message
+	tcpMagic        = 0x50454f47 // "GOEP" little-endian
+	tcpVersion      = 1
+	// helloGID is the GID of a query about the rendezvous itself (who has
+	// not connected yet).
+	helloGID = ^uint64(0)
+)
+
+type frameType uint8
+
+const (
+	fHello       frameType = iota + 1 // client → server: payload helloMsg
+	fWelcome                          // server → client: every rank is in; payload per-rank addresses
+	fReject                           // server → client: payload a message; the connection ends
+	fContrib                          // client → server: this member's part of round (GID, Seq)
+	fResult                           // server → client: the round's result for this member
+	fFail                             // server → client: the round failed; payload a message
+	fQuery                            // client → server: who has not arrived in round (GID, Seq)?
+	fMissing                          // server → client: payload the missing group ranks (u32 each)
+	fBye                              // client → server: this rank closes the world group
+	fGroupBye                         // client → server: this rank closes sub-group GID
+	fLost                             // server → client: world rank Rank disappeared; payload the cause
+	fClosed                           // server → client: world rank Rank closed the world group
+	fGroupClosed                      // server → client: world rank Rank closed sub-group GID
+	fShutdown                         // server → client: rank 0 closed; the server stops
+	fPeerHello                        // peer → peer (AllToAll connection): payload u32 magic
+	fPeerData                         // peer → peer: Rank's AllToAll part for round (GID, Seq)
+	fPeerBye                          // peer → peer: the sender closes; EOF after it is not a loss
+	frameTypeEnd
+)
+
+var frameTypeNames = [...]string{"", "hello", "welcome", "reject", "contrib", "result", "fail", "query",
+	"missing", "bye", "groupbye", "lost", "closed", "groupclosed", "shutdown", "peerhello", "peerdata", "peerbye"}
+
+func (t frameType) String() string {
+	if int(t) < len(frameTypeNames) && t != 0 {
+		return frameTypeNames[t]
+	}
+	return fmt.Sprintf("frame(%d)", uint8(t))
+}
+
+// tcpOp names a collective on the wire, so that ranks calling different
+// collectives in the same round are told so instead of exchanging garbage.
+type tcpOp uint8
+
+const (
+	opAllGather tcpOp = iota + 1
+	opBroadcast
+	opBarrier
+	opAllToAll
+	opSplit
+	opEnd
+)
+
+var opNames = [...]string{"", "allgather", "broadcast", "barrier", "alltoall", "split"}
+
+func (o tcpOp) String() string {
+	if o > 0 && o < opEnd {
+		return opNames[o]
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+type frameHeader struct {
+	Type frameType
+	Op   tcpOp
+	GID  uint64
+	Seq  uint64
+	Rank int32
+	Len  uint32
+}
+
+// errFrame marks a malformed frame or payload.
+var errFrame = errors.New("malformed frame")
+
+func appendHeader(b []byte, h frameHeader) []byte {
+	b = binary.LittleEndian.AppendUint32(b, h.Len)
+	b = append(b, byte(h.Type), byte(h.Op), 0, 0)
+	b = binary.LittleEndian.AppendUint64(b, h.GID)
+	b = binary.LittleEndian.AppendUint64(b, h.Seq)
+	return binary.LittleEndian.AppendUint32(b, uint32(h.Rank))
+}
+
+func parseHeader(b []byte) (frameHeader, error) {
+	if len(b) < frameHeaderLen {
+		return frameHeader{}, fmt.Errorf("%w: header of %d bytes", errFrame, len(b))
+	}
+	h := frameHeader{
+		Len:  binary.LittleEndian.Uint32(b),
+		Type: frameType(b[4]),
+		Op:   tcpOp(b[5]),
+		GID:  binary.LittleEndian.Uint64(b[8:]),
+		Seq:  binary.LittleEndian.Uint64(b[16:]),
+		Rank: int32(binary.LittleEndian.Uint32(b[24:])),
+	}
+	switch {
+	case h.Type == 0 || h.Type >= frameTypeEnd:
+		return h, fmt.Errorf("%w: unknown type %d", errFrame, b[4])
+	case h.Op >= opEnd:
+		return h, fmt.Errorf("%w: unknown op %d", errFrame, b[5])
+	case b[6] != 0 || b[7] != 0:
+		return h, fmt.Errorf("%w: reserved bytes %#x %#x", errFrame, b[6], b[7])
+	case h.Len > maxFramePayload:
+		return h, fmt.Errorf("%w: %s payload of %d bytes exceeds the %d-byte limit", errFrame, h.Type, h.Len, maxFramePayload)
+	}
+	return h, nil
+}
+
+// readFrame reads one frame. The payload buffer grows with the bytes that
+// arrive (doubling from 64 KiB), never straight to the declared length.
+func readFrame(r io.Reader) (frameHeader, []byte, error) {
+	var hb [frameHeaderLen]byte
+	if _, err := io.ReadFull(r, hb[:]); err != nil {
+		return frameHeader{}, nil, err
+	}
+	h, err := parseHeader(hb[:])
+	if err != nil {
+		return h, nil, err
+	}
+	n := int(h.Len)
+	if n == 0 {
+		return h, nil, nil
+	}
+	const chunk = 64 << 10
+	p := make([]byte, 0, min(n, chunk))
+	for len(p) < n {
+		step := min(n-len(p), max(len(p), chunk))
+		p = slices.Grow(p, step)
+		m, err := io.ReadFull(r, p[len(p):len(p)+step])
+		p = p[:len(p)+m]
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return h, nil, fmt.Errorf("%s payload: %w", h.Type, err)
+		}
+	}
+	return h, p, nil
+}
+
+// writeFrame writes header and payload with one writev where it can.
+func writeFrame(w io.Writer, h frameHeader, payload []byte) error {
+	if len(payload) > maxFramePayload {
+		return fmt.Errorf("comm: %s payload of %d bytes exceeds the %d-byte frame limit", h.Type, len(payload), maxFramePayload)
+	}
+	h.Len = uint32(len(payload))
+	hdr := appendHeader(make([]byte, 0, frameHeaderLen), h)
+	bufs := net.Buffers{hdr}
+	if len(payload) > 0 {
+		bufs = append(bufs, payload)
+	}
+	_, err := bufs.WriteTo(w)
+	return err
+}
+
+// helloMsg is the first frame's payload: who this rank says it is.
+type helloMsg struct {
+	Magic     uint32
+	Version   uint16
+	Size      int
+	LocalRank int
+	LocalSize int
+	PeerAddr  string // where this rank accepts AllToAll connections
+}
+
+func (m helloMsg) encode() []byte {
+	b := binary.LittleEndian.AppendUint32(nil, m.Magic)
+	b = binary.LittleEndian.AppendUint16(b, m.Version)
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.Size))
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.LocalRank))
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.LocalSize))
+	return append(b, m.PeerAddr...)
+}
+
+func decodeHello(p []byte) (helloMsg, error) {
+	const fixed = 4 + 2 + 4 + 4 + 4
+	if len(p) < fixed {
+		return helloMsg{}, fmt.Errorf("%w: hello of %d bytes", errFrame, len(p))
+	}
+	m := helloMsg{
+		Magic:     binary.LittleEndian.Uint32(p),
+		Version:   binary.LittleEndian.Uint16(p[4:]),
+		Size:      int(int32(binary.LittleEndian.Uint32(p[6:]))),
+		LocalRank: int(int32(binary.LittleEndian.Uint32(p[10:]))),
+		LocalSize: int(int32(binary.LittleEndian.Uint32(p[14:]))),
+		PeerAddr:  string(p[fixed:]),
+	}
+	if len(m.PeerAddr) > 1024 {
+		return m, fmt.Errorf("%w: hello address of %d bytes", errFrame, len(m.PeerAddr))
+	}
+	return m, nil
+}
+
+// appendChunks appends each chunk as a u64 length and its bytes.
+func appendChunks(b []byte, chunks [][]byte) []byte {
+	for _, c := range chunks {
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(c)))
+		b = append(b, c...)
+	}
+	return b
+}
+
+func chunksLen(chunks [][]byte) int {
+	n := 0
+	for _, c := range chunks {
+		n += 8 + len(c)
+	}
+	return n
+}
+
+// splitChunks parses exactly n chunks written by appendChunks. The chunks
+// alias p.
+func splitChunks(p []byte, n int) ([][]byte, error) {
+	if n < 0 || n > len(p)/8 {
+		return nil, fmt.Errorf("%w: %d bytes cannot hold %d chunks", errFrame, len(p), n)
+	}
+	out := make([][]byte, n)
+	for i := range out {
+		if len(p) < 8 {
+			return nil, fmt.Errorf("%w: chunk %d of %d: truncated length", errFrame, i, n)
+		}
+		m := binary.LittleEndian.Uint64(p)
+		p = p[8:]
+		if m > uint64(len(p)) {
+			return nil, fmt.Errorf("%w: chunk %d of %d says %d bytes, %d left", errFrame, i, n, m, len(p))
+		}
+		out[i] = p[:m:m]
+		p = p[m:]
+	}
+	if len(p) != 0 {
+		return nil, fmt.Errorf("%w: %d bytes after %d chunks", errFrame, len(p), n)
+	}
+	return out, nil
+}
+
+// appendRanks and decodeRanks carry a list of ranks as u32 each.
+func appendRanks(b []byte, ranks []int) []byte {
+	for _, r := range ranks {
+		b = binary.LittleEndian.AppendUint32(b, uint32(r))
+	}
+	return b
+}
+
+func decodeRanks(p []byte, limit int) ([]int, error) {
+	if len(p)%4 != 0 {
+		return nil, fmt.Errorf("%w: rank list of %d bytes", errFrame, len(p))
+	}
+	out := make([]int, len(p)/4)
+	for i := range out {
+		r := binary.LittleEndian.Uint32(p[4*i:])
+		if r >= uint32(limit) {
+			return nil, fmt.Errorf("%w: rank %d outside [0, %d)", errFrame, r, limit)
+		}
+		out[i] = int(r)
+	}
+	return out, nil
+}
+
+// splitReply is the server's answer to a Split: the new group's id, this
+// member's index in it, and its members as world ranks, in order.
+type splitReply struct {
+	GID     uint64
+	Index   int
+	Members []int
+}
+
+func (s splitReply) encode() []byte {
+	b := binary.LittleEndian.AppendUint64(nil, s.GID)
+	b = binary.LittleEndian.AppendUint32(b, uint32(s.Index))
+	return appendRanks(b, s.Members)
+}
+
+func decodeSplitReply(p []byte, worldSize int) (splitReply, error) {
+	if len(p) < 12 {
+		return splitReply{}, fmt.Errorf("%w: split reply of %d bytes", errFrame, len(p))
+	}
+	s := splitReply{GID: binary.LittleEndian.Uint64(p), Index: int(binary.LittleEndian.Uint32(p[8:]))}
+	var err error
+	if s.Members, err = decodeRanks(p[12:], worldSize); err != nil {
+		return s, err
+	}
+	if s.Index >= len(s.Members) {
+		return s, fmt.Errorf("%w: split index %d of %d members", errFrame, s.Index, len(s.Members))
+	}
+	return s, nil
+}
+
+// encodeAddrs and decodeAddrs carry the welcome's per-rank addresses.
+func encodeAddrs(addrs []string) []byte {
+	var b []byte
+	for _, a := range addrs {
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(a)))
+		b = append(b, a...)
+	}
+	return b
+}
+
+func decodeAddrs(p []byte, n int) ([]string, error) {
+	if n < 0 || len(p) < 2*n {
+		return nil, fmt.Errorf("%w: %d bytes cannot hold %d addresses", errFrame, len(p), n)
+	}
+	out := make([]string, n)
+	for i := range out {
+		if len(p) < 2 {
+			return nil, fmt.Errorf("%w: address %d: truncated", errFrame, i)
+		}
+		m := int(binary.LittleEndian.Uint16(p))
+		p = p[2:]
+		if m > len(p) {
+			return nil, fmt.Errorf("%w: address %d says %d bytes, %d left", errFrame, i, m, len(p))
+		}
+		out[i] = string(p[:m])
+		p = p[m:]
+	}
+	if len(p) != 0 {
+		return nil, fmt.Errorf("%w: %d bytes after %d addresses", errFrame, len(p), n)
+	}
+	return out, nil
+}

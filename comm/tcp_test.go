@@ -1,0 +1,721 @@
+package comm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// tcpListen opens rank 0's listener on a free loopback port.
+func tcpListen(t *testing.T) (net.Listener, int) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln, ln.Addr().(*net.TCPAddr).Port
+}
+
+func tcpCfg(port, rank, size int) TCPConfig {
+	return TCPConfig{Addr: "127.0.0.1", Port: port, Rank: rank, Size: size, LocalRank: rank, LocalSize: size}
+}
+
+// joinTCP calls NewTCP (NewTCPWithListener on rank 0) for the given ranks
+// of a world of size n, each on its own goroutine, and returns their groups
+// and errors by rank (nil for ranks not started).
+func joinTCP(ctx context.Context, ln net.Listener, port, n int, cfgs map[int]TCPConfig) ([]Group, []error) {
+	gs := make([]Group, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r, cfg := range cfgs {
+		wg.Go(func() {
+			if r == 0 && cfg.Rank == 0 {
+				gs[r], errs[r] = NewTCPWithListener(ctx, cfg, ln)
+			} else {
+				gs[r], errs[r] = NewTCP(ctx, cfg)
+			}
+		})
+	}
+	wg.Wait()
+	return gs, errs
+}
+
+// tcpWorld starts n ranks that all join; they are closed when the test ends.
+func tcpWorld(t *testing.T, n int) []Group {
+	t.Helper()
+	ln, port := tcpListen(t)
+	cfgs := map[int]TCPConfig{}
+	for r := range n {
+		cfgs[r] = tcpCfg(port, r, n)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	gs, errs := joinTCP(ctx, ln, port, n, cfgs)
+	t.Cleanup(func() {
+		for r := n - 1; r >= 0; r-- { // rank 0 (the server) last
+			if gs[r] != nil {
+				gs[r].Close()
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return gs
+}
+
+func TestTCPCollectives(t *testing.T) {
+	gs := tcpWorld(t, 5)
+	each(t, gs, func(g Group) error {
+		ctx := t.Context()
+		for round := range 20 {
+			data := make([]byte, g.Rank()+round%3) // lengths differ; rank 0 sends nothing every third round
+			for i := range data {
+				data[i] = byte(g.Rank())
+			}
+			all, err := g.AllGather(ctx, data)
+			if err != nil {
+				return err
+			}
+			for r, d := range all {
+				if len(d) != r+round%3 || (len(d) > 0 && d[0] != byte(r)) {
+					return fmt.Errorf("rank %d round %d: got %v from rank %d", g.Rank(), round, d, r)
+				}
+			}
+			root := round % 5
+			b, err := g.Broadcast(ctx, root, bytes.Repeat([]byte{byte(g.Rank())}, 3))
+			if err != nil {
+				return err
+			}
+			if !bytes.Equal(b, bytes.Repeat([]byte{byte(root)}, 3)) {
+				return fmt.Errorf("broadcast from %d gave %v", root, b)
+			}
+			if err := g.Barrier(ctx); err != nil {
+				return err
+			}
+		}
+		b, err := g.Broadcast(ctx, 2, nil) // an empty broadcast
+		if err != nil || len(b) != 0 {
+			return fmt.Errorf("empty broadcast: %v, %v", b, err)
+		}
+		return checkAllToAll(ctx, g, 10)
+	})
+}
+
+// checkAllToAll sends rank-and-destination-tagged buffers of differing
+// lengths (some empty) and checks what arrives.
+func checkAllToAll(ctx context.Context, g Group, tag int) error {
+	send := make([][]byte, g.Size())
+	for p := range send {
+		send[p] = make([]byte, g.Rank()+p)
+		for i := range send[p] {
+			send[p][i] = byte(tag*g.Rank() + p)
+		}
+	}
+	got, err := g.AllToAll(ctx, send)
+	if err != nil {
+		return err
+	}
+	if len(got) != g.Size() {
+		return fmt.Errorf("rank %d: alltoall gave %d buffers", g.Rank(), len(got))
+	}
+	for r, b := range got {
+		if len(b) != r+g.Rank() {
+			return fmt.Errorf("rank %d: %d bytes from rank %d, want %d", g.Rank(), len(b), r, r+g.Rank())
+		}
+		for _, v := range b {
+			if v != byte(tag*r+g.Rank()) {
+				return fmt.Errorf("rank %d: byte %d from rank %d", g.Rank(), v, r)
+			}
+		}
+	}
+	return nil
+}
+
+func TestTCPSplit(t *testing.T) {
+	gs := tcpWorld(t, 6)
+	each(t, gs, func(g Group) error {
+		ctx := t.Context()
+		// Colors by parity, keys reverse the order.
+		sub, err := g.Split(ctx, g.Rank()%2, -g.Rank())
+		if err != nil {
+			return err
+		}
+		defer sub.Close()
+		if sub.Size() != 3 {
+			return fmt.Errorf("sub size %d", sub.Size())
+		}
+		for range 3 {
+			all, err := sub.AllGather(ctx, []byte{byte(g.Rank())})
+			if err != nil {
+				return err
+			}
+			var got []int
+			for _, d := range all {
+				got = append(got, int(d[0]))
+			}
+			want := []int{4, 2, 0}
+			if g.Rank()%2 == 1 {
+				want = []int{5, 3, 1}
+			}
+			if !slices.Equal(got, want) || got[sub.Rank()] != g.Rank() {
+				return fmt.Errorf("rank %d: sub ranks %v (me %d), want %v", g.Rank(), got, sub.Rank(), want)
+			}
+			b, err := sub.Broadcast(ctx, 0, []byte{byte(g.Rank())})
+			if err != nil {
+				return err
+			}
+			if int(b[0]) != want[0] {
+				return fmt.Errorf("rank %d: sub broadcast from %d gave %v", g.Rank(), want[0], b)
+			}
+			if err := sub.Barrier(ctx); err != nil {
+				return err
+			}
+			if err := checkAllToAll(ctx, sub, 7); err != nil {
+				return err
+			}
+			// The world group still works between the sub-group's rounds.
+			if err := g.Barrier(ctx); err != nil {
+				return err
+			}
+		}
+		// A split of a split: each triple splits into a pair and a single.
+		subsub, err := sub.Split(ctx, min(sub.Rank(), 1), sub.Rank())
+		if err != nil {
+			return err
+		}
+		defer subsub.Close()
+		wantSize := 2
+		if sub.Rank() == 0 {
+			wantSize = 1
+		}
+		all, err := subsub.AllGather(ctx, []byte{byte(g.Rank())})
+		if err != nil {
+			return err
+		}
+		if subsub.Size() != wantSize || len(all) != wantSize || int(all[subsub.Rank()][0]) != g.Rank() {
+			return fmt.Errorf("rank %d: sub-sub group of %d: %v", g.Rank(), subsub.Size(), all)
+		}
+		return nil
+	})
+}
+
+// TestTCPConcurrentGroups runs the world group and a sub-group of the same
+// ranks on different goroutines at once: their rounds share a connection.
+func TestTCPConcurrentGroups(t *testing.T) {
+	gs := tcpWorld(t, 4)
+	subs := make([]Group, 4)
+	each(t, gs, func(g Group) (err error) {
+		subs[g.Rank()], err = g.Split(t.Context(), 0, g.Rank())
+		return err
+	})
+	each(t, gs, func(g Group) error {
+		var eg errgroup.Group
+		for _, gg := range []Group{g, subs[g.Rank()]} {
+			eg.Go(func() error {
+				for i := range 50 {
+					all, err := gg.AllGather(t.Context(), []byte{byte(i), byte(gg.Rank())})
+					if err != nil {
+						return err
+					}
+					for r, d := range all {
+						if !bytes.Equal(d, []byte{byte(i), byte(r)}) {
+							return fmt.Errorf("round %d: %v from rank %d", i, d, r)
+						}
+					}
+				}
+				return nil
+			})
+		}
+		return eg.Wait()
+	})
+}
+
+func TestTCPManyRounds(t *testing.T) {
+	gs := tcpWorld(t, 4)
+	each(t, gs, func(g Group) error {
+		for i := range 300 {
+			all, err := g.AllGather(t.Context(), fmt.Appendf(nil, "%d/%d", g.Rank(), i))
+			if err != nil {
+				return err
+			}
+			for r, d := range all {
+				if string(d) != fmt.Sprintf("%d/%d", r, i) {
+					return fmt.Errorf("rank %d round %d: %q from rank %d", g.Rank(), i, d, r)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+func TestTCPSingleRank(t *testing.T) {
+	g, err := NewTCP(t.Context(), tcpCfg(0, 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	all, err := g.AllGather(t.Context(), []byte("x"))
+	if err != nil || len(all) != 1 || string(all[0]) != "x" {
+		t.Fatalf("allgather: %q, %v", all, err)
+	}
+	if _, err := NewTCP(t.Context(), tcpCfg(0, 0, 2)); err == nil || !strings.Contains(err.Error(), "port 0") {
+		t.Errorf("rank 0 of 2 on port 0: %v, want an error about port 0", err)
+	}
+}
+
+// wantTimeout checks err is a *TimeoutError naming missing.
+func wantTimeout(t *testing.T, who string, err error, missing []int) {
+	t.Helper()
+	var te *TimeoutError
+	if !errors.Is(err, ErrTimeout) || !errors.As(err, &te) || !slices.Equal(te.Missing, missing) {
+		t.Errorf("%s: %v, want a timeout naming rank(s) %v", who, err, missing)
+	}
+}
+
+// wantLost checks err is a *PeerLostError naming ranks.
+func wantLost(t *testing.T, who string, err error, ranks []int) {
+	t.Helper()
+	var pe *PeerLostError
+	if !errors.Is(err, ErrPeerLost) || !errors.As(err, &pe) || !slices.Equal(pe.Ranks, ranks) {
+		t.Errorf("%s: %v, want a lost peer naming rank(s) %v", who, err, ranks)
+	}
+}
+
+func TestTCPNeverJoins(t *testing.T) {
+	ln, port := tcpListen(t)
+	cfgs := map[int]TCPConfig{}
+	for r := range 3 { // rank 3 of 4 never comes
+		cfgs[r] = tcpCfg(port, r, 4)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	gs, errs := joinTCP(ctx, ln, port, 4, cfgs)
+	if d := time.Since(start); d > 300*time.Millisecond+2*queryGrace {
+		t.Errorf("NewTCP took %v with a 300ms deadline", d)
+	}
+	for r := range 3 {
+		if gs[r] != nil {
+			gs[r].Close()
+		}
+		wantTimeout(t, fmt.Sprintf("rank %d", r), errs[r], []int{3})
+	}
+}
+
+func TestTCPNoServer(t *testing.T) {
+	_, port := tcpListen(t) // open...
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err := NewTCP(ctx, tcpCfg(port, 1, 2)) // ...but nobody accepts: the dial succeeds, the hello goes unanswered
+	wantTimeout(t, "rank 1 with a silent rank 0", err, []int{0})
+
+	ln, port := tcpListen(t)
+	ln.Close() // nobody listens
+	ctx, cancel = context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err = NewTCP(ctx, tcpCfg(port, 1, 2))
+	wantTimeout(t, "rank 1 without rank 0", err, []int{0})
+}
+
+func TestTCPLateRankZero(t *testing.T) {
+	ln, port := tcpListen(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	ln.Close() // rank 0 is not there yet: the others must keep dialling
+	var gs [3]Group
+	var errs [3]error
+	var wg sync.WaitGroup
+	for r := 1; r < 3; r++ {
+		wg.Go(func() { gs[r], errs[r] = NewTCP(ctx, tcpCfg(port, r, 3)) })
+	}
+	time.Sleep(200 * time.Millisecond)
+	gs[0], errs[0] = NewTCP(ctx, tcpCfg(port, 0, 3))
+	wg.Wait()
+	defer func() {
+		for r := 2; r >= 0; r-- { // rank 0 (the server) last
+			if gs[r] != nil {
+				gs[r].Close()
+			}
+		}
+	}()
+	if err := errors.Join(errs[:]...); err != nil {
+		t.Fatal(err)
+	}
+	each(t, gs[:], func(g Group) error { return g.Barrier(ctx) })
+}
+
+func TestTCPCollectiveTimeout(t *testing.T) {
+	gs := tcpWorld(t, 4)
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for r := range 2 { // ranks 2 and 3 never call the barrier
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+			defer cancel()
+			errs[r] = gs[r].Barrier(ctx)
+		})
+	}
+	wg.Wait()
+	if d := time.Since(start); d > 200*time.Millisecond+queryGrace {
+		t.Errorf("barrier took %v with a 200ms deadline", d)
+	}
+	for r := range 2 {
+		wantTimeout(t, fmt.Sprintf("rank %d", r), errs[r], []int{2, 3})
+	}
+}
+
+func TestTCPPeerKilled(t *testing.T) {
+	gs := tcpWorld(t, 4)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for r := range 3 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			errs[r] = gs[r].Barrier(ctx)
+		})
+	}
+	time.Sleep(100 * time.Millisecond) // the others are waiting for rank 3
+	gs[3].(*tcpGroup).kill()
+	wg.Wait()
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("lost peer found after %v", d)
+	}
+	for r := range 3 {
+		wantLost(t, fmt.Sprintf("rank %d", r), errs[r], []int{3})
+	}
+	// Later rounds fail at once too, and so do rounds of sub-groups that
+	// include the lost rank; rounds without it still work.
+	each(t, gs[:3], func(g Group) error {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		_, err := g.AllGather(ctx, nil)
+		wantLost(t, fmt.Sprintf("rank %d, next round", g.Rank()), err, []int{3})
+		return nil
+	})
+}
+
+func TestTCPPeerKilledInSubgroup(t *testing.T) {
+	gs := tcpWorld(t, 4)
+	subs := make([]Group, 4)
+	each(t, gs, func(g Group) (err error) {
+		subs[g.Rank()], err = g.Split(t.Context(), g.Rank()/2, 0) // {0,1} and {2,3}
+		return err
+	})
+	gs[3].(*tcpGroup).kill()
+	each(t, gs[:3], func(g Group) error {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		sub := subs[g.Rank()]
+		err := sub.Barrier(ctx)
+		if g.Rank() == 2 {
+			wantLost(t, "rank 2 in {2,3}", err, []int{1}) // rank 3 is rank 1 there
+		} else if err != nil {
+			t.Errorf("rank %d in {0,1}: %v", g.Rank(), err)
+		}
+		return nil
+	})
+}
+
+func TestTCPRankZeroKilled(t *testing.T) {
+	gs := tcpWorld(t, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for r := 1; r < 3; r++ {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			errs[r] = gs[r].Barrier(ctx)
+		})
+	}
+	time.Sleep(100 * time.Millisecond)
+	gs[0].(*tcpGroup).kill()
+	wg.Wait()
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("lost rank 0 found after %v", d)
+	}
+	for r := 1; r < 3; r++ {
+		wantLost(t, fmt.Sprintf("rank %d", r), errs[r], []int{0})
+		_, err := gs[r].AllGather(t.Context(), nil)
+		wantLost(t, fmt.Sprintf("rank %d, next round", r), err, []int{0})
+	}
+}
+
+func TestTCPCloseReleasesWaiters(t *testing.T) {
+	for _, closer := range []int{1, 0} {
+		t.Run(fmt.Sprintf("closer=%d", closer), func(t *testing.T) {
+			gs := tcpWorld(t, 3)
+			done := make(chan error, 3)
+			for r := range 3 {
+				if r != closer {
+					go func() { done <- gs[r].Barrier(t.Context()) }()
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+			gs[closer].Close()
+			for range 2 {
+				select {
+				case err := <-done:
+					if !errors.Is(err, ErrClosed) {
+						t.Errorf("barrier: %v, want ErrClosed", err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatal("a closed peer left the barrier hanging")
+				}
+			}
+			if err := gs[closer].Barrier(t.Context()); !errors.Is(err, ErrClosed) {
+				t.Errorf("barrier on the closed rank: %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+func TestTCPSubgroupClose(t *testing.T) {
+	gs := tcpWorld(t, 3)
+	subs := make([]Group, 3)
+	each(t, gs, func(g Group) (err error) {
+		subs[g.Rank()], err = g.Split(t.Context(), 0, 0)
+		return err
+	})
+	done := make(chan error, 1)
+	go func() { done <- subs[0].Barrier(t.Context()) }()
+	time.Sleep(50 * time.Millisecond)
+	subs[2].Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("sub barrier: %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a closed sub-group left the barrier hanging")
+	}
+	// The world group is unaffected.
+	each(t, gs, func(g Group) error { return g.Barrier(t.Context()) })
+}
+
+func TestTCPMismatchedCalls(t *testing.T) {
+	gs := tcpWorld(t, 3)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	wg.Go(func() { errs[0] = gs[0].Barrier(ctx) })
+	wg.Go(func() { _, errs[1] = gs[1].AllGather(ctx, []byte("x")) })
+	wg.Go(func() { _, errs[2] = gs[2].Broadcast(ctx, 1, nil) })
+	wg.Wait()
+	for r, err := range errs {
+		if err == nil || errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "same collectives") {
+			t.Errorf("rank %d: %v, want an error about mismatched collectives", r, err)
+		}
+	}
+	// Broadcasts that disagree on the root.
+	for r := range 3 {
+		wg.Go(func() { _, errs[r] = gs[r].Broadcast(ctx, min(r, 1), nil) })
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "root") {
+			t.Errorf("rank %d: %v, want an error about the root", r, err)
+		}
+	}
+}
+
+func TestTCPBadRendezvous(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// By goroutine; each entry's Port is filled in. The last one, the
+		// offender, starts once the others wait for the welcome.
+		cfgs []TCPConfig
+	}{
+		{"size mismatch", []TCPConfig{tcpCfg(0, 0, 3), tcpCfg(0, 2, 3), tcpCfg(0, 1, 4)}},
+		{"duplicate rank", []TCPConfig{tcpCfg(0, 0, 4), tcpCfg(0, 1, 4), tcpCfg(0, 2, 4), tcpCfg(0, 1, 4)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, port := tcpListen(t)
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			errs := make([]error, len(tc.cfgs))
+			var wg sync.WaitGroup
+			start := time.Now()
+			for i, cfg := range tc.cfgs {
+				cfg.Port = port
+				if i == len(tc.cfgs)-1 {
+					time.Sleep(200 * time.Millisecond)
+				}
+				wg.Go(func() {
+					var g Group
+					if i == 0 {
+						g, errs[i] = NewTCPWithListener(ctx, cfg, ln)
+					} else {
+						g, errs[i] = NewTCP(ctx, cfg)
+					}
+					if g != nil {
+						g.Close()
+					}
+				})
+			}
+			wg.Wait()
+			if d := time.Since(start); d > 3*time.Second {
+				t.Errorf("errors took %v", d)
+			}
+			for i, err := range errs {
+				if err == nil || errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "refused") {
+					t.Errorf("rank %d (goroutine %d): %v, want a refusal", tc.cfgs[i].Rank, i, err)
+				}
+			}
+		})
+	}
+}
+
+func TestTCPConfigFromEnv(t *testing.T) {
+	full := map[string]string{"GOEP_MASTER_ADDR": "10.0.0.1", "GOEP_MASTER_PORT": "29500", "RANK": "3", "WORLD_SIZE": "8",
+		"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+	with := func(kv ...string) map[string]string {
+		m := map[string]string{}
+		for k, v := range full {
+			m[k] = v
+		}
+		for i := 0; i < len(kv); i += 2 {
+			if kv[i+1] == "<unset>" {
+				delete(m, kv[i])
+			} else {
+				m[kv[i]] = kv[i+1]
+			}
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want TCPConfig
+		err  string // substring of the error; "" = no error
+	}{
+		{"full", full, TCPConfig{Addr: "10.0.0.1", Port: 29500, Rank: 3, Size: 8, LocalRank: 1, LocalSize: 2}, ""},
+		{"no local", with("LOCAL_RANK", "<unset>", "LOCAL_WORLD_SIZE", "<unset>"), TCPConfig{Addr: "10.0.0.1", Port: 29500, Rank: 3, Size: 8, LocalRank: 3, LocalSize: 8}, ""},
+		{"single process", map[string]string{}, TCPConfig{Addr: "127.0.0.1", Port: 0, Rank: 0, Size: 1, LocalRank: 0, LocalSize: 1}, ""},
+		{"ipv6 host", with("GOEP_MASTER_ADDR", "::1"), TCPConfig{Addr: "::1", Port: 29500, Rank: 3, Size: 8, LocalRank: 1, LocalSize: 2}, ""},
+		{"no addr", with("GOEP_MASTER_ADDR", "<unset>"), TCPConfig{}, "GOEP_MASTER_ADDR is not set"},
+		{"no port", with("GOEP_MASTER_PORT", "<unset>"), TCPConfig{}, "GOEP_MASTER_PORT is not set"},
+		{"no rank", with("RANK", "<unset>"), TCPConfig{}, "RANK is not set"},
+		{"no size", with("WORLD_SIZE", "<unset>"), TCPConfig{}, "WORLD_SIZE is not set"},
+		{"empty addr", with("GOEP_MASTER_ADDR", ""), TCPConfig{}, `GOEP_MASTER_ADDR=""`},
+		{"spaced addr", with("GOEP_MASTER_ADDR", " host"), TCPConfig{}, `GOEP_MASTER_ADDR=" host"`},
+		{"port text", with("GOEP_MASTER_PORT", "http"), TCPConfig{}, `GOEP_MASTER_PORT="http"`},
+		{"port zero", with("GOEP_MASTER_PORT", "0"), TCPConfig{}, `GOEP_MASTER_PORT="0"`},
+		{"port big", with("GOEP_MASTER_PORT", "65536"), TCPConfig{}, `GOEP_MASTER_PORT="65536"`},
+		{"rank negative", with("RANK", "-1"), TCPConfig{}, `RANK="-1"`},
+		{"rank too big", with("RANK", "8"), TCPConfig{}, `RANK="8"`},
+		{"rank float", with("RANK", "1.0"), TCPConfig{}, `RANK="1.0"`},
+		{"size zero", with("WORLD_SIZE", "0"), TCPConfig{}, `WORLD_SIZE="0"`},
+		{"size spaced", with("WORLD_SIZE", "8 "), TCPConfig{}, `WORLD_SIZE="8 "`},
+		{"local rank alone", with("LOCAL_WORLD_SIZE", "<unset>"), TCPConfig{}, "LOCAL_WORLD_SIZE is not"},
+		{"local size alone", with("LOCAL_RANK", "<unset>"), TCPConfig{}, "LOCAL_RANK is not"},
+		{"local rank too big", with("LOCAL_RANK", "2"), TCPConfig{}, `LOCAL_RANK="2"`},
+		{"local size too big", with("LOCAL_WORLD_SIZE", "9"), TCPConfig{}, `LOCAL_WORLD_SIZE="9"`},
+		{"single process, bad port", map[string]string{"GOEP_MASTER_PORT": "x"}, TCPConfig{}, `GOEP_MASTER_PORT="x"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tcpConfigFrom(func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok })
+			if tc.err == "" {
+				if err != nil || got != tc.want {
+					t.Errorf("got %+v, %v; want %+v", got, err, tc.want)
+				}
+				if err := got.Validate(); err != nil {
+					t.Errorf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("got %+v, %v; want an error containing %q", got, err, tc.err)
+			}
+		})
+	}
+	// Through the real environment once.
+	for k, v := range full {
+		t.Setenv(k, v)
+	}
+	if got, err := TCPConfigFromEnv(); err != nil || got.Rank != 3 {
+		t.Errorf("TCPConfigFromEnv: %+v, %v", got, err)
+	}
+}
+
+func TestTCPFrameLimits(t *testing.T) {
+	// A header that claims a huge payload is refused before any allocation.
+	hdr := appendHeader(nil, frameHeader{Type: fContrib, Op: opAllGather, Len: maxFramePayload + 1})
+	if _, _, err := readFrame(bytes.NewReader(hdr)); !errors.Is(err, errFrame) {
+		t.Errorf("oversized frame: %v", err)
+	}
+	// A header that claims 1 GiB but sends 10 bytes allocates little.
+	hdr = appendHeader(nil, frameHeader{Type: fContrib, Op: opAllGather, Len: maxFramePayload})
+	var ms1, ms2 runtime.MemStats
+	runtime.ReadMemStats(&ms1)
+	_, _, err := readFrame(bytes.NewReader(append(slices.Clip(hdr), make([]byte, 10)...)))
+	runtime.ReadMemStats(&ms2)
+	if err == nil {
+		t.Error("truncated frame read without error")
+	}
+	if d := ms2.TotalAlloc - ms1.TotalAlloc; d > 1<<20 {
+		t.Errorf("a truncated 1 GiB frame allocated %d bytes", d)
+	}
+	// Round trip.
+	var buf bytes.Buffer
+	h := frameHeader{Type: fResult, Op: opSplit, GID: 7, Seq: 1 << 40, Rank: 5}
+	if err := writeFrame(&buf, h, []byte("payload")); err != nil {
+		t.Fatal(err)
+	}
+	got, p, err := readFrame(&buf)
+	h.Len = 7
+	if err != nil || got != h || string(p) != "payload" {
+		t.Errorf("round trip: %+v %q %v", got, p, err)
+	}
+}
+
+// FuzzTCPFrame feeds arbitrary bytes to the frame reader and every payload
+// decoder: they must return errors, never panic, and never allocate much
+// more than the input.
+func FuzzTCPFrame(f *testing.F) {
+	var buf bytes.Buffer
+	writeFrame(&buf, frameHeader{Type: fHello, Rank: 1}, helloMsg{Magic: tcpMagic, Version: tcpVersion, Size: 4, LocalSize: 1, PeerAddr: "127.0.0.1:1"}.encode())
+	writeFrame(&buf, frameHeader{Type: fResult, Op: opAllGather, GID: 0, Seq: 3}, appendChunks(nil, [][]byte{{1}, nil, {2, 3}}))
+	writeFrame(&buf, frameHeader{Type: fResult, Op: opSplit, GID: 0, Seq: 4}, splitReply{GID: 2, Index: 1, Members: []int{3, 1}}.encode())
+	writeFrame(&buf, frameHeader{Type: fWelcome}, encodeAddrs([]string{"a:1", "", "b:2"}))
+	f.Add(buf.Bytes())
+	f.Add(appendHeader(nil, frameHeader{Type: fContrib, Len: maxFramePayload}))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := bytes.NewReader(data)
+		for {
+			h, p, err := readFrame(r)
+			if err != nil {
+				return
+			}
+			if len(p) != int(h.Len) || len(p) > len(data) {
+				t.Fatalf("payload of %d bytes for header %+v from %d bytes", len(p), h, len(data))
+			}
+			decodeHello(p)
+			for n := range 5 {
+				splitChunks(p, n)
+				decodeAddrs(p, n)
+			}
+			splitChunks(p, int(h.Rank))
+			decodeAddrs(p, int(h.Rank))
+			decodeRanks(p, 4)
+			decodeSplitReply(p, 4)
+			checkContrib(h.Op, p, 3)
+		}
+	})
+}
