@@ -570,6 +570,23 @@ func (g *tcpGroup) round(ctx context.Context, op tcpOp, p []byte) ([]byte, error
 		return nil, &PeerLostError{Op: fmt.Sprintf("%s on rank %d", name, g.rank), Ranks: g.rank0(),
 			Cause: "write to the rendezvous server (world rank 0): " + err.Error()}
 	}
+	timeout := func(missing []int, note string) error {
+		return &TimeoutError{Op: fmt.Sprintf("%s on rank %d%s", name, g.rank, note), Missing: missing}
+	}
+	// answer turns the server's reply into the result.
+	answer := func(f inFrame) ([]byte, error) {
+		switch f.h.Type {
+		case fResult:
+			return f.p, nil
+		case fMissing:
+			missing, err := decodeRanks(f.p, len(g.members))
+			if err != nil {
+				return nil, timeout(g.rank0(), fmt.Sprintf(" (bad answer from the rendezvous server: %v)", err))
+			}
+			return nil, timeout(missing, "")
+		}
+		return nil, fmt.Errorf("comm: %s on rank %d: %s", name, g.rank, f.p)
+	}
 	var query <-chan time.Time // set once the deadline passed and the server was asked
 	for {
 		c.mu.Lock()
@@ -577,23 +594,11 @@ func (g *tcpGroup) round(ctx context.Context, op tcpOp, p []byte) ([]byte, error
 		c.mu.Unlock()
 		select {
 		case f := <-ch:
-			switch f.h.Type {
-			case fResult:
-				return f.p, nil
-			case fFail:
-				return nil, fmt.Errorf("comm: %s on rank %d: %s", name, g.rank, f.p)
-			case fMissing:
-				missing, err := decodeRanks(f.p, len(g.members))
-				if err != nil {
-					missing = g.rank0()
-				}
-				return nil, &TimeoutError{Op: fmt.Sprintf("%s on rank %d", name, g.rank), Missing: missing}
-			}
+			return answer(f)
 		case <-notify:
 			select {
-			case f := <-ch:
-				ch <- f // a result that came before the news wins; take it on the next turn
-				continue
+			case f := <-ch: // a reply that came before the news wins
+				return answer(f)
 			default:
 			}
 			if err := g.check(name); err != nil {
@@ -604,15 +609,15 @@ func (g *tcpGroup) round(ctx context.Context, op tcpOp, p []byte) ([]byte, error
 				return nil, fmt.Errorf("comm: %s on rank %d: %w", name, g.rank, context.Canceled)
 			}
 			ctx = context.Background() // wait for the answer below, not for ctx
-			qctx, cancel := context.WithTimeout(context.Background(), queryGrace)
+			qctx, cancel := context.WithTimeout(ctx, queryGrace)
 			err := c.send(qctx, frameHeader{Type: fQuery, GID: g.gid, Seq: seq, Rank: int32(g.rank)}, nil)
 			cancel()
 			if err != nil {
-				return nil, &TimeoutError{Op: fmt.Sprintf("%s on rank %d (the rendezvous server did not answer)", name, g.rank), Missing: g.rank0()}
+				return nil, timeout(g.rank0(), " (the rendezvous server did not answer)")
 			}
 			query = time.After(queryGrace)
 		case <-query:
-			return nil, &TimeoutError{Op: fmt.Sprintf("%s on rank %d (the rendezvous server did not answer)", name, g.rank), Missing: g.rank0()}
+			return nil, timeout(g.rank0(), " (the rendezvous server did not answer)")
 		}
 	}
 }

@@ -1,15 +1,21 @@
 package comm
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -718,4 +724,112 @@ func FuzzTCPFrame(f *testing.F) {
 			checkContrib(h.Op, p, 3)
 		}
 	})
+}
+
+// TestTCPProcesses runs three ranks as child processes (this test binary
+// re-executed) and SIGKILLs one of them while the others wait in a barrier:
+// the others must return a *PeerLostError naming it, long before their
+// deadline.
+func TestTCPProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes; skipped with -short")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Skipf("cannot re-execute the test binary: %v", err)
+	}
+	for _, victim := range []int{2, 0} {
+		t.Run(fmt.Sprintf("kill=%d", victim), func(t *testing.T) {
+			ln, port := tcpListen(t)
+			ln.Close() // rank 0 (a child) listens there; the race for the port is harmless here
+			const n = 3
+			cmds := make([]*exec.Cmd, n)
+			outs := make([]*bytes.Buffer, n)
+			var joined io.Reader
+			for r := range n {
+				cmd := exec.CommandContext(t.Context(), exe, "-test.run=^TestTCPChildProcess$")
+				cmd.Env = append(os.Environ(), "GOEP_TCP_TEST_CHILD=1", "GOEP_MASTER_ADDR=127.0.0.1",
+					fmt.Sprintf("GOEP_MASTER_PORT=%d", port), fmt.Sprintf("RANK=%d", r), fmt.Sprintf("WORLD_SIZE=%d", n),
+					fmt.Sprintf("GOEP_TCP_TEST_VICTIM=%d", victim))
+				outs[r] = new(bytes.Buffer)
+				cmd.Stderr = outs[r]
+				if r == victim {
+					pipe, err := cmd.StdoutPipe()
+					if err != nil {
+						t.Fatal(err)
+					}
+					joined = pipe
+				} else {
+					cmd.Stdout = outs[r]
+				}
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				cmds[r] = cmd
+			}
+			defer func() {
+				for _, cmd := range cmds {
+					cmd.Process.Kill()
+					cmd.Wait()
+				}
+			}()
+			// Wait for the victim to join (then everyone has), give the
+			// others time to enter the barrier, and kill it.
+			sc := bufio.NewScanner(joined)
+			for sc.Scan() && !strings.HasPrefix(sc.Text(), "joined") {
+			}
+			if sc.Err() != nil || !strings.HasPrefix(sc.Text(), "joined") {
+				t.Fatalf("victim rank %d did not join: %v\n%s", victim, sc.Err(), outs[victim])
+			}
+			time.Sleep(200 * time.Millisecond)
+			start := time.Now()
+			if err := cmds[victim].Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			for r, cmd := range cmds {
+				if r == victim {
+					continue
+				}
+				err := cmd.Wait()
+				out := outs[r].String()
+				want := fmt.Sprintf("RESULT lost=[%d]", victim)
+				if err != nil || !strings.Contains(out, want) {
+					t.Errorf("rank %d: exit %v; want %q in its output:\n%s", r, err, want, out)
+				}
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("the others took %v to notice (deadline 20s)", d)
+			}
+		})
+	}
+}
+
+// TestTCPChildProcess is one rank of TestTCPProcesses.
+func TestTCPChildProcess(t *testing.T) {
+	if os.Getenv("GOEP_TCP_TEST_CHILD") != "1" {
+		t.Skip("a child of TestTCPProcesses")
+	}
+	cfg, err := TCPConfigFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim, _ := strconv.Atoi(os.Getenv("GOEP_TCP_TEST_VICTIM"))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	g, err := NewTCP(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	fmt.Printf("joined rank %d\n", cfg.Rank)
+	if cfg.Rank == victim {
+		<-ctx.Done() // never enters the barrier; killed before the deadline
+		t.Fatal("the victim was not killed")
+	}
+	err = g.Barrier(ctx)
+	var pe *PeerLostError
+	if !errors.As(err, &pe) {
+		t.Fatalf("barrier: %v, want a lost peer", err)
+	}
+	fmt.Printf("RESULT lost=%v: %v\n", pe.Ranks, err)
 }
