@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -38,7 +39,9 @@ func (e Env) String() string {
 // When several launchers' variables are present (eprun launch or torchrun
 // run under srun, mpirun inside a Slurm allocation), the innermost one
 // describes this process; it wins in the order torchrun (RANK, WORLD_SIZE,
-// LOCAL_RANK, LOCAL_WORLD_SIZE, as eprun launch sets them), Open MPI
+// LOCAL_RANK, LOCAL_WORLD_SIZE, as eprun launch sets them and
+// comm.TCPConfigFromEnv reads them: without the LOCAL pair, all ranks are
+// on one host), Open MPI
 // (OMPI_COMM_WORLD_*), PMI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID /
 // PMI_LOCAL_RANK, MPI_LOCALNRANKS / PMI_LOCAL_SIZE), Slurm (SLURM_PROCID,
 // SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE or this node's entry of
@@ -174,10 +177,30 @@ func (e Env) check() error {
 	return nil
 }
 
+// detectTorchrun reads the variables the way comm.TCPConfigFromEnv does:
+// LOCAL_RANK and LOCAL_WORLD_SIZE are set together or not at all, and
+// default to RANK and WORLD_SIZE (every rank on one host).
 func detectTorchrun(look lookupFunc) (Env, error) {
 	p := place{Env: Env{Kind: KindTorchrun}}
-	if err := p.read(vars{look}, []string{"RANK"}, []string{"WORLD_SIZE"}, []string{"LOCAL_RANK"}, []string{"LOCAL_WORLD_SIZE"}); err != nil {
+	v := vars{look}
+	if err := p.read(v, []string{"RANK"}, []string{"WORLD_SIZE"}, nil, nil); err != nil {
 		return p.Env, err
+	}
+	switch lr, ls := has(look, "LOCAL_RANK"), has(look, "LOCAL_WORLD_SIZE"); {
+	case lr && ls:
+		var err error
+		if p.LocalRank, p.localRankVar, err = v.need("LOCAL_RANK"); err != nil {
+			return p.Env, err
+		}
+		if p.LocalSize, p.localSizeVar, err = v.need("LOCAL_WORLD_SIZE"); err != nil {
+			return p.Env, err
+		}
+	case lr:
+		return p.Env, errors.New("LOCAL_RANK is set but LOCAL_WORLD_SIZE is not (set both or neither)")
+	case ls:
+		return p.Env, errors.New("LOCAL_WORLD_SIZE is set but LOCAL_RANK is not (set both or neither)")
+	default:
+		p.LocalRank, p.localRankVar, p.LocalSize, p.localSizeVar = p.Rank, "RANK", p.Size, "WORLD_SIZE"
 	}
 	return p.Env, p.validate()
 }

@@ -18,7 +18,10 @@ func TestDetect(t *testing.T) {
 
 		{name: "torchrun", env: map[string]string{"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GOEP_MASTER_ADDR": "h0", "GOEP_MASTER_PORT": "29500"},
 			want: Env{KindTorchrun, 5, 8, 1, 4}},
-		{name: "torchrun without LOCAL_RANK", env: map[string]string{"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, err: "LOCAL_RANK is not set"},
+		{name: "torchrun without LOCAL_RANK", env: map[string]string{"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, err: "LOCAL_WORLD_SIZE is set but LOCAL_RANK is not"},
+		{name: "torchrun without LOCAL_WORLD_SIZE", env: map[string]string{"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, err: "LOCAL_RANK is set but LOCAL_WORLD_SIZE is not"},
+		{name: "torchrun one host", env: map[string]string{"RANK": "2", "WORLD_SIZE": "3"}, want: Env{KindTorchrun, 2, 3, 2, 3}},
+		{name: "torchrun bad local rank", env: map[string]string{"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "x", "LOCAL_WORLD_SIZE": "2"}, err: `LOCAL_RANK="x"`},
 		{name: "torchrun without WORLD_SIZE", env: map[string]string{"RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}, err: "WORLD_SIZE is not set"},
 		{name: "torchrun rank too large", env: map[string]string{"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}, err: "RANK=2 is not below WORLD_SIZE=2"},
 		{name: "torchrun bad number", env: map[string]string{"RANK": "one", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}, err: `RANK="one"`},

@@ -127,7 +127,7 @@ func Spawn(ctx context.Context, cfg SpawnConfig) error {
 	}
 	if cfg.Timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, cfg.Timeout, fmt.Errorf("launcher: job timed out after %v", cfg.Timeout))
+		ctx, cancel = context.WithTimeoutCause(ctx, cfg.Timeout, &timeoutError{cfg.Timeout})
 		defer cancel()
 	}
 	j := &job{cfg: cfg, path: path, port: port, out: &lockedWriter{}}
@@ -264,10 +264,7 @@ func (j *job) run(ctx context.Context) error {
 		case <-done:
 			done = nil
 			if first == nil {
-				first = fmt.Errorf("launcher: interrupted: %w", ctx.Err())
-				if cause := context.Cause(ctx); cause != ctx.Err() {
-					first = fmt.Errorf("%w (%w)", cause, ctx.Err())
-				}
+				first = stopError(ctx)
 			}
 			terminate()
 		case <-termAt:
@@ -280,6 +277,33 @@ func (j *job) run(ctx context.Context) error {
 	j.drain(ranks)
 	return first
 }
+
+// timeoutError is the cause of a job's end at SpawnConfig.Timeout.
+type timeoutError struct{ after time.Duration }
+
+func (e *timeoutError) Error() string { return fmt.Sprintf("job timed out after %v", e.after) }
+
+// stopError is the error of a job ended by ctx: it says why (the timeout, a
+// signal: ctx's cause) and wraps both the cause and ctx.Err().
+func stopError(ctx context.Context) error {
+	cause := context.Cause(ctx)
+	var te *timeoutError
+	switch {
+	case errors.As(cause, &te):
+		return &stopErr{"launcher: " + te.Error(), []error{cause, ctx.Err()}}
+	case cause != nil && cause != ctx.Err():
+		return &stopErr{"launcher: interrupted: " + cause.Error(), []error{cause, ctx.Err()}}
+	}
+	return &stopErr{"launcher: interrupted: " + ctx.Err().Error(), []error{ctx.Err()}}
+}
+
+type stopErr struct {
+	msg  string
+	errs []error
+}
+
+func (e *stopErr) Error() string   { return e.msg }
+func (e *stopErr) Unwrap() []error { return e.errs }
 
 // rankFailure turns a rank's exit into its error, nil for exit status 0.
 func rankFailure(e exit) error {

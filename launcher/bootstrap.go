@@ -1,0 +1,183 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/goep/goep/comm"
+)
+
+// Option configures Bootstrap.
+type Option func(*options)
+
+type options struct {
+	log *zap.Logger
+}
+
+// WithLogger sets the logger (default: none). Bootstrap logs under the name
+// "launcher": the group it picked at info level, why it skipped CPU binding
+// at debug level.
+func WithLogger(l *zap.Logger) Option {
+	return func(o *options) {
+		if l != nil {
+			o.log = l
+		}
+	}
+}
+
+// Bootstrap detects the launcher (see Detect), binds this process to its
+// device, and joins the group of all ranks. It must be called once per
+// process, by every rank, early in main.
+//
+// The group:
+//   - torchrun / eprun launch: comm.NewTCP with comm.TCPConfigFromEnv();
+//   - Open MPI or PMI: comm.NewMPI when goep was built with -tags mpi, else
+//     TCP rendezvous at GOEP_MASTER_ADDR / GOEP_MASTER_PORT when they are
+//     set, else an error that says to do one or the other;
+//   - Slurm: TCP rendezvous at GOEP_MASTER_ADDR / GOEP_MASTER_PORT (an error
+//     when they are not set);
+//   - single process: comm.NewLocal(1)[0].
+//
+// The device: GOEP_DEVICE is set to the local rank (the GPU index) unless it
+// is set already, in which case it must be a non-negative integer and is
+// kept. Where NVML answers (a GPU and libnvidia-ml are present, and goep was
+// built with cgo) the process's threads are bound to the CPUs near that GPU,
+// intersected with the CPUs the process may already use, so that a
+// launcher's narrower binding (mpirun --bind-to core) is kept. Without NVML
+// binding is skipped, which is not an error.
+func Bootstrap(ctx context.Context, opts ...Option) (comm.Group, Env, error) {
+	o := options{log: zap.NewNop()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	log := o.log.Named("launcher")
+	env, err := Detect()
+	if err != nil {
+		return nil, env, err
+	}
+	if err := bindDevice(env, log); err != nil {
+		return nil, env, err
+	}
+	g, how, err := newGroup(ctx, env)
+	if err != nil {
+		return nil, env, err
+	}
+	log.Info("bootstrapped", zap.Stringer("env", env), zap.String("group", how))
+	return g, env, nil
+}
+
+// newGroup picks and creates the group for env; how names what it picked.
+func newGroup(ctx context.Context, env Env) (g comm.Group, how string, err error) {
+	switch env.Kind {
+	case KindSingle:
+		return comm.NewLocal(1)[0], "local", nil
+	case KindTorchrun:
+		cfg, err := comm.TCPConfigFromEnv()
+		if err != nil {
+			return nil, "", fmt.Errorf("launcher: %w", err)
+		}
+		g, err := comm.NewTCP(ctx, cfg)
+		if err != nil {
+			return nil, "", fmt.Errorf("launcher: %v: %w", env, err)
+		}
+		return g, "tcp", nil
+	case KindOpenMPI, KindPMI:
+		g, err := comm.NewMPI(ctx)
+		if err == nil {
+			return g, "mpi", nil
+		}
+		if !errors.Is(err, comm.ErrUnsupported) {
+			return nil, "", fmt.Errorf("launcher: %v: %w", env, err)
+		}
+		if _, ok := os.LookupEnv("GOEP_MASTER_ADDR"); !ok {
+			return nil, "", fmt.Errorf("launcher: started by %s (%v), but this goep has no MPI: rebuild with -tags mpi, or set GOEP_MASTER_ADDR and GOEP_MASTER_PORT to rendezvous over TCP: %w", launcherName(env.Kind), env, err)
+		}
+		return tcpGroup(ctx, env)
+	case KindSlurm:
+		if _, ok := os.LookupEnv("GOEP_MASTER_ADDR"); !ok {
+			return nil, "", fmt.Errorf("launcher: started by srun (%v): set GOEP_MASTER_ADDR (a host of the job, e.g. the first of $SLURM_JOB_NODELIST) and GOEP_MASTER_PORT to rendezvous over TCP", env)
+		}
+		return tcpGroup(ctx, env)
+	}
+	return nil, "", fmt.Errorf("launcher: unknown launcher kind %q", env.Kind)
+}
+
+func launcherName(kind string) string {
+	switch kind {
+	case KindOpenMPI:
+		return "Open MPI"
+	case KindPMI:
+		return "an MPI with PMI (MPICH, Intel MPI)"
+	}
+	return kind
+}
+
+// tcpGroup joins the TCP rendezvous at GOEP_MASTER_ADDR / GOEP_MASTER_PORT
+// with the place that env gives.
+func tcpGroup(ctx context.Context, env Env) (comm.Group, string, error) {
+	cfg, err := tcpConfig(env, os.LookupEnv)
+	if err != nil {
+		return nil, "", err
+	}
+	g, err := comm.NewTCP(ctx, cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("launcher: %v: %w", env, err)
+	}
+	return g, "tcp", nil
+}
+
+func tcpConfig(env Env, look lookupFunc) (comm.TCPConfig, error) {
+	addr, _ := look("GOEP_MASTER_ADDR")
+	if strings.TrimSpace(addr) == "" {
+		return comm.TCPConfig{}, errors.New("launcher: GOEP_MASTER_ADDR is empty")
+	}
+	ps, ok := look("GOEP_MASTER_PORT")
+	if !ok {
+		return comm.TCPConfig{}, errors.New("launcher: GOEP_MASTER_PORT is not set (GOEP_MASTER_ADDR is)")
+	}
+	port, err := strconv.Atoi(strings.TrimSpace(ps))
+	if err != nil || port < 1 || port > 65535 {
+		return comm.TCPConfig{}, fmt.Errorf("launcher: GOEP_MASTER_PORT=%q: want a port number in [1, 65535]", ps)
+	}
+	return comm.TCPConfig{
+		Addr: strings.TrimSpace(addr), Port: port,
+		Rank: env.Rank, Size: env.Size,
+		LocalRank: env.LocalRank, LocalSize: env.LocalSize,
+	}, nil
+}
+
+// bindDevice exports GOEP_DEVICE and binds the CPUs where NVML answers.
+func bindDevice(env Env, log *zap.Logger) error {
+	dev := env.LocalRank
+	if s, ok := os.LookupEnv("GOEP_DEVICE"); ok {
+		d, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || d < 0 {
+			return fmt.Errorf("launcher: GOEP_DEVICE=%q: want a non-negative GPU index", s)
+		}
+		dev = d
+	} else if err := os.Setenv("GOEP_DEVICE", strconv.Itoa(dev)); err != nil {
+		return fmt.Errorf("launcher: set GOEP_DEVICE: %w", err)
+	}
+	cpus, err := gpuCPUs(dev)
+	if err != nil {
+		log.Debug("no CPU binding", zap.Int("device", dev), zap.Error(err))
+		return nil
+	}
+	n, err := bindCPUs(cpus)
+	switch {
+	case err != nil:
+		// NVML answered, so binding was expected: say why it did not happen.
+		log.Warn("CPU binding failed", zap.Int("device", dev), zap.Error(err))
+	case n == 0:
+		log.Debug("kept the CPU binding: none of the GPU's CPUs is allowed", zap.Int("device", dev))
+	default:
+		log.Debug("bound to the CPUs of the GPU", zap.Int("device", dev), zap.Int("cpus", n))
+	}
+	return nil
+}
