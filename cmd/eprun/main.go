@@ -78,7 +78,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return fmt.Errorf("%s: %w (see eprun %s --help)", c.Name(), err, c.Name())
 	})
-	root.AddCommand(newBench(stdout, stderr), newVersion(stdout))
+	root.AddCommand(newBench(stdout, stderr), newVersion(stdout), newLaunch(stdout, stderr))
 	root.AddCommand(newCheck(stdout, stderr))
 	return root
 }
