@@ -69,7 +69,7 @@ func TestBenchTable(t *testing.T) {
 	if stderr != "" {
 		t.Errorf("-q still wrote to stderr: %q", stderr)
 	}
-	for _, want := range []string{"# call", "time_us", "nvl_GBps", "baseline_GBps", "#wrong", "dispatch", "combine", "dispatch-permute", "unpermute-combine", "# check: OK"} {
+	for _, want := range []string{"# call", "time_us", "nvl_GBps", "baseline_GBps", "a2a_us", "a2a_GBps", "vs_a2a", "#wrong", "launcher in-process", "a2a over local", "dispatch", "combine", "dispatch-permute", "unpermute-combine", "# check: OK"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("table lacks %q:\n%s", want, stdout)
 		}
@@ -78,8 +78,8 @@ func TestBenchTable(t *testing.T) {
 	for _, l := range strings.Split(strings.TrimSpace(stdout), "\n") {
 		if !strings.HasPrefix(l, "#") {
 			rows++
-			if f := strings.Fields(l); len(f) != 12 || f[len(f)-1] != "0" {
-				t.Errorf("row %q: want 12 columns, #wrong 0", l)
+			if f := strings.Fields(l); len(f) != 15 || f[len(f)-1] != "0" {
+				t.Errorf("row %q: want 15 columns, #wrong 0", l)
 			}
 		}
 	}
@@ -112,9 +112,12 @@ func TestBenchJSON(t *testing.T) {
 		t.Errorf("%d rows, %d of %d wrong, error %q", len(rec.Rows), rec.Wrong, rec.CheckedRows, rec.Error)
 	}
 	for _, r := range rec.Rows {
-		if r.Time.N != 2 || r.Time.Median <= 0 || r.NVLGBps <= 0 {
+		if r.Time.N != 2 || r.Time.Median <= 0 || r.NVLGBps <= 0 || r.A2A == nil || r.A2AGBps <= 0 {
 			t.Errorf("row %+v", r)
 		}
+	}
+	if rec.Launcher != "in-process" || rec.Processes != 1 || rec.Timing != bench.TimingSpan || rec.BaselineA2ATransport != "local" {
+		t.Errorf("launcher %q, processes %d, timing %q, a2a transport %q", rec.Launcher, rec.Processes, rec.Timing, rec.BaselineA2ATransport)
 	}
 
 	// --json - puts the JSON on stdout and the table on stderr.
@@ -168,7 +171,7 @@ func TestBenchGoBench(t *testing.T) {
 		}
 		names = append(names, strings.SplitN(f[0], "/", 2)[0])
 	}
-	want := []string{"BenchmarkDispatch", "BenchmarkCombine", "BenchmarkDispatchPermute", "BenchmarkUnpermuteCombine", "BenchmarkBaseline"}
+	want := []string{"BenchmarkDispatch", "BenchmarkA2ADispatch", "BenchmarkCombine", "BenchmarkA2ACombine", "BenchmarkDispatchPermute", "BenchmarkA2ADispatchPermute", "BenchmarkUnpermuteCombine", "BenchmarkA2AUnpermuteCombine", "BenchmarkBaseline"}
 	if strings.Join(names, " ") != strings.Join(want, " ") {
 		t.Errorf("benchmarks %v, want %v", names, want)
 	}
