@@ -158,6 +158,11 @@ func tcpConfigFrom(lookup func(string) (string, bool)) (TCPConfig, error) {
 // rank 0); tests and launchers that want a free port should open the
 // listener themselves and call NewTCPWithListener on rank 0.
 //
+// AllToAll is relayed like the rest: the server hands each rank only what
+// was sent to it, but every byte crosses rank 0's connections, so it is a
+// correct baseline, not a fast one (direct peer connections are not built;
+// the hello already carries a peer address field for them).
+//
 // Every collective's waits are bounded by its ctx (a ctx without a deadline
 // gets DefaultTCPTimeout for its writes). A rank whose connection breaks
 // (its process died) is detected by the server at once, and every round of
