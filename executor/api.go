@@ -17,6 +17,9 @@ var (
 	// ErrTimeout: a rank did not join a cross-rank step within the
 	// deadline; the error names it. The engine is failed afterwards.
 	ErrTimeout = comm.ErrTimeout
+	// ErrPeerLost: a peer's process died or its connection broke; the
+	// error names it. The engine is failed afterwards.
+	ErrPeerLost = comm.ErrPeerLost
 	// ErrPeerMismatch: ranks run different configs or different calls.
 	ErrPeerMismatch = nvlink.ErrPeerMismatch
 	// ErrCapacityExceeded: in capacity mode with OverflowError, a rank

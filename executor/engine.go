@@ -190,11 +190,15 @@ func (e *Engine) Synchronize(ctx context.Context) error {
 
 // noteFailure records fatal errors (timeouts) and wraps them for the caller.
 func (e *Engine) noteFailure(err error) error {
-	if errors.Is(err, ErrTimeout) {
+	if fatal(err) {
 		e.failed.CompareAndSwap(nil, &err)
 	}
 	return err
 }
+
+// fatal reports whether err leaves the ranks out of step for good: a
+// timeout or a lost peer.
+func fatal(err error) bool { return errors.Is(err, ErrTimeout) || errors.Is(err, ErrPeerLost) }
 
 // usable reports why the engine cannot take a call.
 func (e *Engine) usable() error {
@@ -211,7 +215,7 @@ func (e *Engine) usable() error {
 // timeout as fatal.
 func (e *Engine) exchange(c nvlink.Call, fn func(peers [][]*device.Buffer) error) error {
 	err := e.domain.Exchange(c, fn)
-	if errors.Is(err, ErrTimeout) {
+	if fatal(err) {
 		e.failed.CompareAndSwap(nil, &err)
 	}
 	if errors.Is(err, nvlink.ErrPeerReported) {
@@ -245,7 +249,7 @@ func (e *Engine) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
 	var errs []error
-	if err := e.stream.Synchronize(ctx); err != nil && e.failed.Load() == nil && !errors.Is(err, ErrTimeout) {
+	if err := e.stream.Synchronize(ctx); err != nil && e.failed.Load() == nil && !fatal(err) {
 		errs = append(errs, err)
 	}
 	// Peers may still be in their last exchange with this rank's control

@@ -1,0 +1,445 @@
+package executor_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor"
+	"github.com/goep/goep/launcher"
+)
+
+// The multi-process tests re-execute this test binary as the ranks of a
+// world (under launcher.Spawn, as `eprun launch` does, and under mpirun
+// when it is installed). Each child runs TestMultiProcessChild with
+// GOEP_MP_MODE telling it what to do and writes its results, as JSON, to
+// GOEP_MP_OUT/rank-K.json.
+
+const mpRanks = 4
+
+// mpCase is one world of the multi-process property run, derived from its
+// seed alone so that every process and the in-process reference build the
+// same one.
+func mpCase(seed uint64, R int) (executor.Config, device.DType) {
+	rng := rand.New(rand.NewPCG(seed, 77))
+	L := 1 + rng.IntN(4)
+	E := R * L
+	cfg := executor.Config{
+		NumExperts: E, TopK: 1 + rng.IntN(min(E, 6)), Hidden: 1 + rng.IntN(200),
+		MaxTokensPerRank: 40, PadMultiple: []int{1, 4, 16}[rng.IntN(3)],
+	}
+	if seed%3 == 2 {
+		cfg.Mode, cfg.Overflow = executor.Capacity, executor.OverflowDrop
+		cfg.MaxRecvTokens, cfg.MaxPermutedTokens = 20+rng.IntN(60), 20+rng.IntN(120)
+	}
+	dt := device.BF16
+	if seed%2 == 1 {
+		dt = device.FP32
+	}
+	return cfg, dt
+}
+
+// mpInputs builds rank r's routing, tokens and weights for a case.
+func mpInputs(seed uint64, r int, cfg executor.Config, dt device.DType) (idx []int32, x []byte, w []float32, T int) {
+	rng := rand.New(rand.NewPCG(seed, uint64(r)+1000))
+	T = rng.IntN(cfg.MaxTokensPerRank + 1)
+	if r == 1 && seed%4 == 0 {
+		T = 0
+	}
+	K, E := cfg.TopK, cfg.NumExperts
+	idx = make([]int32, T*K)
+	for t := range T {
+		perm := rng.Perm(E)
+		n := rng.IntN(K + 1)
+		for k := range K {
+			idx[t*K+k] = -1
+			if k < n {
+				idx[t*K+k] = int32(perm[k])
+			}
+		}
+	}
+	xs := make([]float32, T*cfg.Hidden)
+	for i := range xs {
+		xs[i] = float32(rng.NormFloat64())
+	}
+	w = make([]float32, T*K)
+	for i := range w {
+		w[i] = rng.Float32()
+	}
+	return idx, device.EncodeFloat32(dt, xs), w, T
+}
+
+// mpPipeline runs every call of the API on one case and returns a digest
+// of every output, by name.
+func mpPipeline(ctx context.Context, g comm.Group, b device.Backend, seed uint64) (map[string]string, error) {
+	cfg, dt := mpCase(seed, g.Size())
+	e, err := executor.New(ctx, g, b, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	idx, x, w, T := mpInputs(seed, g.Rank(), cfg, dt)
+	K, H := cfg.TopK, cfg.Hidden
+	put := func(dt device.DType, data []byte, shape ...int) *device.Tensor {
+		t, err2 := e.NewTensor(dt, shape...)
+		if err2 == nil {
+			err2 = device.Upload(ctx, t, data)
+		}
+		if err2 != nil && err == nil {
+			err = err2
+		}
+		return t
+	}
+	ti := put(device.Int32, device.EncodeInt32(idx), T, K)
+	xt := put(dt, x, T, H)
+	wt := put(device.FP32, device.EncodeFloat32(device.FP32, w), T, K)
+	if err != nil {
+		return nil, err
+	}
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*device.Tensor{}
+	step := func(name string, f func() (*device.Tensor, error)) *device.Tensor {
+		if err != nil {
+			return nil
+		}
+		var t *device.Tensor
+		t, err = f()
+		out[name] = t
+		return t
+	}
+	d, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt, TopkWeights: wt})
+	if err != nil {
+		return nil, err
+	}
+	out["dispatch.x"], out["dispatch.idx"], out["dispatch.w"] = d.RecvX, d.RecvIdx, d.RecvWeights
+	p, err := e.Permute(ctx, h, executor.PermuteInput{RecvX: d.RecvX, RecvWeights: d.RecvWeights})
+	if err != nil {
+		return nil, err
+	}
+	out["permute.x"], out["permute.w"] = p.X, p.Weights
+	u := step("unpermute", func() (*device.Tensor, error) {
+		return e.Unpermute(ctx, h, executor.UnpermuteInput{Y: p.X, RecvWeights: d.RecvWeights})
+	})
+	step("combine", func() (*device.Tensor, error) { return e.Combine(ctx, h, executor.CombineInput{Z: u}) })
+	var dp executor.DispatchPermuteOutput
+	if err == nil {
+		dp, err = e.DispatchPermute(ctx, h, executor.DispatchInput{X: xt, TopkWeights: wt})
+		out["dispatch-permute.x"], out["dispatch-permute.w"] = dp.X, dp.Weights
+	}
+	step("unpermute-combine", func() (*device.Tensor, error) {
+		return e.UnpermuteCombine(ctx, h, executor.UnpermuteInput{Y: dp.X, RecvWeights: dp.RecvWeights})
+	})
+	if err == nil {
+		var db executor.DispatchBackwardOutput
+		db, err = e.DispatchBackward(ctx, h, executor.DispatchBackwardInput{GradRecvX: d.RecvX, GradRecvWeights: d.RecvWeights})
+		out["dispatch-backward.x"], out["dispatch-backward.w"] = db.GradX, db.GradTopkWeights
+	}
+	step("combine-backward", func() (*device.Tensor, error) { return e.CombineBackward(ctx, h, xt) })
+	step("permute-backward", func() (*device.Tensor, error) { return e.PermuteBackward(ctx, h, p.X) })
+	if err == nil {
+		var ub executor.UnpermuteBackwardOutput
+		ub, err = e.UnpermuteBackward(ctx, h, executor.UnpermuteBackwardInput{GradOut: u, Y: p.X, RecvWeights: d.RecvWeights})
+		out["unpermute-backward.y"], out["unpermute-backward.w"] = ub.GradY, ub.GradWeights
+	}
+	if err != nil {
+		return nil, err
+	}
+	digests := map[string]string{}
+	for name, t := range out {
+		raw, err := device.Download(ctx, t)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		if err := t.CheckGuards(); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		sum := sha256.Sum256(raw)
+		digests[name] = fmt.Sprintf("%v%v %s", t.DType(), t.Shape(), hex.EncodeToString(sum[:8]))
+	}
+	return digests, nil
+}
+
+var mpSeeds = []uint64{1, 2, 3, 4, 5, 6}
+
+// mpResult is what a child reports.
+type mpResult struct {
+	Rank    int
+	Digests []map[string]string `json:",omitempty"`
+	Err     string              `json:",omitempty"`
+	Elapsed time.Duration
+}
+
+// TestMultiProcessChild is the body of one rank of the multi-process tests;
+// it only runs as a child of TestMultiProcess.
+func TestMultiProcessChild(t *testing.T) {
+	mode := os.Getenv("GOEP_MP_MODE")
+	if mode == "" {
+		t.Skip("runs only as a child process of TestMultiProcess*")
+	}
+	ctx := context.Background()
+	g, env, err := launcher.Bootstrap(ctx)
+	if err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	res := mpResult{Rank: env.Rank}
+	start := time.Now()
+	b := device.NewHost()
+	switch mode {
+	case "cases":
+		for _, seed := range mpSeeds {
+			d, err := mpPipeline(ctx, g, b, seed)
+			if err != nil {
+				res.Err = fmt.Sprintf("seed %d: %v", seed, err)
+				break
+			}
+			res.Digests = append(res.Digests, d)
+		}
+	case "kill":
+		res.Err = mpKill(ctx, g, b)
+	case "mismatch":
+		cfg := executor.Config{NumExperts: 8, TopK: 2, Hidden: 16, MaxTokensPerRank: 4}
+		if g.Rank() == 2 {
+			cfg.Hidden = 32
+		}
+		e, err := executor.New(ctx, g, b, cfg)
+		if err == nil {
+			e.Close()
+			err = errors.New("no error")
+		}
+		res.Err = err.Error()
+		if errors.Is(err, executor.ErrPeerMismatch) {
+			res.Err = "ErrPeerMismatch: " + res.Err
+		}
+	default:
+		t.Fatalf("unknown GOEP_MP_MODE %q", mode)
+	}
+	res.Elapsed = time.Since(start)
+	raw, _ := json.Marshal(res)
+	if err := os.WriteFile(filepath.Join(os.Getenv("GOEP_MP_OUT"), fmt.Sprintf("rank-%d.json", env.Rank)), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if mode == "kill" {
+		// Stay alive while the launcher tears the world down; it kills us.
+		time.Sleep(30 * time.Second)
+	}
+}
+
+// mpKill runs dispatches until rank 2 kills itself in the middle of one;
+// it returns the error the surviving ranks saw.
+func mpKill(ctx context.Context, g comm.Group, b device.Backend) string {
+	// Outlive the launcher's SIGTERM long enough to report what we saw.
+	signal.Ignore(syscall.SIGTERM)
+	cfg := executor.Config{NumExperts: 8, TopK: 4, Hidden: 4096, MaxTokensPerRank: 512}
+	e, err := executor.New(ctx, g, b, cfg)
+	if err != nil {
+		return "new: " + err.Error()
+	}
+	idx, x, _, T := mpInputs(9, g.Rank(), executor.Config{NumExperts: 8, TopK: 4, Hidden: 4096, MaxTokensPerRank: 512}, device.BF16)
+	ti, _ := e.NewTensor(device.Int32, T, 4)
+	device.Upload(ctx, ti, device.EncodeInt32(idx))
+	xt, _ := e.NewTensor(device.BF16, T, 4096)
+	device.Upload(ctx, xt, x)
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err != nil {
+		return "layout: " + err.Error()
+	}
+	for i := 0; ; i++ {
+		out, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+		if err != nil {
+			return err.Error()
+		}
+		if g.Rank() == 2 && i == 3 {
+			// The dispatch is queued and running: die in the middle of it.
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		if err := e.Synchronize(ctx); err != nil {
+			return err.Error()
+		}
+		out.Close()
+	}
+}
+
+// freePort returns a port on 127.0.0.1 that was free a moment ago.
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// runWorld runs the child mode on mpRanks processes with the given launcher
+// ("spawn" or "mpirun") and returns the children's reports and the
+// launcher's error.
+func runWorld(t *testing.T, how, mode string, timeout time.Duration) ([]mpResult, error, string) {
+	t.Helper()
+	dir := t.TempDir()
+	env := []string{"GOEP_MP_MODE=" + mode, "GOEP_MP_OUT=" + dir, "GOEP_TIMEOUT=20s"}
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	args := []string{os.Args[0], "-test.run", "^TestMultiProcessChild$", "-test.timeout", "2m"}
+	var out bytes.Buffer
+	var lerr error
+	switch how {
+	case "spawn":
+		lerr = launcher.Spawn(ctx, launcher.SpawnConfig{N: mpRanks, Command: args, Env: env, Stdout: &out, Stderr: &out})
+	case "mpirun":
+		mpirun, err := exec.LookPath("mpirun")
+		if err != nil {
+			t.Skip("mpirun is not installed (apt-get install openmpi-bin)")
+		}
+		// Built without the mpi tag, the children bootstrap over TCP with
+		// the rank Open MPI gives them.
+		env = append(env, "GOEP_MASTER_ADDR=127.0.0.1", "GOEP_MASTER_PORT="+strconv.Itoa(freePort(t)),
+			"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+		margs := []string{"--allow-run-as-root", "--oversubscribe", "-np", strconv.Itoa(mpRanks)}
+		for _, kv := range env {
+			margs = append(margs, "-x", strings.SplitN(kv, "=", 2)[0])
+		}
+		cmd := exec.CommandContext(ctx, mpirun, append(margs, args...)...)
+		cmd.Env = append(os.Environ(), env...)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		lerr = cmd.Run()
+	}
+	results := make([]mpResult, mpRanks)
+	for r := range results {
+		raw, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank-%d.json", r)))
+		if err != nil {
+			results[r] = mpResult{Rank: r, Err: "no report: " + err.Error()}
+			continue
+		}
+		if err := json.Unmarshal(raw, &results[r]); err != nil {
+			t.Fatalf("rank %d report: %v", r, err)
+		}
+	}
+	return results, lerr, out.String()
+}
+
+// inProcessDigests runs the cases with in-process ranks.
+func inProcessDigests(t *testing.T) [][]map[string]string {
+	gs := comm.NewLocal(mpRanks)
+	b := device.NewHost()
+	want := make([][]map[string]string, mpRanks)
+	var wg sync.WaitGroup
+	errs := make([]error, mpRanks)
+	for r := range mpRanks {
+		wg.Go(func() {
+			for _, seed := range mpSeeds {
+				d, err := mpPipeline(t.Context(), gs[r], b, seed)
+				if err != nil {
+					errs[r] = err
+					return
+				}
+				want[r] = append(want[r], d)
+			}
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("in-process rank %d: %v", r, err)
+		}
+	}
+	return want
+}
+
+// TestMultiProcess runs the whole API across 4 processes, launched like
+// `eprun launch` and by mpirun, and checks every output bit for bit
+// against the same worlds run with in-process ranks.
+func TestMultiProcess(t *testing.T) {
+	if os.Getenv("GOEP_MP_MODE") != "" {
+		t.Skip("child")
+	}
+	want := inProcessDigests(t)
+	for _, how := range []string{"spawn", "mpirun"} {
+		t.Run(how, func(t *testing.T) {
+			got, lerr, log := runWorld(t, how, "cases", 2*time.Minute)
+			if lerr != nil {
+				t.Fatalf("launcher: %v\n%s", lerr, log)
+			}
+			for r := range mpRanks {
+				if got[r].Err != "" {
+					t.Fatalf("rank %d: %s\n%s", r, got[r].Err, log)
+				}
+				if len(got[r].Digests) != len(mpSeeds) {
+					t.Fatalf("rank %d reported %d cases, want %d", r, len(got[r].Digests), len(mpSeeds))
+				}
+				for i, seed := range mpSeeds {
+					for name, w := range want[r][i] {
+						if g := got[r].Digests[i][name]; g != w {
+							t.Errorf("seed %d rank %d %s: %s across processes, %s in-process", seed, r, name, g, w)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestMultiProcessKill kills rank 2 in the middle of a dispatch: every other
+// rank must return an error naming it well within GOEP_TIMEOUT, the
+// launcher must fail naming it, and nothing may be left in /dev/shm.
+func TestMultiProcessKill(t *testing.T) {
+	if os.Getenv("GOEP_MP_MODE") != "" {
+		t.Skip("child")
+	}
+	shmBefore, _ := os.ReadDir("/dev/shm")
+	start := time.Now()
+	got, lerr, log := runWorld(t, "spawn", "kill", time.Minute)
+	if lerr == nil || !strings.Contains(lerr.Error(), "rank 2") {
+		t.Errorf("launcher error %v, want one naming rank 2\n%s", lerr, log)
+	}
+	for r := range mpRanks {
+		if r == 2 {
+			continue
+		}
+		if !strings.Contains(got[r].Err, "lost rank(s) [2]") && !strings.Contains(got[r].Err, "rank(s) [2]") {
+			t.Errorf("rank %d: %q, want an error naming rank 2\n%s", r, got[r].Err, log)
+		}
+		t.Logf("rank %d after %v: %s", r, got[r].Elapsed, got[r].Err)
+		if got[r].Elapsed > 20*time.Second {
+			t.Errorf("rank %d took %v, past GOEP_TIMEOUT", r, got[r].Elapsed)
+		}
+	}
+	t.Logf("world torn down in %v", time.Since(start))
+	shmAfter, _ := os.ReadDir("/dev/shm")
+	if len(shmAfter) > len(shmBefore) {
+		t.Errorf("/dev/shm had %d entries before, %d after", len(shmBefore), len(shmAfter))
+	}
+}
+
+// TestMultiProcessConfigMismatch starts rank 2 with a different config:
+// every rank must get ErrPeerMismatch.
+func TestMultiProcessConfigMismatch(t *testing.T) {
+	if os.Getenv("GOEP_MP_MODE") != "" {
+		t.Skip("child")
+	}
+	got, _, log := runWorld(t, "spawn", "mismatch", time.Minute)
+	for r := range mpRanks {
+		if !strings.HasPrefix(got[r].Err, "ErrPeerMismatch") || !strings.Contains(got[r].Err, "Hidden=") {
+			t.Errorf("rank %d: %q, want ErrPeerMismatch naming Hidden\n%s", r, got[r].Err, log)
+		}
+	}
+}
