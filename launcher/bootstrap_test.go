@@ -200,7 +200,7 @@ func TestBootstrapTimeout(t *testing.T) {
 // GOEP_DEVICE and a debug line, not an error.
 func TestBindDeviceWithoutNVML(t *testing.T) {
 	if _, err := gpuCPUs(0); err == nil {
-		t.Skip("NVML answers on this machine: binding is tested by TestBindCPUs")
+		t.Skip("NVML answers on this machine: binding is tested by TestBindDeviceNVML")
 	}
 	setLauncherEnv(t, nil)
 	core, logs := observer.New(zapcore.DebugLevel)
