@@ -1,0 +1,371 @@
+//go:build cuda && cgo
+
+package cuda
+
+/*
+#cgo linux CFLAGS: -I/usr/local/cuda/include
+#cgo linux LDFLAGS: -L/usr/local/cuda/lib64/stubs -L/usr/lib/x86_64-linux-gnu/stubs -L/usr/lib/aarch64-linux-gnu/stubs -lcuda
+#include <cuda.h>
+
+// CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED appeared in CUDA 12.3.
+#if CUDA_VERSION >= 12030
+#define GOEP_HAVE_ATTR_FABRIC 1
+#define GOEP_ATTR_FABRIC CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED
+#else
+#define GOEP_HAVE_ATTR_FABRIC 0
+#define GOEP_ATTR_FABRIC 0
+#endif
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// result is the one conversion from a CUresult to a Go error: nil for
+// CUDA_SUCCESS, else an *Error naming op and the code (cuGetErrorName).
+func result(op string, r C.CUresult) error {
+	if r == C.CUDA_SUCCESS {
+		return nil
+	}
+	name := "CUDA_ERROR_UNRECOGNIZED"
+	var s *C.char
+	if C.cuGetErrorName(r, &s) == C.CUDA_SUCCESS && s != nil {
+		name = C.GoString(s)
+	}
+	return &Error{Op: op, Code: int(r), Name: name}
+}
+
+// HeaderVersion is CUDA_VERSION of the cuda.h this package was compiled
+// against (e.g. 11080); features the headers lack are reported as
+// ErrUnsupported even where the driver has them.
+const HeaderVersion = int(C.CUDA_VERSION)
+
+// DriverVersion returns the CUDA version the installed driver supports, as
+// 1000*major + 10*minor (cuDriverGetVersion).
+func DriverVersion() (int, error) {
+	var v C.int
+	if err := result("cuDriverGetVersion", C.cuDriverGetVersion(&v)); err != nil {
+		return 0, err
+	}
+	return int(v), nil
+}
+
+// NumDevices initialises the driver and returns the number of visible GPUs
+// (cuInit, cuDeviceGetCount). It needs no context and may be called from
+// any goroutine.
+func NumDevices() (int, error) {
+	if err := result("cuInit", C.cuInit(0)); err != nil {
+		return 0, err
+	}
+	var n C.int
+	if err := result("cuDeviceGetCount", C.cuDeviceGetCount(&n)); err != nil {
+		return 0, err
+	}
+	return int(n), nil
+}
+
+// Features are the optional capabilities of a device, read once by Open
+// (cuDeviceGetAttribute).
+type Features struct {
+	// MemoryPools: cuMemAllocAsync / cuMemFreeAsync are supported. Without
+	// it Stream.Alloc falls back to cuMemAlloc and Stream.Free defers
+	// cuMemFree behind an event.
+	MemoryPools bool
+	// VMM: cuMemCreate, cuMemMap and the rest of virtual memory management.
+	VMM bool
+	// PosixFD: VMM allocations can be exported as file descriptors.
+	PosixFD bool
+	// Fabric: VMM allocations can be exported as fabric handles (multi-node
+	// NVLink). Always false when HeaderVersion < 12030.
+	Fabric bool
+	// Cooperative: cuLaunchCooperativeKernel is supported.
+	Cooperative bool
+	// StreamMemOps64: cuStreamWriteValue64 / cuStreamWaitValue64 (the v2
+	// entry points this package calls) are supported. The 32-bit ones are
+	// always supported by the v2 entry points.
+	StreamMemOps64 bool
+}
+
+// Device is one GPU with its primary context retained, and the single
+// goroutine, locked to an OS thread with that context current, that makes
+// every driver call for it (see Do).
+type Device struct {
+	ordinal int
+	dev     C.CUdevice
+	ctx     C.CUcontext
+	name    string
+	major   int
+	minor   int
+	feat    Features
+
+	tid    atomic.Int64 // OS thread of the worker while it runs, else 0
+	calls  chan *call
+	quit   chan struct{}
+	done   chan error // the worker's shutdown status
+	closed atomic.Bool
+
+	// deferred frees of the cuMemAlloc fallback (no memory pools), each
+	// behind an event recorded on the freeing stream. Worker-only.
+	deferred []deferredFree
+}
+
+type call struct {
+	f        func() error
+	err      error
+	panicked bool
+	panicVal any
+	done     chan struct{}
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// Open initialises the driver, retains the primary context of GPU ordinal
+// (cuInit, cuDeviceGet, cuDevicePrimaryCtxRetain) and starts the device's
+// worker goroutine, which locks itself to an OS thread and makes that
+// context current there (cuCtxSetCurrent). Using the primary context lets
+// goep share the GPU with other libraries of the process (PyTorch, NCCL).
+// Close releases it.
+func Open(ordinal int) (*Device, error) {
+	if ordinal < 0 {
+		return nil, fmt.Errorf("cuda: open device %d: negative ordinal", ordinal)
+	}
+	d := &Device{
+		ordinal: ordinal,
+		calls:   make(chan *call),
+		quit:    make(chan struct{}),
+		done:    make(chan error, 1),
+	}
+	ready := make(chan error, 1)
+	go d.run(ready)
+	if err := <-ready; err != nil {
+		return nil, fmt.Errorf("cuda: open device %d: %w", ordinal, err)
+	}
+	return d, nil
+}
+
+// run is the worker: it owns the OS thread on which the primary context is
+// current and runs the calls submitted by Do, one at a time, in order of
+// arrival. The thread is never unlocked, so it ends with the goroutine and
+// no other goroutine ever runs with this context current by accident.
+func (d *Device) run(ready chan<- error) {
+	runtime.LockOSThread()
+	if err := d.init(); err != nil {
+		ready <- err
+		return
+	}
+	d.tid.Store(int64(unix.Gettid()))
+	ready <- nil
+	for {
+		select {
+		case c := <-d.calls:
+			c.run()
+		case <-d.quit:
+			err := d.shutdown()
+			d.tid.Store(0)
+			d.done <- err
+			return
+		}
+	}
+}
+
+func (c *call) run() {
+	defer func() {
+		if p := recover(); p != nil {
+			c.panicked, c.panicVal = true, p
+		}
+		c.done <- struct{}{}
+	}()
+	c.err = c.f()
+}
+
+func (d *Device) init() error {
+	if err := result("cuInit", C.cuInit(0)); err != nil {
+		return err
+	}
+	if err := result("cuDeviceGet", C.cuDeviceGet(&d.dev, C.int(d.ordinal))); err != nil {
+		return err
+	}
+	if err := result("cuDevicePrimaryCtxRetain", C.cuDevicePrimaryCtxRetain(&d.ctx, d.dev)); err != nil {
+		return err
+	}
+	if err := d.describe(); err != nil {
+		return joinRelease(err, d.dev)
+	}
+	if err := result("cuCtxSetCurrent", C.cuCtxSetCurrent(d.ctx)); err != nil {
+		return joinRelease(err, d.dev)
+	}
+	return nil
+}
+
+func joinRelease(err error, dev C.CUdevice) error {
+	if rerr := result("cuDevicePrimaryCtxRelease", C.cuDevicePrimaryCtxRelease(dev)); rerr != nil {
+		return fmt.Errorf("%w (and %v)", err, rerr)
+	}
+	return err
+}
+
+// describe reads the name, compute capability and Features.
+func (d *Device) describe() error {
+	var buf [256]C.char
+	if err := result("cuDeviceGetName", C.cuDeviceGetName(&buf[0], C.int(len(buf)), d.dev)); err != nil {
+		return err
+	}
+	d.name = C.GoString(&buf[0])
+	var err error
+	if d.major, err = d.attr(C.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR); err != nil {
+		return err
+	}
+	if d.minor, err = d.attr(C.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR); err != nil {
+		return err
+	}
+	flags := []struct {
+		attr C.CUdevice_attribute
+		dst  *bool
+	}{
+		{C.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, &d.feat.MemoryPools},
+		{C.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, &d.feat.VMM},
+		{C.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, &d.feat.PosixFD},
+		{C.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, &d.feat.Cooperative},
+		{C.CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V2, &d.feat.StreamMemOps64},
+	}
+	if C.GOEP_HAVE_ATTR_FABRIC != 0 {
+		flags = append(flags, struct {
+			attr C.CUdevice_attribute
+			dst  *bool
+		}{C.CUdevice_attribute(C.GOEP_ATTR_FABRIC), &d.feat.Fabric})
+	}
+	for _, f := range flags {
+		v, err := d.attr(f.attr)
+		if IsCode(err, CodeInvalidValue) {
+			// An attribute this driver does not know: the feature is absent.
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		*f.dst = v != 0
+	}
+	return nil
+}
+
+func (d *Device) attr(a C.CUdevice_attribute) (int, error) {
+	var v C.int
+	if err := result("cuDeviceGetAttribute", C.cuDeviceGetAttribute(&v, a, d.dev)); err != nil {
+		return 0, err
+	}
+	return int(v), nil
+}
+
+// Ordinal is the device's index among the visible GPUs.
+func (d *Device) Ordinal() int { return d.ordinal }
+
+// Name is the GPU's marketing name (cuDeviceGetName), e.g. "NVIDIA H200".
+func (d *Device) Name() string { return d.name }
+
+// ComputeCapability is the SM version, e.g. 9, 0 on Hopper.
+func (d *Device) ComputeCapability() (major, minor int) { return d.major, d.minor }
+
+// Features are the device's optional capabilities.
+func (d *Device) Features() Features { return d.feat }
+
+// Do runs f on the device's worker goroutine, whose OS thread has the
+// device's primary context current, and returns f's error. Driver calls
+// depend on the calling thread's current context; goroutines move between
+// threads, so every driver call for the device must be made inside Do
+// (without it the driver answers CUDA_ERROR_INVALID_CONTEXT at random).
+// Every exported operation of this package does so itself.
+//
+// Calls from many goroutines are serialised in arrival order. Do may be
+// nested: called from inside f (on the worker), it runs its function
+// directly. A panic in f is re-raised in the caller of Do. f must not call
+// runtime.Goexit (t.FailNow), which would stop the worker, nor block for
+// long: every other user of the device waits behind it.
+func (d *Device) Do(f func() error) error {
+	if tid := d.tid.Load(); tid != 0 && int64(unix.Gettid()) == tid {
+		// On the worker already (a locked thread runs only its goroutine).
+		return f()
+	}
+	if d.closed.Load() {
+		return fmt.Errorf("cuda: device %d: %w", d.ordinal, ErrClosed)
+	}
+	c := callPool.Get().(*call)
+	c.f = f
+	select {
+	case d.calls <- c:
+	case <-d.quit:
+		c.f = nil
+		callPool.Put(c)
+		return fmt.Errorf("cuda: device %d: %w", d.ordinal, ErrClosed)
+	}
+	<-c.done
+	err, panicked, p := c.err, c.panicked, c.panicVal
+	*c = call{done: c.done}
+	callPool.Put(c)
+	if panicked {
+		panic(p)
+	}
+	return err
+}
+
+// Close waits for the memory whose free was deferred (no memory pools) to
+// be released, releases the primary context (cuDevicePrimaryCtxRelease) and
+// stops the worker. Streams, events, modules and memory should be released
+// first; the driver frees what is left when the last user of the primary
+// context releases it. Later calls return errors wrapping ErrClosed; a
+// second Close returns nil. Close must not be called from inside Do.
+func (d *Device) Close() error {
+	if tid := d.tid.Load(); tid != 0 && int64(unix.Gettid()) == tid {
+		return fmt.Errorf("cuda: close device %d: called from inside Do", d.ordinal)
+	}
+	if !d.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(d.quit)
+	return <-d.done
+}
+
+// shutdown runs on the worker after quit.
+func (d *Device) shutdown() error {
+	err := d.reapDeferred(true)
+	if rerr := result("cuDevicePrimaryCtxRelease", C.cuDevicePrimaryCtxRelease(d.dev)); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	if err != nil {
+		return fmt.Errorf("cuda: close device %d: %w", d.ordinal, err)
+	}
+	return nil
+}
+
+// c converts a DevicePtr to the driver's type.
+func (p DevicePtr) c() C.CUdeviceptr { return C.CUdeviceptr(p) }
+
+// dims returns the three components of a Dim3, zeros counted as 1.
+func (g Dim3) dims() (C.uint, C.uint, C.uint) {
+	one := func(v uint32) C.uint {
+		if v == 0 {
+			return 1
+		}
+		return C.uint(v)
+	}
+	return one(g.X), one(g.Y), one(g.Z)
+}
+
+// cbytes copies b to C memory with a trailing NUL; the caller frees it.
+func cbytes(b []byte) unsafe.Pointer {
+	p := C.malloc(C.size_t(len(b) + 1))
+	s := unsafe.Slice((*byte)(p), len(b)+1)
+	copy(s, b)
+	s[len(b)] = 0
+	return p
+}
+
+// resultOf is result for a code given as an int (tests).
+func resultOf(op string, code int) error { return result(op, C.CUresult(code)) }

@@ -1,0 +1,284 @@
+//go:build cuda && cgo
+
+package cuda
+
+/*
+#include <cuda.h>
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+)
+
+// deferredFree is a cuMemAlloc'd block whose free waits for an event.
+type deferredFree struct {
+	ptr DevicePtr
+	ev  C.CUevent
+}
+
+func checkSize(op string, n int) error {
+	if n < 0 {
+		return fmt.Errorf("cuda: %s: negative size %d", op, n)
+	}
+	return nil
+}
+
+// Alloc returns n bytes of device memory usable by work enqueued on s after
+// this call (cuMemAllocAsync from the device's default memory pool). On a
+// device without memory pools (Features.MemoryPools false) it falls back to
+// cuMemAlloc, which is not stream-ordered but returns memory that no queued
+// work uses. n == 0 returns the null pointer, which Free accepts.
+//
+// Memory from Alloc cannot be exported with GetIPCHandle (the default pool
+// is not IPC-capable); use Device.Alloc for that.
+func (s *Stream) Alloc(n int) (DevicePtr, error) {
+	if err := checkSize("alloc", n); err != nil || n == 0 {
+		return 0, err
+	}
+	var p C.CUdeviceptr
+	err := s.do(func(cs C.CUstream) error {
+		if err := s.d.reapDeferred(false); err != nil {
+			return err
+		}
+		if s.d.feat.MemoryPools {
+			return result("cuMemAllocAsync", C.cuMemAllocAsync(&p, C.size_t(n), cs))
+		}
+		return result("cuMemAlloc", C.cuMemAlloc(&p, C.size_t(n)))
+	})
+	if err != nil {
+		return 0, fmt.Errorf("cuda: alloc %d bytes: %w", n, err)
+	}
+	return DevicePtr(p), nil
+}
+
+// Free returns p, from Alloc on any stream of the device, once the work
+// enqueued on s before this call is done (cuMemFreeAsync). Without memory
+// pools it records an event on s and calls cuMemFree when the event has
+// completed (checked on later allocations and at Device.Close). Work on
+// other streams that uses p must be ordered before s's current work (an
+// event and WaitEvent), as for cuMemFreeAsync.
+func (s *Stream) Free(p DevicePtr) error {
+	if p == 0 {
+		return nil
+	}
+	err := s.do(func(cs C.CUstream) error {
+		if s.d.feat.MemoryPools {
+			return result("cuMemFreeAsync", C.cuMemFreeAsync(p.c(), cs))
+		}
+		var ev C.CUevent
+		if err := result("cuEventCreate", C.cuEventCreate(&ev, C.CU_EVENT_DISABLE_TIMING)); err != nil {
+			return err
+		}
+		if err := result("cuEventRecord", C.cuEventRecord(ev, cs)); err != nil {
+			return errors.Join(err, result("cuEventDestroy", C.cuEventDestroy(ev)))
+		}
+		s.d.deferred = append(s.d.deferred, deferredFree{ptr: p, ev: ev})
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("cuda: free %#x: %w", uint64(p), err)
+	}
+	return nil
+}
+
+// reapDeferred frees the deferred blocks whose events have completed
+// (cuEventQuery, cuMemFree, cuEventDestroy); with wait it waits for each
+// (cuEventSynchronize). Worker only.
+func (d *Device) reapDeferred(wait bool) error {
+	var errs []error
+	keep := d.deferred[:0]
+	for _, f := range d.deferred {
+		var r C.CUresult
+		if wait {
+			r = C.cuEventSynchronize(f.ev)
+		} else {
+			r = C.cuEventQuery(f.ev)
+		}
+		if r == C.CUDA_ERROR_NOT_READY {
+			keep = append(keep, f)
+			continue
+		}
+		if err := result("cuEventQuery", r); err != nil {
+			// The stream failed; the memory may still be in use by
+			// nothing, but the safe choice is to leak it.
+			errs = append(errs, err)
+		} else {
+			errs = append(errs, result("cuMemFree", C.cuMemFree(f.ptr.c())))
+		}
+		errs = append(errs, result("cuEventDestroy", C.cuEventDestroy(f.ev)))
+	}
+	clear(d.deferred[len(keep):])
+	d.deferred = keep
+	return errors.Join(errs...)
+}
+
+// Alloc returns n bytes of device memory that is not stream-ordered
+// (cuMemAlloc): for long-lived buffers, and for memory exported with
+// GetIPCHandle. Free it with Device.Free after the work using it is done.
+func (d *Device) Alloc(n int) (DevicePtr, error) {
+	if err := checkSize("alloc", n); err != nil || n == 0 {
+		return 0, err
+	}
+	var p C.CUdeviceptr
+	if err := d.Do(func() error { return result("cuMemAlloc", C.cuMemAlloc(&p, C.size_t(n))) }); err != nil {
+		return 0, fmt.Errorf("cuda: alloc %d bytes: %w", n, err)
+	}
+	return DevicePtr(p), nil
+}
+
+// Free releases memory from Device.Alloc (cuMemFree). The caller makes sure
+// no queued work still uses it (synchronize the streams first).
+func (d *Device) Free(p DevicePtr) error {
+	if p == 0 {
+		return nil
+	}
+	if err := d.Do(func() error { return result("cuMemFree", C.cuMemFree(p.c())) }); err != nil {
+		return fmt.Errorf("cuda: free %#x: %w", uint64(p), err)
+	}
+	return nil
+}
+
+// Memset8 sets n bytes at p to v, in stream order (cuMemsetD8Async).
+func (s *Stream) Memset8(p DevicePtr, v byte, n int) error {
+	if err := checkSize("memset", n); err != nil || n == 0 {
+		return err
+	}
+	return s.do(func(cs C.CUstream) error {
+		return result("cuMemsetD8Async", C.cuMemsetD8Async(p.c(), C.uchar(v), C.size_t(n), cs))
+	})
+}
+
+// Memset32 sets n 32-bit words at p (4-byte aligned) to v, in stream order
+// (cuMemsetD32Async).
+func (s *Stream) Memset32(p DevicePtr, v uint32, n int) error {
+	if err := checkSize("memset", n); err != nil || n == 0 {
+		return err
+	}
+	return s.do(func(cs C.CUstream) error {
+		return result("cuMemsetD32Async", C.cuMemsetD32Async(p.c(), C.uint(v), C.size_t(n), cs))
+	})
+}
+
+// CopyHtoD copies n bytes from src[off:] to dst, in stream order
+// (cuMemcpyHtoDAsync). src is pinned host memory, so the copy is
+// asynchronous; keep it alive until the stream has passed the copy.
+func (s *Stream) CopyHtoD(dst DevicePtr, src *HostBuffer, off, n int) error {
+	p, err := src.at("copy host to device", off, n)
+	if err != nil || n == 0 {
+		return err
+	}
+	return s.do(func(cs C.CUstream) error {
+		return result("cuMemcpyHtoDAsync", C.cuMemcpyHtoDAsync(dst.c(), p, C.size_t(n), cs))
+	})
+}
+
+// CopyDtoH copies n bytes from src to dst[off:], in stream order
+// (cuMemcpyDtoHAsync). Read dst after synchronizing the stream.
+func (s *Stream) CopyDtoH(dst *HostBuffer, off int, src DevicePtr, n int) error {
+	p, err := dst.at("copy device to host", off, n)
+	if err != nil || n == 0 {
+		return err
+	}
+	return s.do(func(cs C.CUstream) error {
+		return result("cuMemcpyDtoHAsync", C.cuMemcpyDtoHAsync(p, src.c(), C.size_t(n), cs))
+	})
+}
+
+// CopyDtoD copies n bytes from src to dst, in stream order
+// (cuMemcpyDtoDAsync). Both may be on any device of a peer-capable set,
+// including IPC- or VMM-mapped peer memory (unified addressing).
+func (s *Stream) CopyDtoD(dst, src DevicePtr, n int) error {
+	if err := checkSize("copy device to device", n); err != nil || n == 0 {
+		return err
+	}
+	return s.do(func(cs C.CUstream) error {
+		return result("cuMemcpyDtoDAsync", C.cuMemcpyDtoDAsync(dst.c(), src.c(), C.size_t(n), cs))
+	})
+}
+
+// HostBuffer is page-locked (pinned) host memory, for asynchronous copies
+// (staging). It is C memory, never the Go heap, so the GPU may use it after
+// a call returns (DESIGN invariant 6).
+type HostBuffer struct {
+	d *Device
+	p unsafe.Pointer // nil once freed
+	n int
+}
+
+// AllocHost returns n bytes of pinned host memory, portable to every
+// context (cuMemHostAlloc with CU_MEMHOSTALLOC_PORTABLE).
+func (d *Device) AllocHost(n int) (*HostBuffer, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("cuda: alloc host: size %d, want > 0", n)
+	}
+	var p unsafe.Pointer
+	err := d.Do(func() error {
+		return result("cuMemHostAlloc", C.cuMemHostAlloc(&p, C.size_t(n), C.CU_MEMHOSTALLOC_PORTABLE))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cuda: alloc host %d bytes: %w", n, err)
+	}
+	return &HostBuffer{d: d, p: p, n: n}, nil
+}
+
+// Len is the buffer's size in bytes.
+func (h *HostBuffer) Len() int { return h.n }
+
+// Bytes is the buffer's memory as a slice (nil once freed). It must not be
+// used after Free.
+func (h *HostBuffer) Bytes() []byte {
+	if h.p == nil {
+		return nil
+	}
+	return unsafe.Slice((*byte)(h.p), h.n)
+}
+
+// DevicePtr is the buffer's address as the GPU sees it (the same address,
+// with unified addressing): a host pointer, so IsDevicePointer reports false.
+func (h *HostBuffer) DevicePtr() DevicePtr { return DevicePtr(uintptr(h.p)) }
+
+func (h *HostBuffer) at(op string, off, n int) (unsafe.Pointer, error) {
+	if h == nil || h.p == nil {
+		return nil, fmt.Errorf("cuda: %s: host buffer: %w", op, ErrClosed)
+	}
+	if off < 0 || n < 0 || off > h.n || n > h.n-off {
+		return nil, fmt.Errorf("cuda: %s: range [%d, %d+%d) outside host buffer of %d bytes", op, off, off, n, h.n)
+	}
+	return unsafe.Add(h.p, off), nil
+}
+
+// Free releases the buffer (cuMemFreeHost). No queued copy may still use
+// it: synchronize the streams that do first. A second Free returns nil.
+func (h *HostBuffer) Free() error {
+	return h.d.Do(func() error {
+		if h.p == nil {
+			return nil
+		}
+		err := result("cuMemFreeHost", C.cuMemFreeHost(h.p))
+		h.p = nil
+		return err
+	})
+}
+
+// IsDevicePointer reports whether p is device memory (cuPointerGetAttribute
+// with CU_POINTER_ATTRIBUTE_MEMORY_TYPE is CU_MEMORYTYPE_DEVICE): memory
+// from Alloc, an opened IPC handle or a VMM mapping, in any context of the
+// process. Pinned host memory and addresses the driver does not know
+// (CUDA_ERROR_INVALID_VALUE) give false with a nil error. The debug check of
+// DESIGN invariant 1 calls it for every pointer argument of a kernel.
+func (d *Device) IsDevicePointer(p DevicePtr) (bool, error) {
+	var mt C.uint
+	err := d.Do(func() error {
+		return result("cuPointerGetAttribute", C.cuPointerGetAttribute(unsafe.Pointer(&mt), C.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p.c()))
+	})
+	if IsCode(err, CodeInvalidValue) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("cuda: pointer %#x: %w", uint64(p), err)
+	}
+	return mt == C.CU_MEMORYTYPE_DEVICE, nil
+}

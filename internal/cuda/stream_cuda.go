@@ -1,0 +1,264 @@
+//go:build cuda && cgo
+
+package cuda
+
+/*
+#include <cuda.h>
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Stream is an ordered queue of GPU work (CUstream).
+type Stream struct {
+	d *Device
+	s C.CUstream // nil once closed; read and written on the worker only
+}
+
+// NewStream creates a stream that does not synchronise with the legacy
+// default stream (cuStreamCreate with CU_STREAM_NON_BLOCKING).
+func (d *Device) NewStream() (*Stream, error) {
+	s := &Stream{d: d}
+	if err := d.Do(func() error {
+		return result("cuStreamCreate", C.cuStreamCreate(&s.s, C.CU_STREAM_NON_BLOCKING))
+	}); err != nil {
+		return nil, fmt.Errorf("cuda: new stream: %w", err)
+	}
+	return s, nil
+}
+
+// Device is the stream's device.
+func (s *Stream) Device() *Device { return s.d }
+
+// do runs f on the worker with the stream's handle, or fails with ErrClosed.
+func (s *Stream) do(f func(C.CUstream) error) error {
+	return s.d.Do(func() error {
+		if s.s == nil {
+			return fmt.Errorf("cuda: stream: %w", ErrClosed)
+		}
+		return f(s.s)
+	})
+}
+
+// Query reports whether all work enqueued on s has completed
+// (cuStreamQuery). An error of that work is returned here.
+func (s *Stream) Query() (bool, error) {
+	var done bool
+	err := s.do(func(cs C.CUstream) error {
+		r := C.cuStreamQuery(cs)
+		if r == C.CUDA_ERROR_NOT_READY {
+			return nil
+		}
+		done = true
+		return result("cuStreamQuery", r)
+	})
+	return done, err
+}
+
+// Synchronize waits until all work enqueued on s has completed, or ctx is
+// done. It polls cuStreamQuery with short sleeps rather than blocking in
+// cuStreamSynchronize, so that the worker stays free for other goroutines
+// and a deadline bounds the wait (DESIGN invariant 4). On ctx's end it
+// returns an error wrapping ctx.Err(); the work is still queued.
+func (s *Stream) Synchronize(ctx context.Context) error {
+	if err := poll(ctx, s.Query); err != nil {
+		return fmt.Errorf("cuda: synchronize stream: %w", err)
+	}
+	return nil
+}
+
+// poll calls query until it reports done or fails, sleeping between calls
+// from 4 µs doubling to 256 µs, until ctx is done.
+func poll(ctx context.Context, query func() (bool, error)) error {
+	const first, most = 4 * time.Microsecond, 256 * time.Microsecond
+	wait := first
+	var t *time.Timer
+	for {
+		done, err := query()
+		if err != nil || done {
+			return err
+		}
+		if t == nil {
+			t = time.NewTimer(wait)
+			defer t.Stop()
+		} else {
+			t.Reset(wait)
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-t.C:
+		}
+		wait = min(2*wait, most)
+	}
+}
+
+// Close destroys the stream (cuStreamDestroy). Work already enqueued still
+// completes; the driver releases the stream afterwards. A second Close
+// returns nil.
+func (s *Stream) Close() error {
+	return s.d.Do(func() error {
+		if s.s == nil {
+			return nil
+		}
+		err := result("cuStreamDestroy", C.cuStreamDestroy(s.s))
+		s.s = nil
+		return err
+	})
+}
+
+// Event marks a point in a stream's work (CUevent).
+type Event struct {
+	d *Device
+	e C.CUevent // nil once closed; worker only
+}
+
+// NewEvent creates an event (cuEventCreate); with timing false it is created
+// with CU_EVENT_DISABLE_TIMING, which makes record and wait cheaper but
+// Elapsed unavailable.
+func (d *Device) NewEvent(timing bool) (*Event, error) {
+	var flags C.uint = C.CU_EVENT_DEFAULT
+	if !timing {
+		flags = C.CU_EVENT_DISABLE_TIMING
+	}
+	e := &Event{d: d}
+	if err := d.Do(func() error { return result("cuEventCreate", C.cuEventCreate(&e.e, flags)) }); err != nil {
+		return nil, fmt.Errorf("cuda: new event: %w", err)
+	}
+	return e, nil
+}
+
+func (e *Event) do(f func(C.CUevent) error) error {
+	return e.d.Do(func() error {
+		if e.e == nil {
+			return fmt.Errorf("cuda: event: %w", ErrClosed)
+		}
+		return f(e.e)
+	})
+}
+
+// Record captures the work enqueued on s so far into e (cuEventRecord).
+func (s *Stream) Record(e *Event) error {
+	if e.d != s.d {
+		return fmt.Errorf("cuda: record: event of device %d on stream of device %d", e.d.ordinal, s.d.ordinal)
+	}
+	return s.do(func(cs C.CUstream) error {
+		return e.do(func(ce C.CUevent) error { return result("cuEventRecord", C.cuEventRecord(ce, cs)) })
+	})
+}
+
+// WaitEvent makes work enqueued on s after this call wait until e has
+// completed (cuStreamWaitEvent). e belongs to s's device (waits across
+// devices are for the CUDA backend to add, through a shared event handle).
+func (s *Stream) WaitEvent(e *Event) error {
+	if e.d != s.d {
+		return fmt.Errorf("cuda: wait event: event of device %d on stream of device %d", e.d.ordinal, s.d.ordinal)
+	}
+	return s.do(func(cs C.CUstream) error {
+		return e.do(func(ce C.CUevent) error { return result("cuStreamWaitEvent", C.cuStreamWaitEvent(cs, ce, 0)) })
+	})
+}
+
+// Query reports whether the work captured by e has completed (cuEventQuery).
+// An event never recorded counts as completed.
+func (e *Event) Query() (bool, error) {
+	var done bool
+	err := e.do(func(ce C.CUevent) error {
+		r := C.cuEventQuery(ce)
+		if r == C.CUDA_ERROR_NOT_READY {
+			return nil
+		}
+		done = true
+		return result("cuEventQuery", r)
+	})
+	return done, err
+}
+
+// Synchronize waits until e has completed or ctx is done, polling
+// cuEventQuery like Stream.Synchronize.
+func (e *Event) Synchronize(ctx context.Context) error {
+	if err := poll(ctx, e.Query); err != nil {
+		return fmt.Errorf("cuda: synchronize event: %w", err)
+	}
+	return nil
+}
+
+// Elapsed is the GPU time from start to e, both recorded with timing and
+// completed (cuEventElapsedTime; resolution about 0.5 µs).
+func (e *Event) Elapsed(start *Event) (time.Duration, error) {
+	if e.d != start.d {
+		return 0, fmt.Errorf("cuda: elapsed time: events of devices %d and %d", start.d.ordinal, e.d.ordinal)
+	}
+	var ms C.float
+	err := e.do(func(end C.CUevent) error {
+		return start.do(func(st C.CUevent) error {
+			return result("cuEventElapsedTime", C.cuEventElapsedTime(&ms, st, end))
+		})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("cuda: elapsed time: %w", err)
+	}
+	return time.Duration(float64(ms) * float64(time.Millisecond)), nil
+}
+
+// Close destroys the event (cuEventDestroy). A second Close returns nil.
+func (e *Event) Close() error {
+	return e.d.Do(func() error {
+		if e.e == nil {
+			return nil
+		}
+		err := result("cuEventDestroy", C.cuEventDestroy(e.e))
+		e.e = nil
+		return err
+	})
+}
+
+// Stream memory operations: flags between streams, devices and processes
+// without a kernel. They call the v2 entry points (CUDA 11.7+), which the
+// driver enables by default; the v1 ones need the NVreg_EnableStreamMemOPs
+// module parameter on older drivers.
+
+// WriteValue32 enqueues a write of v to the 4-byte word at p
+// (cuStreamWriteValue32_v2, default flags: the write is ordered after the
+// stream's earlier work and made visible like a kernel's store).
+func (s *Stream) WriteValue32(p DevicePtr, v uint32) error {
+	return s.do(func(cs C.CUstream) error {
+		return result("cuStreamWriteValue32", C.cuStreamWriteValue32_v2(cs, p.c(), C.cuuint32_t(v), C.CU_STREAM_WRITE_VALUE_DEFAULT))
+	})
+}
+
+// WriteValue64 is WriteValue32 for an 8-byte word (cuStreamWriteValue64_v2;
+// needs Features.StreamMemOps64).
+func (s *Stream) WriteValue64(p DevicePtr, v uint64) error {
+	if !s.d.feat.StreamMemOps64 {
+		return fmt.Errorf("cuda: stream write value 64: %w: device %d has no 64-bit stream memory operations", ErrUnsupported, s.d.ordinal)
+	}
+	return s.do(func(cs C.CUstream) error {
+		return result("cuStreamWriteValue64", C.cuStreamWriteValue64_v2(cs, p.c(), C.cuuint64_t(v), C.CU_STREAM_WRITE_VALUE_DEFAULT))
+	})
+}
+
+// WaitValue32 makes later work on s wait until the 4-byte word at p, as an
+// unsigned number, is >= v (cuStreamWaitValue32_v2 with
+// CU_STREAM_WAIT_VALUE_GEQ, a cyclic comparison: (int32)(*p - v) >= 0).
+// Flags are monotonic epochs, so GEQ never misses an update.
+func (s *Stream) WaitValue32(p DevicePtr, v uint32) error {
+	return s.do(func(cs C.CUstream) error {
+		return result("cuStreamWaitValue32", C.cuStreamWaitValue32_v2(cs, p.c(), C.cuuint32_t(v), C.CU_STREAM_WAIT_VALUE_GEQ))
+	})
+}
+
+// WaitValue64 is WaitValue32 for an 8-byte word (cuStreamWaitValue64_v2;
+// needs Features.StreamMemOps64).
+func (s *Stream) WaitValue64(p DevicePtr, v uint64) error {
+	if !s.d.feat.StreamMemOps64 {
+		return fmt.Errorf("cuda: stream wait value 64: %w: device %d has no 64-bit stream memory operations", ErrUnsupported, s.d.ordinal)
+	}
+	return s.do(func(cs C.CUstream) error {
+		return result("cuStreamWaitValue64", C.cuStreamWaitValue64_v2(cs, p.c(), C.cuuint64_t(v), C.CU_STREAM_WAIT_VALUE_GEQ))
+	})
+}
