@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Compile-and-vet check of the cuda build (DESIGN.md section 5, CI), on a
+# machine without a GPU.
+#
+# As root on Debian 12 it installs CUDA's headers, the stub libcuda.so and
+# nvcc from Debian's contrib/non-free components (CUDA 11.8), then runs
+#
+#	go vet   -tags cuda ./...
+#	go build -tags cuda ./...
+#	go test  -tags cuda -count=1 ./internal/cuda/...
+#	go test -c -tags cuda ./internal/cuda   (the binary a GPU host runs)
+#
+# and checks that the PTX files match their CUDA sources (go generate runs
+# nvcc again; the PTX must not change).
+#
+# The tests skip, with the reason, when cuInit fails or no GPU is present.
+# Linking uses the driver stub (libcuda.so in Debian's stubs directory); on a
+# GPU host the loader finds the real libcuda.so.1 at run time.
+#
+# Every step is idempotent: a machine that already has nvcc and cuda.h skips
+# apt entirely. Set GOEP_CUDA_SKIP_APT=1 to never touch apt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '== %s\n' "$*" >&2; }
+
+export PATH="/usr/local/go/bin:$PATH"
+
+have_cuda() {
+	command -v nvcc >/dev/null && [ -e /usr/include/cuda.h ] &&
+		dpkg -s nvidia-cuda-dev >/dev/null 2>&1
+}
+
+# enable_contrib_nonfree adds contrib and non-free to every Components line
+# of Debian's deb822 source file (Debian 12's default), or to the deb lines
+# of a one-line-style sources.list; lines that have them already stay.
+enable_contrib_nonfree() {
+	local f=/etc/apt/sources.list.d/debian.sources
+	if [ -f "$f" ]; then
+		awk '
+			/^Components:/ {
+				have_c = 0; have_n = 0
+				for (i = 2; i <= NF; i++) {
+					if ($i == "contrib") have_c = 1
+					if ($i == "non-free") have_n = 1
+				}
+				if (!have_c) $0 = $0 " contrib"
+				if (!have_n) $0 = $0 " non-free"
+			}
+			{ print }
+		' "$f" >"$f.goep-tmp"
+		if cmp -s "$f" "$f.goep-tmp"; then
+			rm -f "$f.goep-tmp"
+		else
+			mv "$f.goep-tmp" "$f"
+			log "enabled contrib non-free in $f"
+		fi
+	elif [ -f /etc/apt/sources.list ]; then
+		f=/etc/apt/sources.list
+		awk '
+			/^deb(-src)? / {
+				have_c = 0; have_n = 0
+				for (i = 4; i <= NF; i++) {
+					if ($i == "contrib") have_c = 1
+					if ($i == "non-free") have_n = 1
+				}
+				if (!have_c) $0 = $0 " contrib"
+				if (!have_n) $0 = $0 " non-free"
+			}
+			{ print }
+		' "$f" >"$f.goep-tmp"
+		if cmp -s "$f" "$f.goep-tmp"; then rm -f "$f.goep-tmp"; else mv "$f.goep-tmp" "$f"; fi
+	else
+		echo "scripts/cuda-check.sh: no Debian apt sources found" >&2
+		exit 1
+	fi
+}
+
+if ! have_cuda && [ "${GOEP_CUDA_SKIP_APT:-0}" != 1 ]; then
+	if [ "$(id -u)" != 0 ]; then
+		echo "scripts/cuda-check.sh: need root to install the CUDA toolkit with apt-get" >&2
+		exit 1
+	fi
+	start=$SECONDS
+	enable_contrib_nonfree
+	log "apt-get update"
+	apt-get update -qq
+	log "apt-get install nvidia-cuda-dev nvidia-cuda-toolkit"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nvidia-cuda-dev nvidia-cuda-toolkit >/dev/null
+	log "CUDA toolkit installed in $((SECONDS - start)) s"
+fi
+command -v gcc >/dev/null || { echo "scripts/cuda-check.sh: cgo needs gcc" >&2; exit 1; }
+
+# The driver stub: Debian's nvidia-cuda-dev ships libcuda.so under a stubs
+# directory (not on the linker's default path, so that it is never loaded
+# instead of the real driver). internal/cuda names the usual places in its
+# #cgo LDFLAGS; CGO_LDFLAGS adds the one dpkg reports, in case it moved.
+stub=$(dpkg -L nvidia-cuda-dev 2>/dev/null | grep -E '/stubs/libcuda\.so$' | head -1 || true)
+if [ -z "$stub" ]; then
+	stub=$(find /usr/lib /usr/local/cuda* -path '*stubs/libcuda.so' 2>/dev/null | head -1 || true)
+fi
+if [ -z "$stub" ]; then
+	echo "scripts/cuda-check.sh: libcuda.so stub not found (dpkg -L nvidia-cuda-dev)" >&2
+	exit 1
+fi
+export CGO_LDFLAGS="${CGO_LDFLAGS:-} -L$(dirname "$stub")"
+export CGO_ENABLED=1
+log "$(nvcc --version | tail -1); stub $stub"
+log "$(go version)"
+
+log "go vet -tags cuda ./..."
+go vet -tags cuda ./...
+
+log "go build -tags cuda ./..."
+go build -tags cuda ./...
+
+log "go test -tags cuda ./internal/cuda/..."
+go test -tags cuda -count=1 ./internal/cuda/...
+
+log "go test -c -tags cuda ./internal/cuda"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+go test -c -tags cuda -o "$tmp/cuda.test" ./internal/cuda
+
+# Generated PTX: regenerate every file (go generate runs nvcc through the
+# directives that mention it) and compare with what was there before.
+log "PTX matches its CUDA source (go generate, diff)"
+mapfile -t ptx < <(find . -name '*.ptx' -not -path './.git/*' -not -path './.gpu/*' | sort)
+for f in "${ptx[@]}"; do
+	mkdir -p "$tmp/before/$(dirname "$f")" && cp "$f" "$tmp/before/$f"
+done
+go generate -run 'nvcc|gen\.sh' ./...
+stale=0
+for f in "${ptx[@]}"; do
+	if ! diff -u "$tmp/before/$f" "$f" >"$tmp/diff"; then
+		head -40 "$tmp/diff" >&2
+		echo "scripts/cuda-check.sh: $f was stale (regenerated now: review and commit it)" >&2
+		stale=1
+	fi
+done
+[ "$stale" = 0 ] || exit 1
+
+log "cuda check passed"
