@@ -90,6 +90,11 @@ go test -count=1 ./...
 log "go test -tags mpi ./internal/mpi/... ./comm/... (under mpirun)"
 go test -tags mpi -count=1 ./internal/mpi/... ./comm/...
 
+# The engine across processes with the MPI bootstrap (the untagged run
+# above bootstraps its mpirun children over TCP).
+log "go test -tags mpi -run MultiProcess ./executor (under mpirun)"
+go test -tags mpi -count=1 -run MultiProcess ./executor
+
 case "${GOEP_TEST_RACE:-all}" in
 all)
 	log "go test -race -short ./..."
