@@ -322,6 +322,13 @@ func (c *Comm) run(ctx context.Context, op string, m *cmem, start func(req *C.MP
 	if err := result(op, rc); err != nil {
 		return err // not started: nothing pending, c stays usable
 	}
+	// Open MPI advances a non-blocking collective only inside MPI_Test, so
+	// polling must not sleep while data moves: test back to back (yielding
+	// the processor to other goroutines) for up to spinFor, as a blocking
+	// MPI call would spin; only a collective still waiting after that (a
+	// peer that is late, not a transfer in progress) backs off to sleeps of
+	// up to a millisecond.
+	spinUntil := time.Now().Add(spinFor)
 	delay := 10 * time.Microsecond
 	var timer *time.Timer
 	for {
@@ -338,6 +345,10 @@ func (c *Comm) run(ctx context.Context, op string, m *cmem, start func(req *C.MP
 		if err := ctx.Err(); err != nil {
 			return c.abandon(op, req, m, fmt.Errorf("%s: %w", op, context.Cause(ctx)))
 		}
+		if time.Now().Before(spinUntil) {
+			runtime.Gosched()
+			continue
+		}
 		if timer == nil {
 			timer = time.NewTimer(delay)
 			defer timer.Stop()
@@ -351,6 +362,9 @@ func (c *Comm) run(ctx context.Context, op string, m *cmem, start func(req *C.MP
 		delay = min(2*delay, time.Millisecond)
 	}
 }
+
+// spinFor is how long run polls MPI_Test without sleeping.
+const spinFor = time.Second
 
 func (c *Comm) abandon(op string, req C.MPI_Request, m *cmem, cause error) error {
 	m.kept = true
