@@ -95,6 +95,22 @@ go test -tags mpi -count=1 ./internal/mpi/... ./comm/...
 log "go test -tags mpi -run MultiProcess ./executor (under mpirun)"
 go test -tags mpi -count=1 -run MultiProcess ./executor
 
+# The CUDA build: installs Debian's CUDA 11.8 headers, stub libcuda and
+# nvcc (contrib, non-free), vets and builds with -tags cuda, runs the tests
+# that need no GPU, and checks that the committed PTX matches its source.
+# GOEP_TEST_CUDA=none skips it (for a machine without Debian's archive).
+case "${GOEP_TEST_CUDA:-all}" in
+all)
+	log "scripts/cuda-check.sh"
+	bash scripts/cuda-check.sh
+	;;
+none) ;;
+*)
+	echo "scripts/test.sh: GOEP_TEST_CUDA=$GOEP_TEST_CUDA: want all or none" >&2
+	exit 2
+	;;
+esac
+
 case "${GOEP_TEST_RACE:-all}" in
 all)
 	log "go test -race -short ./..."
