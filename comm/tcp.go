@@ -158,10 +158,30 @@ func tcpConfigFrom(lookup func(string) (string, bool)) (TCPConfig, error) {
 // rank 0); tests and launchers that want a free port should open the
 // listener themselves and call NewTCPWithListener on rank 0.
 //
-// AllToAll is relayed like the rest: the server hands each rank only what
-// was sent to it, but every byte crosses rank 0's connections, so it is a
-// correct baseline, not a fast one (direct peer connections are not built;
-// the hello already carries a peer address field for them).
+// AllToAll goes over direct peer connections, one per pair of ranks, built
+// eagerly by NewTCP: each rank listens on an ephemeral port of the interface
+// it reaches rank 0 through (loopback when rank 0 is 127.0.0.1) and
+// advertises it in its hello; once every rank has joined, rank i dials every
+// rank j > i and accepts every j < i, each connection opened by a hello that
+// names both ranks and the world id from the welcome (anything else is
+// closed), and the listener is closed. The ranks then agree, in one relayed
+// round, whether every rank got every connection within min(ctx's
+// deadline, 10 s); if any did not (a firewall, an address the peers cannot
+// route to, a failed listen), every rank closes its peer connections and
+// AllToAll is relayed through rank 0 like the other collectives: correct,
+// but every byte crosses rank 0 twice. NewTCP does not say which happened
+// (there is no logger here); the result is the same either way. The world
+// group and every sub-group share the peer connections; each part is framed
+// with its group id and the group's sequence number, so concurrent
+// AllToAlls of different groups and successive calls never mix. AllToAll
+// with a peer whose connection broke, or whose process died, fails with a
+// *PeerLostError naming it; with a peer that never calls, with a
+// *TimeoutError naming it. A write to a peer that is cut short (ctx
+// cancelled, or the peer stopped reading past the deadline plus a second)
+// leaves a half-written frame, so that connection is closed and both ranks
+// see each other as lost from then on. Calls of different collectives in
+// the same round, when one of them is a direct AllToAll, end in a timeout
+// rather than the relay's "same collectives" error.
 //
 // Every collective's waits are bounded by its ctx (a ctx without a deadline
 // gets DefaultTCPTimeout for its writes). A rank whose connection breaks
@@ -176,7 +196,7 @@ func NewTCP(ctx context.Context, cfg TCPConfig) (Group, error) {
 		return nil, err
 	}
 	if cfg.Rank != 0 {
-		return newTCP(ctx, cfg, nil)
+		return newTCP(ctx, cfg, nil, tcpOptions{})
 	}
 	if cfg.Port == 0 && cfg.Size > 1 {
 		return nil, fmt.Errorf("comm: tcp: rank 0 of %d cannot listen on port 0: the other ranks could not find it (use NewTCPWithListener)", cfg.Size)
@@ -185,7 +205,7 @@ func NewTCP(ctx context.Context, cfg TCPConfig) (Group, error) {
 	if err != nil {
 		return nil, fmt.Errorf("comm: tcp: rank 0: listen: %w", err)
 	}
-	return newTCP(ctx, cfg, ln)
+	return newTCP(ctx, cfg, ln, tcpOptions{})
 }
 
 // NewTCPWithListener is NewTCP for rank 0 with a listener it already has
@@ -204,14 +224,21 @@ func NewTCPWithListener(ctx context.Context, cfg TCPConfig, ln net.Listener) (Gr
 		ln.Close()
 		return nil, err
 	}
-	return newTCP(ctx, cfg, ln)
+	return newTCP(ctx, cfg, ln, tcpOptions{})
+}
+
+// tcpOptions are knobs for tests and benchmarks.
+type tcpOptions struct {
+	// relay: advertise no peer address, so that the whole world falls
+	// back to the relayed AllToAll.
+	relay bool
 }
 
 // DefaultTCPTimeout bounds a write to the rendezvous server when the
 // collective's ctx has no deadline (the default of GOEP_TIMEOUT).
 const DefaultTCPTimeout = 60 * time.Second
 
-func newTCP(ctx context.Context, cfg TCPConfig, ln net.Listener) (_ Group, err error) {
+func newTCP(ctx context.Context, cfg TCPConfig, ln net.Listener, opt tcpOptions) (_ Group, err error) {
 	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
 	var srv *tcpServer
 	if ln != nil {
@@ -240,8 +267,23 @@ func newTCP(ctx context.Context, cfg TCPConfig, ln net.Listener) (_ Group, err e
 		readerDone: make(chan struct{}),
 		hs:         make(chan hsEvent, 8),
 	}
+	// The peer listener, on the interface that reaches rank 0. Without it
+	// this rank advertises no address and the world relays AllToAll.
+	var pln net.Listener
+	if cfg.Size > 1 && !opt.relay {
+		pln, _ = peerListen(conn)
+	}
+	defer func() {
+		if pln != nil {
+			pln.Close() // connectMesh closed it already; harmless
+		}
+	}()
+	peerAddr := ""
+	if pln != nil {
+		peerAddr = pln.Addr().String()
+	}
 	go c.read()
-	if err := c.handshake(ctx, cfg, addr); err != nil {
+	if err := c.handshake(ctx, cfg, addr, peerAddr); err != nil {
 		conn.Close()
 		<-c.readerDone
 		return nil, err
@@ -250,7 +292,46 @@ func newTCP(ctx context.Context, cfg TCPConfig, ln net.Listener) (_ Group, err e
 	for r := range members {
 		members[r] = r
 	}
-	return &tcpGroup{c: c, gid: 0, members: members, rank: cfg.Rank}, nil
+	g := &tcpGroup{c: c, gid: 0, members: members, rank: cfg.Rank}
+	if cfg.Size == 1 {
+		c.mesh = newMesh(make([]*peerConn, 1))
+		return g, nil
+	}
+	peers, merr := connectMesh(ctx, pln, cfg.Rank, c.peerAddrs, c.worldID)
+	pln = nil
+	// Every rank says whether it has all its connections; all must agree
+	// to use them (one relayed round, the world's first).
+	ok := byte(0)
+	if merr == nil {
+		ok = 1
+	}
+	all, err := g.round(ctx, opAllGather, []byte{ok})
+	if err == nil {
+		var oks [][]byte
+		if oks, err = splitChunks(all, cfg.Size); err == nil {
+			for _, o := range oks {
+				if len(o) != 1 || o[0] != 1 {
+					ok = 0
+				}
+			}
+		}
+	}
+	if err != nil || ok == 0 {
+		for _, pc := range peers {
+			if pc != nil {
+				pc.conn.Close()
+			}
+		}
+	}
+	if err != nil {
+		conn.Close()
+		<-c.readerDone
+		return nil, fmt.Errorf("comm: tcp: connect on rank %d: agreeing on direct AllToAll: %w", cfg.Rank, err)
+	}
+	if ok == 1 {
+		c.startMesh(newMesh(peers))
+	}
+	return g, nil
 }
 
 // dialRetry dials addr until it answers or ctx ends.
@@ -293,9 +374,9 @@ func ctxDeadline(ctx context.Context) time.Time {
 // reader goroutine is already running and hands it the frames that arrive
 // before the welcome; waiting on a channel rather than on a read deadline
 // keeps a frame cut by the deadline from garbling the stream.
-func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig, addr string) error {
+func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig, addr, peerAddr string) error {
 	op := fmt.Sprintf("connect on rank %d", cfg.Rank)
-	hello := helloMsg{Magic: tcpMagic, Version: tcpVersion, Size: cfg.Size, LocalRank: cfg.LocalRank, LocalSize: cfg.LocalSize}
+	hello := helloMsg{Magic: tcpMagic, Version: tcpVersion, Size: cfg.Size, LocalRank: cfg.LocalRank, LocalSize: cfg.LocalSize, PeerAddr: peerAddr}
 	if err := c.send(ctx, frameHeader{Type: fHello, Rank: int32(cfg.Rank)}, hello.encode()); err != nil {
 		return &PeerLostError{Op: op, Ranks: []int{0}, Cause: fmt.Sprintf("rendezvous server at %s: %v", addr, err)}
 	}
@@ -316,6 +397,7 @@ func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig, addr string) e
 					return fmt.Errorf("comm: tcp: %s: welcome from %s: %w", op, addr, err)
 				}
 				c.peerAddrs = addrs
+				c.worldID = ev.h.Seq
 				return nil
 			case fReject:
 				return fmt.Errorf("comm: tcp: %s: rank 0 at %s refused: %s", op, addr, ev.p)
@@ -351,7 +433,9 @@ type tcpClient struct {
 	rank, size int
 	conn       net.Conn
 	srv        *tcpServer // rank 0 only
-	peerAddrs  []string
+	peerAddrs  []string   // by world rank, from the welcome
+	worldID    uint64     // from the welcome
+	mesh       *tcpMesh   // direct peer connections; nil: AllToAll is relayed
 
 	wmu sync.Mutex // serialises writes to conn
 
@@ -648,7 +732,20 @@ func (g *tcpGroup) AllGather(ctx context.Context, data []byte) ([][]byte, error)
 	return all, nil
 }
 
+// AllToAll sends send[p] to rank p over the direct peer connections, or
+// through rank 0 where the world could not build them (see NewTCP).
 func (g *tcpGroup) AllToAll(ctx context.Context, send [][]byte) ([][]byte, error) {
+	if len(send) != len(g.members) {
+		return nil, fmt.Errorf("comm: alltoall on rank %d: %d buffers for %d ranks", g.rank, len(send), len(g.members))
+	}
+	if g.c.mesh != nil {
+		return g.allToAllDirect(ctx, send)
+	}
+	return g.allToAllRelay(ctx, send)
+}
+
+// allToAllRelay is AllToAll through rank 0's relay.
+func (g *tcpGroup) allToAllRelay(ctx context.Context, send [][]byte) ([][]byte, error) {
 	if len(send) != len(g.members) {
 		return nil, fmt.Errorf("comm: alltoall on rank %d: %d buffers for %d ranks", g.rank, len(send), len(g.members))
 	}
@@ -703,8 +800,9 @@ func (g *tcpGroup) Split(ctx context.Context, color, key int) (Group, error) {
 
 // Close releases the group. Closing a sub-group tells its other members
 // (their collectives on it return ErrClosed); closing the world group
-// closes this rank's connection and every sub-group with it, and on rank 0
-// stops the rendezvous server.
+// closes this rank's connections (to the server and to its peers, each
+// with a bye) and every sub-group with it, and on rank 0 stops the
+// rendezvous server.
 func (g *tcpGroup) Close() error {
 	c := g.c
 	if g.gid != 0 {
@@ -714,11 +812,15 @@ func (g *tcpGroup) Close() error {
 			return nil
 		}
 		g.closed = true
+		c.meshGroupClosedLocked(g.gid)
 		c.changedLocked()
 		c.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), queryGrace)
 		defer cancel()
-		c.send(ctx, frameHeader{Type: fGroupBye, GID: g.gid, Rank: int32(g.rank)}, nil) // best effort
+		// Best effort, both: the peers hear it on their peer connections,
+		// behind any part this rank sent them, and from the server.
+		g.meshGroupBye(ctx)
+		c.send(ctx, frameHeader{Type: fGroupBye, GID: g.gid, Rank: int32(g.rank)}, nil)
 		return nil
 	}
 	return c.close()
@@ -733,6 +835,7 @@ func (c *tcpClient) close() error {
 	c.closed = true
 	c.changedLocked()
 	c.mu.Unlock()
+	c.closeMesh(true)
 	ctx, cancel := context.WithTimeout(context.Background(), queryGrace)
 	defer cancel()
 	c.send(ctx, frameHeader{Type: fBye, Rank: int32(c.rank)}, nil) // best effort: the server may be gone
@@ -755,6 +858,7 @@ func (g *tcpGroup) kill() {
 	c.closed = true
 	c.changedLocked()
 	c.mu.Unlock()
+	c.closeMesh(false)
 	if c.srv != nil {
 		c.srv.kill()
 	}

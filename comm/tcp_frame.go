@@ -28,7 +28,9 @@ const (
 	frameHeaderLen  = 28
 	maxFramePayload = 1 << 30    // 1 GiB: far above any control message
 	tcpMagic        = 0x50454f47 // "GOEP" little-endian
-	tcpVersion      = 1
+	// tcpVersion 2: the welcome's Seq carries the world id, and AllToAll
+	// runs over direct peer connections (peer hello, data and bye frames).
+	tcpVersion = 2
 	// helloGID is the GID of a query about the rendezvous itself (who has
 	// not connected yet).
 	helloGID = ^uint64(0)
@@ -51,9 +53,9 @@ const (
 	fClosed                           // server → client: world rank Rank closed the world group
 	fGroupClosed                      // server → client: world rank Rank closed sub-group GID
 	fShutdown                         // server → client: rank 0 closed; the server stops
-	fPeerHello                        // peer → peer (AllToAll connection): payload u32 magic
-	fPeerData                         // peer → peer: Rank's AllToAll part for round (GID, Seq)
-	fPeerBye                          // peer → peer: the sender closes; EOF after it is not a loss
+	fPeerHello                        // peer → peer (AllToAll connection): Rank the sender's world rank, Seq the world id; payload peerHello
+	fPeerData                         // peer → peer: Rank's AllToAll part for round (GID, Seq); payload the bytes
+	fPeerBye                          // peer → peer: the sender closes group GID (0: the world; EOF after it is not a loss)
 	frameTypeEnd
 )
 
@@ -137,6 +139,15 @@ func parseHeader(b []byte) (frameHeader, error) {
 // readFrame reads one frame. The payload buffer grows with the bytes that
 // arrive (doubling from 64 KiB), never straight to the declared length.
 func readFrame(r io.Reader) (frameHeader, []byte, error) {
+	return readFrameUpfront(r, 64<<10)
+}
+
+// readFrameUpfront is readFrame allocating up to upfront bytes of payload
+// before any arrive (then doubling). Peer connections, whose other end has
+// proved it belongs to the world, use a large upfront so that an AllToAll
+// part of a few MB is read without being copied as the buffer grows; a
+// lying header still costs at most upfront bytes.
+func readFrameUpfront(r io.Reader, upfront int) (frameHeader, []byte, error) {
 	var hb [frameHeaderLen]byte
 	if _, err := io.ReadFull(r, hb[:]); err != nil {
 		return frameHeader{}, nil, err
@@ -150,7 +161,7 @@ func readFrame(r io.Reader) (frameHeader, []byte, error) {
 		return h, nil, nil
 	}
 	const chunk = 64 << 10
-	p := make([]byte, 0, min(n, chunk))
+	p := make([]byte, 0, min(n, max(upfront, chunk)))
 	for len(p) < n {
 		step := min(n-len(p), max(len(p), chunk))
 		p = slices.Grow(p, step)
@@ -217,6 +228,36 @@ func decodeHello(p []byte) (helloMsg, error) {
 		return m, fmt.Errorf("%w: hello address of %d bytes", errFrame, len(m.PeerAddr))
 	}
 	return m, nil
+}
+
+// peerHello is the payload of the first frame each way on a direct peer
+// connection (the header's Rank is the sender's world rank and Seq the world
+// id from the welcome): the receiver checks that it is spoken to, in its
+// protocol, by a member of its own world.
+type peerHello struct {
+	Magic   uint32
+	Version uint16
+	Size    int // world size
+	To      int // the world rank the sender means to reach
+}
+
+func (m peerHello) encode() []byte {
+	b := binary.LittleEndian.AppendUint32(nil, m.Magic)
+	b = binary.LittleEndian.AppendUint16(b, m.Version)
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.Size))
+	return binary.LittleEndian.AppendUint32(b, uint32(m.To))
+}
+
+func decodePeerHello(p []byte) (peerHello, error) {
+	if len(p) != 4+2+4+4 {
+		return peerHello{}, fmt.Errorf("%w: peer hello of %d bytes", errFrame, len(p))
+	}
+	return peerHello{
+		Magic:   binary.LittleEndian.Uint32(p),
+		Version: binary.LittleEndian.Uint16(p[4:]),
+		Size:    int(int32(binary.LittleEndian.Uint32(p[6:]))),
+		To:      int(int32(binary.LittleEndian.Uint32(p[10:]))),
+	}, nil
 }
 
 // appendChunks appends each chunk as a u64 length and its bytes.

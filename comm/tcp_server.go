@@ -3,6 +3,7 @@ package comm
 import (
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"sync"
@@ -288,9 +289,11 @@ func (s *tcpServer) admit(sc *srvConn, h frameHeader, p []byte) bool {
 			index[r] = r
 		}
 		s.groups[0] = &srvGroup{members: members, index: index, rounds: map[uint64]*srvRound{}, failed: map[uint64]string{}}
-		w := encodeAddrs(s.addrs)
+		// The world id tags the direct peer connections, so that a rank
+		// never takes a connection from another world for one of its own.
+		w, id := encodeAddrs(s.addrs), rand.Uint64()|1
 		for _, o := range s.conns {
-			o.send(frameHeader{Type: fWelcome}, w)
+			o.send(frameHeader{Type: fWelcome, Seq: id}, w)
 		}
 	}
 	return true

@@ -699,6 +699,8 @@ func FuzzTCPFrame(f *testing.F) {
 	writeFrame(&buf, frameHeader{Type: fResult, Op: opAllGather, GID: 0, Seq: 3}, appendChunks(nil, [][]byte{{1}, nil, {2, 3}}))
 	writeFrame(&buf, frameHeader{Type: fResult, Op: opSplit, GID: 0, Seq: 4}, splitReply{GID: 2, Index: 1, Members: []int{3, 1}}.encode())
 	writeFrame(&buf, frameHeader{Type: fWelcome}, encodeAddrs([]string{"a:1", "", "b:2"}))
+	writeFrame(&buf, frameHeader{Type: fPeerHello, Seq: 9, Rank: 1}, peerHello{Magic: tcpMagic, Version: tcpVersion, Size: 4, To: 2}.encode())
+	writeFrame(&buf, frameHeader{Type: fPeerData, Op: opAllToAll, GID: 1, Seq: 2, Rank: 1}, []byte("part"))
 	f.Add(buf.Bytes())
 	f.Add(appendHeader(nil, frameHeader{Type: fContrib, Len: maxFramePayload}))
 	f.Add([]byte{})
@@ -713,6 +715,7 @@ func FuzzTCPFrame(f *testing.F) {
 				t.Fatalf("payload of %d bytes for header %+v from %d bytes", len(p), h, len(data))
 			}
 			decodeHello(p)
+			decodePeerHello(p)
 			for n := range 5 {
 				splitChunks(p, n)
 				decodeAddrs(p, n)
@@ -727,9 +730,10 @@ func FuzzTCPFrame(f *testing.F) {
 }
 
 // TestTCPProcesses runs three ranks as child processes (this test binary
-// re-executed) and SIGKILLs one of them while the others wait in a barrier:
-// the others must return a *PeerLostError naming it, long before their
-// deadline.
+// re-executed) and SIGKILLs one of them while the others wait in a barrier
+// (relayed through rank 0) or an AllToAll (over the direct peer
+// connections): the others must return a *PeerLostError naming it, long
+// before their deadline.
 func TestTCPProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts child processes; skipped with -short")
@@ -738,8 +742,12 @@ func TestTCPProcesses(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot re-execute the test binary: %v", err)
 	}
-	for _, victim := range []int{2, 0} {
-		t.Run(fmt.Sprintf("kill=%d", victim), func(t *testing.T) {
+	for _, tc := range []struct {
+		op     string
+		victim int
+	}{{"barrier", 2}, {"barrier", 0}, {"alltoall", 2}, {"alltoall", 0}} {
+		victim := tc.victim
+		t.Run(fmt.Sprintf("op=%s/kill=%d", tc.op, victim), func(t *testing.T) {
 			ln, port := tcpListen(t)
 			ln.Close() // rank 0 (a child) listens there; the race for the port is harmless here
 			const n = 3
@@ -750,7 +758,7 @@ func TestTCPProcesses(t *testing.T) {
 				cmd := exec.CommandContext(t.Context(), exe, "-test.run=^TestTCPChildProcess$")
 				cmd.Env = append(os.Environ(), "GOEP_TCP_TEST_CHILD=1", "GOEP_MASTER_ADDR=127.0.0.1",
 					fmt.Sprintf("GOEP_MASTER_PORT=%d", port), fmt.Sprintf("RANK=%d", r), fmt.Sprintf("WORLD_SIZE=%d", n),
-					fmt.Sprintf("GOEP_TCP_TEST_VICTIM=%d", victim))
+					fmt.Sprintf("GOEP_TCP_TEST_VICTIM=%d", victim), "GOEP_TCP_TEST_OP="+tc.op)
 				outs[r] = new(bytes.Buffer)
 				cmd.Stderr = outs[r]
 				if r == victim {
@@ -826,10 +834,22 @@ func TestTCPChildProcess(t *testing.T) {
 		<-ctx.Done() // never enters the barrier; killed before the deadline
 		t.Fatal("the victim was not killed")
 	}
-	err = g.Barrier(ctx)
+	op := os.Getenv("GOEP_TCP_TEST_OP")
+	if op == "alltoall" {
+		if g.(*tcpGroup).c.mesh == nil {
+			t.Fatal("alltoall: no direct peer connections")
+		}
+		send := make([][]byte, g.Size())
+		for p := range send {
+			send[p] = make([]byte, 1<<20)
+		}
+		_, err = g.AllToAll(ctx, send)
+	} else {
+		err = g.Barrier(ctx)
+	}
 	var pe *PeerLostError
 	if !errors.As(err, &pe) {
-		t.Fatalf("barrier: %v, want a lost peer", err)
+		t.Fatalf("%s: %v, want a lost peer", op, err)
 	}
 	fmt.Printf("RESULT lost=%v: %v\n", pe.Ranks, err)
 }
