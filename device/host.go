@@ -162,14 +162,20 @@ func (h *Host) NewStream() (Stream, error) {
 }
 
 // Buffer is a region of device memory. On the host backend Host() is its
-// bytes; guard bytes surround it.
+// bytes; guard bytes surround it. On the CUDA backend DevicePtr() is its
+// address and Host() is nil.
 type Buffer struct {
 	size   int
 	region []byte  // whole mapping, guards included (host)
 	reg    *region // nil for a peer's buffer mapped from a ShareHandle
+	dev    uint64  // device address (CUDA backend), else 0
 	stream Stream
 	freed  atomic.Bool
 }
+
+// DevicePtr is the buffer's device address on the CUDA backend (0 on the
+// host backend, and for an empty CUDA buffer).
+func (b *Buffer) DevicePtr() uint64 { return b.dev }
 
 // Size is the usable size in bytes.
 func (b *Buffer) Size() int { return b.size }
@@ -341,10 +347,20 @@ func (s *HostStream) Free(b *Buffer) {
 type Event struct {
 	stream *HostStream
 	seq    uint64
+	ext    eventExt // another backend's event (CUDA), else nil
+}
+
+// eventExt is an event of a backend other than the host's.
+type eventExt interface {
+	done() bool
+	wait(ctx context.Context) error
 }
 
 // Done reports whether the work before the event has completed.
 func (e *Event) Done() bool {
+	if e.ext != nil {
+		return e.ext.done()
+	}
 	e.stream.mu.Lock()
 	defer e.stream.mu.Unlock()
 	return e.stream.done >= e.seq || e.stream.stopped
@@ -352,6 +368,9 @@ func (e *Event) Done() bool {
 
 // Wait blocks until the event completes or ctx ends.
 func (e *Event) Wait(ctx context.Context) error {
+	if e.ext != nil {
+		return e.ext.wait(ctx)
+	}
 	return e.stream.waitFor(ctx, e.seq)
 }
 
@@ -371,6 +390,9 @@ func (s *HostStream) Wait(ev *Event) error {
 		return nil
 	}
 	s.enqueue(task{name: "wait event", always: true, fn: func() error {
+		if ev.ext != nil {
+			return ev.ext.wait(context.Background())
+		}
 		return ev.stream.waitFor(context.Background(), ev.seq)
 	}})
 	return nil

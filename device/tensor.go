@@ -98,6 +98,9 @@ func Upload(ctx context.Context, t *Tensor, data []byte) error {
 	if len(data) != t.buf.size {
 		return fmt.Errorf("device: upload of %d bytes into %v (%d bytes)", len(data), t, t.buf.size)
 	}
+	if c, ok := t.buf.stream.(copier); ok {
+		return c.upload(ctx, t.buf, data)
+	}
 	hs, ok := t.buf.stream.(*HostStream)
 	if !ok {
 		return fmt.Errorf("device: upload: %w on %s", ErrUnsupported, t.buf.stream.Backend().Kind())
@@ -111,6 +114,9 @@ func Upload(ctx context.Context, t *Tensor, data []byte) error {
 
 // Download waits for t's stream and returns a copy of t's bytes.
 func Download(ctx context.Context, t *Tensor) ([]byte, error) {
+	if c, ok := t.buf.stream.(copier); ok {
+		return c.download(ctx, t.buf)
+	}
 	if err := t.buf.stream.Synchronize(ctx); err != nil {
 		return nil, err
 	}
@@ -118,6 +124,13 @@ func Download(ctx context.Context, t *Tensor) ([]byte, error) {
 		return nil, fmt.Errorf("device: download: %w on %s", ErrUnsupported, t.buf.stream.Backend().Kind())
 	}
 	return append([]byte(nil), t.Bytes()...), nil
+}
+
+// copier is a stream of a backend whose memory the host cannot read
+// directly (CUDA): it copies through staging memory and waits.
+type copier interface {
+	upload(ctx context.Context, b *Buffer, data []byte) error
+	download(ctx context.Context, b *Buffer) ([]byte, error)
 }
 
 // Encoding helpers: goep's data is little-endian, as on every GPU host.
