@@ -1,0 +1,543 @@
+//go:build cuda && cgo
+
+package device
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/goep/goep/internal/cuda"
+)
+
+// CUDA is the CUDA backend: one GPU, through the driver layer of
+// internal/cuda (its primary context, on one OS-thread-locked worker).
+// Memory is stream-ordered (cuMemAllocAsync / cuMemFreeAsync), so a free
+// never hands memory under queued work to anyone else (DESIGN invariant 2).
+type CUDA struct {
+	dev *cuda.Device
+
+	mu     sync.Mutex
+	closed bool
+	spare  *cuda.Stream // frees of buffers whose stream was closed; made on first use
+
+	live    atomic.Int64 // buffers allocated and not yet freed
+	streams atomic.Int64 // streams open
+}
+
+// NewCUDA opens GPU ordinal (its primary context, shared with other
+// libraries of the process). It fails, with the driver's reason, when
+// there is no usable driver or GPU.
+func NewCUDA(ordinal int) (*CUDA, error) {
+	d, err := cuda.Open(ordinal)
+	if err != nil {
+		return nil, fmt.Errorf("device: CUDA backend for GPU %d: %w", ordinal, err)
+	}
+	return &CUDA{dev: d}, nil
+}
+
+// Kind implements Backend.
+func (c *CUDA) Kind() Kind { return KindCUDA }
+
+// Driver is the backend's device in the driver layer (for goep's other
+// GPU packages: IPC, VMM, stream memory operations).
+func (c *CUDA) Driver() *cuda.Device { return c.dev }
+
+// Name is the GPU's name, e.g. "NVIDIA H200".
+func (c *CUDA) Name() string { return c.dev.Name() }
+
+// Ordinal is the GPU's index among the visible devices.
+func (c *CUDA) Ordinal() int { return c.dev.Ordinal() }
+
+// LiveBuffers is the number of buffers allocated and not yet freed.
+func (c *CUDA) LiveBuffers() int64 { return c.live.Load() }
+
+// NewStream implements Backend; the stream is a *CUDAStream.
+func (c *CUDA) NewStream() (Stream, error) {
+	return c.NewCUDAStream()
+}
+
+// NewCUDAStream creates a stream (non-blocking with respect to the legacy
+// default stream).
+func (c *CUDA) NewCUDAStream() (*CUDAStream, error) {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("device: CUDA new stream: %w", ErrClosed)
+	}
+	s, err := c.dev.NewStream()
+	if err != nil {
+		return nil, fmt.Errorf("device: CUDA new stream: %w", err)
+	}
+	c.streams.Add(1)
+	return &CUDAStream{c: c, s: s}, nil
+}
+
+// freeSpare frees p on the backend's spare stream: the buffer's own stream
+// was closed, which drained it, so no queued work uses p.
+func (c *CUDA) freeSpare(p uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil // the driver frees it with the context
+	}
+	if c.spare == nil {
+		s, err := c.dev.NewStream()
+		if err != nil {
+			return err
+		}
+		c.spare = s
+	}
+	return c.spare.Free(cuda.DevicePtr(p))
+}
+
+// Close releases the GPU (its primary context). Streams, modules and
+// buffers should be closed first; memory still allocated goes with the
+// context when its last user releases it.
+func (c *CUDA) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	spare := c.spare
+	c.spare = nil
+	c.mu.Unlock()
+	var errs []error
+	if spare != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		errs = append(errs, spare.Synchronize(ctx), spare.Close())
+		cancel()
+	}
+	errs = append(errs, c.dev.Close())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("device: CUDA close: %w", err)
+	}
+	return nil
+}
+
+// Module is GPU code loaded on a CUDA backend.
+type Module struct {
+	c *CUDA
+	m *cuda.Module
+}
+
+// LoadModule JIT-compiles PTX for the GPU and loads it. The error carries
+// the JIT compiler's log.
+func (c *CUDA) LoadModule(ptx []byte) (*Module, error) {
+	m, err := c.dev.LoadPTX(ptx)
+	if err != nil {
+		return nil, fmt.Errorf("device: CUDA load module: %w", err)
+	}
+	return &Module{c: c, m: m}, nil
+}
+
+// Kernel looks up an extern "C" kernel of the module by name.
+func (m *Module) Kernel(name string) (*Kernel, error) {
+	f, err := m.m.Function(name)
+	if err != nil {
+		return nil, fmt.Errorf("device: CUDA kernel: %w", err)
+	}
+	return &Kernel{c: m.c, f: f}, nil
+}
+
+// Close unloads the module. Kernels already queued must have completed.
+func (m *Module) Close() error {
+	if err := m.m.Close(); err != nil {
+		return fmt.Errorf("device: CUDA close module: %w", err)
+	}
+	return nil
+}
+
+// Kernel is a kernel of a loaded Module.
+type Kernel struct {
+	c *CUDA
+	f *cuda.Function
+}
+
+// Name is the kernel's name.
+func (k *Kernel) Name() string { return k.f.Name() }
+
+// CUDAStream is a Stream of the CUDA backend (a CUstream). Enqueueing
+// methods return the error of the enqueue itself and also keep the first
+// one, which the next Synchronize returns (as HostStream does with the
+// errors of its tasks); unlike HostStream's tasks, GPU work queued after a
+// failure still runs.
+type CUDAStream struct {
+	c *CUDA
+	s *cuda.Stream
+
+	mu     sync.Mutex
+	err    error // first error since the last Synchronize
+	closed bool
+	held   []any // what queued work uses; dropped (funcs called) when it is done
+}
+
+// Backend implements Stream.
+func (s *CUDAStream) Backend() Backend { return s.c }
+
+// CUDA is the stream's backend.
+func (s *CUDAStream) CUDA() *CUDA { return s.c }
+
+// fail keeps err as the stream's first error, naming the task, and returns
+// it.
+func (s *CUDAStream) fail(task string, err error) error {
+	if err == nil {
+		return nil
+	}
+	te := &TaskError{Task: task, Err: err}
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = te
+	}
+	s.mu.Unlock()
+	return te
+}
+
+// hold keeps v reachable until the work enqueued so far has completed (the
+// next Synchronize that sees it done); a func() in v is called then.
+func (s *CUDAStream) hold(v ...any) {
+	s.mu.Lock()
+	s.held = append(s.held, v...)
+	s.mu.Unlock()
+}
+
+// release drops the first n held objects, calling the funcs among them.
+func (s *CUDAStream) release(n int) {
+	s.mu.Lock()
+	done := s.held[:n:n]
+	s.held = append([]any(nil), s.held[n:]...)
+	s.mu.Unlock()
+	for _, v := range done {
+		if f, ok := v.(func()); ok {
+			f()
+		}
+	}
+}
+
+// Alloc implements Stream: n bytes of device memory (cuMemAllocAsync),
+// usable by work enqueued on s after this call. The bytes are not zeroed.
+func (s *CUDAStream) Alloc(n int) (*Buffer, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("device: CUDA alloc of %d bytes", n)
+	}
+	p, err := s.s.Alloc(n)
+	if err != nil {
+		return nil, fmt.Errorf("device: CUDA alloc: %w", err)
+	}
+	if p != 0 {
+		s.c.live.Add(1)
+	}
+	return &Buffer{size: n, dev: uint64(p), stream: s}, nil
+}
+
+// Free implements Stream: the memory goes back to the pool once the work
+// enqueued on s before this call is done (cuMemFreeAsync). After s was
+// closed (which drained it) the free goes through the backend. A failure
+// is kept as the stream's error. Safe to call more than once.
+func (s *CUDAStream) Free(b *Buffer) {
+	if b == nil || b.stream == nil || !b.freed.CompareAndSwap(false, true) {
+		return
+	}
+	if b.dev == 0 {
+		return
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	var err error
+	if closed {
+		err = s.c.freeSpare(b.dev)
+	} else {
+		err = s.s.Free(cuda.DevicePtr(b.dev))
+	}
+	if err != nil {
+		_ = s.fail("free", err)
+		return // leaked rather than reused under queued work
+	}
+	s.c.live.Add(-1)
+}
+
+// View returns n bytes of a CUDA buffer from byte off, as a buffer that
+// cannot be freed (it is a window on b's memory). Work that uses the view
+// must keep b's tensor alive.
+func (b *Buffer) View(off, n int) (*Buffer, error) {
+	if b.dev == 0 && b.size > 0 || b.region != nil {
+		return nil, fmt.Errorf("device: view: %w on host buffers", ErrUnsupported)
+	}
+	if off < 0 || n < 0 || off > b.size || n > b.size-off {
+		return nil, fmt.Errorf("device: view [%d, %d+%d) of a %d-byte buffer", off, off, n, b.size)
+	}
+	return &Buffer{size: n, dev: b.dev + uint64(off)}, nil
+}
+
+// cudaEvent is the CUDA backend's Event.
+type cudaEvent struct {
+	ev *cuda.Event
+}
+
+func (e *cudaEvent) done() bool {
+	ok, err := e.ev.Query()
+	return ok || err != nil
+}
+
+func (e *cudaEvent) wait(ctx context.Context) error {
+	if err := e.ev.Synchronize(ctx); err != nil {
+		return fmt.Errorf("device: CUDA event wait: %w", err)
+	}
+	return nil
+}
+
+// Record implements Stream (cuEventRecord of an event without timing).
+func (s *CUDAStream) Record() (*Event, error) { return s.record(false) }
+
+// RecordTimed is Record with an event that Elapsed can time.
+func (s *CUDAStream) RecordTimed() (*Event, error) { return s.record(true) }
+
+func (s *CUDAStream) record(timing bool) (*Event, error) {
+	ev, err := s.c.dev.NewEvent(timing)
+	if err != nil {
+		return nil, fmt.Errorf("device: CUDA record: %w", err)
+	}
+	if err := s.s.Record(ev); err != nil {
+		return nil, errors.Join(fmt.Errorf("device: CUDA record: %w", err), ev.Close())
+	}
+	e := &Event{ext: &cudaEvent{ev: ev}}
+	runtime.AddCleanup(e, func(ev *cuda.Event) { _ = ev.Close() }, ev)
+	return e, nil
+}
+
+// Elapsed is the GPU time between two completed events recorded with
+// RecordTimed (resolution about 0.5 µs).
+func Elapsed(start, end *Event) (time.Duration, error) {
+	a, ok1 := start.ext.(*cudaEvent)
+	b, ok2 := end.ext.(*cudaEvent)
+	if !ok1 || !ok2 {
+		return 0, fmt.Errorf("device: elapsed: %w for events that are not CUDA events", ErrUnsupported)
+	}
+	d, err := b.ev.Elapsed(a.ev)
+	runtime.KeepAlive(start)
+	runtime.KeepAlive(end)
+	if err != nil {
+		return 0, fmt.Errorf("device: elapsed: %w", err)
+	}
+	return d, nil
+}
+
+// Wait implements Stream: work enqueued on s after this call waits for ev,
+// an event of this GPU (cuStreamWaitEvent). Host events are not supported.
+func (s *CUDAStream) Wait(ev *Event) error {
+	if ev == nil {
+		return fmt.Errorf("device: wait on nil event")
+	}
+	ce, ok := ev.ext.(*cudaEvent)
+	if !ok {
+		return fmt.Errorf("device: CUDA stream wait: %w: not a CUDA event", ErrUnsupported)
+	}
+	err := s.s.WaitEvent(ce.ev)
+	runtime.KeepAlive(ev)
+	return s.fail("wait event", err)
+}
+
+// Synchronize implements Stream: it waits until the work enqueued so far
+// has completed (polling, bounded by ctx) and returns the first error kept
+// since the last Synchronize, clearing it, or the error the GPU reported
+// for the work. If ctx ends first the work stays queued and the kept error
+// stays too.
+func (s *CUDAStream) Synchronize(ctx context.Context) error {
+	s.mu.Lock()
+	n := len(s.held)
+	s.mu.Unlock()
+	werr := s.s.Synchronize(ctx)
+	if werr != nil && ctx.Err() != nil {
+		return fmt.Errorf("device: CUDA synchronize: %w", werr)
+	}
+	s.release(n)
+	s.mu.Lock()
+	err := s.err
+	s.err = nil
+	s.mu.Unlock()
+	if werr != nil {
+		werr = fmt.Errorf("device: CUDA synchronize: %w", werr)
+		if err == nil {
+			return werr
+		}
+		return errors.Join(err, werr)
+	}
+	return err
+}
+
+// Close implements Stream: it waits for the queued work, destroys the
+// stream and returns the kept error. Buffers of the stream freed later go
+// back through the backend.
+func (s *CUDAStream) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.mu.Unlock()
+	serr := s.Synchronize(context.Background())
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	cerr := s.s.Close()
+	s.c.streams.Add(-1)
+	if err := errors.Join(serr, cerr); err != nil {
+		return fmt.Errorf("device: CUDA close stream: %w", err)
+	}
+	return nil
+}
+
+// checkRange checks that [off, off+n) lies inside b.
+func checkRange(op string, b *Buffer, off, n int) error {
+	if b == nil {
+		return fmt.Errorf("device: %s: nil buffer", op)
+	}
+	if b.region != nil {
+		return fmt.Errorf("device: %s: %w: host buffer on a CUDA stream", op, ErrUnsupported)
+	}
+	if off < 0 || n < 0 || off > b.size || n > b.size-off {
+		return fmt.Errorf("device: %s: range [%d, %d+%d) outside a %d-byte buffer", op, off, off, n, b.size)
+	}
+	return nil
+}
+
+// Memset enqueues setting n bytes of b from byte off to v.
+func (s *CUDAStream) Memset(b *Buffer, off, n int, v byte) error {
+	if err := checkRange("memset", b, off, n); err != nil {
+		return s.fail("memset", err)
+	}
+	return s.fail("memset", s.s.Memset8(cuda.DevicePtr(b.dev+uint64(off)), v, n))
+}
+
+// Copy enqueues a device-to-device copy of n bytes from src[srcOff:] to
+// dst[dstOff:] (cuMemcpyDtoDAsync).
+func (s *CUDAStream) Copy(dst *Buffer, dstOff int, src *Buffer, srcOff, n int) error {
+	if err := checkRange("copy", dst, dstOff, n); err != nil {
+		return s.fail("copy", err)
+	}
+	if err := checkRange("copy", src, srcOff, n); err != nil {
+		return s.fail("copy", err)
+	}
+	return s.fail("copy", s.s.CopyDtoD(cuda.DevicePtr(dst.dev+uint64(dstOff)), cuda.DevicePtr(src.dev+uint64(srcOff)), n))
+}
+
+// Launch enqueues kernel k on s with the given grid and block shapes (zero
+// components count as 1) and dynamic shared memory bytes. Arguments are
+// passed at their own sizes, as the kernel declares them: int32, uint32,
+// float32 (4 bytes); int64, uint64 (8); *Buffer and *Tensor as their device
+// address (8; a nil one as 0). Other types are refused. Pointers reach the
+// kernel only as buffers of this backend, so a kernel never receives a
+// host address (DESIGN invariant 1); counts go by value. The buffers and
+// tensors are kept alive until a Synchronize sees the work done.
+func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, args ...any) error {
+	task := "launch " + k.Name()
+	if k.c.dev != s.c.dev {
+		return s.fail(task, errors.New("kernel of another GPU"))
+	}
+	cargs := make([]any, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case int32, uint32, float32, int64, uint64:
+			cargs[i] = v
+		case *Buffer:
+			if v == nil {
+				cargs[i] = cuda.DevicePtr(0)
+				continue
+			}
+			if v.region != nil {
+				return s.fail(task, fmt.Errorf("argument %d: %w: a host buffer", i, ErrUnsupported))
+			}
+			cargs[i] = cuda.DevicePtr(v.dev)
+		case *Tensor:
+			if v == nil {
+				cargs[i] = cuda.DevicePtr(0)
+				continue
+			}
+			if v.buf.region != nil {
+				return s.fail(task, fmt.Errorf("argument %d: %w: a host tensor", i, ErrUnsupported))
+			}
+			cargs[i] = cuda.DevicePtr(v.buf.dev)
+		default:
+			return s.fail(task, fmt.Errorf("argument %d: type %T unsupported (use int32, uint32, int64, uint64, float32, *Buffer or *Tensor)", i, a))
+		}
+	}
+	g := cuda.Dim3{X: grid[0], Y: grid[1], Z: grid[2]}
+	b := cuda.Dim3{X: block[0], Y: block[1], Z: block[2]}
+	if err := cuda.Launch(k.f, g, b, int(shared), s.s, cargs...); err != nil {
+		return s.fail(task, err)
+	}
+	for _, a := range args {
+		switch a.(type) {
+		case *Buffer, *Tensor:
+			s.hold(a)
+		}
+	}
+	return nil
+}
+
+// upload copies data into b through pinned staging memory and waits.
+func (s *CUDAStream) upload(ctx context.Context, b *Buffer, data []byte) error {
+	if len(data) == 0 {
+		return s.Synchronize(ctx)
+	}
+	stage, err := s.c.dev.AllocHost(len(data))
+	if err != nil {
+		return fmt.Errorf("device: CUDA upload: %w", err)
+	}
+	copy(stage.Bytes(), data)
+	if err := s.s.CopyHtoD(cuda.DevicePtr(b.dev), stage, 0, len(data)); err != nil {
+		return errors.Join(fmt.Errorf("device: CUDA upload: %w", err), stage.Free())
+	}
+	return s.syncStaged(ctx, stage, "upload", false)
+}
+
+// download copies b to the host through pinned staging memory, after the
+// work queued before it.
+func (s *CUDAStream) download(ctx context.Context, b *Buffer) ([]byte, error) {
+	if b.size == 0 {
+		return []byte{}, s.Synchronize(ctx)
+	}
+	stage, err := s.c.dev.AllocHost(b.size)
+	if err != nil {
+		return nil, fmt.Errorf("device: CUDA download: %w", err)
+	}
+	if err := s.s.CopyDtoH(stage, 0, cuda.DevicePtr(b.dev), b.size); err != nil {
+		return nil, errors.Join(fmt.Errorf("device: CUDA download: %w", err), stage.Free())
+	}
+	if err := s.syncStaged(ctx, stage, "download", true); err != nil {
+		return nil, err
+	}
+	out := append([]byte(nil), stage.Bytes()...)
+	if err := stage.Free(); err != nil {
+		return nil, fmt.Errorf("device: CUDA download: %w", err)
+	}
+	return out, nil
+}
+
+// syncStaged synchronizes s and frees stage (unless keep, when the copy
+// succeeded: the caller reads and frees it). If ctx ends with the copy
+// possibly in flight, the free waits behind the stream's work (a later
+// Synchronize).
+func (s *CUDAStream) syncStaged(ctx context.Context, stage *cuda.HostBuffer, op string, keep bool) error {
+	err := s.Synchronize(ctx)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		s.hold(func() { _ = stage.Free() })
+		return fmt.Errorf("device: CUDA %s: %w", op, err)
+	case err != nil:
+		return errors.Join(fmt.Errorf("device: CUDA %s: %w", op, err), stage.Free())
+	case !keep:
+		if err := stage.Free(); err != nil {
+			return fmt.Errorf("device: CUDA %s: %w", op, err)
+		}
+	}
+	return nil
+}
