@@ -1,0 +1,371 @@
+//go:build cuda && cgo
+
+package device
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// requireGPU turns the skips for a missing GPU into failures, for runs on a
+// GPU host: .gpu/device.test -test.v -gpu
+var requireGPU = flag.Bool("gpu", false, "fail instead of skip when no usable GPU is found")
+
+// spinPTX is a hand-written kernel (ptxas -arch=sm_90 accepts it): one
+// thread spins until the global timer has advanced by its argument, in
+// nanoseconds, so that tests can queue slow work.
+const spinPTX = `.version 7.8
+.target sm_90
+.address_size 64
+
+.visible .entry goep_test_spin(
+	.param .u64 goep_test_spin_param_0
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .b64 	%rd<5>;
+
+	ld.param.u64 	%rd1, [goep_test_spin_param_0];
+	mov.u64 	%rd2, %globaltimer;
+	add.s64 	%rd3, %rd2, %rd1;
+$L_spin:
+	mov.u64 	%rd4, %globaltimer;
+	setp.lt.u64 	%p1, %rd4, %rd3;
+	@%p1 bra 	$L_spin;
+	ret;
+}
+`
+
+// newCUDA opens GPU 0 for one test, or skips it with the reason.
+func newCUDA(t *testing.T) *CUDA {
+	t.Helper()
+	c, err := NewCUDA(0)
+	if err != nil {
+		if *requireGPU {
+			t.Fatalf("no usable GPU: %v", err)
+		}
+		t.Skipf("no usable GPU: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Logf("GPU 0: %s", c.Name())
+	return c
+}
+
+func newCUDAStream(t *testing.T, c *CUDA) *CUDAStream {
+	t.Helper()
+	s, err := c.NewCUDAStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+// spinKernel loads goep_test_spin.
+func spinKernel(t *testing.T, c *CUDA) *Kernel {
+	t.Helper()
+	m, err := c.LoadModule([]byte(spinPTX))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	k, err := m.Kernel("goep_test_spin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func spin(t *testing.T, s *CUDAStream, k *Kernel, d time.Duration) {
+	t.Helper()
+	one := [3]uint32{1, 1, 1}
+	if err := s.Launch(k, one, one, 0, uint64(d.Nanoseconds())); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func syncCUDA(t *testing.T, s Stream) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := s.Synchronize(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func pattern(n, seed int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*131 + seed*7 + i>>8)
+	}
+	return b
+}
+
+func TestCUDAUploadDownload(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	for i, n := range []int{0, 1, 7, 4096, 1<<20 + 3} {
+		x, err := NewTensor(s, BF16, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x.Bytes() != nil {
+			t.Fatal("a CUDA tensor has host bytes")
+		}
+		if n > 0 && x.Buffer().DevicePtr() == 0 {
+			t.Fatal("a CUDA tensor has no device address")
+		}
+		want := pattern(2*n, i)
+		if err := Upload(t.Context(), x, want); err != nil {
+			t.Fatal(err)
+		}
+		got, err := Download(t.Context(), x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%d elements: download differs from upload", n)
+		}
+		x.Close()
+	}
+	syncCUDA(t, s)
+	if n := c.LiveBuffers(); n != 0 {
+		t.Fatalf("%d buffers live after every tensor was closed", n)
+	}
+}
+
+// TestCUDAFreeIsStreamOrdered queues slow work, then a copy out of a
+// buffer, frees the buffer, allocates again and scribbles: the copy must
+// still see the old bytes (DESIGN invariant 2).
+func TestCUDAFreeIsStreamOrdered(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	k := spinKernel(t, c)
+	const n = 1 << 20
+	want := pattern(n, 3)
+	a, _ := NewTensor(s, BF16, n/2)
+	out, _ := NewTensor(s, BF16, n/2)
+	if err := Upload(t.Context(), a, want); err != nil {
+		t.Fatal(err)
+	}
+	spin(t, s, k, 100*time.Millisecond)
+	if err := s.Copy(out.Buffer(), 0, a.Buffer(), 0, n); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	for range 8 {
+		b, err := s.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Memset(b, 0, n, 0xEE); err != nil {
+			t.Fatal(err)
+		}
+		s.Free(b)
+	}
+	got, err := Download(t.Context(), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("memory freed behind queued work was reused before the work ran")
+	}
+	out.Close()
+	// A tensor dropped without Close is freed by its cleanup, in order too.
+	func() { _, _ = NewTensor(s, FP32, 1000) }()
+	runtime.GC()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.LiveBuffers() != 0 && time.Now().Before(deadline) {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	syncCUDA(t, s)
+	if n := c.LiveBuffers(); n != 0 {
+		t.Fatalf("%d buffers live after every tensor was dropped", n)
+	}
+}
+
+func TestCUDAEvents(t *testing.T) {
+	c := newCUDA(t)
+	s1 := newCUDAStream(t, c)
+	s2 := newCUDAStream(t, c)
+	k := spinKernel(t, c)
+	const n = 4096
+	want := pattern(n, 5)
+	a, _ := NewTensor(s1, FP32, n/4)
+	b, _ := NewTensor(s2, FP32, n/4)
+	start, err := s1.RecordTimed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spin(t, s1, k, 50*time.Millisecond)
+	if err := Upload(t.Context(), a, want); err != nil { // synchronizes s1
+		t.Fatal(err)
+	}
+	spin(t, s1, k, 100*time.Millisecond)
+	if err := s1.Memset(a.Buffer(), 0, n, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Memset(a.Buffer(), 0, n/2, 0x5A); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := s1.Record()
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err := s1.RecordTimed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Done() {
+		t.Fatal("event done before the 100 ms of work queued before it")
+	}
+	if err := s2.Wait(ev); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Copy(b.Buffer(), 0, a.Buffer(), 0, n); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Download(t.Context(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got {
+		if i < n/2 && v != 0x5A || i >= n/2 && v != 0 {
+			t.Fatalf("byte %d = %#x: the copy on s2 did not wait for s1's event", i, v)
+		}
+	}
+	if err := ev.Wait(t.Context()); err != nil || !ev.Done() {
+		t.Fatalf("event after its work: Wait %v, Done %v", err, ev.Done())
+	}
+	if err := end.Wait(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Elapsed(start, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d < 140*time.Millisecond || d > 10*time.Second {
+		t.Fatalf("elapsed %v over 150 ms of spinning", d)
+	}
+	host := NewHost()
+	defer host.Close()
+	hs, _ := host.NewStream()
+	defer hs.Close()
+	hev, _ := hs.Record()
+	if err := s1.Wait(hev); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("CUDA stream waiting on a host event: %v, want ErrUnsupported", err)
+	}
+	s1.Synchronize(t.Context()) // clear the kept error
+	// A host stream can wait on a CUDA event.
+	spin(t, s1, k, 50*time.Millisecond)
+	ev2, _ := s1.Record()
+	if err := hs.Wait(ev2); err != nil {
+		t.Fatal(err)
+	}
+	syncCUDA(t, hs)
+	if !ev2.Done() {
+		t.Fatal("host stream did not wait for the CUDA event")
+	}
+}
+
+func TestCUDASynchronizeDeadline(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	k := spinKernel(t, c)
+	spin(t, s, k, 500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	err := s.Synchronize(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Synchronize with a 20 ms deadline over 500 ms of work: %v", err)
+	}
+	if d := time.Since(t0); d > 300*time.Millisecond {
+		t.Fatalf("Synchronize returned %v after its 20 ms deadline", d)
+	}
+	syncCUDA(t, s)
+}
+
+func TestCUDAErrorIsKeptUntilSynchronize(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	k := spinKernel(t, c)
+	one := [3]uint32{1, 1, 1}
+	err := s.Launch(k, one, one, 0, 5) // an int: its size on the GPU would be a guess
+	var te *TaskError
+	if !errors.As(err, &te) {
+		t.Fatalf("launch with an int argument: %v, want a *TaskError", err)
+	}
+	b, _ := s.Alloc(16)
+	if err := s.Memset(b, 8, 16, 0); err == nil {
+		t.Fatal("memset past the end of a buffer was accepted")
+	}
+	s.Free(b)
+	err = s.Synchronize(t.Context())
+	if !errors.As(err, &te) || te.Task != "launch goep_test_spin" {
+		t.Fatalf("Synchronize: %v, want the launch's error", err)
+	}
+	if err := s.Synchronize(t.Context()); err != nil {
+		t.Fatalf("second Synchronize: %v, want nil", err)
+	}
+	if n := c.LiveBuffers(); n != 0 {
+		t.Fatalf("%d buffers live", n)
+	}
+}
+
+func TestCUDAView(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	x, _ := NewTensor(s, BF16, 64)
+	v, err := x.Buffer().View(32, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.DevicePtr() != x.Buffer().DevicePtr()+32 || v.Size() != 64 {
+		t.Fatalf("view at %#x size %d", v.DevicePtr(), v.Size())
+	}
+	if _, err := x.Buffer().View(100, 29); err == nil {
+		t.Fatal("a view past the end was accepted")
+	}
+	if err := Upload(t.Context(), x, make([]byte, 128)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Memset(v, 0, 64, 1); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Download(t.Context(), x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range got {
+		if w := byte(0); i >= 32 && i < 96 {
+			w = 1
+			if b != w {
+				t.Fatalf("byte %d = %d, want %d", i, b, w)
+			}
+		} else if b != w {
+			t.Fatalf("byte %d = %d, want %d", i, b, w)
+		}
+	}
+	v.Free() // a view is never freed
+	x.Close()
+	syncCUDA(t, s)
+}
