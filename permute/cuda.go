@@ -1,0 +1,324 @@
+//go:build cuda && cgo
+
+package permute
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/goep/goep/device"
+)
+
+// permutePTX is kernels/permute.ptx, built from kernels/permute.cu by go
+// generate (cuda_gen.go).
+//
+//go:embed kernels/permute.ptx
+var permutePTX []byte
+
+// CUDAKernels are the row operations of this package on a CUDA backend:
+// the kernels of kernels/permute.cu, loaded once per backend. Every method
+// enqueues work on a stream of that backend and returns; each matches, bit
+// for bit, the host function named in its doc comment (whose doc comment is
+// the reference loop), NaN payloads included. Counts and capacities reach
+// the kernels by value; every pointer they receive is a device buffer
+// (DESIGN.md invariant 1). Sizes are checked on the host before anything is
+// enqueued, so no kernel writes outside its buffers. The caller keeps the
+// tensors behind the buffers alive until the work has completed.
+type CUDAKernels struct {
+	mod         *device.Module
+	permute     [2]*device.Kernel // BF16, FP32
+	unpermute   [2]*device.Kernel
+	zeroRows    *device.Kernel
+	zeroDropped *device.Kernel
+	// dnan is the default NaN of this CPU's float arithmetic (the result
+	// of inf - inf), which the host loops produce and the kernels copy.
+	dnan uint32
+}
+
+// DeviceMap is Map with the positions in device memory: slot k of received
+// row i goes to permuted row Pos[i*TopK+k] (-1: none); rows at or past
+// RowCap and positions at or past PermCap are dropped.
+type DeviceMap struct {
+	Rows    int            // valid received rows
+	TopK    int            // slots per row
+	Pos     *device.Buffer // int32 [slots], slots >= min(Rows, RowCap)*TopK
+	RowCap  int            // received-row capacity
+	PermCap int            // permuted-row capacity
+}
+
+// rows is the number of received rows the kernels read.
+func (m DeviceMap) rows() int { return max(0, min(m.Rows, m.RowCap)) }
+
+// LoadCUDAKernels loads the kernels on b. Close unloads them.
+func LoadCUDAKernels(b *device.CUDA) (*CUDAKernels, error) {
+	mod, err := b.LoadModule(permutePTX)
+	if err != nil {
+		return nil, fmt.Errorf("permute: load CUDA kernels: %w", err)
+	}
+	k := &CUDAKernels{mod: mod, dnan: defaultNaN(float32(math.Inf(1)), float32(math.Inf(1)))}
+	names := []struct {
+		dst  **device.Kernel
+		name string
+	}{
+		{&k.permute[0], "goep_permute_bf16"},
+		{&k.permute[1], "goep_permute_fp32"},
+		{&k.unpermute[0], "goep_unpermute_bf16"},
+		{&k.unpermute[1], "goep_unpermute_fp32"},
+		{&k.zeroRows, "goep_zero_rows"},
+		{&k.zeroDropped, "goep_zero_dropped"},
+	}
+	for _, n := range names {
+		if *n.dst, err = mod.Kernel(n.name); err != nil {
+			return nil, errors.Join(fmt.Errorf("permute: load CUDA kernels: %w", err), mod.Close())
+		}
+	}
+	return k, nil
+}
+
+// Close unloads the kernels; work queued with them must have completed.
+func (k *CUDAKernels) Close() error { return k.mod.Close() }
+
+// defaultNaN returns the bits of a - b computed at run time (inf - inf:
+// the CPU's default NaN, 0xffc00000 on amd64, 0x7fc00000 on arm64).
+//
+//go:noinline
+func defaultNaN(a, b float32) uint32 { return math.Float32bits(a - b) }
+
+// dtypeIndex is 0 for BF16, 1 for FP32.
+func dtypeIndex(op string, dt device.DType) (int, error) {
+	switch dt {
+	case device.BF16:
+		return 0, nil
+	case device.FP32:
+		return 1, nil
+	}
+	return 0, fmt.Errorf("permute: CUDA %s: dtype %v (want bf16 or fp32)", op, dt)
+}
+
+// need checks that b (nil allowed when !required) holds at least n bytes.
+func need(op, what string, b *device.Buffer, n int, required bool) error {
+	if b == nil {
+		if required && n > 0 {
+			return fmt.Errorf("permute: CUDA %s: %s is nil", op, what)
+		}
+		return nil
+	}
+	if b.Size() < n {
+		return fmt.Errorf("permute: CUDA %s: %s has %d bytes, want at least %d", op, what, b.Size(), n)
+	}
+	return nil
+}
+
+// aligned16 reports whether rows of rowBytes in these buffers can move in
+// 16-byte units.
+func aligned16(rowBytes int, bufs ...*device.Buffer) bool {
+	if rowBytes%16 != 0 {
+		return false
+	}
+	for _, b := range bufs {
+		if b.DevicePtr()%16 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// unitFor is the zeroing unit of zero_rows / zero_dropped: 16 bytes when
+// the rows allow it, else 2 (even rows), else 1.
+func unitFor(rowBytes int, b *device.Buffer) int32 {
+	switch {
+	case aligned16(rowBytes, b):
+		return 16
+	case rowBytes%2 == 0 && b.DevicePtr()%2 == 0:
+		return 2
+	}
+	return 1
+}
+
+// maxBlock is the block size of every launch; blocks are narrower for
+// short rows.
+const maxBlock = 128
+
+// shape is the launch shape for items blocks rows of units units each.
+func shape(op string, items, units int) (grid, block [3]uint32, err error) {
+	threads := min(maxBlock, max(32, (units+31)/32*32))
+	gy := max(1, (units+threads-1)/threads)
+	if items > math.MaxInt32 || gy > 65535 {
+		return grid, block, fmt.Errorf("permute: CUDA %s: %d rows of %d units is too large a grid", op, items, units)
+	}
+	return [3]uint32{uint32(items), uint32(gy), 1}, [3]uint32{uint32(threads), 1, 1}, nil
+}
+
+func checkMap(op string, m DeviceMap) error {
+	if m.Rows < 0 || m.RowCap < 0 || m.PermCap < 0 || m.TopK < 0 {
+		return fmt.Errorf("permute: CUDA %s: negative count in map %+v", op, m)
+	}
+	if m.rows() > 0 && m.TopK == 0 {
+		return fmt.Errorf("permute: CUDA %s: TopK 0 with %d rows", op, m.rows())
+	}
+	return need(op, "Pos", m.Pos, 4*m.rows()*m.TopK, true)
+}
+
+func checkHidden(op string, hidden int) error {
+	if hidden < 0 || hidden > math.MaxInt32 {
+		return fmt.Errorf("permute: CUDA %s: hidden %d out of range", op, hidden)
+	}
+	return nil
+}
+
+// Permute enqueues Permute on s: for i < min(Rows, RowCap), k < TopK with
+// p = Pos[i*TopK+k] in [0, PermCap): px[p] = x[i] (rows of hidden dt
+// elements) and, if pw is not nil, pw[p] = w[i*TopK+k] (fp32). px holds
+// PermCap rows, x min(Rows, RowCap). Rows the loop does not write
+// (padding) are left alone: zero them with ZeroPadding.
+func (k *CUDAKernels) Permute(s *device.CUDAStream, dt device.DType, hidden int, px, pw, x, w *device.Buffer, m DeviceMap) error {
+	const op = "permute"
+	di, err := dtypeIndex(op, dt)
+	if err != nil {
+		return err
+	}
+	if err := errors.Join(checkHidden(op, hidden), checkMap(op, m)); err != nil {
+		return err
+	}
+	rb, rows := hidden*dt.Size(), m.rows()
+	if err := errors.Join(
+		need(op, "px", px, m.PermCap*rb, true),
+		need(op, "x", x, rows*rb, true),
+		need(op, "pw", pw, 4*m.PermCap, false),
+	); err != nil {
+		return err
+	}
+	if pw != nil {
+		if err := need(op, "w", w, 4*rows*m.TopK, true); err != nil {
+			return err
+		}
+	}
+	if rows == 0 {
+		return nil
+	}
+	vec := aligned16(rb, px, x)
+	units := hidden
+	if vec {
+		units = rb / 16
+	}
+	grid, block, err := shape(op, rows, units)
+	if err != nil {
+		return err
+	}
+	return s.Launch(k.permute[di], grid, block, 0,
+		px, pw, x, w, m.Pos, int64(rows), int32(m.TopK), int64(m.PermCap), int64(hidden), b32(vec))
+}
+
+// Unpermute enqueues Unpermute on s: for every row i < min(Rows, RowCap),
+// out[i] = UnpermuteRow of y (rows of hidden dt elements; PermCap rows)
+// over the slots Pos[i*TopK:(i+1)*TopK], weighted by w[i*TopK:] (fp32) if
+// w is not nil: the terms (mul(w, y[p]), rounded to fp32, or y[p]) summed
+// in fp32 in slot order from the first, rounded to dt once, zero for a row
+// without terms; then the rows past them up to RowCap are zeroed. out
+// holds RowCap rows.
+func (k *CUDAKernels) Unpermute(s *device.CUDAStream, dt device.DType, hidden int, out, y, w *device.Buffer, m DeviceMap) error {
+	const op = "unpermute"
+	di, err := dtypeIndex(op, dt)
+	if err != nil {
+		return err
+	}
+	if err := errors.Join(checkHidden(op, hidden), checkMap(op, m)); err != nil {
+		return err
+	}
+	rb, rows := hidden*dt.Size(), m.rows()
+	if err := errors.Join(
+		need(op, "out", out, m.RowCap*rb, true),
+		need(op, "y", y, m.PermCap*rb, true),
+		need(op, "w", w, 4*rows*m.TopK, false),
+	); err != nil {
+		return err
+	}
+	if rows > 0 {
+		vec := aligned16(rb, out, y)
+		units := hidden
+		if vec {
+			units = rb / 16
+		}
+		grid, block, err := shape(op, rows, units)
+		if err != nil {
+			return err
+		}
+		if err := s.Launch(k.unpermute[di], grid, block, 0,
+			out, y, w, m.Pos, int64(rows), int32(m.TopK), int64(m.PermCap), int64(hidden), b32(vec), k.dnan); err != nil {
+			return err
+		}
+	}
+	return k.ZeroRows(s, out, rb, nil, rows, m.RowCap)
+}
+
+// ZeroRows enqueues ZeroRows on s: rows [lo, hi) of b (rowBytes each) are
+// zeroed, and w[lo:hi] (fp32) if w is not nil. b holds at least hi rows.
+func (k *CUDAKernels) ZeroRows(s *device.CUDAStream, b *device.Buffer, rowBytes int, w *device.Buffer, lo, hi int) error {
+	const op = "zero rows"
+	if hi <= lo {
+		return nil
+	}
+	if lo < 0 || rowBytes < 0 {
+		return fmt.Errorf("permute: CUDA %s: rows [%d, %d) of %d bytes", op, lo, hi, rowBytes)
+	}
+	if err := errors.Join(need(op, "rows", b, hi*rowBytes, true), need(op, "weights", w, 4*hi, false)); err != nil {
+		return err
+	}
+	unit := unitFor(rowBytes, b)
+	grid, block, err := shape(op, hi-lo, rowBytes/int(unit))
+	if err != nil {
+		return err
+	}
+	return s.Launch(k.zeroRows, grid, block, 0, b, w, int64(rowBytes), int64(lo), int64(hi), unit)
+}
+
+// ZeroPadding enqueues ZeroPadding on s: for each expert l the rows
+// [offsets[l]+counts[l], offsets[l+1]), then the rows from offsets[L] up
+// to capacity, all clipped to capacity, of px (rowBytes each) and pw (if
+// not nil) are zeroed. offsets ([L+1]) and counts ([L]) are host values:
+// each range becomes one launch with its bounds by value.
+func (k *CUDAKernels) ZeroPadding(s *device.CUDAStream, px *device.Buffer, rowBytes int, pw *device.Buffer, offsets, counts []int32, capacity int) error {
+	if len(offsets) != len(counts)+1 {
+		return fmt.Errorf("permute: CUDA zero padding: %d offsets for %d counts, want %d", len(offsets), len(counts), len(counts)+1)
+	}
+	for l := range counts {
+		lo := min(int(offsets[l])+int(counts[l]), capacity)
+		if err := k.ZeroRows(s, px, rowBytes, pw, lo, min(int(offsets[l+1]), capacity)); err != nil {
+			return err
+		}
+	}
+	return k.ZeroRows(s, px, rowBytes, pw, min(int(offsets[len(counts)]), capacity), capacity)
+}
+
+// ZeroDropped enqueues ZeroDropped on s: for every slot s' of Pos at or
+// past min(Rows, RowCap)*TopK (all of Pos's int32s, slots = Pos.Size()/4)
+// with p = Pos[s'] in [0, PermCap), row p of px (rowBytes each) and pw[p]
+// (if pw is not nil) are zeroed. px holds PermCap rows.
+func (k *CUDAKernels) ZeroDropped(s *device.CUDAStream, px *device.Buffer, rowBytes int, pw *device.Buffer, m DeviceMap) error {
+	const op = "zero dropped"
+	if err := checkMap(op, m); err != nil {
+		return err
+	}
+	if err := errors.Join(need(op, "px", px, m.PermCap*rowBytes, true), need(op, "pw", pw, 4*m.PermCap, false)); err != nil {
+		return err
+	}
+	from, to := m.Rows*m.TopK, m.Pos.Size()/4
+	if to <= from || m.PermCap == 0 {
+		return nil
+	}
+	unit := unitFor(rowBytes, px)
+	grid, block, err := shape(op, to-from, rowBytes/int(unit))
+	if err != nil {
+		return err
+	}
+	return s.Launch(k.zeroDropped, grid, block, 0, px, pw, int64(rowBytes), m.Pos, int64(from), int64(to), int64(m.PermCap), unit)
+}
+
+func b32(v bool) int32 {
+	if v {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,7 @@
+package permute
+
+// The CUDA kernels (kernels/permute.cu) are built to PTX by go generate and
+// embedded by the cuda build (cuda.go). This file is built everywhere so
+// that go generate finds the directive with or without the cuda tag.
+
+//go:generate sh kernels/gen.sh kernels/permute.cu kernels/permute.ptx
