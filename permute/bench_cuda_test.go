@@ -1,0 +1,143 @@
+//go:build cuda && cgo
+
+package permute
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/goep/goep/device"
+)
+
+// BenchmarkCUDA measures permute and unpermute against a device-to-device
+// copy of the permuted tensor (tokens x topk rows) in the same run: each
+// op is timed with CUDA events, iteration by iteration, after a warm-up;
+// the median gives the memory traffic in GB/s (bytes read + bytes
+// written: the copy 2 x tokens x topk rows, permute and unpermute
+// (tokens + tokens x topk) rows, weights and positions not counted), and
+// the ratios to the copy's are reported (the goal: >= 0.9). Routing: every
+// token picks topk distinct experts of 64 at random, no padding.
+//
+//	.gpu/permute.test -test.run '^$' -test.bench CUDA -test.benchtime 50x
+func BenchmarkCUDA(b *testing.B) {
+	const tokens, hidden, topk, experts = 4096, 7168, 8, 64
+	for _, dt := range []device.DType{device.BF16, device.FP32} {
+		b.Run(fmt.Sprintf("dtype=%v/tokens=%d/hidden=%d/topk=%d", dt, tokens, hidden, topk), func(b *testing.B) {
+			benchCUDA(b, dt, tokens, hidden, topk, experts)
+		})
+	}
+}
+
+func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int) {
+	_, s, k := gpu(b)
+	r := rand.New(rand.NewPCG(7, 8))
+	counts := make([]int32, experts)
+	slot := make([]int32, tokens*topk)
+	for i := range tokens {
+		for j, e := range r.Perm(experts)[:topk] {
+			slot[i*topk+j] = int32(e)
+			counts[e]++
+		}
+	}
+	offsets := make([]int32, experts+1)
+	for e := range experts {
+		offsets[e+1] = offsets[e] + counts[e]
+	}
+	seen := make([]int32, experts)
+	pos := make([]int32, len(slot))
+	for i, e := range slot {
+		pos[i] = offsets[e] + seen[e]
+		seen[e]++
+	}
+	p := int(offsets[experts])
+	rb := hidden * dt.Size()
+	alloc := func(n int) *device.Tensor {
+		t, err := device.NewTensor(s, device.BF16, n/2)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { t.Close() })
+		return t
+	}
+	tpos := alloc(4 * len(pos))
+	if err := device.Upload(b.Context(), tpos, device.EncodeInt32(pos)); err != nil {
+		b.Fatal(err)
+	}
+	x, w, px, pw := alloc(tokens*rb), alloc(4*tokens*topk), alloc(p*rb), alloc(4*p)
+	y, out, dst := alloc(p*rb), alloc(tokens*rb), alloc(p*rb)
+	for _, t := range []*device.Tensor{x, w, y} {
+		if err := s.Memset(t.Buffer(), 0, t.Buffer().Size(), 0x3c); err != nil {
+			b.Fatal(err)
+		}
+	}
+	m := DeviceMap{Rows: tokens, TopK: topk, Pos: tpos.Buffer(), RowCap: tokens, PermCap: p}
+	ops := []struct {
+		name string
+		run  func() error
+	}{
+		{"copy", func() error { return s.Copy(dst.Buffer(), 0, y.Buffer(), 0, p*rb) }},
+		{"permute", func() error {
+			return k.Permute(s, dt, hidden, px.Buffer(), pw.Buffer(), x.Buffer(), w.Buffer(), m)
+		}},
+		{"unpermute", func() error { return k.Unpermute(s, dt, hidden, out.Buffer(), y.Buffer(), w.Buffer(), m) }},
+	}
+	const warmup, iters = 5, 30
+	median := map[string]time.Duration{}
+	for _, op := range ops {
+		var times []time.Duration
+		for i := range warmup + iters {
+			start, err := s.RecordTimed()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := op.run(); err != nil {
+				b.Fatal(err)
+			}
+			end, err := s.RecordTimed()
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
+			err = s.Synchronize(ctx)
+			cancel()
+			if err != nil {
+				b.Fatal(err)
+			}
+			d, err := device.Elapsed(start, end)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if i >= warmup {
+				times = append(times, d)
+			}
+		}
+		slices.Sort(times)
+		median[op.name] = times[len(times)/2]
+	}
+	traffic := map[string]float64{"copy": float64(2 * p * rb), "permute": float64((tokens + p) * rb), "unpermute": float64((tokens + p) * rb)}
+	gb := func(op string) float64 { return traffic[op] / median[op].Seconds() / 1e9 }
+	b.SetBytes(int64(2 * (tokens + p) * rb)) // one permute and one unpermute per iteration
+	for b.Loop() {
+		if err := ops[1].run(); err != nil {
+			b.Fatal(err)
+		}
+		if err := ops[2].run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := s.Synchronize(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(gb("copy"), "copy_GB/s")
+	b.ReportMetric(gb("permute"), "permute_GB/s")
+	b.ReportMetric(gb("unpermute"), "unpermute_GB/s")
+	b.ReportMetric(gb("permute")/gb("copy"), "permute/copy")
+	b.ReportMetric(gb("unpermute")/gb("copy"), "unpermute/copy")
+	b.Logf("%v: medians over %d runs: copy %v (%.0f GB/s), permute %v (%.0f GB/s, %.2f of copy), unpermute %v (%.0f GB/s, %.2f of copy); permuted tensor %d MB",
+		dt, iters, median["copy"], gb("copy"), median["permute"], gb("permute"), gb("permute")/gb("copy"),
+		median["unpermute"], gb("unpermute"), gb("unpermute")/gb("copy"), p*rb>>20)
+}
