@@ -28,7 +28,6 @@ const MaxBuffers = 8
 const (
 	StatusOK      = 0
 	StatusInvalid = 1 // the rank's input was rejected; Msg says why
-	StatusFailed  = 2 // the rank is in a failed state
 )
 
 const msgCap = 200
@@ -376,13 +375,6 @@ func ring(block []byte) {
 
 // rang wakes this process's waiters after a round of rings.
 func rang() { inProcess.stored() }
-
-// Fail marks the domain failed: later exchanges return err at once.
-func (d *Domain) Fail(err error) {
-	if d.failed == nil {
-		d.failed = err
-	}
-}
 
 // Close releases the control block in stream order. Peers must have left
 // the domain too (the executor closes with a barrier).
