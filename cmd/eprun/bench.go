@@ -37,7 +37,10 @@ type benchFlags struct {
 	calls             []string
 	maxRecvTokens     int
 	maxPermutedTokens int
+	routing           string
+	zipfS             float64
 	jsonOut           string
+	csvOut            string
 	format            string
 	quiet             bool
 }
@@ -98,6 +101,8 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.StringSliceVar(&f.calls, "calls", nil, "calls to time: "+strings.Join(bench.AllCalls, ","))
 	fl.IntVar(&f.maxRecvTokens, "max-recv-tokens", 0, "capacity mode: receive capacity (0: worst case)")
 	fl.IntVar(&f.maxPermutedTokens, "max-permuted-tokens", 0, "capacity mode: permuted capacity (0: worst case)")
+	fl.StringVar(&f.routing, "routing", "", "how tokens pick experts: "+strings.Join(bench.RoutingKinds, ", "))
+	fl.Float64Var(&f.zipfS, "zipf-s", 0, "routing zipf: the Zipf exponent s > 0 (e.g. 1.1)")
 	fl.StringVar(&f.jsonOut, "json", "", "write the full record as JSON to FILE (- for stdout; the table then goes to stderr)")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
 }
@@ -184,6 +189,15 @@ func (f benchFlags) apply(cmd *cobra.Command, c *bench.Config) {
 	}
 	if set("max-permuted-tokens") {
 		c.MaxPermutedTokens = f.maxPermutedTokens
+	}
+	if set("routing") {
+		c.Routing = f.routing
+		if f.routing != bench.RoutingZipf && !set("zipf-s") {
+			c.ZipfS = 0 // a zipf config's exponent does not carry over
+		}
+	}
+	if set("zipf-s") {
+		c.ZipfS = f.zipfS
 	}
 }
 

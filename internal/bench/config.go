@@ -61,7 +61,15 @@ type Config struct {
 	Seed uint64 `yaml:"seed" json:"seed"`
 	// Calls is the calls to time (default: all four).
 	Calls []string `yaml:"calls,omitempty" json:"calls,omitempty"`
+	// Routing is how tokens pick experts: uniform (default), balanced
+	// (every expert's load equal within 1) or zipf (skewed popularity with
+	// exponent ZipfS, e.g. 1.1). See RoutingSpec.
+	Routing string  `yaml:"routing,omitempty" json:"routing,omitempty"`
+	ZipfS   float64 `yaml:"zipf_s,omitempty" json:"zipf_s,omitempty"`
 }
+
+// RoutingSpec is the config's routing generator.
+func (c Config) RoutingSpec() RoutingSpec { return RoutingSpec{Kind: c.Routing, ZipfS: c.ZipfS} }
 
 // Defaults is what a field left out of a YAML config gets.
 func Defaults() Config {
@@ -78,6 +86,7 @@ func Defaults() Config {
 		Pad:     1,
 		Seed:    1,
 		Calls:   slices.Clone(AllCalls),
+		Routing: RoutingUniform,
 	}
 }
 
@@ -162,6 +171,9 @@ func (c Config) Validate() error {
 		if !slices.Contains(AllCalls, call) {
 			return fmt.Errorf("call %q: want one of %s", call, strings.Join(AllCalls, ", "))
 		}
+	}
+	if err := c.RoutingSpec().Validate(); err != nil {
+		return err
 	}
 	if _, err := c.domainSize(); err != nil {
 		return err

@@ -72,8 +72,8 @@ func WriteTable(w io.Writer, rec Record) error {
 	if d := c.RanksPerDomain; d > 0 && d < c.Ranks {
 		domains = fmt.Sprintf("%d domains of %d", c.Ranks/d, d)
 	}
-	fmt.Fprintf(&b, "# ranks %d (%s)  experts %d  topk %d  mode %s  pad %d  iters %d (+%d warm-up)  seed %d\n",
-		c.Ranks, domains, c.Experts, c.TopK, c.Mode, c.Pad, c.Iters, c.Warmup, c.Seed)
+	fmt.Fprintf(&b, "# ranks %d (%s)  experts %d  topk %d  mode %s  pad %d  iters %d (+%d warm-up)  seed %d  routing %s\n",
+		c.Ranks, domains, c.Experts, c.TopK, c.Mode, c.Pad, c.Iters, c.Warmup, c.Seed, c.RoutingSpec())
 	if rec.Launcher != "" {
 		fmt.Fprintf(&b, "# launcher %s  processes %d  group %s  timing %s  a2a over %s\n", rec.Launcher, rec.Processes, orDash(rec.Group), orDash(rec.Timing), orDash(rec.BaselineA2ATransport))
 	}

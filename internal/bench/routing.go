@@ -48,13 +48,16 @@ type World struct {
 	Idx                   [][]int32 // [rank][t*K+k]
 }
 
-// NewWorld builds the routing of every rank.
+// NewWorld builds the uniform routing of every rank.
 func NewWorld(seed uint64, ranks, ranksPerDomain, experts, topk, hidden int, dt device.DType, tokens []int) *World {
+	return NewRoutedWorld(RoutingSpec{}, seed, ranks, ranksPerDomain, experts, topk, hidden, dt, tokens)
+}
+
+// NewRoutedWorld builds the routing of every rank with the generator spec
+// chooses (GlobalRouting).
+func NewRoutedWorld(spec RoutingSpec, seed uint64, ranks, ranksPerDomain, experts, topk, hidden int, dt device.DType, tokens []int) *World {
 	w := &World{Seed: seed, Ranks: ranks, RanksPerDomain: ranksPerDomain, Experts: experts, TopK: topk, Hidden: hidden, DType: dt, Tokens: tokens}
-	w.Idx = make([][]int32, ranks)
-	for r := range ranks {
-		w.Idx[r] = Routing(seed, r, tokens[r], topk, experts)
-	}
+	w.Idx = GlobalRouting(spec, seed, tokens[:ranks], topk, experts)
 	return w
 }
 

@@ -346,7 +346,7 @@ func newRankState(cfg Config, c Case, rank int) (*rankState, error) {
 		cfg:       cfg,
 		c:         c,
 		rank:      rank,
-		world:     NewWorld(cfg.Seed, r, d, cfg.Experts, cfg.TopK, c.Hidden, c.DType, tokens),
+		world:     NewRoutedWorld(cfg.RoutingSpec(), cfg.Seed, r, d, cfg.Experts, cfg.TopK, c.Hidden, c.DType, tokens),
 		ecfg:      ecfg,
 		times:     map[string]*series{},
 		checks:    map[string]*Check{},
