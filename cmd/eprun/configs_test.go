@@ -1,0 +1,77 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/goep/goep/internal/bench"
+)
+
+// TestEveryConfigReduced runs every embedded config end to end at a
+// reduced size (4 ranks, 64 tokens, 2 iterations after 1 warm-up; hidden, experts, topk,
+// mode and routing as the config has them), with every check passing, and
+// once more with each non-uniform routing.
+func TestEveryConfigReduced(t *testing.T) {
+	start := time.Now()
+	type run struct {
+		name, config string
+		extra        []string
+	}
+	var runs []run
+	for _, name := range embeddedNames() {
+		runs = append(runs, run{name, name, nil})
+	}
+	runs = append(runs,
+		run{"tiny-balanced", "tiny", []string{"--routing", "balanced"}},
+		run{"many-experts-zipf", "many-experts", []string{"--routing", "zipf", "--zipf-s", "1.1"}},
+	)
+	for _, r := range runs {
+		t.Run(r.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "out.json")
+			args := append([]string{"bench", r.config, "-q", "--ranks", "4", "--tokens", "64", "--iters", "2", "--warmup", "1", "--json", out}, r.extra...)
+			code, stdout, stderr := eprun(t, args...)
+			if code != 0 {
+				t.Fatalf("%v: exit %d: %s\n%s", args, code, stderr, stdout)
+			}
+			data, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rec bench.Record
+			if err := json.Unmarshal(data, &rec); err != nil {
+				t.Fatal(err)
+			}
+			if rec.Wrong != 0 || rec.CheckedRows == 0 || len(rec.Rows) == 0 || rec.Error != "" {
+				t.Errorf("%d rows, %d of %d wrong, error %q", len(rec.Rows), rec.Wrong, rec.CheckedRows, rec.Error)
+			}
+		})
+	}
+	if d := time.Since(start); d > 60*time.Second {
+		t.Errorf("every config took %v at reduced size; keep it near 30 s", d)
+	}
+}
+
+// TestPublishedShapes pins the model shapes of the embedded configs.
+func TestPublishedShapes(t *testing.T) {
+	for _, tc := range []struct {
+		name                          string
+		experts, topk, hidden, tokens int
+	}{
+		{"deepseek-v3-prefill", 256, 8, 7168, 4096},
+		{"deepseek-v3-decode", 256, 8, 7168, 128},
+		{"qwen3-235b", 128, 8, 4096, 4096},
+		{"kimi-k2", 384, 8, 7168, 4096},
+		{"many-experts", 896, 16, 4096, 1024},
+	} {
+		c, err := loadConfig(tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Experts != tc.experts || c.TopK != tc.topk || len(c.Hidden) != 1 || c.Hidden[0] != tc.hidden || len(c.Tokens) != 1 || c.Tokens[0] != tc.tokens {
+			t.Errorf("%s: %+v", tc.name, c)
+		}
+	}
+}
