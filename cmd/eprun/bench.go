@@ -79,6 +79,7 @@ dtype take comma-separated lists to sweep.`,
 	f.register(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&f.format, "format", "table", "output format: table or gobench (lines for benchstat)")
+	fl.StringVar(&f.csvOut, "csv", "", "write one row per call and case as CSV to FILE (- for stdout; the table then goes to stderr)")
 	return cmd
 }
 
@@ -205,11 +206,41 @@ func runBench(cmd *cobra.Command, f benchFlags, stdout, stderr io.Writer) error 
 	if f.format != "table" && f.format != "gobench" {
 		return fmt.Errorf("bench: --format %q: want table or gobench", f.format)
 	}
-	return execute(cmd, "bench", f, stdout, stderr, func(w io.Writer, rec bench.Record) error {
-		if f.format == "gobench" {
-			return bench.WriteGoBench(w, rec)
+	if f.csvOut == "-" && f.jsonOut == "-" {
+		return errors.New("bench: --csv - and --json - both want stdout; give one of them a file")
+	}
+	var csvFile *os.File
+	if f.csvOut != "" && f.csvOut != "-" {
+		// Only rank 0 writes it; open it first, so a bad path fails
+		// before a long run.
+		env, err := launcher.Detect()
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
 		}
-		return bench.WriteTable(w, rec)
+		if env.Rank == 0 {
+			if csvFile, err = os.Create(f.csvOut); err != nil {
+				return fmt.Errorf("bench: --csv: %w", err)
+			}
+			defer csvFile.Close()
+		}
+	}
+	return execute(cmd, "bench", f, stdout, stderr, func(w io.Writer, rec bench.Record) error {
+		if f.csvOut == "-" {
+			w = stderr
+		}
+		var err error
+		if f.format == "gobench" {
+			err = bench.WriteGoBench(w, rec)
+		} else {
+			err = bench.WriteTable(w, rec)
+		}
+		switch {
+		case f.csvOut == "-":
+			err = errors.Join(err, bench.WriteCSV(stdout, rec))
+		case csvFile != nil:
+			err = errors.Join(err, bench.WriteCSV(csvFile, rec), csvFile.Close())
+		}
+		return err
 	})
 }
 

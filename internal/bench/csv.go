@@ -1,0 +1,70 @@
+package bench
+
+import (
+	"encoding/csv"
+	"io"
+	"strconv"
+)
+
+// CSVColumns is the header of WriteCSV: the table's columns (#wrong as
+// wrong), then the config's fields and where it ran.
+var CSVColumns = []string{
+	"call", "tokens", "hidden", "topk", "dtype", "time_us", "p99_us", "nvl_GBps", "rdma_GBps",
+	"baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "wrong",
+	"ranks", "ranks_per_domain", "experts", "mode", "pad", "iters", "warmup", "seed", "routing", "zipf_s",
+	"launcher", "processes", "timing", "commit",
+}
+
+// WriteCSV writes one row per (call, case) with CSVColumns. A value the
+// table prints as "-" (no RDMA, no baseline) is an empty cell; wrong
+// counts the a2a baseline's rows too, as the table's #wrong does.
+func WriteCSV(w io.Writer, rec Record) error {
+	cw := csv.NewWriter(w)
+	if err := cw.Write(CSVColumns); err != nil {
+		return err
+	}
+	c := rec.Config
+	f := func(x float64, prec int) string { return strconv.FormatFloat(x, 'f', prec, 64) }
+	pos := func(x float64, prec int) string {
+		if x > 0 {
+			return f(x, prec)
+		}
+		return ""
+	}
+	itoa := strconv.Itoa
+	d := c.RanksPerDomain
+	if d == 0 {
+		d, _ = c.domainSize()
+	}
+	for _, r := range rec.Rows {
+		a2aUS, a2aGBps, vs := "", "", ""
+		if r.A2A != nil {
+			a2aUS, a2aGBps, vs = f(r.A2A.Median, 3), f(r.A2AGBps, 4), f(r.A2ASpeedup, 4)
+		}
+		ratio := ""
+		if r.BaselineGBps > 0 {
+			ratio = f(r.Ratio, 4)
+		}
+		zipf := ""
+		if c.ZipfS != 0 {
+			zipf = strconv.FormatFloat(c.ZipfS, 'g', -1, 64)
+		}
+		routing := c.Routing
+		if routing == "" {
+			routing = RoutingUniform
+		}
+		row := []string{
+			r.Call, itoa(r.Tokens), itoa(r.Hidden), itoa(r.TopK), r.DType,
+			f(r.Time.Median, 3), f(r.Time.P99, 3), f(r.NVLGBps, 4), pos(r.RDMAGBps, 4),
+			pos(r.BaselineGBps, 4), ratio, a2aUS, a2aGBps, vs, itoa(r.Wrong + r.A2AWrong),
+			itoa(c.Ranks), itoa(d), itoa(c.Experts), c.Mode, itoa(c.Pad), itoa(c.Iters), itoa(c.Warmup),
+			strconv.FormatUint(c.Seed, 10), routing, zipf,
+			rec.Launcher, itoa(rec.Processes), rec.Timing, rec.Env.Commit,
+		}
+		if err := cw.Write(row); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}
