@@ -80,5 +80,6 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	})
 	root.AddCommand(newBench(stdout, stderr), newVersion(stdout), newLaunch(stdout, stderr))
 	root.AddCommand(newCheck(stdout, stderr))
+	root.AddCommand(newPlot(stdout))
 	return root
 }

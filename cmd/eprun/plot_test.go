@@ -1,0 +1,92 @@
+package main
+
+import (
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestPlot(t *testing.T) {
+	dir := t.TempDir()
+	rec := filepath.Join(dir, "results.json")
+	code, _, stderr := eprun(t, append(tiny, "--tokens", "8,16,32", "--json", rec)...)
+	if code != 0 {
+		t.Fatalf("bench: exit %d: %s", code, stderr)
+	}
+	out := filepath.Join(dir, "out.png")
+	code, stdout, stderr := eprun(t, "plot", rec, "-o", out)
+	if code != 0 {
+		t.Fatalf("plot: exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, out) {
+		t.Errorf("stdout %q does not name %s", stdout, out)
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("not a PNG: %v", err)
+	}
+	b := img.Bounds()
+	if b.Dx() < 800 || b.Dy() < 300 {
+		t.Errorf("image is %dx%d, want at least 800x300", b.Dx(), b.Dy())
+	}
+	colours := map[[4]uint32]bool{}
+	ink := 0
+	for y := b.Min.Y; y < b.Max.Y; y++ {
+		for x := b.Min.X; x < b.Max.X; x++ {
+			r, g, bl, a := img.At(x, y).RGBA()
+			colours[[4]uint32{r, g, bl, a}] = true
+			if a > 0 && (r < 0xf000 || g < 0xf000 || bl < 0xf000) {
+				ink++
+			}
+		}
+	}
+	// Axes, text and eight coloured lines: many colours (anti-aliased),
+	// and a few percent of the pixels inked.
+	if len(colours) < 20 {
+		t.Errorf("%d distinct colours: the plot looks blank", len(colours))
+	}
+	if frac := float64(ink) / float64(b.Dx()*b.Dy()); frac < 0.01 {
+		t.Errorf("%.2f%% of the pixels are not white: the plot looks blank", 100*frac)
+	}
+
+	// Two records, svg, and the default output name.
+	code, _, stderr = eprun(t, "plot", rec, rec, "-o", filepath.Join(dir, "two.svg"))
+	if code != 0 {
+		t.Errorf("plot two records to svg: exit %d: %s", code, stderr)
+	}
+	code, _, stderr = eprun(t, "plot", rec)
+	if _, err := os.Stat(filepath.Join(dir, "results.png")); code != 0 || err != nil {
+		t.Errorf("plot without -o: exit %d, %v: %s", code, err, stderr)
+	}
+}
+
+func TestPlotBadUsage(t *testing.T) {
+	dir := t.TempDir()
+	notJSON := filepath.Join(dir, "x.json")
+	empty := filepath.Join(dir, "empty.json")
+	os.WriteFile(notJSON, []byte("# call tokens\n"), 0o644)
+	os.WriteFile(empty, []byte(`{"rows": []}`), 0o644)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"plot"}, "requires at least 1 arg"},
+		{[]string{"plot", filepath.Join(dir, "none.json")}, "no such file"},
+		{[]string{"plot", notJSON}, "not an eprun bench --json record"},
+		{[]string{"plot", empty}, "no rows to plot"},
+		{[]string{"plot", empty, "-o", "out.gif"}, "want a .png, .svg or .pdf"},
+		{[]string{"plot", empty, "--width", "0"}, "--width 0"},
+	} {
+		code, stdout, stderr := eprun(t, tc.args...)
+		if code != 2 || stdout != "" || !strings.HasPrefix(stderr, "eprun: ") || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 2 and one line with %q", tc.args, code, stdout, stderr, tc.want)
+		}
+	}
+}
