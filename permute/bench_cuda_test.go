@@ -20,9 +20,11 @@ import (
 // written: the copy 2 x tokens x topk rows, permute and unpermute
 // (tokens + tokens x topk) rows, weights and positions not counted), and
 // the ratios to the copy's are reported (the goal: >= 0.9). Routing: every
-// token picks topk distinct experts of 64 at random, no padding.
+// token picks topk distinct experts of 64 at random, no padding. Then
+// other launch configurations of permute and unpermute are timed the same
+// way and logged, one line each (-test.v shows them).
 //
-//	.gpu/permute.test -test.run '^$' -test.bench CUDA -test.benchtime 50x
+//	.gpu/permute.test -test.run '^$' -test.bench CUDA -test.benchtime 50x -test.v
 func BenchmarkCUDA(b *testing.B) {
 	const tokens, hidden, topk, experts = 4096, 7168, 8, 64
 	for _, dt := range []device.DType{device.BF16, device.FP32} {
@@ -31,6 +33,21 @@ func BenchmarkCUDA(b *testing.B) {
 		})
 	}
 }
+
+// permuteSweep and unpermuteSweep are the launch configurations
+// BenchmarkCUDA times besides the defaults (logged, one line each).
+var (
+	permuteSweep = []launchCfg{
+		{128, 1, 0}, {128, 1, 1}, {128, 1, 3},
+		{128, 2, 1}, {256, 2, 0}, {256, 2, 1}, {256, 2, 3},
+		{128, 4, 1}, {256, 4, 0}, {256, 4, 1}, {256, 4, 2}, {256, 4, 3},
+		{512, 4, 1}, {1024, 4, 1},
+	}
+	unpermuteSweep = []launchCfg{
+		{block: 128, units: 1}, {block: 256, units: 1}, {block: 128, units: 2},
+		{block: 256, units: 2}, {block: 128, units: 4}, {block: 256, units: 4}, {block: 256, units: 8},
+	}
+)
 
 func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int) {
 	_, s, k := gpu(b)
@@ -86,15 +103,14 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 		{"unpermute", func() error { return k.Unpermute(s, dt, hidden, out.Buffer(), y.Buffer(), w.Buffer(), m) }},
 	}
 	const warmup, iters = 5, 30
-	median := map[string]time.Duration{}
-	for _, op := range ops {
+	timeOp := func(run func() error) time.Duration {
 		var times []time.Duration
 		for i := range warmup + iters {
 			start, err := s.RecordTimed()
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := op.run(); err != nil {
+			if err := run(); err != nil {
 				b.Fatal(err)
 			}
 			end, err := s.RecordTimed()
@@ -116,10 +132,32 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 			}
 		}
 		slices.Sort(times)
-		median[op.name] = times[len(times)/2]
+		return times[len(times)/2]
+	}
+	median := map[string]time.Duration{}
+	for _, op := range ops {
+		median[op.name] = timeOp(op.run)
 	}
 	traffic := map[string]float64{"copy": float64(2 * p * rb), "permute": float64((tokens + p) * rb), "unpermute": float64((tokens + p) * rb)}
 	gb := func(op string) float64 { return traffic[op] / median[op].Seconds() / 1e9 }
+	// Other launch configurations (no result changes with them; the tests
+	// run the defaults): each timed like the ops above, as a fraction of the
+	// copy's GB/s, to choose defaultPermute and defaultUnpermute.
+	copyGB := gb("copy")
+	for _, cfg := range permuteSweep {
+		k.permuteCfg = cfg
+		d := timeOp(ops[1].run)
+		b.Logf("%v: permute block %d units %d hints %d: %v, %.0f GB/s, %.3f of copy",
+			dt, cfg.block, cfg.units, cfg.hints, d, traffic["permute"]/d.Seconds()/1e9, traffic["permute"]/d.Seconds()/1e9/copyGB)
+	}
+	k.permuteCfg = defaultPermute
+	for _, cfg := range unpermuteSweep {
+		k.unpermuteCfg = cfg
+		d := timeOp(ops[2].run)
+		b.Logf("%v: unpermute block %d units %d: %v, %.0f GB/s, %.3f of copy",
+			dt, cfg.block, cfg.units, d, traffic["unpermute"]/d.Seconds()/1e9, traffic["unpermute"]/d.Seconds()/1e9/copyGB)
+	}
+	k.unpermuteCfg = defaultUnpermute
 	b.SetBytes(int64(2 * (tokens + p) * rb)) // one permute and one unpermute per iteration
 	for b.Loop() {
 		if err := ops[1].run(); err != nil {

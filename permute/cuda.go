@@ -35,7 +35,36 @@ type CUDAKernels struct {
 	// dnan is the default NaN of this CPU's float arithmetic (the result
 	// of inf - inf), which the host loops produce and the kernels copy.
 	dnan uint32
+	// permuteCfg and unpermuteCfg are the launch configurations of Permute
+	// and Unpermute (defaultPermute, defaultUnpermute; BenchmarkCUDA
+	// compares others). They change no result.
+	permuteCfg, unpermuteCfg launchCfg
 }
+
+// launchCfg is the launch configuration of a row kernel: blocks of at most
+// block threads, each thread covering about units units of its row (the
+// grid covers every unit whatever the values), and for permute the cache
+// hints of the kernel (bit 0: streaming loads of x, ld.global.cs, else
+// ld.global.nc; bit 1: streaming stores of px, st.global.cs).
+type launchCfg struct {
+	block int
+	units int
+	hints int32
+}
+
+// Permute: a thread loads 4 units (16 bytes each) of its row before it
+// stores them to the row's K positions (64 bytes in flight per thread);
+// 224 threads cover a 7168-element bf16 row in one block. Streaming loads
+// (x is read once), plain stores.
+var defaultPermute = launchCfg{block: 256, units: 4, hints: 1}
+
+// Unpermute: a thread reads the row's positions and weights once and sums
+// 2 units, each with its (up to 8) slot loads in flight together; blocks of
+// at most 256 threads (the kernels' __launch_bounds__, maxUnpermuteBlock).
+var defaultUnpermute = launchCfg{block: 256, units: 2}
+
+// maxUnpermuteBlock is maxUnpermuteBlock of kernels/permute.cu.
+const maxUnpermuteBlock = 256
 
 // DeviceMap is Map with the positions in device memory: slot k of received
 // row i goes to permuted row Pos[i*TopK+k] (-1: none); rows at or past
@@ -57,7 +86,8 @@ func LoadCUDAKernels(b *device.CUDA) (*CUDAKernels, error) {
 	if err != nil {
 		return nil, fmt.Errorf("permute: load CUDA kernels: %w", err)
 	}
-	k := &CUDAKernels{mod: mod, dnan: defaultNaN(float32(math.Inf(1)), float32(math.Inf(1)))}
+	k := &CUDAKernels{mod: mod, dnan: defaultNaN(float32(math.Inf(1)), float32(math.Inf(1))),
+		permuteCfg: defaultPermute, unpermuteCfg: defaultUnpermute}
 	names := []struct {
 		dst  **device.Kernel
 		name string
@@ -143,8 +173,21 @@ const maxBlock = 128
 
 // shape is the launch shape for items blocks rows of units units each.
 func shape(op string, items, units int) (grid, block [3]uint32, err error) {
-	threads := min(maxBlock, max(32, (units+31)/32*32))
-	gy := max(1, (units+threads-1)/threads)
+	return rowShape(op, items, units, launchCfg{block: maxBlock, units: 1})
+}
+
+// rowShape is the launch shape for items rows of units units each under
+// cfg: grid (items, gy), gy blocks per row of at most cfg.block threads
+// (a multiple of 32), about cfg.units units per thread, the threads of a
+// row spread evenly: gy = ceil(units / (block*perThread)), threads =
+// ceil(units / (gy*perThread)) rounded up to 32. A 7168-element bf16 row
+// (896 units of 16 bytes) with block 256 and 4 units per thread is one
+// block of 224 threads; with 2 units per thread two.
+func rowShape(op string, items, units int, cfg launchCfg) (grid, block [3]uint32, err error) {
+	per := max(1, cfg.units)
+	maxThreads := max(32, cfg.block/32*32)
+	gy := max(1, (units+maxThreads*per-1)/(maxThreads*per))
+	threads := min(maxThreads, max(32, ((units+gy*per-1)/(gy*per)+31)/32*32))
 	if items > math.MaxInt32 || gy > 65535 {
 		return grid, block, fmt.Errorf("permute: CUDA %s: %d rows of %d units is too large a grid", op, items, units)
 	}
@@ -203,12 +246,20 @@ func (k *CUDAKernels) Permute(s *device.CUDAStream, dt device.DType, hidden int,
 	if vec {
 		units = rb / 16
 	}
-	grid, block, err := shape(op, rows, units)
+	cfg := k.permuteCfg
+	cfg.block = min(cfg.block, 1024) // the kernels' __launch_bounds__
+	switch cfg.units {
+	case 1, 2, 4: // the kernels' instances
+	default:
+		cfg.units = 1
+	}
+	grid, block, err := rowShape(op, rows, units, cfg)
 	if err != nil {
 		return err
 	}
 	return s.Launch(k.permute[di], grid, block, 0,
-		px, pw, x, w, m.Pos, int64(rows), int32(m.TopK), int64(m.PermCap), int64(hidden), b32(vec))
+		px, pw, x, w, m.Pos, int64(rows), int32(m.TopK), int64(m.PermCap), int64(hidden), b32(vec),
+		int32(cfg.units), cfg.hints)
 }
 
 // Unpermute enqueues Unpermute on s: for every row i < min(Rows, RowCap),
@@ -241,7 +292,9 @@ func (k *CUDAKernels) Unpermute(s *device.CUDAStream, dt device.DType, hidden in
 		if vec {
 			units = rb / 16
 		}
-		grid, block, err := shape(op, rows, units)
+		cfg := k.unpermuteCfg
+		cfg.block = min(cfg.block, maxUnpermuteBlock)
+		grid, block, err := rowShape(op, rows, units, cfg)
 		if err != nil {
 			return err
 		}

@@ -8,9 +8,10 @@
 // invariant 1).
 //
 // Launch shape (all kernels): one block row per item, grid.x = items (rows
-// or slots), grid.y * blockDim.x >= units per row; a unit is 16 bytes when
-// the host says the rows allow it (vec16: row bytes a multiple of 16 and
-// every base address 16-byte aligned), else one element.
+// or slots), the blocks of grid.y covering the units of the row (each
+// kernel's comment says how); a unit is 16 bytes when the host says the
+// rows allow it (vec16: row bytes a multiple of 16 and every base address
+// 16-byte aligned), else one element.
 //
 // Arithmetic of the sums (DESIGN.md section 2): a weighted term is
 // mul(c, x) rounded to fp32 (__fmul_rn: never fused with the add), the sum
@@ -104,6 +105,10 @@ struct Unit<true, 8> {
 		}
 		return make_uint4(w[0], w[1], w[2], w[3]);
 	}
+	static __device__ __forceinline__ R negzero()
+	{
+		return make_uint4(0x80008000u, 0x80008000u, 0x80008000u, 0x80008000u);
+	}
 };
 
 template <>
@@ -111,6 +116,7 @@ struct Unit<true, 1> {
 	typedef uint16_t R;
 	static __device__ __forceinline__ void widen(R r, float *f) { f[0] = from_bf16(r); }
 	static __device__ __forceinline__ R pack(const float *f) { return (uint16_t)to_bf16(f[0]); }
+	static __device__ __forceinline__ R negzero() { return 0x8000u; }
 };
 
 template <>
@@ -128,6 +134,10 @@ struct Unit<false, 4> {
 		return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
 				  __float_as_uint(f[3]));
 	}
+	static __device__ __forceinline__ R negzero()
+	{
+		return make_uint4(0x80000000u, 0x80000000u, 0x80000000u, 0x80000000u);
+	}
 };
 
 template <>
@@ -135,28 +145,91 @@ struct Unit<false, 1> {
 	typedef uint32_t R;
 	static __device__ __forceinline__ void widen(R r, float *f) { f[0] = __uint_as_float(r); }
 	static __device__ __forceinline__ R pack(const float *f) { return __float_as_uint(f[0]); }
+	static __device__ __forceinline__ R negzero() { return 0x80000000u; }
 };
 
-// permute_rows is permute.Permute for rows of units R (units per row):
-// block (i, y) copies its units of x[i] to px[pos[i][k]] for every valid
-// slot k, and one thread writes the weights.
+// Loads of the row data that each kernel reads exactly once: streaming
+// (ld.global.cs: evict first) when hints bit 0 is set, else through the
+// read-only path (ld.global.nc). Stores of the rows a kernel writes:
+// streaming (st.global.cs) when hints bit 1 is set, else plain. The hints
+// change no value, only cache policy (the rows read are never written by
+// the same launch).
+constexpr int32_t hintLoadCS = 1;
+constexpr int32_t hintStoreCS = 2;
+
 template <typename R>
-__device__ __forceinline__ void permute_rows(R *px, float *pw, const R *x, const float *w,
-					     const int32_t *pos, int64_t rows, int32_t topk,
-					     int64_t permCap, int64_t units)
+__device__ __forceinline__ R load_row(const R *p, bool cs)
+{
+	return cs ? __ldcs(p) : __ldg(p);
+}
+
+template <typename R>
+__device__ __forceinline__ void store_row(R *p, R v, bool cs)
+{
+	if (cs) {
+		__stcs(p, v);
+	} else {
+		*p = v;
+	}
+}
+
+// slots is the number of slots whose positions (and loads, in unpermute)
+// a thread issues together before it uses them (memory-level parallelism;
+// unpermute's adds stay in slot order).
+constexpr int slots = 8;
+
+// maxUnpermuteBlock is the largest block of the unpermute kernels (cuda.go
+// keeps to it): with at least 3 blocks per multiprocessor the compiler
+// gets up to 85 registers a thread, enough for 8 slots of 16-byte loads in
+// flight without spilling.
+constexpr int maxUnpermuteBlock = 256;
+
+// permute_rows is permute.Permute for rows of units R (units per row):
+// block (i, y) covers units [y*blockDim.x*U, (y+1)*blockDim.x*U) of row i,
+// thread t the units y*blockDim.x*U + t + u*blockDim.x for u < U. Each
+// thread loads its U units of x[i] once, then stores them to
+// px[pos[i][k]] for every valid slot k; one thread writes the weights.
+template <typename R, int U>
+__device__ __forceinline__ void permute_rows(R *__restrict__ px, float *__restrict__ pw,
+					     const R *__restrict__ x, const float *__restrict__ w,
+					     const int32_t *__restrict__ pos, int64_t rows,
+					     int32_t topk, int64_t permCap, int64_t units,
+					     int32_t hints)
 {
 	int64_t i = blockIdx.x;
 	if (i >= rows) {
 		return;
 	}
 	const int32_t *pi = pos + i * topk;
-	int64_t j = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
-	if (j < units) {
-		R v = x[i * units + j];
-		for (int32_t k = 0; k < topk; k++) {
-			int64_t p = pi[k];
-			if (p >= 0 && p < permCap) {
-				px[p * units + j] = v;
+	int64_t j0 = (int64_t)blockIdx.y * blockDim.x * U + threadIdx.x;
+	if (j0 < units) {
+		const bool csl = (hints & hintLoadCS) != 0, css = (hints & hintStoreCS) != 0;
+		const R *xr = x + i * units + j0;
+		R v[U];
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			if (j0 + (int64_t)u * blockDim.x < units) {
+				v[u] = load_row(xr + u * blockDim.x, csl);
+			}
+		}
+		for (int32_t k0 = 0; k0 < topk; k0 += slots) {
+			int64_t p[slots];
+#pragma unroll
+			for (int q = 0; q < slots; q++) {
+				p[q] = k0 + q < topk ? (int64_t)__ldg(pi + k0 + q) : -1;
+			}
+#pragma unroll
+			for (int q = 0; q < slots; q++) {
+				if (p[q] < 0 || p[q] >= permCap) {
+					continue;
+				}
+				R *d = px + p[q] * units + j0;
+#pragma unroll
+				for (int u = 0; u < U; u++) {
+					if (j0 + (int64_t)u * blockDim.x < units) {
+						store_row(d + u * blockDim.x, v[u], css);
+					}
+				}
 			}
 		}
 	}
@@ -170,69 +243,47 @@ __device__ __forceinline__ void permute_rows(R *px, float *pw, const R *x, const
 	}
 }
 
-// chunk is the number of slots whose loads an unpermute thread issues
-// before it adds them (memory-level parallelism; the adds stay in slot
-// order).
-constexpr int chunk = 8;
-
-// unpermute_rows is permute.Unpermute for rows i < rows (UnpermuteRow):
-// block (i, y) sums its units of y[pos[i][k]] over the valid slots k in
-// slot order, weighted by w[i][k] when w is not null.
+// unpermute_exact is UnpermuteRow for unit j of row i with the host's NaN
+// rules in every operation: the slow path of unpermute_rows, taken only
+// for a unit whose sum is NaN in some element (and so, because a NaN
+// operand or result stays NaN through every later add, only where a NaN
+// operand or result appeared). It writes the unit.
 template <bool BF16, int N>
-__device__ __forceinline__ void unpermute_rows(void *out, const void *y, const float *w,
-					       const int32_t *pos, int64_t rows, int32_t topk,
-					       int64_t permCap, int64_t hidden, uint32_t dnan)
+__device__ __noinline__ void unpermute_exact(void *out, const void *y, const float *w,
+					     const int32_t *pos, int64_t i, int32_t topk,
+					     int64_t permCap, int64_t units, int64_t j, uint32_t dnan)
 {
 	typedef Unit<BF16, N> U;
 	typedef typename U::R R;
-	int64_t i = blockIdx.x;
-	int64_t units = hidden / N;
-	int64_t j = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
-	if (i >= rows || j >= units) {
-		return;
-	}
 	const R *yr = (const R *)y;
 	const int32_t *pi = pos + i * topk;
 	const float *wi = w != nullptr ? w + i * topk : nullptr;
 	float acc[N];
 	bool first = true;
-	for (int32_t k0 = 0; k0 < topk; k0 += chunk) {
-		R raw[chunk];
-		bool ok[chunk];
+	for (int32_t k = 0; k < topk; k++) {
+		int64_t p = pi[k];
+		if (p < 0 || p >= permCap) {
+			continue;
+		}
+		float t[N];
+		U::widen(yr[p * units + j], t);
+		if (wi != nullptr) {
+			float c = wi[k];
 #pragma unroll
-		for (int q = 0; q < chunk; q++) {
-			int32_t k = k0 + q;
-			int64_t p = k < topk ? (int64_t)pi[k] : -1;
-			ok[q] = p >= 0 && p < permCap;
-			if (ok[q]) {
-				raw[q] = yr[p * units + j];
+			for (int n = 0; n < N; n++) {
+				t[n] = mul(c, t[n], dnan);
 			}
 		}
+		if (first) {
 #pragma unroll
-		for (int q = 0; q < chunk; q++) {
-			if (!ok[q]) {
-				continue;
+			for (int n = 0; n < N; n++) {
+				acc[n] = t[n];
 			}
-			float t[N];
-			U::widen(raw[q], t);
-			if (wi != nullptr) {
-				float c = wi[k0 + q];
+			first = false;
+		} else {
 #pragma unroll
-				for (int n = 0; n < N; n++) {
-					t[n] = mul(c, t[n], dnan);
-				}
-			}
-			if (first) {
-#pragma unroll
-				for (int n = 0; n < N; n++) {
-					acc[n] = t[n];
-				}
-				first = false;
-			} else {
-#pragma unroll
-				for (int n = 0; n < N; n++) {
-					acc[n] = add(acc[n], t[n], dnan);
-				}
+			for (int n = 0; n < N; n++) {
+				acc[n] = add(acc[n], t[n], dnan);
 			}
 		}
 	}
@@ -243,6 +294,160 @@ __device__ __forceinline__ void unpermute_rows(void *out, const void *y, const f
 		}
 	}
 	((R *)out)[i * units + j] = U::pack(acc);
+}
+
+// unpermute_slots adds to acc, in slot order, the terms of slots q < nq
+// of unit yr (y + j) whose positions are p[q] (-1: no term) and weights
+// c[q] (1 for no term), issuing all loads before the first add (fast path
+// of unpermute_rows). A slot without a term adds c*(-0) = -0, which leaves
+// every non-NaN sum as it is, so the adds need no branch.
+template <bool BF16, int N>
+__device__ __forceinline__ void unpermute_slots(float *acc, const typename Unit<BF16, N>::R *yr,
+						const int32_t *p, const float *c, int nq,
+						int64_t units, bool weighted)
+{
+	typedef Unit<BF16, N> U;
+	typename U::R raw[slots];
+#pragma unroll
+	for (int q = 0; q < slots; q++) {
+		raw[q] = U::negzero();
+		if (q < nq && p[q] >= 0) {
+			raw[q] = __ldcs(yr + (int64_t)p[q] * units);
+		}
+	}
+#pragma unroll
+	for (int q = 0; q < slots; q++) {
+		if (q >= nq) {
+			break;
+		}
+		float t[N];
+		U::widen(raw[q], t);
+		if (weighted) {
+#pragma unroll
+			for (int n = 0; n < N; n++) {
+				t[n] = __fmul_rn(c[q], t[n]);
+			}
+		}
+#pragma unroll
+		for (int n = 0; n < N; n++) {
+			acc[n] = __fadd_rn(acc[n], t[n]);
+		}
+	}
+}
+
+// unpermute_chunk reads the positions and weights of slots [k0, k0+slots)
+// of row i: p[q] a valid position, else -1; c[q] its weight, 1 without
+// weights or without a term. It reports whether any position is valid.
+__device__ __forceinline__ bool unpermute_chunk(int32_t *p, float *c, const int32_t *pi,
+						const float *wi, int32_t k0, int32_t topk,
+						int64_t permCap)
+{
+	bool any = false;
+#pragma unroll
+	for (int q = 0; q < slots; q++) {
+		int32_t k = k0 + q;
+		int32_t v = k < topk ? __ldg(pi + k) : -1;
+		bool ok = v >= 0 && (int64_t)v < permCap;
+		p[q] = ok ? v : -1;
+		c[q] = ok && wi != nullptr ? __ldg(wi + k) : 1.0f;
+		any |= ok;
+	}
+	return any;
+}
+
+// unpermute_store writes unit j of the output row from the fast-path sums
+// acc, or, when one of them is NaN, redoes the unit with unpermute_exact.
+template <bool BF16, int N>
+__device__ __forceinline__ void unpermute_store(void *out, const void *y, const float *w,
+						const int32_t *pos, int64_t i, int32_t topk,
+						int64_t permCap, int64_t units, int64_t j,
+						uint32_t dnan, float *acc, bool any)
+{
+	typedef Unit<BF16, N> U;
+	typedef typename U::R R;
+	bool nan = false;
+#pragma unroll
+	for (int n = 0; n < N; n++) {
+		nan |= is_nan(acc[n]);
+	}
+	if (nan) {
+		unpermute_exact<BF16, N>(out, y, w, pos, i, topk, permCap, units, j, dnan);
+		return;
+	}
+	float z[N];
+#pragma unroll
+	for (int n = 0; n < N; n++) {
+		z[n] = any ? acc[n] : __uint_as_float(0u);
+	}
+	((R *)out)[i * units + j] = U::pack(z);
+}
+
+// unpermute_rows is permute.Unpermute for rows i < rows (UnpermuteRow):
+// block (i, y) sums the units j = y*blockDim.x + t + m*gridDim.y*blockDim.x
+// (m = 0, 1, ...) of y[pos[i][k]] over the valid slots k in slot order,
+// weighted by w[i][k] when w is not null. With topk <= slots a thread
+// reads the positions and weights once, for all its units.
+//
+// Fast path: plain IEEE arithmetic, acc = -0 + t_1 + t_2 + ... (each add
+// __fadd_rn, each term __fmul_rn(c, y) or y). -0 is the identity of
+// round-to-nearest addition (-0 + t == t bit for bit for every non-NaN t,
+// +0 and -0 included), so this equals the sum from the first term. While
+// no NaN appears, the host's add and mul are exactly __fadd_rn and
+// __fmul_rn; once one appears every later sum is NaN. So a unit whose sums
+// are all non-NaN is bit-identical to the host's, and any other unit is
+// redone by unpermute_exact. A row with no valid slot is zero (+0). The
+// rows of y are read once (streaming loads, ld.global.cs).
+template <bool BF16, int N>
+__device__ __forceinline__ void unpermute_rows(void *__restrict__ out, const void *__restrict__ y,
+					       const float *__restrict__ w,
+					       const int32_t *__restrict__ pos, int64_t rows,
+					       int32_t topk, int64_t permCap, int64_t hidden,
+					       uint32_t dnan)
+{
+	typedef Unit<BF16, N> U;
+	typedef typename U::R R;
+	int64_t i = blockIdx.x;
+	int64_t units = hidden / N;
+	int64_t j0 = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+	int64_t stride = (int64_t)gridDim.y * blockDim.x;
+	if (i >= rows || j0 >= units) {
+		return;
+	}
+	const R *yr = (const R *)y;
+	const int32_t *pi = pos + i * topk;
+	const float *wi = w != nullptr ? w + i * topk : nullptr;
+	if (topk <= slots) {
+		int32_t p[slots];
+		float c[slots];
+		bool any = unpermute_chunk(p, c, pi, wi, 0, topk, permCap);
+		for (int64_t j = j0; j < units; j += stride) {
+			float acc[N];
+#pragma unroll
+			for (int n = 0; n < N; n++) {
+				acc[n] = -0.0f;
+			}
+			unpermute_slots<BF16, N>(acc, yr + j, p, c, topk, units, wi != nullptr);
+			unpermute_store<BF16, N>(out, y, w, pos, i, topk, permCap, units, j, dnan, acc,
+						 any);
+		}
+		return;
+	}
+	for (int64_t j = j0; j < units; j += stride) {
+		float acc[N];
+#pragma unroll
+		for (int n = 0; n < N; n++) {
+			acc[n] = -0.0f;
+		}
+		bool any = false;
+		for (int32_t k0 = 0; k0 < topk; k0 += slots) {
+			int32_t p[slots];
+			float c[slots];
+			any |= unpermute_chunk(p, c, pi, wi, k0, topk, permCap);
+			unpermute_slots<BF16, N>(acc, yr + j, p, c, min(slots, topk - k0), units,
+						 wi != nullptr);
+		}
+		unpermute_store<BF16, N>(out, y, w, pos, i, topk, permCap, units, j, dnan, acc, any);
+	}
 }
 
 // zero_row zeroes the units of row p that this thread covers.
@@ -268,34 +473,57 @@ __device__ __forceinline__ void zero_row(void *px, int64_t rowBytes, int32_t uni
 
 } // namespace
 
+// permute_units dispatches permute_rows on the units per thread.
+template <typename R>
+__device__ __forceinline__ void permute_units(R *px, float *pw, const R *x, const float *w,
+					      const int32_t *pos, int64_t rows, int32_t topk,
+					      int64_t permCap, int64_t units, int32_t upt,
+					      int32_t hints)
+{
+	switch (upt) {
+	case 4:
+		permute_rows<R, 4>(px, pw, x, w, pos, rows, topk, permCap, units, hints);
+		break;
+	case 2:
+		permute_rows<R, 2>(px, pw, x, w, pos, rows, topk, permCap, units, hints);
+		break;
+	default:
+		permute_rows<R, 1>(px, pw, x, w, pos, rows, topk, permCap, units, hints);
+	}
+}
+
 // goep_permute_bf16 is permute.Permute for BF16 rows of hidden elements:
 // for i < rows, k < topk with p = pos[i*topk+k] in [0, permCap): px[p] =
 // x[i], and pw[p] = w[i*topk+k] when pw is not null. 16-byte units when
-// vec16, else 2-byte elements. Grid (rows, units/blockDim.x rounded up).
-extern "C" __global__ void goep_permute_bf16(void *px, float *pw, const void *x, const float *w,
-					     const int32_t *pos, int64_t rows, int32_t topk,
-					     int64_t permCap, int64_t hidden, int32_t vec16)
+// vec16, else 2-byte elements; upt (1, 2 or 4; else 1) units per thread,
+// hints as for load_row and store_row. Grid (rows, units/(blockDim.x*upt)
+// rounded up).
+extern "C" __global__ void __launch_bounds__(1024)
+goep_permute_bf16(void *px, float *pw, const void *x, const float *w, const int32_t *pos,
+		  int64_t rows, int32_t topk, int64_t permCap, int64_t hidden, int32_t vec16,
+		  int32_t upt, int32_t hints)
 {
 	if (vec16) {
-		permute_rows<uint4>((uint4 *)px, pw, (const uint4 *)x, w, pos, rows, topk, permCap,
-				    hidden / 8);
+		permute_units<uint4>((uint4 *)px, pw, (const uint4 *)x, w, pos, rows, topk, permCap,
+				     hidden / 8, upt, hints);
 	} else {
-		permute_rows<uint16_t>((uint16_t *)px, pw, (const uint16_t *)x, w, pos, rows, topk,
-				       permCap, hidden);
+		permute_units<uint16_t>((uint16_t *)px, pw, (const uint16_t *)x, w, pos, rows, topk,
+					permCap, hidden, upt, hints);
 	}
 }
 
 // goep_permute_fp32 is goep_permute_bf16 for FP32 rows.
-extern "C" __global__ void goep_permute_fp32(void *px, float *pw, const void *x, const float *w,
-					     const int32_t *pos, int64_t rows, int32_t topk,
-					     int64_t permCap, int64_t hidden, int32_t vec16)
+extern "C" __global__ void __launch_bounds__(1024)
+goep_permute_fp32(void *px, float *pw, const void *x, const float *w, const int32_t *pos,
+		  int64_t rows, int32_t topk, int64_t permCap, int64_t hidden, int32_t vec16,
+		  int32_t upt, int32_t hints)
 {
 	if (vec16) {
-		permute_rows<uint4>((uint4 *)px, pw, (const uint4 *)x, w, pos, rows, topk, permCap,
-				    hidden / 4);
+		permute_units<uint4>((uint4 *)px, pw, (const uint4 *)x, w, pos, rows, topk, permCap,
+				     hidden / 4, upt, hints);
 	} else {
-		permute_rows<uint32_t>((uint32_t *)px, pw, (const uint32_t *)x, w, pos, rows, topk,
-				       permCap, hidden);
+		permute_units<uint32_t>((uint32_t *)px, pw, (const uint32_t *)x, w, pos, rows, topk,
+					permCap, hidden, upt, hints);
 	}
 }
 
@@ -307,11 +535,12 @@ extern "C" __global__ void goep_permute_fp32(void *px, float *pw, const void *x,
 //	         is not null, else y[p]
 //
 // from the first term; a row with no term is zero. 16-byte units (8
-// elements) when vec16, else single elements.
-extern "C" __global__ void goep_unpermute_bf16(void *out, const void *y, const float *w,
-					       const int32_t *pos, int64_t rows, int32_t topk,
-					       int64_t permCap, int64_t hidden, int32_t vec16,
-					       uint32_t dnan)
+// elements) when vec16, else single elements. Grid (rows, gy) with any gy:
+// a thread covers every gy*blockDim.x-th unit of its row; blockDim.x <=
+// maxUnpermuteBlock.
+extern "C" __global__ void __launch_bounds__(maxUnpermuteBlock, 3)
+goep_unpermute_bf16(void *out, const void *y, const float *w, const int32_t *pos, int64_t rows,
+		    int32_t topk, int64_t permCap, int64_t hidden, int32_t vec16, uint32_t dnan)
 {
 	if (vec16) {
 		unpermute_rows<true, 8>(out, y, w, pos, rows, topk, permCap, hidden, dnan);
@@ -322,10 +551,9 @@ extern "C" __global__ void goep_unpermute_bf16(void *out, const void *y, const f
 
 // goep_unpermute_fp32 is goep_unpermute_bf16 for FP32 rows (4 elements per
 // 16-byte unit).
-extern "C" __global__ void goep_unpermute_fp32(void *out, const void *y, const float *w,
-					       const int32_t *pos, int64_t rows, int32_t topk,
-					       int64_t permCap, int64_t hidden, int32_t vec16,
-					       uint32_t dnan)
+extern "C" __global__ void __launch_bounds__(maxUnpermuteBlock, 3)
+goep_unpermute_fp32(void *out, const void *y, const float *w, const int32_t *pos, int64_t rows,
+		    int32_t topk, int64_t permCap, int64_t hidden, int32_t vec16, uint32_t dnan)
 {
 	if (vec16) {
 		unpermute_rows<false, 4>(out, y, w, pos, rows, topk, permCap, hidden, dnan);
