@@ -81,5 +81,6 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(newBench(stdout, stderr), newVersion(stdout), newLaunch(stdout, stderr))
 	root.AddCommand(newCheck(stdout, stderr))
 	root.AddCommand(newPlot(stdout))
+	root.AddCommand(newTopo(stdout))
 	return root
 }

@@ -1,0 +1,339 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/goep/goep/launcher"
+)
+
+// sysNodeDir is where Linux lists the NUMA nodes (a variable for tests).
+var sysNodeDir = "/sys/devices/system/node"
+
+// topoReport is what eprun topo prints: the machine as goep sees it.
+type topoReport struct {
+	Host   string `json:"host"`
+	CPU    string `json:"cpu,omitempty"`
+	NumCPU int    `json:"num_cpu"`
+	// Allowed is this process's CPU list (Cpus_allowed_list).
+	Allowed  string     `json:"cpus_allowed,omitempty"`
+	NUMA     []numaNode `json:"numa_nodes"`
+	NUMAErr  string     `json:"numa_error,omitempty"`
+	GPUs     gpuReport  `json:"gpus"`
+	Launcher struct {
+		Kind      string `json:"kind"`
+		Rank      int    `json:"rank"`
+		Size      int    `json:"size"`
+		LocalRank int    `json:"local_rank"`
+		LocalSize int    `json:"local_size"`
+		Error     string `json:"error,omitempty"`
+	} `json:"launcher"`
+	// RanksPerDomainEnv is GOEP_RANKS_PER_DOMAIN ("" when unset).
+	RanksPerDomainEnv string       `json:"goep_ranks_per_domain,omitempty"`
+	Layout            domainLayout `json:"layout"`
+}
+
+type numaNode struct {
+	ID       int    `json:"id"`
+	CPUs     string `json:"cpus"`
+	MemBytes int64  `json:"mem_bytes,omitempty"`
+}
+
+// gpuReport is what NVML says; Error says why it said nothing.
+type gpuReport struct {
+	Driver  string   `json:"driver,omitempty"`
+	Devices []gpuDev `json:"devices"`
+	Error   string   `json:"error,omitempty"`
+}
+
+type gpuDev struct {
+	Index    int    `json:"index"`
+	Name     string `json:"name"`
+	UUID     string `json:"uuid,omitempty"`
+	BusID    string `json:"pci_bus_id,omitempty"`
+	MemBytes uint64 `json:"mem_bytes,omitempty"`
+	// NVLinks is the number of active NVLinks; NVLinkPeers the distinct
+	// PCI bus ids at their far ends (GPUs or NVSwitches).
+	NVLinks     int      `json:"nvlinks"`
+	NVLinkPeers []string `json:"nvlink_peers,omitempty"`
+	// Fabric is the multi-node NVLink fabric (GB200 NVL72 and the like):
+	// GPUs of one cluster and clique share an NVLink domain. Empty where
+	// the GPU has no fabric or NVML does not say.
+	FabricCluster string `json:"fabric_cluster,omitempty"`
+	FabricClique  uint32 `json:"fabric_clique,omitempty"`
+	FabricState   string `json:"fabric_state,omitempty"`
+}
+
+// domainLayout is the domain split goep would choose: D =
+// GOEP_RANKS_PER_DOMAIN, else every rank of the world in one domain (as
+// executor.Config does when RanksPerDomain is 0).
+type domainLayout struct {
+	Ranks          int      `json:"ranks"`
+	RanksFrom      string   `json:"ranks_from"`
+	RanksPerDomain int      `json:"ranks_per_domain"`
+	Domains        int      `json:"domains"`
+	Why            string   `json:"why"`
+	DomainRanks    []string `json:"domain_ranks,omitempty"`
+	Notes          []string `json:"notes,omitempty"`
+	Error          string   `json:"error,omitempty"`
+}
+
+func newTopo(stdout io.Writer) *cobra.Command {
+	var (
+		ranks   int
+		jsonOut bool
+	)
+	cmd := &cobra.Command{
+		Use:   "topo",
+		Short: "Show what goep sees: CPUs and NUMA nodes, GPUs and NVLink, the launcher, the domain layout",
+		Long: `Show what goep sees on this machine and in this process's environment: the CPUs and NUMA nodes
+(from /sys/devices/system/node), the GPUs with their NVLinks and NVLink fabric clique where
+NVML answers, the launcher's environment (launcher.Detect), GOEP_RANKS_PER_DOMAIN, and the
+NVLink-domain layout goep would choose for the world (D = GOEP_RANKS_PER_DOMAIN, else all
+ranks in one domain) and why.
+
+The world is the launcher's (run it as eprun launch -n 8 -- eprun topo, or under mpirun / srun;
+every rank prints), else --ranks R, else a single process. --json prints the same as JSON.
+Exits 1 if the launcher's environment or GOEP_RANKS_PER_DOMAIN is invalid, after printing.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("ranks") && ranks < 1 {
+				return fmt.Errorf("topo: --ranks %d: want at least 1", ranks)
+			}
+			rep, problems := collectTopo(ranks)
+			var err error
+			if jsonOut {
+				data, merr := json.MarshalIndent(rep, "", "  ")
+				if merr != nil {
+					return runError{merr}
+				}
+				_, err = stdout.Write(append(data, '\n'))
+			} else {
+				err = writeTopo(stdout, rep)
+			}
+			if err = errors.Join(err, problems); err != nil {
+				return runError{fmt.Errorf("topo: %w", err)}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&ranks, "ranks", 0, "ranks R to lay out (default: the launcher's world, else 1)")
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON instead of the text report")
+	return cmd
+}
+
+// collectTopo gathers the report; problems are invalid settings it found.
+func collectTopo(ranks int) (topoReport, error) {
+	var rep topoReport
+	var problems []error
+	rep.Host, _ = os.Hostname()
+	rep.NumCPU = runtime.NumCPU()
+	rep.CPU = procField("/proc/cpuinfo", "model name")
+	rep.Allowed = procField("/proc/self/status", "Cpus_allowed_list")
+	var err error
+	if rep.NUMA, err = numaNodes(sysNodeDir); err != nil {
+		rep.NUMAErr = err.Error()
+	}
+	rep.GPUs = nvmlGPUs()
+
+	env, err := launcher.Detect()
+	rep.Launcher.Kind, rep.Launcher.Rank, rep.Launcher.Size = env.Kind, env.Rank, env.Size
+	rep.Launcher.LocalRank, rep.Launcher.LocalSize = env.LocalRank, env.LocalSize
+	if err != nil {
+		rep.Launcher.Error = err.Error()
+		problems = append(problems, err)
+	}
+	v, set := os.LookupEnv("GOEP_RANKS_PER_DOMAIN")
+	if set {
+		rep.RanksPerDomainEnv = v
+	}
+
+	l := &rep.Layout
+	switch {
+	case ranks > 0:
+		l.Ranks, l.RanksFrom = ranks, "--ranks"
+		if err == nil && env.Kind != launcher.KindSingle && env.Size != ranks {
+			l.Notes = append(l.Notes, fmt.Sprintf("%s started %d processes; under a launcher the ranks are the processes, so eprun bench would use %d", env.Kind, env.Size, env.Size))
+		}
+	case err == nil && env.Kind != launcher.KindSingle:
+		l.Ranks, l.RanksFrom = env.Size, "launcher "+env.Kind
+	default:
+		l.Ranks, l.RanksFrom = 1, "a single process; --ranks R lays out R ranks"
+	}
+	r := l.Ranks
+	switch d, perr := strconv.Atoi(strings.TrimSpace(v)); {
+	case !set:
+		l.RanksPerDomain = r
+		l.Why = "GOEP_RANKS_PER_DOMAIN is unset: every rank of the world in one NVLink domain (executor.Config.RanksPerDomain 0)"
+	case perr != nil || d <= 0:
+		l.Error = fmt.Sprintf("GOEP_RANKS_PER_DOMAIN=%q: want a positive integer; the engine would refuse to start", v)
+	case r%d != 0:
+		l.Error = fmt.Sprintf("GOEP_RANKS_PER_DOMAIN=%d does not divide the %d ranks; the engine would refuse to start", d, r)
+	default:
+		l.RanksPerDomain = d
+		l.Why = fmt.Sprintf("GOEP_RANKS_PER_DOMAIN=%d", d)
+	}
+	if l.Error != "" {
+		problems = append(problems, errors.New(l.Error))
+		return rep, errors.Join(problems...)
+	}
+	d := l.RanksPerDomain
+	l.Domains = r / d
+	for i := range l.Domains {
+		if i == 8 && l.Domains > 9 {
+			l.DomainRanks = append(l.DomainRanks, fmt.Sprintf("... %d more domains of %d", l.Domains-8, d))
+			break
+		}
+		l.DomainRanks = append(l.DomainRanks, rankRange(i*d, (i+1)*d-1))
+	}
+	if l.Domains > 1 {
+		l.Notes = append(l.Notes, "more than one domain needs the inter-domain (RDMA) path, not built yet: the engine returns ErrUnsupported")
+	}
+	if err == nil && env.Kind != launcher.KindSingle && d > env.LocalSize {
+		l.Notes = append(l.Notes, fmt.Sprintf("a domain of %d ranks spans nodes (%d ranks per node): it needs a multi-node NVLink fabric, every GPU in one fabric clique", d, env.LocalSize))
+	}
+	if n := len(rep.GPUs.Devices); n > 0 && err == nil && env.LocalSize > n {
+		l.Notes = append(l.Notes, fmt.Sprintf("%d ranks on this node but NVML sees %d GPUs", env.LocalSize, n))
+	}
+	return rep, errors.Join(problems...)
+}
+
+func rankRange(lo, hi int) string {
+	if lo == hi {
+		return fmt.Sprintf("rank %d", lo)
+	}
+	return fmt.Sprintf("ranks %d-%d", lo, hi)
+}
+
+// procField returns the first "key: value" line's value of a /proc file.
+func procField(path, key string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// numaNodes reads dir/node*/cpulist and meminfo.
+func numaNodes(dir string) ([]numaNode, error) {
+	ents, err := filepath.Glob(filepath.Join(dir, "node[0-9]*"))
+	if err != nil {
+		return nil, err
+	}
+	if len(ents) == 0 {
+		return nil, fmt.Errorf("no NUMA nodes in %s", dir)
+	}
+	var out []numaNode
+	for _, e := range ents {
+		id, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(e), "node"))
+		if err != nil {
+			continue
+		}
+		cpus, err := os.ReadFile(filepath.Join(e, "cpulist"))
+		if err != nil {
+			return nil, err
+		}
+		n := numaNode{ID: id, CPUs: strings.TrimSpace(string(cpus))}
+		// "Node 0 MemTotal:       24590512 kB"
+		if kb := procField(filepath.Join(e, "meminfo"), fmt.Sprintf("Node %d MemTotal", id)); kb != "" {
+			if v, err := strconv.ParseInt(strings.TrimSuffix(kb, " kB"), 10, 64); err == nil {
+				n.MemBytes = v << 10
+			}
+		}
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
+// writeTopo prints the text report.
+func writeTopo(w io.Writer, rep topoReport) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# eprun topo: what goep sees on %s\n#\n# cpus\n", dash(rep.Host))
+	fmt.Fprintf(&b, "  %-24s %s\n", "model", dash(rep.CPU))
+	fmt.Fprintf(&b, "  %-24s %d (this process may run on %s)\n", "logical cpus", rep.NumCPU, dash(rep.Allowed))
+	if rep.NUMAErr != "" {
+		fmt.Fprintf(&b, "  %-24s unknown: %s\n", "numa nodes", rep.NUMAErr)
+	} else {
+		fmt.Fprintf(&b, "  %-24s %d\n", "numa nodes", len(rep.NUMA))
+	}
+	for _, n := range rep.NUMA {
+		mem := ""
+		if n.MemBytes > 0 {
+			mem = "  memory " + gib(uint64(n.MemBytes))
+		}
+		fmt.Fprintf(&b, "  %-24s cpus %s%s\n", fmt.Sprintf("node %d", n.ID), n.CPUs, mem)
+	}
+	b.WriteString("#\n# gpus\n")
+	g := rep.GPUs
+	switch {
+	case g.Error != "":
+		fmt.Fprintf(&b, "  no NVML: no GPU visible (%s)\n", g.Error)
+	case len(g.Devices) == 0:
+		fmt.Fprintf(&b, "  NVML (driver %s) sees no GPU\n", dash(g.Driver))
+	default:
+		fmt.Fprintf(&b, "  %-24s %s, %d GPUs\n", "driver", dash(g.Driver), len(g.Devices))
+	}
+	for _, d := range g.Devices {
+		fmt.Fprintf(&b, "  %-24s %s  %s  %s  %s\n", fmt.Sprintf("gpu %d", d.Index), d.Name, dash(d.UUID), dash(d.BusID), gib(d.MemBytes))
+		link := "none active"
+		if d.NVLinks > 0 {
+			link = fmt.Sprintf("%d active, to %s", d.NVLinks, strings.Join(d.NVLinkPeers, " "))
+		}
+		fmt.Fprintf(&b, "  %-24s %s\n", "  nvlink", link)
+		if d.FabricCluster != "" || d.FabricState != "" {
+			fmt.Fprintf(&b, "  %-24s cluster %s clique %d (%s)\n", "  fabric", dash(d.FabricCluster), d.FabricClique, dash(d.FabricState))
+		}
+	}
+	b.WriteString("#\n# launcher\n")
+	if e := rep.Launcher; e.Error != "" {
+		fmt.Fprintf(&b, "  %-24s INVALID: %s\n", "environment", e.Error)
+	} else if e.Kind == launcher.KindSingle {
+		fmt.Fprintf(&b, "  %-24s none: a single process (rank 0 of 1)\n", "launcher")
+	} else {
+		fmt.Fprintf(&b, "  %-24s %s: rank %d of %d, local rank %d of %d on this node\n", "launcher", e.Kind, e.Rank, e.Size, e.LocalRank, e.LocalSize)
+	}
+	env := "unset"
+	if v, ok := os.LookupEnv("GOEP_RANKS_PER_DOMAIN"); ok {
+		env = strconv.Quote(v)
+	}
+	fmt.Fprintf(&b, "  %-24s %s\n", "GOEP_RANKS_PER_DOMAIN", env)
+	b.WriteString("#\n# domain layout\n")
+	l := rep.Layout
+	fmt.Fprintf(&b, "  %-24s %d (%s)\n", "ranks R", l.Ranks, l.RanksFrom)
+	if l.Error != "" {
+		fmt.Fprintf(&b, "  %-24s INVALID: %s\n", "ranks per domain D", l.Error)
+	} else {
+		fmt.Fprintf(&b, "  %-24s %d (%s)\n", "ranks per domain D", l.RanksPerDomain, l.Why)
+		fmt.Fprintf(&b, "  %-24s %d\n", "domains R/D", l.Domains)
+		for i, s := range l.DomainRanks {
+			fmt.Fprintf(&b, "  %-24s %s\n", fmt.Sprintf("domain %d", i), s)
+		}
+	}
+	for _, n := range l.Notes {
+		fmt.Fprintf(&b, "  note: %s\n", n)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

@@ -1,0 +1,89 @@
+//go:build linux && cgo
+
+package main
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// nvmlGPUs asks NVML, loaded at run time, for the GPUs, their NVLinks and
+// fabric; without libnvidia-ml or a GPU the report says why.
+func nvmlGPUs() gpuReport {
+	var rep gpuReport
+	if ret := nvml.Init(); ret != nvml.SUCCESS {
+		rep.Error = fmt.Sprintf("nvml: init: %v", nvml.ErrorString(ret))
+		return rep
+	}
+	defer nvml.Shutdown()
+	rep.Driver, _ = nvml.SystemGetDriverVersion()
+	n, ret := nvml.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		rep.Error = fmt.Sprintf("nvml: device count: %v", nvml.ErrorString(ret))
+		return rep
+	}
+	for i := range n {
+		d, ret := nvml.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			rep.Devices = append(rep.Devices, gpuDev{Index: i, Name: "(" + nvml.ErrorString(ret) + ")"})
+			continue
+		}
+		g := gpuDev{Index: i}
+		g.Name, _ = d.GetName()
+		g.UUID, _ = d.GetUUID()
+		if pci, ret := d.GetPciInfo(); ret == nvml.SUCCESS {
+			g.BusID = busID(pci)
+		}
+		if m, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
+			g.MemBytes = m.Total
+		}
+		for link := range nvml.NVLINK_MAX_LINKS {
+			st, ret := d.GetNvLinkState(link)
+			if ret != nvml.SUCCESS || st != nvml.FEATURE_ENABLED {
+				continue
+			}
+			g.NVLinks++
+			if pci, ret := d.GetNvLinkRemotePciInfo(link); ret == nvml.SUCCESS {
+				if id := busID(pci); !slices.Contains(g.NVLinkPeers, id) {
+					g.NVLinkPeers = append(g.NVLinkPeers, id)
+				}
+			}
+		}
+		if f, ret := d.GetGpuFabricInfo(); ret == nvml.SUCCESS {
+			if f.ClusterUuid != [16]uint8{} {
+				g.FabricCluster = fmt.Sprintf("%x", f.ClusterUuid[:])
+			}
+			g.FabricClique = f.CliqueId
+			g.FabricState = fabricState(f.State)
+		}
+		rep.Devices = append(rep.Devices, g)
+	}
+	return rep
+}
+
+func busID(p nvml.PciInfo) string {
+	b := make([]byte, 0, len(p.BusId))
+	for _, c := range p.BusId {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
+
+func fabricState(s uint8) string {
+	switch s {
+	case nvml.GPU_FABRIC_STATE_NOT_SUPPORTED:
+		return "not supported"
+	case nvml.GPU_FABRIC_STATE_NOT_STARTED:
+		return "not started"
+	case nvml.GPU_FABRIC_STATE_IN_PROGRESS:
+		return "in progress"
+	case nvml.GPU_FABRIC_STATE_COMPLETED:
+		return "completed"
+	}
+	return fmt.Sprintf("state %d", s)
+}

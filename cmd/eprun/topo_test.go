@@ -1,0 +1,84 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestTopo(t *testing.T) {
+	code, stdout, stderr := eprun(t, "topo")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"# cpus", "logical cpus", "numa nodes", "# gpus", "# launcher", "GOEP_RANKS_PER_DOMAIN", "# domain layout", "ranks per domain D", "domain 0"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("report lacks %q:\n%s", want, stdout)
+		}
+	}
+	// Either NVML answered, or the report says why not.
+	if !strings.Contains(stdout, "no NVML: no GPU visible") && !strings.Contains(stdout, "driver") {
+		t.Errorf("gpus section says neither:\n%s", stdout)
+	}
+
+	t.Setenv("GOEP_RANKS_PER_DOMAIN", "4")
+	code, stdout, stderr = eprun(t, "topo", "--ranks", "8", "--json")
+	if code != 0 {
+		t.Fatalf("--json: exit %d: %s", code, stderr)
+	}
+	var rep topoReport
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatalf("--json: %v: %q", err, stdout)
+	}
+	l := rep.Layout
+	if l.Ranks != 8 || l.RanksPerDomain != 4 || l.Domains != 2 || len(l.DomainRanks) != 2 || l.DomainRanks[1] != "ranks 4-7" || !strings.Contains(l.Why, "GOEP_RANKS_PER_DOMAIN=4") {
+		t.Errorf("layout %+v", l)
+	}
+	if rep.NumCPU < 1 || rep.Launcher.Kind != "single" || rep.RanksPerDomainEnv != "4" {
+		t.Errorf("report %+v", rep)
+	}
+	if len(rep.GPUs.Devices) == 0 && rep.GPUs.Error == "" {
+		t.Errorf("no GPUs and no reason: %+v", rep.GPUs)
+	}
+
+	// An invalid GOEP_RANKS_PER_DOMAIN is shown, then exit 1.
+	t.Setenv("GOEP_RANKS_PER_DOMAIN", "3")
+	code, stdout, stderr = eprun(t, "topo", "--ranks", "8")
+	if code != 1 || !strings.Contains(stdout, "INVALID: GOEP_RANKS_PER_DOMAIN=3 does not divide the 8 ranks") || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("D=3 of 8: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+
+	code, stdout, stderr = eprun(t, "topo", "--ranks", "0")
+	if code != 2 || stdout != "" || !strings.Contains(stderr, "--ranks 0") {
+		t.Errorf("--ranks 0: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+func TestNUMANodes(t *testing.T) {
+	dir := t.TempDir()
+	for id, cpus := range []string{"0-3,8-11", "4-7,12-15"} {
+		n := filepath.Join(dir, "node"+string(rune('0'+id)))
+		if err := os.MkdirAll(n, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		mem := "Node " + string(rune('0'+id)) + " MemTotal:       1048576 kB\nNode 0 MemFree: 1 kB\n"
+		if err := os.WriteFile(filepath.Join(n, "cpulist"), []byte(cpus+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(n, "meminfo"), []byte(mem), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodes, err := numaNodes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes) != 2 || nodes[1].ID != 1 || nodes[1].CPUs != "4-7,12-15" || nodes[0].MemBytes != 1<<30 {
+		t.Errorf("nodes %+v", nodes)
+	}
+	if _, err := numaNodes(t.TempDir()); err == nil {
+		t.Error("an empty directory gave no error")
+	}
+}
