@@ -302,8 +302,11 @@ func writeTopo(w io.Writer, rep topoReport) error {
 			link = fmt.Sprintf("%d active, to %s", d.NVLinks, strings.Join(d.NVLinkPeers, " "))
 		}
 		fmt.Fprintf(&b, "  %-24s %s\n", "  nvlink", link)
-		if d.FabricCluster != "" || d.FabricState != "" {
-			fmt.Fprintf(&b, "  %-24s cluster %s clique %d (%s)\n", "  fabric", dash(d.FabricCluster), d.FabricClique, dash(d.FabricState))
+		switch {
+		case d.FabricCluster != "":
+			fmt.Fprintf(&b, "  %-24s cluster %s clique %d (%s)\n", "  fabric", d.FabricCluster, d.FabricClique, dash(d.FabricState))
+		case d.FabricState != "":
+			fmt.Fprintf(&b, "  %-24s %s\n", "  fabric", d.FabricState)
 		}
 	}
 	b.WriteString("#\n# launcher\n")
