@@ -25,7 +25,7 @@
 // device.Float32ToBF16: to nearest even, a NaN keeps its top bits, quieted.
 #include <stdint.h>
 
-namespace {
+namespace goep_permute {  // named, not anonymous: nvcc hashes the source path into anonymous-namespace names, which would make the PTX depend on the checkout directory
 
 __device__ __forceinline__ bool is_nan(float f)
 {
@@ -471,7 +471,9 @@ __device__ __forceinline__ void zero_row(void *px, int64_t rowBytes, int32_t uni
 	}
 }
 
-} // namespace
+} // namespace goep_permute
+
+using namespace goep_permute;
 
 // permute_units dispatches permute_rows on the units per thread.
 template <typename R>
