@@ -99,7 +99,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.mode, "mode", "", "blocking or capacity")
 	fl.IntVar(&f.pad, "pad", 0, "pad multiple of each expert's permuted segment (1 = none)")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the routing and payload")
-	fl.StringSliceVar(&f.calls, "calls", nil, "calls to time: "+strings.Join(bench.AllCalls, ","))
+	fl.StringSliceVar(&f.calls, "calls", nil, "calls to time: "+strings.Join(bench.KnownCalls, ",")+" (default: "+strings.Join(bench.AllCalls, ",")+")")
 	fl.IntVar(&f.maxRecvTokens, "max-recv-tokens", 0, "capacity mode: receive capacity (0: worst case)")
 	fl.IntVar(&f.maxPermutedTokens, "max-permuted-tokens", 0, "capacity mode: permuted capacity (0: worst case)")
 	fl.StringVar(&f.routing, "routing", "", "how tokens pick experts: "+strings.Join(bench.RoutingKinds, ", "))

@@ -33,6 +33,8 @@ import (
 //     (permute.SumRows) and rounds once.
 //   - UnpermuteCombine: permute.Unpermute of y with the received weights,
 //     then Combine.
+//   - DispatchCombine: Dispatch, the received rows gathered into one
+//     [N, H] array (as goep's RecvX is), then Combine of it.
 //
 // Send buffers and outputs are reused from one call to the next, as a
 // user's would be.
@@ -212,6 +214,16 @@ func (a *A2A) RecvX() []byte {
 	return out
 }
 
+// RecvXInto writes the dispatched rows as one [N, H] array into buf
+// (grown if too small) and returns it.
+func (a *A2A) RecvXInto(buf []byte) []byte {
+	buf = grow(buf, len(a.Rows)*a.rb)
+	for i, r := range a.Rows {
+		copy(buf[i*a.rb:], r)
+	}
+	return buf
+}
+
 // Combine sends z ([N, H], in receive order) back and sums each token's
 // rows into Out.
 func (a *A2A) Combine(ctx context.Context, z []byte) error {
@@ -378,6 +390,22 @@ func (st *rankState) runA2A(ctx context.Context) error {
 			c := st.world.CheckDispatch(r, len(a.Rows), nil, a.RecvIdx, a.RecvWeights)
 			pc := st.world.CheckPermute(r, st.cfg.Pad, a.P, a.X[:a.P*a.rb], a.Weights[:a.P])
 			c.Wrong += pc.Wrong
+			check(call, c)
+		case CallDispatchCombine:
+			// Dispatch, gather the received rows into one [N, H] array
+			// (goep's RecvX is one), send them back and sum.
+			var rx []byte
+			if err := timed(call, func() error {
+				if err := a.Dispatch(ctx); err != nil {
+					return err
+				}
+				rx = a.RecvXInto(rx)
+				return a.Combine(ctx, rx)
+			}); err != nil {
+				return err
+			}
+			c := st.world.CheckDispatch(r, len(a.Rows), rx, a.RecvIdx, a.RecvWeights)
+			c.add(st.world.CheckCombine(r, a.Out, false))
 			check(call, c)
 		case CallUnpermuteCombine:
 			if !permuted {

@@ -118,6 +118,12 @@ func WriteTable(w io.Writer, rec Record) error {
 		b.WriteString("# time_us, p99_us: median and p99 over iterations of the time from the first rank entering the call to the last leaving Synchronize\n")
 	}
 	b.WriteString("# nvl_GBps: mean over ranks of received rows x hidden x dtype size, / time_us; baseline: a plain copy of those bytes by every rank at once\n")
+	for _, r := range rec.Rows {
+		if r.Call == CallDispatchCombine {
+			b.WriteString("# dispatch-combine: Dispatch then Combine of its RecvX per iteration, no host synchronisation between them; its bytes count twice (there and back)\n")
+			break
+		}
+	}
 	if rec.BaselineA2ATransport != "" {
 		fmt.Fprintf(&b, "# a2a: the same call as an all-to-all of the token rows over %s plus a local permute or sum, same bytes, timed the same way; #wrong counts its rows too\n", rec.BaselineA2ATransport)
 	}

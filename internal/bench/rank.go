@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -164,6 +165,34 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 				return err
 			}
 			st.checks[CallUnpermuteCombine].add(c)
+		case CallDispatchCombine:
+			o, err := loop(ctx, st, CallDispatchCombine, ctl, e.Synchronize, true, func() (roundTrip, error) {
+				d, err := e.Dispatch(ctx, hd, in)
+				if err != nil {
+					return roundTrip{}, err
+				}
+				out, err := e.Combine(ctx, hd, executor.CombineInput{Z: d.RecvX})
+				if err != nil {
+					d.Close()
+					return roundTrip{}, err
+				}
+				return roundTrip{d, out}, nil
+			})
+			if err != nil {
+				return fmt.Errorf("dispatch-combine: %w", err)
+			}
+			c, err := st.checkDispatch(ctx, r, cnt, o.disp.RecvX, o.disp.RecvIdx, o.disp.RecvWeights)
+			if err == nil {
+				var cc Check
+				cc, err = st.checkCombine(ctx, r, o.out, false)
+				c.Rows += cc.Rows
+				c.Wrong += cc.Wrong
+			}
+			o.Close()
+			if err != nil {
+				return err
+			}
+			st.checks[CallDispatchCombine].add(c)
 		}
 	}
 	if err := e.Synchronize(ctx); err != nil {
@@ -176,6 +205,17 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 		return err
 	}
 	return st.runA2A(ctx)
+}
+
+// roundTrip is one iteration of dispatch-combine: the dispatch's outputs
+// stay alive until the combine that reads them has been synchronised.
+type roundTrip struct {
+	disp executor.DispatchOutput
+	out  *device.Tensor
+}
+
+func (o roundTrip) Close() error {
+	return errors.Join(o.disp.Close(), o.out.Close())
 }
 
 func upload(ctx context.Context, e *executor.Engine, dt device.DType, data []byte, shape ...int) (*device.Tensor, error) {

@@ -48,7 +48,8 @@ type Row struct {
 	RankMaxTime Stats     `json:"rank_max_time"`
 
 	// RecvRows is N_r of every rank; NVLBytes the mean over ranks of
-	// N_r * H * bytes per element; NVLGBps = NVLBytes / median time.
+	// N_r * H * bytes per element (twice that for dispatch-combine, which
+	// moves the rows there and back); NVLGBps = NVLBytes / median time.
 	RecvRows []int   `json:"recv_rows"`
 	NVLBytes float64 `json:"nvl_bytes_per_rank"`
 	NVLGBps  float64 `json:"nvl_GBps"`
@@ -446,19 +447,21 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 		if err != nil {
 			return nil, err
 		}
+		// A round trip moves the dispatch's bytes twice, there and back.
+		trips := float64(callTrips(call))
 		row := Row{
 			Call: call, Ranks: rs.cfg.Ranks, Experts: rs.cfg.Experts,
 			Tokens: rs.c.Tokens, Hidden: rs.c.Hidden, TopK: rs.cfg.TopK,
 			DType: rs.c.DType.String(), Mode: rs.cfg.Mode, Pad: rs.cfg.Pad,
 			Time: Summarize(it), IterUS: it,
 			RankMaxTime: Summarize(rm),
-			RecvRows:    recvRows, NVLBytes: nvl,
+			RecvRows:    recvRows, NVLBytes: trips * nvl,
 			Baseline: base,
 		}
-		row.NVLGBps = gbps(nvl, row.Time.Median)
+		row.NVLGBps = gbps(row.NVLBytes, row.Time.Median)
 		if w.RanksPerDomain < w.Ranks {
-			row.RDMABytes = rdma
-			row.RDMAGBps = gbps(rdma, row.Time.Median)
+			row.RDMABytes = trips * rdma
+			row.RDMAGBps = gbps(row.RDMABytes, row.Time.Median)
 		}
 		row.BaselineGBps = gbps(nvl, base.Median)
 		if row.BaselineGBps > 0 {
@@ -471,7 +474,7 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 			}
 			s := Summarize(at)
 			row.A2A = &s
-			row.A2AGBps = gbps(nvl, s.Median)
+			row.A2AGBps = gbps(row.NVLBytes, s.Median)
 			if row.Time.Median > 0 {
 				row.A2ASpeedup = s.Median / row.Time.Median
 			}
@@ -489,6 +492,15 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 		out = append(out, row)
 	}
 	return out, nil
+}
+
+// callTrips is how many times a call moves the dispatch's bytes: 2 for
+// the dispatch-combine round trip, else 1.
+func callTrips(call string) int {
+	if call == CallDispatchCombine {
+		return 2
+	}
+	return 1
 }
 
 // gbps is bytes / (us microseconds) in GB/s (1e9 bytes per second).

@@ -20,6 +20,10 @@ func TestRun(t *testing.T) {
 		{"sweep", func(c *Config) { c.Tokens, c.Hidden = Ints{0, 8}, Ints{16, 40} }},
 		{"combine-only", func(c *Config) { c.Calls = []string{CallCombine, CallUnpermuteCombine} }},
 		{"two-domains", func(c *Config) { c.RanksPerDomain = 2 }},
+		{"dispatch-combine", func(c *Config) { c.Calls = []string{CallDispatchCombine} }},
+		{"dispatch-combine-capacity", func(c *Config) {
+			c.Mode, c.DType, c.Calls = "capacity", Strings{"fp32"}, []string{CallDispatch, CallDispatchCombine}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Defaults()
@@ -67,5 +71,38 @@ func TestRunInvalid(t *testing.T) {
 	c.Experts = 9
 	if _, err := Run(t.Context(), c, Options{}); err == nil {
 		t.Fatal("Run accepted 9 experts on 8 ranks")
+	}
+}
+
+// TestDispatchCombineBytes: the round trip counts the dispatch's bytes
+// twice, for goep and for the a2a baseline, and checks both its outputs
+// (the dispatched rows and their combine) on every rank.
+func TestDispatchCombineBytes(t *testing.T) {
+	c := Defaults()
+	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, 3, Ints{32}, Ints{24}, 2, 0
+	c.Calls = []string{CallDispatch, CallCombine, CallDispatchCombine}
+	res, err := Run(t.Context(), c, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]Row{}
+	for _, r := range res.Rows {
+		rows[r.Call] = r
+	}
+	d, cb, dc := rows[CallDispatch], rows[CallCombine], rows[CallDispatchCombine]
+	if d.NVLBytes <= 0 || dc.NVLBytes != 2*d.NVLBytes {
+		t.Errorf("dispatch-combine moves %v bytes per rank, want twice the dispatch's %v", dc.NVLBytes, d.NVLBytes)
+	}
+	if want := dc.NVLBytes / (dc.Time.Median * 1e3); dc.NVLGBps != want {
+		t.Errorf("dispatch-combine %v GB/s, want %v", dc.NVLGBps, want)
+	}
+	if want := dc.NVLBytes / (dc.A2A.Median * 1e3); dc.A2AGBps != want {
+		t.Errorf("a2a dispatch-combine %v GB/s, want %v", dc.A2AGBps, want)
+	}
+	if want := d.CheckedRows + cb.CheckedRows; dc.CheckedRows != want || dc.A2ACheckedRows != want {
+		t.Errorf("dispatch-combine checked %d rows (a2a %d), want %d (the dispatch's and the combine's)", dc.CheckedRows, dc.A2ACheckedRows, want)
+	}
+	if res.Wrong() != 0 {
+		t.Errorf("%d of %d rows wrong", res.Wrong(), res.Checked())
 	}
 }
