@@ -4,7 +4,6 @@ package cuda
 
 import (
 	"context"
-	_ "embed"
 	"encoding/binary"
 	"errors"
 	"flag"
@@ -21,9 +20,6 @@ import (
 // requireGPU turns the skips for a missing GPU into failures, for runs on a
 // GPU host: .gpu/cuda.test -test.v -gpu
 var requireGPU = flag.Bool("gpu", false, "fail instead of skip when no usable GPU is found")
-
-//go:embed testdata/kernels.ptx
-var kernelsPTX []byte
 
 // deadline bounds every wait of a test.
 const deadline = 30 * time.Second
