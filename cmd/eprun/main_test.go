@@ -175,7 +175,7 @@ func TestBenchGoBench(t *testing.T) {
 	if strings.Join(names, " ") != strings.Join(want, " ") {
 		t.Errorf("benchmarks %v, want %v", names, want)
 	}
-	if !strings.Contains(stdout, "BenchmarkDispatch/ranks=4/tokens=32/hidden=64/topk=2/dtype=bf16-") {
+	if !strings.Contains(stdout, "BenchmarkDispatch/ranks=4/tokens=32/hidden=64/topk=2/dtype=bf16/routing=uniform-") {
 		t.Errorf("names lack the case keys:\n%s", stdout)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 	"strings"
 )
 
@@ -178,7 +179,9 @@ func benchName(call string) string {
 
 // WriteGoBench prints the rows as Go benchmark results that benchstat
 // reads: one line per call and case, plus the baseline of each case, with
-// ns/op the median iteration time and MB/s the NVLink bandwidth.
+// ns/op the median iteration time and MB/s the NVLink bandwidth. Names are
+// Benchmark<Call>/ranks=R/tokens=T/hidden=H/topk=K/dtype=D/routing=KIND
+// (plus /zipf_s=S for zipf)-GOMAXPROCS.
 func WriteGoBench(w io.Writer, rec Record) error {
 	var b strings.Builder
 	e := rec.Env
@@ -187,9 +190,15 @@ func WriteGoBench(w io.Writer, rec Record) error {
 		fmt.Fprintf(&b, "cpu: %s\n", e.CPU)
 	}
 	fmt.Fprintf(&b, "backend: %s\nmode: %s\n", e.Backend, rec.Config.Mode)
+	// The routing is part of the name, so that benchstat tells a zipf run
+	// from a uniform one (it compares results of equal names).
+	routing := "/routing=" + rec.Config.RoutingSpec().kind()
+	if rec.Config.Routing == RoutingZipf {
+		routing += "/zipf_s=" + strconv.FormatFloat(rec.Config.ZipfS, 'g', -1, 64)
+	}
 	line := func(name string, r Row, s Stats, gbps float64) {
-		fmt.Fprintf(&b, "Benchmark%s/ranks=%d/tokens=%d/hidden=%d/topk=%d/dtype=%s-%d\t%d\t%.0f ns/op\t%.2f MB/s\t%.0f p99-ns/op\n",
-			name, r.Ranks, r.Tokens, r.Hidden, r.TopK, r.DType, e.GOMAXPROCS, s.N, s.Median*1e3, gbps*1e3, s.P99*1e3)
+		fmt.Fprintf(&b, "Benchmark%s/ranks=%d/tokens=%d/hidden=%d/topk=%d/dtype=%s%s-%d\t%d\t%.0f ns/op\t%.2f MB/s\t%.0f p99-ns/op\n",
+			name, r.Ranks, r.Tokens, r.Hidden, r.TopK, r.DType, routing, e.GOMAXPROCS, s.N, s.Median*1e3, gbps*1e3, s.P99*1e3)
 	}
 	for i, r := range rec.Rows {
 		line(benchName(r.Call), r, r.Time, r.NVLGBps)
