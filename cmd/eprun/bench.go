@@ -206,8 +206,18 @@ func runBench(cmd *cobra.Command, f benchFlags, stdout, stderr io.Writer) error 
 	if f.format != "table" && f.format != "gobench" {
 		return fmt.Errorf("bench: --format %q: want table or gobench", f.format)
 	}
+	write := bench.WriteTable
+	if f.format == "gobench" {
+		write = bench.WriteGoBench
+	}
+	return runWithCSV(cmd, "bench", f, stdout, stderr, write)
+}
+
+// runWithCSV is execute with --csv: the CSV goes to the file, or to stdout
+// with what write prints moved to stderr.
+func runWithCSV(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Writer, write func(io.Writer, bench.Record) error) error {
 	if f.csvOut == "-" && f.jsonOut == "-" {
-		return errors.New("bench: --csv - and --json - both want stdout; give one of them a file")
+		return fmt.Errorf("%s: --csv - and --json - both want stdout; give one of them a file", name)
 	}
 	var csvFile *os.File
 	if f.csvOut != "" && f.csvOut != "-" {
@@ -215,25 +225,20 @@ func runBench(cmd *cobra.Command, f benchFlags, stdout, stderr io.Writer) error 
 		// before a long run.
 		env, err := launcher.Detect()
 		if err != nil {
-			return fmt.Errorf("bench: %w", err)
+			return fmt.Errorf("%s: %w", name, err)
 		}
 		if env.Rank == 0 {
 			if csvFile, err = os.Create(f.csvOut); err != nil {
-				return fmt.Errorf("bench: --csv: %w", err)
+				return fmt.Errorf("%s: --csv: %w", name, err)
 			}
 			defer csvFile.Close()
 		}
 	}
-	return execute(cmd, "bench", f, stdout, stderr, func(w io.Writer, rec bench.Record) error {
+	return execute(cmd, name, f, stdout, stderr, func(w io.Writer, rec bench.Record) error {
 		if f.csvOut == "-" {
 			w = stderr
 		}
-		var err error
-		if f.format == "gobench" {
-			err = bench.WriteGoBench(w, rec)
-		} else {
-			err = bench.WriteTable(w, rec)
-		}
+		err := write(w, rec)
 		switch {
 		case f.csvOut == "-":
 			err = errors.Join(err, bench.WriteCSV(stdout, rec))

@@ -40,10 +40,11 @@ embedded default. Flags override its fields.`,
 			if !cmd.Flags().Changed("warmup") {
 				_ = cmd.Flags().Set("warmup", "0")
 			}
-			return execute(cmd, "check", f, stdout, stderr, writeCheck)
+			return runWithCSV(cmd, "check", f, stdout, stderr, writeCheck)
 		},
 	}
 	f.register(cmd)
+	cmd.Flags().StringVar(&f.csvOut, "csv", "", "write one row per call and case as CSV to FILE (- for stdout; the summary then goes to stderr); no baseline columns")
 	return cmd
 }
 

@@ -1,8 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"encoding/csv"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/goep/goep/internal/bench"
 )
 
 func TestCheck(t *testing.T) {
@@ -30,5 +37,50 @@ func TestCheck(t *testing.T) {
 	}
 	if code, _, stderr := eprun(t, "check", "--ranks", "3"); code != 2 || !strings.Contains(stderr, "not a multiple of ranks 3") {
 		t.Errorf("check --ranks 3: exit %d, %q", code, stderr)
+	}
+}
+
+// TestCheckCSV: check --csv - puts the CSV on stdout and the summary on
+// stderr; --csv FILE writes it there and keeps the summary on stdout.
+func TestCheckCSV(t *testing.T) {
+	code, stdout, stderr := eprun(t, "check", "tiny", "-q", "--csv", "-", "--calls", "dispatch,dispatch-combine")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	recs, err := csv.NewReader(strings.NewReader(stdout)).ReadAll()
+	if err != nil {
+		t.Fatalf("stdout is not CSV: %v\n%s", err, stdout)
+	}
+	if len(recs) != 3 || !slices.Equal(recs[0], bench.CSVColumns) {
+		t.Fatalf("CSV %v, want the header and 2 rows", recs)
+	}
+	col := func(row []string, name string) string { return row[slices.Index(bench.CSVColumns, name)] }
+	for i, call := range []string{"dispatch", "dispatch-combine"} {
+		row := recs[1+i]
+		if col(row, "call") != call || col(row, "wrong") != "0" || col(row, "baseline_GBps") != "" || col(row, "a2a_us") != "" {
+			t.Errorf("row %v: want %s, 0 wrong, no baseline columns", row, call)
+		}
+	}
+	if !strings.Contains(stderr, "# check: OK") {
+		t.Errorf("the summary is not on stderr: %q", stderr)
+	}
+
+	path := filepath.Join(t.TempDir(), "check.csv")
+	code, stdout, stderr = eprun(t, "check", "tiny", "-q", "--csv", path)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "# check: OK") {
+		t.Errorf("the summary is not on stdout: %q", stdout)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if recs, err := csv.NewReader(bytes.NewReader(data)).ReadAll(); err != nil || len(recs) != 1+len(bench.AllCalls) {
+		t.Errorf("%s: %d records (%v), want a header and %d rows", path, len(recs), err, len(bench.AllCalls))
+	}
+	if code, _, stderr := eprun(t, "check", "tiny", "--csv", "-", "--json", "-"); code != 2 || !strings.Contains(stderr, "both want stdout") {
+		t.Errorf("check --csv - --json -: exit %d, %q", code, stderr)
 	}
 }
