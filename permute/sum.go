@@ -29,6 +29,10 @@ func SumRows(dt device.DType, dst []byte, rows [][]byte, c []float32) {
 	sumRowsGo(dt, dst, rows, c, done, n)
 }
 
+// maxSumRows is the most rows the assembly sums in one call; longer lists
+// (more destinations or slots than this) take the reference loop.
+const maxSumRows = 64
+
 // sumRowsGo is the reference loop of SumRows over elements [lo, hi).
 func sumRowsGo(dt device.DType, dst []byte, rows [][]byte, c []float32, lo, hi int) {
 	term := func(i, j int) float32 {

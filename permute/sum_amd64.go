@@ -7,10 +7,6 @@ import (
 	"github.com/goep/goep/device"
 )
 
-// maxSumRows is the most rows the assembly sums in one call; longer lists
-// (more destinations or slots than this) take the reference loop.
-const maxSumRows = 64
-
 // The kernels sum n elements, n a multiple of 32, of nrows >= 1 rows whose
 // addresses are in rows[0:nrows] (and weights in c[0:nrows]); their
 // reference loop is SumRows's, with rounding to bf16 as

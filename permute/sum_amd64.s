@@ -4,38 +4,9 @@
 // sum streamed in turn into four YMM accumulators, then rounded and stored
 // once. Operand order follows rows_amd64.s (acc and c are the first
 // source: the middle operand in Go syntax); multiply and add are separate
-// instructions. BF16CONSTS and ROUND8 are those of rows_amd64.s, repeated
-// here because macros do not cross files.
+// instructions. BF16CONSTS and ROUND8 come from bf16_amd64.h.
 
-DATA sumabs<>+0(SB)/4, $0x7fffffff
-GLOBL sumabs<>(SB), RODATA|NOPTR, $4
-DATA suminf<>+0(SB)/4, $0x7f800000
-GLOBL suminf<>(SB), RODATA|NOPTR, $4
-DATA sumhalf<>+0(SB)/4, $0x7fff
-GLOBL sumhalf<>(SB), RODATA|NOPTR, $4
-DATA sumone<>+0(SB)/4, $1
-GLOBL sumone<>(SB), RODATA|NOPTR, $4
-DATA sumquiet<>+0(SB)/4, $0x40
-GLOBL sumquiet<>(SB), RODATA|NOPTR, $4
-
-#define BF16CONSTS \
-	VPBROADCASTD sumabs<>(SB), Y10; \
-	VPBROADCASTD suminf<>(SB), Y11; \
-	VPBROADCASTD sumhalf<>(SB), Y12; \
-	VPBROADCASTD sumone<>(SB), Y13; \
-	VPBROADCASTD sumquiet<>(SB), Y14
-
-// ROUND8: see rows_amd64.s.
-#define ROUND8(Y, T1, T2) \
-	VPSRLD    $16, Y, T1; \
-	VPAND     Y13, T1, T2; \
-	VPADDD    T2, Y, T2; \
-	VPADDD    Y12, T2, T2; \
-	VPSRLD    $16, T2, T2; \
-	VPOR      Y14, T1, T1; \
-	VPAND     Y10, Y, Y; \
-	VPCMPGTD  Y11, Y, Y; \
-	VPBLENDVB Y, T1, T2, Y
+#include "bf16_amd64.h"
 
 // LOADBF16 widens 32 bf16 at DX(SI) into Y a..d.
 #define LOADBF16(a, b, c, d) \
