@@ -84,14 +84,7 @@ func writeCheck(w io.Writer, rec bench.Record) error {
 		fmt.Fprintf(&b, "  %-17s %6d %13d %8d\n", call, s.cases, s.rows, s.wrong)
 	}
 	b.WriteString("#\n")
-	switch {
-	case rec.Error != "":
-		fmt.Fprintf(&b, "# check: INCOMPLETE, run failed: %s\n", rec.Error)
-	case rec.Wrong > 0:
-		fmt.Fprintf(&b, "# check: FAILED, %d of %d output rows wrong\n", rec.Wrong, rec.CheckedRows)
-	default:
-		fmt.Fprintf(&b, "# check: OK, %d output rows match the expectation\n", rec.CheckedRows)
-	}
+	b.WriteString(rec.CheckLine())
 	_, err := io.WriteString(w, b.String())
 	return err
 }

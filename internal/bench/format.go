@@ -99,14 +99,7 @@ func WriteTable(w io.Writer, rec Record) error {
 			r.Call, r.Tokens, r.Hidden, r.TopK, r.DType, r.Time.Median, r.Time.P99, r.NVLGBps, rdma, base, ratio, a2aUS, a2aGBps, vs, r.Wrong+r.A2AWrong)
 	}
 	b.WriteString("#\n")
-	switch {
-	case rec.Error != "":
-		fmt.Fprintf(&b, "# check: INCOMPLETE, run failed: %s\n", rec.Error)
-	case rec.Wrong > 0:
-		fmt.Fprintf(&b, "# check: FAILED, %d of %d output rows wrong\n", rec.Wrong, rec.CheckedRows)
-	default:
-		fmt.Fprintf(&b, "# check: OK, %d output rows match the expectation\n", rec.CheckedRows)
-	}
+	b.WriteString(rec.CheckLine())
 	if s := ratioSummary(rec.Rows, func(r *Row) float64 { return r.Ratio }); s != "" {
 		fmt.Fprintf(&b, "# ratio nvl_GBps / baseline_GBps: %s\n", s)
 	}
@@ -130,6 +123,18 @@ func WriteTable(w io.Writer, rec Record) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// CheckLine is the footer line that reports the run's checks (eprun bench
+// and eprun check print it alike).
+func (rec *Record) CheckLine() string {
+	switch {
+	case rec.Error != "":
+		return fmt.Sprintf("# check: INCOMPLETE, run failed: %s\n", rec.Error)
+	case rec.Wrong > 0:
+		return fmt.Sprintf("# check: FAILED, %d of %d output rows wrong\n", rec.Wrong, rec.CheckedRows)
+	}
+	return fmt.Sprintf("# check: OK, %d output rows match the expectation\n", rec.CheckedRows)
 }
 
 func orDash(s string) string {
