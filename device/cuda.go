@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,7 +29,16 @@ type CUDA struct {
 
 	live    atomic.Int64 // buffers allocated and not yet freed
 	streams atomic.Int64 // streams open
+
+	checkPointers atomic.Bool // SetCheckPointers
 }
+
+// SetCheckPointers turns on (or off) the debug check of DESIGN invariant 1:
+// before every launch, each pointer argument is looked up with
+// cuPointerGetAttribute and the launch fails unless it is device memory.
+// It costs a driver call per argument; tests turn it on, and so does
+// GOEP_DEBUG_POINTERS=1 when the backend is created.
+func (c *CUDA) SetCheckPointers(on bool) { c.checkPointers.Store(on) }
 
 // NewCUDA opens GPU ordinal (its primary context, shared with other
 // libraries of the process). It fails, with the driver's reason, when
@@ -37,7 +48,15 @@ func NewCUDA(ordinal int) (*CUDA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA backend for GPU %d: %w", ordinal, err)
 	}
-	return &CUDA{dev: d}, nil
+	c := &CUDA{dev: d}
+	if v := os.Getenv("GOEP_DEBUG_POINTERS"); v != "" {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("device: GOEP_DEBUG_POINTERS=%q: want a boolean", v), d.Close())
+		}
+		c.SetCheckPointers(on)
+	}
+	return c, nil
 }
 
 // Kind implements Backend.
@@ -469,6 +488,21 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 			return s.fail(task, fmt.Errorf("argument %d: type %T unsupported (use int32, uint32, int64, uint64, float32, *Buffer or *Tensor)", i, a))
 		}
 	}
+	if s.c.checkPointers.Load() {
+		for i, a := range cargs {
+			p, ok := a.(cuda.DevicePtr)
+			if !ok || p == 0 {
+				continue
+			}
+			dev, err := s.c.dev.IsDevicePointer(p)
+			if err != nil {
+				return s.fail(task, fmt.Errorf("argument %d: pointer check: %w", i, err))
+			}
+			if !dev {
+				return s.fail(task, fmt.Errorf("argument %d: %#x is not device memory (DESIGN invariant 1)", i, uint64(p)))
+			}
+		}
+	}
 	g := cuda.Dim3{X: grid[0], Y: grid[1], Z: grid[2]}
 	b := cuda.Dim3{X: block[0], Y: block[1], Z: block[2]}
 	if err := cuda.Launch(k.f, g, b, int(shared), s.s, cargs...); err != nil {
@@ -540,4 +574,19 @@ func (s *CUDAStream) syncStaged(ctx context.Context, stage *cuda.HostBuffer, op 
 		}
 	}
 	return nil
+}
+
+// DownloadBuffer copies b (which may be a View) to the host through pinned
+// staging memory, after the work queued before it, and waits.
+func (s *CUDAStream) DownloadBuffer(ctx context.Context, b *Buffer) ([]byte, error) {
+	return s.download(ctx, b)
+}
+
+// UploadBuffer copies data into b (which may be a View) through pinned
+// staging memory, after the work queued before it, and waits.
+func (s *CUDAStream) UploadBuffer(ctx context.Context, b *Buffer, data []byte) error {
+	if len(data) > b.size {
+		return fmt.Errorf("device: CUDA upload of %d bytes into a %d-byte buffer", len(data), b.size)
+	}
+	return s.upload(ctx, b, data)
 }

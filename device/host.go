@@ -171,7 +171,15 @@ type Buffer struct {
 	dev    uint64  // device address (CUDA backend), else 0
 	stream Stream
 	freed  atomic.Bool
+	shared int8 // CUDA shared memory: sharedOwn, sharedOpened, sharedAlias; else 0
 }
+
+// Kinds of CUDA shared buffers (AllocShared, OpenShared).
+const (
+	sharedOwn    = 1 // exported by this process (cuMemAlloc)
+	sharedOpened = 2 // a peer's, mapped by cuIpcOpenMemHandle
+	sharedAlias  = 3 // a peer's in this process, used at its address
+)
 
 // DevicePtr is the buffer's device address on the CUDA backend (0 on the
 // host backend, and for an empty CUDA buffer).

@@ -23,3 +23,6 @@ func (c *CUDA) NewStream() (Stream, error) {
 
 // Close implements Backend.
 func (c *CUDA) Close() error { return nil }
+
+// CUDAStream is a stream of the CUDA backend; this build has none.
+type CUDAStream struct{}

@@ -48,9 +48,18 @@ type Engine struct {
 	local   int // NumLocalExperts
 	group   comm.Group
 	backend device.Backend
-	stream  *device.HostStream
-	domain  *nvlink.Domain
-	log     *zap.Logger
+	// stream runs the host work: on the host backend every call's task;
+	// on CUDA the layout's exchange (control traffic in host memory).
+	stream *device.HostStream
+	// data is the stream outputs are allocated on and the data path runs
+	// on: stream itself on the host backend, the GPU's stream on CUDA.
+	data   device.Stream
+	domain *nvlink.Domain
+	// gpu is the CUDA data path (nil on the host backend); ctl is the
+	// private host backend of its control blocks.
+	gpu *gpuEngine
+	ctl *device.Host
+	log *zap.Logger
 
 	handles uint64 // layouts made, numbering handles
 	failed  atomic.Pointer[error]
@@ -101,10 +110,22 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	if cfg.RanksPerDomain != R {
 		return nil, fmt.Errorf("executor: new: RanksPerDomain %d < %d ranks needs the inter-domain (RDMA) path, not built yet: %w", cfg.RanksPerDomain, R, ErrUnsupported)
 	}
-	if b.Kind() != device.KindHost {
+	var cb *device.CUDA
+	var ctl *device.Host
+	sb := b
+	switch b.Kind() {
+	case device.KindHost:
+	case device.KindCUDA:
+		var ok bool
+		if cb, ok = b.(*device.CUDA); !ok {
+			return nil, fmt.Errorf("executor: new: CUDA backend of type %T: %w", b, ErrUnsupported)
+		}
+		ctl = device.NewHost()
+		sb = ctl
+	default:
 		return nil, fmt.Errorf("executor: new: %s backend: %w", b.Kind(), ErrUnsupported)
 	}
-	s, err := b.NewStream()
+	s, err := sb.NewStream()
 	if err != nil {
 		return nil, fmt.Errorf("executor: new: %w", err)
 	}
@@ -121,8 +142,15 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	}
 	e := &Engine{
 		cfg: cfg, rank: g.Rank(), size: R, local: cfg.NumExperts / R,
-		group: g, backend: b, stream: s.(*device.HostStream), domain: dom,
+		group: g, backend: b, stream: s.(*device.HostStream), data: s, domain: dom, ctl: ctl,
 		log: o.log.Named("executor"),
+	}
+	if cb != nil {
+		if e.gpu, err = newGPUEngine(dctx, e, cb); err != nil {
+			dom.Close()
+			return nil, errors.Join(fmt.Errorf("executor: new: %w", err), s.Close(), ctl.Close())
+		}
+		e.data = e.gpu.s
 	}
 	e.log.Debug("engine ready", zap.Int("rank", e.rank), zap.Int("ranks", R), zap.Any("config", cfg))
 	return e, nil
@@ -169,11 +197,11 @@ func (e *Engine) NumRanks() int { return e.size }
 func (e *Engine) NumLocalExperts() int { return e.local }
 
 // Stream is the engine's stream; all its work runs there in order.
-func (e *Engine) Stream() device.Stream { return e.stream }
+func (e *Engine) Stream() device.Stream { return e.data }
 
 // NewTensor allocates an uninitialised tensor on the engine's stream.
 func (e *Engine) NewTensor(dt device.DType, shape ...int) (*device.Tensor, error) {
-	return device.NewTensor(e.stream, dt, shape...)
+	return device.NewTensor(e.data, dt, shape...)
 }
 
 // Synchronize waits for all queued work and returns its first error. A
@@ -184,6 +212,11 @@ func (e *Engine) Synchronize(ctx context.Context) error {
 	}
 	if err := e.stream.Synchronize(ctx); err != nil {
 		return e.noteFailure(err)
+	}
+	if e.gpu != nil {
+		if err := e.gpu.synchronize(ctx); err != nil {
+			return e.noteFailure(err)
+		}
 	}
 	return nil
 }
@@ -232,6 +265,10 @@ func (e *Engine) reject(op uint64, cause error) error {
 	if e.usable() != nil {
 		return cause // the engine takes no calls; there is no exchange to join
 	}
+	if e.gpu != nil && op != opLayout {
+		e.gpu.reject()
+		return cause
+	}
 	e.stream.Go("reject "+opNames[op], func() error {
 		_ = e.domain.Exchange(nvlink.Call{Op: op, Status: cause}, nil)
 		return nil
@@ -252,6 +289,11 @@ func (e *Engine) Close() error {
 	if err := e.stream.Synchronize(ctx); err != nil && e.failed.Load() == nil && !fatal(err) {
 		errs = append(errs, err)
 	}
+	if e.gpu != nil {
+		if err := e.gpu.s.Synchronize(ctx); err != nil && e.failed.Load() == nil && !fatal(err) {
+			errs = append(errs, err)
+		}
+	}
 	// Peers may still be in their last exchange with this rank's control
 	// block; wait for them unless the group is already broken.
 	if e.failed.Load() == nil {
@@ -261,9 +303,19 @@ func (e *Engine) Close() error {
 		}
 		bcancel()
 	}
+	if e.gpu != nil {
+		// Peers have passed the barrier (or the group is broken): no one
+		// stores into this rank's windows any more.
+		if err := e.gpu.close(); err != nil && e.failed.Load() == nil {
+			errs = append(errs, err)
+		}
+	}
 	e.domain.Close()
 	if err := e.stream.Close(); err != nil && e.failed.Load() == nil {
 		errs = append(errs, err)
+	}
+	if e.ctl != nil {
+		errs = append(errs, e.ctl.Close())
 	}
 	e.closed = true
 	return errors.Join(errs...)

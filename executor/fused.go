@@ -29,6 +29,9 @@ func (e *Engine) DispatchPermute(ctx context.Context, h *Handle, in DispatchInpu
 		return DispatchPermuteOutput{}, err
 	}
 	out := DispatchPermuteOutput{X: o[0], Weights: o[1], RecvIdx: o[2], RecvWeights: o[3]}
+	if e.gpu != nil {
+		return out, e.gpu.dispatchPermute(h, x, w, out)
+	}
 	e.stream.Go("dispatch-permute", func() error {
 		lay, err := e.ready(h)
 		if err != nil {
@@ -89,6 +92,9 @@ func (e *Engine) UnpermuteCombine(ctx context.Context, h *Handle, in UnpermuteIn
 	out, err := e.NewTensor(y.DType(), h.numTokens, e.cfg.Hidden)
 	if err != nil {
 		return nil, err
+	}
+	if e.gpu != nil {
+		return out, e.gpu.unpermuteCombine(h, y, w, out)
 	}
 	e.stream.Go("unpermute-combine", func() error {
 		lay, err := e.ready(h)

@@ -29,7 +29,9 @@ type Handle struct {
 	// recvRows and permRows are the row counts of outputs: exact in
 	// blocking mode, capacities in capacity mode.
 	recvRows, permRows int
-	closed             bool
+	// gpu holds the tables of the CUDA data path (nil on the host backend).
+	gpu    *gpuTables
+	closed bool
 }
 
 // Layout of the device counts tensor.
@@ -91,6 +93,9 @@ func (e *Engine) Layout(ctx context.Context, in LayoutInput) (*Handle, error) {
 		return nil, err
 	}
 	h := &Handle{e: e, id: e.handles, numTokens: idx.Rows(), counts: counts}
+	if e.gpu != nil {
+		return e.gpu.layout(ctx, h, idx)
+	}
 	cfg := e.cfg
 	e.stream.Go("layout", func() error {
 		return e.exchange(nvlink.Call{Op: opLayout, Sig: sig, Buffers: []*device.Buffer{idx.Buffer()}}, func(peers [][]*device.Buffer) error {
@@ -198,6 +203,7 @@ func (h *Handle) Close() error {
 		return nil
 	}
 	h.closed = true
+	h.gpu.close()
 	return h.counts.Close()
 }
 

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/permute"
@@ -38,6 +39,9 @@ func (e *Engine) Permute(ctx context.Context, h *Handle, in PermuteInput) (Permu
 		return PermuteOutput{}, err
 	}
 	out := PermuteOutput{X: o[0], Weights: o[1]}
+	if e.gpu != nil {
+		return out, e.gpu.permute(h, x, w, out)
+	}
 	e.stream.Go("permute", func() error {
 		lay, err := e.ready(h)
 		if err != nil {
@@ -73,6 +77,9 @@ func (e *Engine) unpermute(h *Handle, y, w *device.Tensor) (*device.Tensor, erro
 	out, err := e.NewTensor(y.DType(), h.recvRows, e.cfg.Hidden)
 	if err != nil {
 		return nil, err
+	}
+	if e.gpu != nil {
+		return out, e.gpu.unpermute(h, y, w, out)
 	}
 	e.stream.Go("unpermute", func() error {
 		lay, err := e.ready(h)
@@ -115,6 +122,9 @@ func (e *Engine) UnpermuteBackward(ctx context.Context, h *Handle, in UnpermuteB
 		return UnpermuteBackwardOutput{}, checkTensor("unpermute backward: Y", in.Y, in.GradOut.DType(), h.permRows, e.cfg.Hidden)
 	}
 	g, y, w := in.GradOut, in.Y, in.RecvWeights
+	if e.gpu != nil {
+		return UnpermuteBackwardOutput{}, fmt.Errorf("executor: unpermute backward: %w on the CUDA backend yet (no kernel for the weighted permute and the weight gradient)", ErrUnsupported)
+	}
 	o, err := e.newOutputs(
 		outSpec{dt: g.DType(), shape: []int{h.permRows, e.cfg.Hidden}},
 		outSpec{dt: device.FP32, shape: []int{h.recvRows, e.cfg.TopK}, skip: w == nil})

@@ -157,7 +157,7 @@ func mpPipeline(ctx context.Context, g comm.Group, b device.Backend, seed uint64
 	}
 	step("combine-backward", func() (*device.Tensor, error) { return e.CombineBackward(ctx, h, xt) })
 	step("permute-backward", func() (*device.Tensor, error) { return e.PermuteBackward(ctx, h, p.X) })
-	if err == nil {
+	if err == nil && b.Kind() == device.KindHost { // no CUDA kernels for it yet
 		var ub executor.UnpermuteBackwardOutput
 		ub, err = e.UnpermuteBackward(ctx, h, executor.UnpermuteBackwardInput{GradOut: u, Y: p.X, RecvWeights: d.RecvWeights})
 		out["unpermute-backward.y"], out["unpermute-backward.w"] = ub.GradY, ub.GradWeights
@@ -207,7 +207,15 @@ func TestMultiProcessChild(t *testing.T) {
 	defer g.Close()
 	res := mpResult{Rank: env.Rank}
 	start := time.Now()
-	b := device.NewHost()
+	var b device.Backend = device.NewHost()
+	if os.Getenv("GOEP_MP_BACKEND") == "cuda" {
+		cb, err := device.NewCUDA(0)
+		if err != nil {
+			t.Fatalf("rank %d: %v", env.Rank, err)
+		}
+		defer cb.Close()
+		b = cb
+	}
 	switch mode {
 	case "cases":
 		for _, seed := range mpSeeds {
@@ -299,8 +307,14 @@ func freePort(t *testing.T) int {
 // launcher's error.
 func runWorld(t *testing.T, how, mode string, timeout time.Duration) ([]mpResult, error, string) {
 	t.Helper()
+	return runWorldN(t, how, mode, mpRanks, timeout)
+}
+
+// runWorldN is runWorld with n ranks and extra environment variables.
+func runWorldN(t *testing.T, how, mode string, n int, timeout time.Duration, extraEnv ...string) ([]mpResult, error, string) {
+	t.Helper()
 	dir := t.TempDir()
-	env := []string{"GOEP_MP_MODE=" + mode, "GOEP_MP_OUT=" + dir, "GOEP_TIMEOUT=20s"}
+	env := append([]string{"GOEP_MP_MODE=" + mode, "GOEP_MP_OUT=" + dir, "GOEP_TIMEOUT=20s"}, extraEnv...)
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
 	args := []string{os.Args[0], "-test.run", "^TestMultiProcessChild$", "-test.timeout", "2m"}
@@ -308,7 +322,7 @@ func runWorld(t *testing.T, how, mode string, timeout time.Duration) ([]mpResult
 	var lerr error
 	switch how {
 	case "spawn":
-		lerr = launcher.Spawn(ctx, launcher.SpawnConfig{N: mpRanks, Command: args, Env: env, Stdout: &out, Stderr: &out})
+		lerr = launcher.Spawn(ctx, launcher.SpawnConfig{N: n, Command: args, Env: env, Stdout: &out, Stderr: &out})
 	case "mpirun":
 		mpirun, err := exec.LookPath("mpirun")
 		if err != nil {
@@ -318,7 +332,7 @@ func runWorld(t *testing.T, how, mode string, timeout time.Duration) ([]mpResult
 		// the rank Open MPI gives them.
 		env = append(env, "GOEP_MASTER_ADDR=127.0.0.1", "GOEP_MASTER_PORT="+strconv.Itoa(freePort(t)),
 			"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
-		margs := []string{"--allow-run-as-root", "--oversubscribe", "-np", strconv.Itoa(mpRanks)}
+		margs := []string{"--allow-run-as-root", "--oversubscribe", "-np", strconv.Itoa(n)}
 		for _, kv := range env {
 			margs = append(margs, "-x", strings.SplitN(kv, "=", 2)[0])
 		}
@@ -327,7 +341,7 @@ func runWorld(t *testing.T, how, mode string, timeout time.Duration) ([]mpResult
 		cmd.Stdout, cmd.Stderr = &out, &out
 		lerr = cmd.Run()
 	}
-	results := make([]mpResult, mpRanks)
+	results := make([]mpResult, n)
 	for r := range results {
 		raw, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank-%d.json", r)))
 		if err != nil {
@@ -343,12 +357,18 @@ func runWorld(t *testing.T, how, mode string, timeout time.Duration) ([]mpResult
 
 // inProcessDigests runs the cases with in-process ranks.
 func inProcessDigests(t *testing.T) [][]map[string]string {
-	gs := comm.NewLocal(mpRanks)
+	return inProcessDigestsN(t, mpRanks)
+}
+
+// inProcessDigestsN runs the cases with n in-process ranks on the host
+// backend.
+func inProcessDigestsN(t *testing.T, n int) [][]map[string]string {
+	gs := comm.NewLocal(n)
 	b := device.NewHost()
-	want := make([][]map[string]string, mpRanks)
+	want := make([][]map[string]string, n)
 	var wg sync.WaitGroup
-	errs := make([]error, mpRanks)
-	for r := range mpRanks {
+	errs := make([]error, n)
+	for r := range n {
 		wg.Go(func() {
 			for _, seed := range mpSeeds {
 				d, err := mpPipeline(t.Context(), gs[r], b, seed)

@@ -126,6 +126,9 @@ func (e *Engine) Dispatch(ctx context.Context, h *Handle, in DispatchInput) (Dis
 		return DispatchOutput{}, err
 	}
 	out := DispatchOutput{RecvX: o[0], RecvIdx: o[1], RecvWeights: o[2]}
+	if e.gpu != nil {
+		return out, e.gpu.dispatch(h, x, w, out)
+	}
 	e.stream.Go("dispatch", func() error {
 		lay, err := e.ready(h)
 		if err != nil {
@@ -223,6 +226,9 @@ func (e *Engine) combine(h *Handle, z, zw *device.Tensor) (DispatchBackwardOutpu
 		return DispatchBackwardOutput{}, err
 	}
 	out := DispatchBackwardOutput{GradX: o[0], GradTopkWeights: o[1]}
+	if e.gpu != nil {
+		return out, e.gpu.combine(h, z, zw, out, uint32(opCombine))
+	}
 	e.stream.Go("combine", func() error {
 		lay, err := e.ready(h)
 		if err != nil {

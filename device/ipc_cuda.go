@@ -1,0 +1,78 @@
+//go:build cuda && cgo
+
+package device
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/goep/goep/internal/cuda"
+)
+
+// GPUShareHandle names device memory that other processes on the host can
+// map (CUDA IPC), with the exporting process and the address there (a peer
+// in the same process uses the address directly: the driver refuses to
+// open a process's own handle).
+type GPUShareHandle struct {
+	PID  int
+	Addr uint64
+	Size int
+	IPC  [64]byte
+}
+
+// AllocShared returns n bytes of device memory that peers can map with
+// OpenShared, and its handle. The memory is not stream-ordered (cuMemAlloc,
+// the only kind CUDA IPC exports); it is not zeroed. Free it with
+// FreeShared once no queued work (here or at a peer) uses it.
+func (c *CUDA) AllocShared(n int) (*Buffer, GPUShareHandle, error) {
+	p, err := c.dev.Alloc(n)
+	if err != nil {
+		return nil, GPUShareHandle{}, fmt.Errorf("device: CUDA shared alloc: %w", err)
+	}
+	h, err := c.dev.GetIPCHandle(p)
+	if err != nil {
+		_ = c.dev.Free(p)
+		return nil, GPUShareHandle{}, fmt.Errorf("device: CUDA shared alloc: %w", err)
+	}
+	c.live.Add(1)
+	return &Buffer{size: n, dev: uint64(p), shared: sharedOwn},
+		GPUShareHandle{PID: os.Getpid(), Addr: uint64(p), Size: n, IPC: h}, nil
+}
+
+// OpenShared maps a peer's shared memory into this process (or, for a
+// handle of this process, returns a buffer at its address). Close the
+// buffer with FreeShared.
+func (c *CUDA) OpenShared(h GPUShareHandle) (*Buffer, error) {
+	if h.PID == os.Getpid() {
+		return &Buffer{size: h.Size, dev: h.Addr, shared: sharedAlias}, nil
+	}
+	p, err := c.dev.OpenIPCHandle(cuda.IPCHandle(h.IPC))
+	if err != nil {
+		return nil, fmt.Errorf("device: CUDA open shared memory of process %d: %w", h.PID, err)
+	}
+	return &Buffer{size: h.Size, dev: uint64(p), shared: sharedOpened}, nil
+}
+
+// FreeShared releases a buffer of AllocShared or OpenShared (cuMemFree or
+// cuIpcCloseMemHandle); the caller makes sure no queued work uses it.
+func (c *CUDA) FreeShared(b *Buffer) error {
+	if b == nil || !b.freed.CompareAndSwap(false, true) {
+		return nil
+	}
+	switch b.shared {
+	case sharedOwn:
+		c.live.Add(-1)
+		return c.dev.Free(cuda.DevicePtr(b.dev))
+	case sharedOpened:
+		return c.dev.CloseIPCHandle(cuda.DevicePtr(b.dev))
+	case sharedAlias:
+		return nil
+	}
+	return fmt.Errorf("device: CUDA free shared: %w: not a shared buffer", ErrUnsupported)
+}
+
+// IsDevicePointer reports whether p is device memory of this backend's GPU
+// (cuPointerGetAttribute), for debug checks of kernel arguments.
+func (c *CUDA) IsDevicePointer(p uint64) (bool, error) {
+	return c.dev.IsDevicePointer(cuda.DevicePtr(p))
+}

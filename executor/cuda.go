@@ -1,0 +1,813 @@
+//go:build cuda && cgo
+
+package executor
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/nvlink"
+	"github.com/goep/goep/permute"
+)
+
+// The CUDA data path. The layout is computed on the host exactly as on the
+// host backend (the routing is downloaded, exchanged through the domain's
+// control blocks and fed to ComputeLayout), then the handle's tables are
+// uploaded to device memory once. Every data call after that is GPU work
+// only, in stream order:
+//
+//  1. wait until every peer has signalled done for the previous call
+//     (its receive buffers are free again);
+//  2. push: a kernel stores this rank's rows straight into the peers'
+//     receive windows (CUDA IPC mappings, nvlink.MapGPU);
+//  3. signal arrived to every peer (after a system-wide fence);
+//  4. wait until every peer has signalled arrived for this call;
+//  5. consume the own window (copy out, permute, or the combine sum);
+//  6. signal done to every peer.
+//
+// Flags are epochs (one per collective call, equal on all ranks since the
+// calls are), never reset; waits are clock-bounded (Config.Timeout) and set
+// a status word instead of spinning for ever. Synchronize reads it.
+
+//go:embed kernels/ep.ptx
+var epPTX []byte
+
+// opRejected is the operation a rank signals for a call whose input it
+// rejected (kernels/ep.cu's opRejected).
+const opRejected = 0x7f
+
+// Regions of the GPU windows.
+const (
+	regionFlags = iota // arrived[R], done[R], status, epoch counter (uint64), missing[R] (int32)
+	regionRecv         // dispatch: rows [recvCap, H] at the call's row bytes, then weights [recvCap, K] fp32
+	regionComb         // combine: rows [MaxTokensPerRank*W, H], then weights [MaxTokensPerRank*W, K] fp32
+	numRegions
+)
+
+// Status codes of the wait kernel (missing[p]).
+const (
+	waitTimeout  = 1
+	waitMismatch = 2
+	waitRejected = 3
+)
+
+type gpuEngine struct {
+	e   *Engine
+	b   *device.CUDA
+	s   *device.CUDAStream
+	mod *device.Module
+	pk  *permute.CUDAKernels
+	win *nvlink.GPUWindows
+
+	wait, signal, push, scatter, copyOut, spin *device.Kernel
+	sum                                        [2]*device.Kernel // BF16, FP32
+
+	// peers is uint64 [numRegions][R]: every rank's window base address
+	// as mapped here.
+	peers *device.Buffer
+
+	R, K, H, W         int
+	recvCap, combRows  int
+	recvWOff, combWOff int // byte offsets of the weights areas
+	dnan               uint32
+	timeoutNs          int64
+	// pending is an error found on the host for work that was skipped
+	// (capacity exceeded under OverflowError); Synchronize returns it.
+	pending error
+}
+
+// gpuTables are a handle's layout tables in device memory (one Int32
+// tensor, views into it). Entries e = t*W + c are the destinations of
+// local token t in ascending order (c < its destination count).
+type gpuTables struct {
+	all *device.Tensor
+	// entDest, entRow: destination rank and row there of entry e (row -1:
+	// no such entry, or dropped at the destination).
+	entTok, entDest, entRow *device.Buffer // [T*W]
+	// slotEnt: the entry of slot k of token t (t*K+k), -1 if none.
+	slotEnt *device.Buffer // [T*K]
+	// recvSrc, recvEnt: for received row i < rowCap, its source rank and
+	// its entry on the source (-1 past the valid rows).
+	recvSrc, recvEnt *device.Buffer // [rowCap]
+	recvIdx, pos     *device.Buffer // [rowCap*K], -1 past the valid rows
+	n                int            // valid received rows
+}
+
+func (t *gpuTables) close() {
+	if t != nil && t.all != nil {
+		t.all.Close()
+	}
+}
+
+func flagsSize(R int) int { return (2*R+2)*8 + 4*R }
+
+// Byte offsets in the flags region.
+func (g *gpuEngine) statusOff() int  { return 2 * g.R * 8 }
+func (g *gpuEngine) counterOff() int { return (2*g.R + 1) * 8 }
+func (g *gpuEngine) missingOff() int { return (2*g.R + 2) * 8 }
+
+// newGPUEngine loads the kernels and maps the domain's GPU windows
+// (collective).
+func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA) (*gpuEngine, error) {
+	cfg := e.cfg
+	R := e.size
+	g := &gpuEngine{e: e, b: b, R: R, K: cfg.TopK, H: cfg.Hidden, W: min(cfg.TopK, R),
+		dnan: defaultNaN(float32(math.Inf(1)), float32(math.Inf(1))), timeoutNs: cfg.Timeout.Nanoseconds()}
+	if R > 1024 {
+		return nil, fmt.Errorf("executor: CUDA path: %d ranks in one domain, at most 1024: %w", R, ErrUnsupported)
+	}
+	s, err := b.NewCUDAStream()
+	if err != nil {
+		return nil, fmt.Errorf("executor: CUDA path: %w", err)
+	}
+	g.s = s
+	g.recvCap = R * cfg.MaxTokensPerRank
+	if cfg.Mode == Capacity {
+		g.recvCap = cfg.MaxRecvTokens
+	}
+	g.combRows = cfg.MaxTokensPerRank * g.W
+	rowMax := g.H * 4 // fp32, the widest dtype
+	g.recvWOff, g.combWOff = g.recvCap*rowMax, g.combRows*rowMax
+	sizes := []int{flagsSize(R), g.recvWOff + g.recvCap*g.K*4, g.combWOff + g.combRows*g.K*4}
+	g.win, err = nvlink.MapGPU(ctx, e.group, s, sizes)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("executor: CUDA path: %w", err), s.Close())
+	}
+	lerr := g.load(ctx)
+	// Every rank learns whether every rank is ready, so none is left
+	// waiting in its first call.
+	st := []byte{0}
+	if lerr != nil {
+		st = append([]byte{1}, lerr.Error()...)
+	}
+	all, err := e.group.AllGather(ctx, st)
+	if err == nil {
+		for p, r := range all {
+			if len(r) > 0 && r[0] == 1 {
+				err = fmt.Errorf("rank %d: %s", p, r[1:])
+				break
+			}
+		}
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("executor: CUDA path: %w", err), g.close())
+	}
+	return g, nil
+}
+
+// load loads the kernels and uploads the peers' window addresses.
+func (g *gpuEngine) load(ctx context.Context) error {
+	var err error
+	if g.mod, err = g.b.LoadModule(epPTX); err != nil {
+		return err
+	}
+	for _, k := range []struct {
+		dst  **device.Kernel
+		name string
+	}{
+		{&g.wait, "goep_ep_wait"}, {&g.signal, "goep_ep_signal"}, {&g.push, "goep_ep_push"},
+		{&g.scatter, "goep_ep_scatter"}, {&g.copyOut, "goep_ep_copy_out"},
+		{&g.sum[0], "goep_ep_sum_bf16"}, {&g.sum[1], "goep_ep_sum_fp32"}, {&g.spin, "goep_ep_spin"},
+	} {
+		if *k.dst, err = g.mod.Kernel(k.name); err != nil {
+			return err
+		}
+	}
+	if g.pk, err = permute.LoadCUDAKernels(g.b); err != nil {
+		return err
+	}
+	addrs := make([]byte, 0, numRegions*g.R*8)
+	for i := range numRegions {
+		for p := range g.R {
+			addrs = appendU64(addrs, g.win.Peers[i][p].DevicePtr())
+		}
+	}
+	if g.peers, err = g.s.Alloc(len(addrs)); err != nil {
+		return err
+	}
+	return g.s.UploadBuffer(ctx, g.peers, addrs)
+}
+
+func appendU64(b []byte, v uint64) []byte {
+	for i := range 8 {
+		b = append(b, byte(v>>(8*i)))
+	}
+	return b
+}
+
+// defaultNaN returns the bits of a - b computed at run time (inf - inf:
+// the CPU's default NaN, which the host loops produce and the kernels
+// copy).
+//
+//go:noinline
+func defaultNaN(a, b float32) uint32 { return math.Float32bits(a - b) }
+
+// peerTable is the device array of region r's base addresses.
+func (g *gpuEngine) peerTable(r int) *device.Buffer {
+	v, _ := g.peers.View(r*g.R*8, g.R*8)
+	return v
+}
+
+func (g *gpuEngine) ownView(r, off, n int) *device.Buffer {
+	v, err := g.win.Own[r].View(off, n)
+	if err != nil {
+		panic(fmt.Sprintf("executor: window view [%d, +%d) of region %d: %v", off, n, r, err)) // sizes are checked by the callers
+	}
+	return v
+}
+
+// Flag words: arrived[p] at word p, done[p] at word R+p.
+func (g *gpuEngine) arrivedSlot() int64 { return 0 }
+func (g *gpuEngine) doneSlot() int64    { return int64(g.R) }
+
+// begin starts a collective call: the wait for every peer's done of the
+// previous call, which also advances the epoch counter.
+func (g *gpuEngine) begin() error {
+	return g.waitFlags(g.doneSlot(), true, 1, 0)
+}
+
+// waitFlags enqueues the wait for flags[slot+p] >= epoch - lag (with op
+// checked when op != 0) for every peer p; bump advances the epoch first.
+func (g *gpuEngine) waitFlags(slot int64, bump bool, lag int64, op uint32) error {
+	flags := g.ownView(regionFlags, int(slot)*8, g.R*8)
+	status := g.ownView(regionFlags, g.statusOff(), 8)
+	counter := g.ownView(regionFlags, g.counterOff(), 8)
+	missing := g.ownView(regionFlags, g.missingOff(), 4*g.R)
+	return g.s.Launch(g.wait, [3]uint32{1, 1, 1}, [3]uint32{uint32(roundUp(g.R, 32)), 1, 1}, 0,
+		flags, int32(g.R), counter, b32(bump), lag, op, g.timeoutNs, status, missing)
+}
+
+func b32(v bool) int32 {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// signalPeers enqueues the store of epoch<<8|op into word slot+me of every
+// peer's flags.
+func (g *gpuEngine) signalPeers(slot int64, op uint32) error {
+	return g.s.Launch(g.signal, [3]uint32{1, 1, 1}, [3]uint32{uint32(roundUp(g.R, 32)), 1, 1}, 0,
+		g.peerTable(regionFlags), int32(g.R), slot+int64(g.e.rank), g.ownView(regionFlags, g.counterOff(), 8), op)
+}
+
+// arrive signals this rank's pushes and waits for every peer's.
+func (g *gpuEngine) arrive(op uint32) error {
+	if err := g.signalPeers(g.arrivedSlot(), op); err != nil {
+		return err
+	}
+	return g.waitFlags(g.arrivedSlot(), false, 0, op)
+}
+
+// finish signals that this rank's windows may be written again.
+func (g *gpuEngine) finish(op uint32) error {
+	return g.signalPeers(g.doneSlot(), op)
+}
+
+// reject joins a collective call whose input this rank rejected: its peers
+// see opRejected and fail the call at once.
+func (g *gpuEngine) reject() {
+	err := errors.Join(g.begin(), g.signalPeers(g.arrivedSlot(), opRejected), g.finish(opRejected))
+	if err != nil && g.pending == nil {
+		g.pending = err
+	}
+}
+
+func roundUp(n, m int) int { return (n + m - 1) / m * m }
+
+// rowShape is the launch shape of a row kernel: grid.x = items, blocks of
+// up to 256 threads (at least minThreads) over the units of a row,
+// grid.y chunks of them.
+func rowShape(items, units, minThreads int) (grid, block [3]uint32, err error) {
+	if items > math.MaxInt32 {
+		return grid, block, fmt.Errorf("executor: %d rows in one launch", items)
+	}
+	bx := min(256, roundUp(max(units, 1), 32))
+	bx = max(bx, roundUp(minThreads, 32))
+	if bx > 1024 {
+		return grid, block, fmt.Errorf("executor: %d threads per block", bx)
+	}
+	gy := min((units+bx-1)/bx, 65535)
+	return [3]uint32{uint32(items), uint32(max(gy, 1)), 1}, [3]uint32{uint32(bx), 1, 1}, nil
+}
+
+// unitOf is the largest copy unit (16, 4 or 2 bytes) that divides the row
+// bytes and every buffer's address.
+func unitOf(rowBytes int, bufs ...*device.Buffer) int32 {
+	for _, u := range []int{16, 4, 2} {
+		if rowBytes%u != 0 {
+			continue
+		}
+		ok := true
+		for _, b := range bufs {
+			if b != nil && b.DevicePtr()%uint64(u) != 0 {
+				ok = false
+			}
+		}
+		if ok {
+			return int32(u)
+		}
+	}
+	return 1
+}
+
+// layout runs the layout on the host and uploads the handle's tables.
+func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor) (*Handle, error) {
+	e, cfg := g.e, g.e.cfg
+	raw, err := g.s.DownloadBuffer(ctx, idx.Buffer())
+	if err != nil {
+		h.counts.Close()
+		return nil, e.noteFailure(err)
+	}
+	hidx, err := device.NewTensor(e.stream, device.Int32, idx.Shape()...)
+	if err != nil {
+		h.counts.Close()
+		return nil, err
+	}
+	defer hidx.Close()
+	copy(hidx.Bytes(), raw)
+	var routing [][]int32
+	e.stream.Go("layout", func() error {
+		return e.exchange(nvlink.Call{Op: opLayout, Sig: [4]uint64{h.id}, Buffers: []*device.Buffer{hidx.Buffer()}}, func(peers [][]*device.Buffer) error {
+			routing = make([][]int32, len(peers))
+			for p := range peers {
+				routing[p] = append([]int32(nil), permute.Int32s(peers[p][0].Host())...)
+			}
+			lay, err := ComputeLayout(e.rank, cfg, routing)
+			if err != nil {
+				return err
+			}
+			h.lay = lay
+			return nil
+		})
+	})
+	if err := e.stream.Synchronize(ctx); err != nil {
+		h.counts.Close()
+		return nil, e.noteFailure(err)
+	}
+	lay := h.lay
+	if cfg.Mode == Capacity {
+		h.recvRows, h.permRows = cfg.MaxRecvTokens, cfg.MaxPermutedTokens
+	} else {
+		h.recvRows, h.permRows = lay.RecvCount, lay.PermutedCount
+	}
+	counts := make([]int32, countsHeader+e.local)
+	counts[countRecv], counts[countPermuted] = int32(lay.RecvCount), int32(lay.PermutedCount)
+	copy(counts[countsHeader:], lay.TokensPerExpert)
+	if cfg.Mode == Capacity && (lay.RecvCount > cfg.MaxRecvTokens || lay.PermutedCount > cfg.MaxPermutedTokens) {
+		counts[countOverflow] = 1
+	}
+	if err := g.s.UploadBuffer(ctx, h.counts.Buffer(), device.EncodeInt32(counts)); err != nil {
+		h.counts.Close()
+		return nil, e.noteFailure(err)
+	}
+	if cfg.Mode == Capacity && cfg.Overflow == OverflowError {
+		if err := capacityCheck(lay, cfg); err != nil && g.pending == nil {
+			g.pending = err
+		}
+	}
+	if h.gpu, err = g.tables(ctx, h, lay, routing); err != nil {
+		h.counts.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+// tables builds and uploads a handle's device tables.
+func (g *gpuEngine) tables(ctx context.Context, h *Handle, lay *Layout, routing [][]int32) (*gpuTables, error) {
+	e := g.e
+	T, K, W, L := lay.NumTokens, g.K, g.W, e.local
+	rowCap := h.recvRows
+	n := e.validRecv(lay, e.rank)
+	sizes := []int{T * W, T * W, T * W, T * K, rowCap, rowCap, rowCap * K, rowCap * K}
+	total := 0
+	for _, s := range sizes {
+		total += s
+	}
+	host := make([]int32, total)
+	for i := range host {
+		host[i] = -1
+	}
+	part := func(i int) []int32 {
+		o := 0
+		for _, s := range sizes[:i] {
+			o += s
+		}
+		return host[o : o+sizes[i]]
+	}
+	entTok, entDest, entRow, slotEnt := part(0), part(1), part(2), part(3)
+	recvSrc, recvEnt, recvIdx, pos := part(4), part(5), part(6), part(7)
+	for t := range T {
+		for j := lay.SendOffsets[t]; j < lay.SendOffsets[t+1]; j++ {
+			c := int(j - lay.SendOffsets[t])
+			ent := t*W + c
+			d, row := int(lay.SendDest[j]), int(lay.SendRow[j])
+			entTok[ent], entDest[ent] = int32(t), int32(d)
+			if row < e.validRecv(lay, d) {
+				entRow[ent] = int32(row)
+			}
+		}
+		for k := range K {
+			if lay.SlotRow[t*K+k] < 0 {
+				continue
+			}
+			d := int(lay.SlotExpert[t*K+k]) / L
+			for j := lay.SendOffsets[t]; j < lay.SendOffsets[t+1]; j++ {
+				if int(lay.SendDest[j]) == d && int(lay.SendRow[j]) < e.validRecv(lay, d) {
+					slotEnt[t*K+k] = int32(t*W + int(j-lay.SendOffsets[t]))
+				}
+			}
+		}
+	}
+	for i := range n {
+		s, t := int(lay.RecvSrcRank[i]), int(lay.RecvSrcToken[i])
+		recvSrc[i] = int32(s)
+		// This rank's index among token t's destinations (ascending).
+		c := 0
+		seen := make(map[int]bool, K)
+		for _, x := range routing[s][t*K : (t+1)*K] {
+			if x < 0 {
+				continue
+			}
+			if d := int(x) / L; d < e.rank && !seen[d] {
+				seen[d] = true
+				c++
+			}
+		}
+		recvEnt[i] = int32(t*W + c)
+		copy(recvIdx[i*K:(i+1)*K], lay.RecvIdx[i*K:(i+1)*K])
+		copy(pos[i*K:(i+1)*K], lay.Pos[i*K:(i+1)*K])
+	}
+	all, err := device.NewTensor(g.s, device.Int32, max(total, 1))
+	if err != nil {
+		return nil, err
+	}
+	if err := g.s.UploadBuffer(ctx, all.Buffer(), device.EncodeInt32(host)); err != nil {
+		all.Close()
+		return nil, e.noteFailure(err)
+	}
+	views := make([]*device.Buffer, len(sizes))
+	o := 0
+	for i, s := range sizes {
+		if views[i], err = all.Buffer().View(4*o, 4*s); err != nil {
+			all.Close()
+			return nil, err
+		}
+		o += s
+	}
+	return &gpuTables{all: all, entTok: views[0], entDest: views[1], entRow: views[2], slotEnt: views[3],
+		recvSrc: views[4], recvEnt: views[5], recvIdx: views[6], pos: views[7], n: n}, nil
+}
+
+// ready checks a handle on the host before its GPU work is enqueued: under
+// OverflowError an over-capacity layout skips the work on every rank (all
+// ranks see all counts) and Synchronize reports the CapacityError.
+func (g *gpuEngine) ready(h *Handle) bool {
+	if h.lay == nil || h.gpu == nil {
+		if g.pending == nil {
+			g.pending = fmt.Errorf("executor: handle %d has no layout (its layout failed)", h.id)
+		}
+		return false
+	}
+	if g.e.cfg.Mode == Capacity && g.e.cfg.Overflow == OverflowError {
+		if err := capacityCheck(h.lay, g.e.cfg); err != nil {
+			if g.pending == nil {
+				g.pending = err
+			}
+			return false
+		}
+	}
+	return true
+}
+
+// rowsArg is the valid-row count by value (blocking mode) and the counts
+// tensor for capacity mode (nil in blocking mode), for goep_ep_copy_out.
+func (g *gpuEngine) rowsArg(h *Handle) (int64, *device.Tensor) {
+	if g.e.cfg.Mode == Capacity {
+		return 0, h.counts
+	}
+	return int64(h.gpu.n), nil
+}
+
+// deviceMap is the permute kernels' map of a handle: in capacity mode the
+// kernels run over the whole capacity (positions past the valid rows are
+// -1), so no count reaches them from the host.
+func (g *gpuEngine) deviceMap(h *Handle) permute.DeviceMap {
+	rows := h.gpu.n
+	if g.e.cfg.Mode == Capacity {
+		rows = h.recvRows
+	}
+	return permute.DeviceMap{Rows: rows, TopK: g.K, Pos: h.gpu.pos, RowCap: h.recvRows, PermCap: h.permRows}
+}
+
+// pushRows enqueues steps 1-4 of dispatch: rows of x (and weights w) into
+// the destinations' receive windows.
+func (g *gpuEngine) pushRows(h *Handle, x, w *device.Tensor, op uint32) error {
+	if err := g.begin(); err != nil {
+		return err
+	}
+	rb := g.H * x.DType().Size()
+	unit := unitOf(rb, x.Buffer(), g.win.Own[regionRecv])
+	entries := h.numTokens * g.W
+	if entries > 0 {
+		grid, block, err := rowShape(entries, rb/int(unit), g.K)
+		if err != nil {
+			return err
+		}
+		if err := g.s.Launch(g.push, grid, block, 0, x, w, h.gpu.entTok, h.gpu.entDest, h.gpu.entRow,
+			int64(entries), g.peerTable(regionRecv), int64(rb), int64(g.recvWOff), int32(g.K), unit); err != nil {
+			return err
+		}
+	}
+	return g.arrive(op)
+}
+
+// copyRecv enqueues goep_ep_copy_out from the receive window into out
+// (rows; nil: none) and outW (weights; nil: none).
+func (g *gpuEngine) copyRecv(h *Handle, dt device.DType, out, outW *device.Tensor) error {
+	if h.recvRows == 0 || out == nil && outW == nil {
+		return nil
+	}
+	rb := g.H * dt.Size()
+	src := g.ownView(regionRecv, 0, h.recvRows*rb)
+	srcW := g.ownView(regionRecv, g.recvWOff, h.recvRows*g.K*4)
+	var ob *device.Buffer
+	if out != nil {
+		ob = out.Buffer()
+	}
+	unit := unitOf(rb, ob, src)
+	units := rb / int(unit)
+	if out == nil {
+		units = 1
+	}
+	grid, block, err := rowShape(h.recvRows, units, g.K)
+	if err != nil {
+		return err
+	}
+	rows, counts := g.rowsArg(h)
+	return g.s.Launch(g.copyOut, grid, block, 0, out, outW, src, srcW, h.gpu.recvIdx, counts,
+		rows, int64(h.recvRows), int64(rb), int32(g.K), unit)
+}
+
+// dispatch enqueues Dispatch.
+func (g *gpuEngine) dispatch(h *Handle, x, w *device.Tensor, out DispatchOutput) error {
+	if !g.ready(h) {
+		return nil
+	}
+	if err := g.pushRows(h, x, w, uint32(opDispatch)); err != nil {
+		return err
+	}
+	if err := g.copyRecv(h, x.DType(), out.RecvX, out.RecvWeights); err != nil {
+		return err
+	}
+	if err := g.copyIdx(h, out.RecvIdx); err != nil {
+		return err
+	}
+	return g.finish(uint32(opDispatch))
+}
+
+// hold enqueues a kernel that keeps the stream busy for d (tests).
+func (g *gpuEngine) hold(d time.Duration) error {
+	return g.s.Launch(g.spin, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, d.Nanoseconds())
+}
+
+// copyIdx copies the handle's RecvIdx table into out.
+func (g *gpuEngine) copyIdx(h *Handle, out *device.Tensor) error {
+	if n := h.recvRows * g.K * 4; n > 0 {
+		return g.s.Copy(out.Buffer(), 0, h.gpu.recvIdx, 0, n)
+	}
+	return nil
+}
+
+// dispatchPermute enqueues DispatchPermute: the permute kernel reads the
+// received rows straight from the receive window.
+func (g *gpuEngine) dispatchPermute(h *Handle, x, w *device.Tensor, out DispatchPermuteOutput) error {
+	if !g.ready(h) {
+		return nil
+	}
+	if err := g.pushRows(h, x, w, uint32(opDispatchPermute)); err != nil {
+		return err
+	}
+	if err := g.copyRecv(h, x.DType(), nil, out.RecvWeights); err != nil {
+		return err
+	}
+	if err := g.copyIdx(h, out.RecvIdx); err != nil {
+		return err
+	}
+	rb := g.H * x.DType().Size()
+	src := g.ownView(regionRecv, 0, max(h.recvRows*rb, 0))
+	var srcW *device.Buffer
+	if w != nil {
+		srcW = g.ownView(regionRecv, g.recvWOff, h.recvRows*g.K*4)
+	}
+	if err := g.permuteFrom(h, x.DType(), out.X, out.Weights, src, srcW); err != nil {
+		return err
+	}
+	return g.finish(uint32(opDispatchPermute))
+}
+
+// permuteFrom enqueues the permute of rows src (weights srcW) into px, pw,
+// padding and dropped rows zero.
+func (g *gpuEngine) permuteFrom(h *Handle, dt device.DType, px, pw *device.Tensor, src, srcW *device.Buffer) error {
+	rb := g.H * dt.Size()
+	var pwb *device.Buffer
+	if pw != nil {
+		pwb = pw.Buffer()
+	}
+	if g.e.cfg.Mode == Capacity {
+		// Positions change with each layout; zero everything first so that
+		// the work needs no count from the host (graph capture).
+		if err := g.s.Memset(px.Buffer(), 0, h.permRows*rb, 0); err != nil {
+			return err
+		}
+		if pwb != nil {
+			if err := g.s.Memset(pwb, 0, h.permRows*4, 0); err != nil {
+				return err
+			}
+		}
+	}
+	if err := g.pk.Permute(g.s, dt, g.H, px.Buffer(), pwb, src, srcW, g.deviceMap(h)); err != nil {
+		return err
+	}
+	if g.e.cfg.Mode == Capacity {
+		return nil
+	}
+	return g.pk.ZeroPadding(g.s, px.Buffer(), rb, pwb, h.lay.ExpertOffsets, h.lay.TokensPerExpert, h.permRows)
+}
+
+// permute enqueues Permute (local).
+func (g *gpuEngine) permute(h *Handle, x, w *device.Tensor, out PermuteOutput) error {
+	if !g.ready(h) {
+		return nil
+	}
+	var wb *device.Buffer
+	if w != nil {
+		wb = w.Buffer()
+	}
+	return g.permuteFrom(h, x.DType(), out.X, out.Weights, x.Buffer(), wb)
+}
+
+// unpermute enqueues Unpermute (local) into out ([recvRows, H]).
+func (g *gpuEngine) unpermute(h *Handle, y, w, out *device.Tensor) error {
+	if !g.ready(h) {
+		return nil
+	}
+	var wb *device.Buffer
+	if w != nil {
+		wb = w.Buffer()
+	}
+	return g.pk.Unpermute(g.s, y.DType(), g.H, out.Buffer(), y.Buffer(), wb, g.deviceMap(h))
+}
+
+// combine enqueues Combine (and DispatchBackward with zw): every received
+// row goes back into its source's combine window at its entry, then each
+// source sums its tokens' entries in destination order.
+func (g *gpuEngine) combine(h *Handle, z, zw *device.Tensor, out DispatchBackwardOutput, op uint32) error {
+	if !g.ready(h) {
+		return nil
+	}
+	if err := g.begin(); err != nil {
+		return err
+	}
+	dt := z.DType()
+	rb := g.H * dt.Size()
+	if h.recvRows > 0 {
+		unit := unitOf(rb, z.Buffer(), g.win.Own[regionComb])
+		grid, block, err := rowShape(h.recvRows, rb/int(unit), g.K)
+		if err != nil {
+			return err
+		}
+		if err := g.s.Launch(g.scatter, grid, block, 0, z, zw, h.gpu.recvSrc, h.gpu.recvEnt, int64(h.recvRows),
+			g.peerTable(regionComb), int64(rb), int64(g.combWOff), int32(g.K), unit); err != nil {
+			return err
+		}
+	}
+	if err := g.arrive(op); err != nil {
+		return err
+	}
+	if T := h.numTokens; T > 0 {
+		src := g.ownView(regionComb, 0, T*g.W*rb)
+		srcW := g.ownView(regionComb, g.combWOff, T*g.W*g.K*4)
+		vec := rb%16 == 0 && out.GradX.Buffer().DevicePtr()%16 == 0
+		units, v := g.H, int32(0)
+		if vec {
+			units, v = rb/16, 1
+		}
+		grid, block, err := rowShape(T, units, g.K)
+		if err != nil {
+			return err
+		}
+		di := 0
+		if dt == device.FP32 {
+			di = 1
+		}
+		var gw *device.Tensor
+		if zw != nil {
+			gw = out.GradTopkWeights
+		}
+		if err := g.s.Launch(g.sum[di], grid, block, 0, out.GradX, gw, src, srcW, h.gpu.entRow, h.gpu.slotEnt,
+			int64(T), int32(g.W), int64(g.H), int32(g.K), v, g.dnan); err != nil {
+			return err
+		}
+	}
+	return g.finish(op)
+}
+
+// unpermuteCombine enqueues UnpermuteCombine: Unpermute into a temporary
+// (rounded to the dtype, as the unfused call writes it), then Combine.
+func (g *gpuEngine) unpermuteCombine(h *Handle, y, w, out *device.Tensor) error {
+	if !g.ready(h) {
+		return nil
+	}
+	z, err := g.e.NewTensor(y.DType(), h.recvRows, g.H)
+	if err != nil {
+		return err
+	}
+	defer z.Close() // stream-ordered: after the work below
+	if err := g.unpermute(h, y, w, z); err != nil {
+		return err
+	}
+	return g.combine(h, z, nil, DispatchBackwardOutput{GradX: out}, uint32(opUnpermuteCombine))
+}
+
+// synchronize waits for the GPU work and reports what the waits found.
+func (g *gpuEngine) synchronize(ctx context.Context) error {
+	if err := g.s.Synchronize(ctx); err != nil {
+		return err
+	}
+	status := g.ownView(regionFlags, g.statusOff(), 8)
+	raw, err := g.s.DownloadBuffer(ctx, status)
+	if err != nil {
+		return err
+	}
+	if raw[0] != 0 {
+		missing := g.ownView(regionFlags, g.missingOff(), 4*g.R)
+		m, err := g.s.DownloadBuffer(ctx, missing)
+		if err != nil {
+			return err
+		}
+		err = g.statusError(m)
+		if !errors.Is(err, ErrTimeout) {
+			// The ranks are still in step (every call advanced every
+			// epoch): clear the status and go on.
+			err = errors.Join(err, g.s.UploadBuffer(ctx, status, make([]byte, 8)), g.s.UploadBuffer(ctx, missing, make([]byte, 4*g.R)))
+		}
+		return err
+	}
+	err, g.pending = g.pending, nil
+	return err
+}
+
+// statusError decodes missing[R] after a failed wait.
+func (g *gpuEngine) statusError(raw []byte) error {
+	var timedOut, mismatched, rejected []int
+	for p := range g.R {
+		switch raw[4*p] {
+		case waitTimeout:
+			timedOut = append(timedOut, p)
+		case waitMismatch:
+			mismatched = append(mismatched, p)
+		case waitRejected:
+			rejected = append(rejected, p)
+		}
+	}
+	switch {
+	case len(timedOut) > 0:
+		return &comm.TimeoutError{Op: "executor: GPU wait for peers' flags", Missing: timedOut}
+	case len(rejected) > 0:
+		return fmt.Errorf("executor: rank(s) %v rejected their input to a collective call: %w", rejected, ErrInvalidInput)
+	case len(mismatched) > 0:
+		return fmt.Errorf("executor: rank(s) %v ran another collective call: %w", mismatched, ErrPeerMismatch)
+	default:
+		return errors.New("executor: a GPU wait failed without naming a rank")
+	}
+}
+
+// close frees the windows and kernels; the caller has synchronized and
+// passed a barrier (no peer uses the windows any more).
+func (g *gpuEngine) close() error {
+	var errs []error
+	if g.s != nil {
+		errs = append(errs, g.s.Synchronize(context.Background()))
+	}
+	if g.peers != nil {
+		g.s.Free(g.peers)
+	}
+	if g.pk != nil {
+		errs = append(errs, g.pk.Close())
+	}
+	if g.mod != nil {
+		errs = append(errs, g.mod.Close())
+	}
+	if g.s != nil {
+		errs = append(errs, g.s.Close())
+	}
+	errs = append(errs, g.win.Close())
+	return errors.Join(errs...)
+}

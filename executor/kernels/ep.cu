@@ -1,0 +1,415 @@
+// CUDA kernels of package executor: the NVLink-domain data path (push into
+// peers' mapped buffers, epoch flags with clock-bounded waits) and the
+// combine sum. go generate ./executor builds them:
+//
+//	nvcc -ptx -arch=compute_90 -o ep.ptx ep.cu (kernels/gen.sh)
+//
+// Every pointer a kernel receives is device memory: goep's own buffers,
+// peers' buffers mapped through CUDA IPC, or a caller's device tensor
+// (DESIGN.md invariant 1). Counts known on the host arrive by value; in
+// capacity mode the kernels read them from the handle's device tables, so
+// a captured graph can be replayed after a new layout.
+//
+// Rows move in units of unit bytes (16 when the row bytes and every base
+// address allow, else 4 or 2): grid.x covers the items (rows or entries),
+// grid.y the units of a row in chunks of blockDim.x.
+//
+// Flags (one array of uint64 words per rank, DESIGN.md "flags are monotonic
+// epochs, never reset"): arrived[R] then done[R], each word written by the
+// peer it is named after with value epoch<<8 | op. status[0] (after the
+// 2R flag words) is the first error of a wait (1 timeout, 2 operation
+// mismatch), then the rank's epoch counter, then missing[R] (int32) marks
+// the peers a wait gave up on. The host reads status and missing after a
+// synchronize.
+#include <stdint.h>
+
+namespace goep_ep {  // named, not anonymous: keeps the PTX independent of the checkout path
+
+__device__ __forceinline__ bool is_nan(float f)
+{
+	return (__float_as_uint(f) & 0x7fffffffu) > 0x7f800000u;
+}
+
+__device__ __forceinline__ float quiet(float f)
+{
+	return __uint_as_float(__float_as_uint(f) | 0x00400000u);
+}
+
+// add is package permute's add: a + b rounded to fp32; when an operand is
+// NaN the result is the first NaN operand, quieted; a NaN made by the add
+// itself (inf - inf) is dnan, the host CPU's default NaN.
+__device__ __forceinline__ float add(float a, float b, uint32_t dnan)
+{
+	if (is_nan(a)) {
+		return quiet(a);
+	}
+	if (is_nan(b)) {
+		return quiet(b);
+	}
+	float s = __fadd_rn(a, b);
+	return is_nan(s) ? __uint_as_float(dnan) : s;
+}
+
+// to_bf16 is device.Float32ToBF16: round to nearest even; a NaN keeps its
+// top bits, quieted.
+__device__ __forceinline__ uint32_t to_bf16(float f)
+{
+	uint32_t u = __float_as_uint(f);
+	if ((u & 0x7fffffffu) > 0x7f800000u) {
+		return ((u >> 16) | 0x40u) & 0xffffu;
+	}
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return u >> 16;
+}
+
+__device__ __forceinline__ uint64_t now_ns()
+{
+	uint64_t t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
+}
+
+// copy_units copies one row of unitsPerRow units of unit bytes from src to
+// dst, the units of this block's chunk (grid.y) one per thread.
+__device__ __forceinline__ void copy_units(uint8_t *dst, const uint8_t *src, int64_t unitsPerRow,
+					   int32_t unit)
+{
+	int64_t u = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+	for (; u < unitsPerRow; u += (int64_t)gridDim.y * blockDim.x) {
+		switch (unit) {
+		case 16:
+			((uint4 *)dst)[u] = ((const uint4 *)src)[u];
+			break;
+		case 4:
+			((uint32_t *)dst)[u] = ((const uint32_t *)src)[u];
+			break;
+		default:
+			((uint16_t *)dst)[u] = ((const uint16_t *)src)[u];
+			break;
+		}
+	}
+}
+
+__device__ __forceinline__ void zero_units(uint8_t *dst, int64_t unitsPerRow, int32_t unit)
+{
+	int64_t u = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+	for (; u < unitsPerRow; u += (int64_t)gridDim.y * blockDim.x) {
+		switch (unit) {
+		case 16:
+			((uint4 *)dst)[u] = make_uint4(0, 0, 0, 0);
+			break;
+		case 4:
+			((uint32_t *)dst)[u] = 0;
+			break;
+		default:
+			((uint16_t *)dst)[u] = 0;
+			break;
+		}
+	}
+}
+
+}  // namespace goep_ep
+
+using namespace goep_ep;
+
+// opRejected is the operation a rank signals when it rejected its input on
+// the host: its peers fail the call instead of waiting (executor's
+// opRejected).
+constexpr uint32_t opRejected = 0x7f;
+
+// goep_ep_wait waits, one thread per peer p < ranks, until flags[p] holds
+// an epoch of at least E - lag (flags[p] >> 8 >= E - lag), E being the
+// call's epoch *counter, which the wait first increments when bump is set
+// (the first kernel of a call). The epoch lives in device memory, never in
+// a kernel argument, so a captured graph replays with fresh epochs. If op
+// is not 0, a word at exactly E must carry op, else status[0] = 2 (the
+// peer runs another call; missing[p] = 2, or 3 when the peer rejected its
+// input: op opRejected). Past timeoutNs of waiting (globaltimer) it sets
+// status[0] = 1 and missing[p] = 1 and returns. A wait after an earlier
+// failure (status[0] != 0) returns at once. One block of at least ranks
+// threads.
+extern "C" __global__ void goep_ep_wait(const uint64_t *flags, int32_t ranks, uint64_t *counter,
+					int32_t bump, int64_t lag, uint32_t op, int64_t timeoutNs,
+					uint64_t *status, int32_t *missing)
+{
+	__shared__ uint64_t epoch;
+	if (threadIdx.x == 0) {
+		uint64_t e = *(volatile uint64_t *)counter;
+		if (bump) {
+			e++;
+			*(volatile uint64_t *)counter = e;
+		}
+		epoch = e;
+	}
+	__syncthreads();
+	int p = threadIdx.x;
+	if (p >= ranks) {
+		return;
+	}
+	uint64_t want = epoch - (uint64_t)lag;
+	volatile const uint64_t *f = flags + p;
+	volatile uint64_t *st = status;
+	uint64_t start = now_ns();
+	for (int spin = 0;; spin++) {
+		if (*st != 0) {
+			return;
+		}
+		uint64_t v = *f;
+		if ((v >> 8) >= want) {
+			if (op != 0 && (v >> 8) == epoch && (uint32_t)(v & 0xff) != op) {
+				atomicCAS((unsigned long long *)status, 0ull, 2ull);
+				missing[p] = (v & 0xff) == opRejected ? 3 : 2;
+			}
+			break;
+		}
+		if ((spin & 63) == 63 && (int64_t)(now_ns() - start) > timeoutNs) {
+			atomicCAS((unsigned long long *)status, 0ull, 1ull);
+			missing[p] = 1;
+			return;
+		}
+		__nanosleep(64);
+	}
+	__threadfence_system(); // reads after the wait see the peer's writes
+}
+
+// goep_ep_signal stores E<<8 | op (E = *counter, the call's epoch) into
+// word slot of every peer's flags (peerFlags[p] + slot, p < ranks), after a
+// system-wide fence so that the peer sees every write this stream made
+// before. One block of at least ranks threads.
+extern "C" __global__ void goep_ep_signal(uint64_t *const *peerFlags, int32_t ranks, int64_t slot,
+					  const uint64_t *counter, uint32_t op)
+{
+	__threadfence_system();
+	int p = threadIdx.x;
+	if (p < ranks) {
+		uint64_t value = *(volatile const uint64_t *)counter << 8 | op;
+		volatile uint64_t *f = peerFlags[p] + slot;
+		*f = value;
+	}
+}
+
+// goep_ep_spin keeps its stream busy for ns nanoseconds (globaltimer). The
+// lifetime tests (DESIGN.md invariant 2, HybridEP's issue 756) use it to
+// hold work queued behind it.
+extern "C" __global__ void goep_ep_spin(int64_t ns)
+{
+	uint64_t start = now_ns();
+	while ((int64_t)(now_ns() - start) < ns) {
+		__nanosleep(1000);
+	}
+}
+
+// goep_ep_push copies, for every entry j < entries with row = entRow[j] >=
+// 0, row entTok[j] of x (rowBytes) to row row of the rows area of peer
+// entDest[j] (peerBase[entDest[j]]) and, when w is not null, the K weights
+// w[entTok[j]*K:] to the peer's weights area (peerBase + wOff) at row*K.
+// Blocks: grid.x = entries, grid.y chunks of the row's units.
+extern "C" __global__ void goep_ep_push(const uint8_t *x, const float *w, const int32_t *entTok,
+					const int32_t *entDest, const int32_t *entRow,
+					int64_t entries, uint8_t *const *peerBase, int64_t rowBytes,
+					int64_t wOff, int32_t topk, int32_t unit)
+{
+	int64_t j = blockIdx.x;
+	if (j >= entries) {
+		return;
+	}
+	int32_t row = entRow[j];
+	if (row < 0) {
+		return;
+	}
+	int64_t t = entTok[j];
+	uint8_t *base = peerBase[entDest[j]];
+	copy_units(base + row * rowBytes, x + t * rowBytes, rowBytes / unit, unit);
+	if (w != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
+		float *pw = (float *)(base + wOff);
+		pw[(int64_t)row * topk + threadIdx.x] = w[t * topk + threadIdx.x];
+	}
+}
+
+// goep_ep_scatter copies, for every row i < rows with dst = dstRow[i] >= 0,
+// row i of z (rowBytes) to row dst of the rows area of peer dstRank[i]
+// (peerBase[dstRank[i]]) and, when zw is not null, zw[i*K:(i+1)*K] to the
+// peer's weights area (peerBase + wOff) at dst*K. Blocks: grid.x = rows,
+// grid.y chunks of the row's units.
+extern "C" __global__ void goep_ep_scatter(const uint8_t *z, const float *zw,
+					   const int32_t *dstRank, const int32_t *dstRow,
+					   int64_t rows, uint8_t *const *peerBase, int64_t rowBytes,
+					   int64_t wOff, int32_t topk, int32_t unit)
+{
+	int64_t i = blockIdx.x;
+	if (i >= rows) {
+		return;
+	}
+	int32_t dst = dstRow[i];
+	if (dst < 0) {
+		return;
+	}
+	uint8_t *base = peerBase[dstRank[i]];
+	copy_units(base + (int64_t)dst * rowBytes, z + i * rowBytes, rowBytes / unit, unit);
+	if (zw != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
+		float *pw = (float *)(base + wOff);
+		pw[(int64_t)dst * topk + threadIdx.x] = zw[i * topk + threadIdx.x];
+	}
+}
+
+// goep_ep_copy_out writes the received rows to a call's outputs: with n =
+// min(counts[0], rowCap) when counts is not null, else rows (by value), row
+// i < n of out is row i of the rows area src and row i of outW (when not
+// null) is srcW[i*K+k] where idx[i*K+k] >= 0, else 0; rows [n, rowCap) of
+// out and outW are zero. Blocks: grid.x = rowCap, grid.y chunks.
+extern "C" __global__ void goep_ep_copy_out(uint8_t *out, float *outW, const uint8_t *src,
+					    const float *srcW, const int32_t *idx,
+					    const int32_t *counts, int64_t rows, int64_t rowCap,
+					    int64_t rowBytes, int32_t topk, int32_t unit)
+{
+	int64_t i = blockIdx.x;
+	if (i >= rowCap) {
+		return;
+	}
+	int64_t n = rows;
+	if (counts != nullptr) {
+		n = counts[0] < rowCap ? counts[0] : rowCap;
+	}
+	if (out != nullptr) {
+		if (i < n) {
+			copy_units(out + i * rowBytes, src + i * rowBytes, rowBytes / unit, unit);
+		} else {
+			zero_units(out + i * rowBytes, rowBytes / unit, unit);
+		}
+	}
+	if (outW != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
+		int64_t s = i * topk + threadIdx.x;
+		outW[s] = (i < n && idx[s] >= 0) ? srcW[s] : 0.0f;
+	}
+}
+
+// goep_ep_sum_* is the combine sum on the source (executor.sumRows): for
+// token t < tokens, the terms are the rows of the rows area src at row
+// t*width + c for c < width with live[t*width+c] >= 0, in c order
+// (destinations ascending); out[t] is their fp32 sum from the first term
+// (add: NaNs as on the host), rounded to the dtype once, zero without
+// terms. When gw is not null, gw[t*K+k] = srcW[slot[t*K+k]*K + k] for
+// slot >= 0, else 0. Blocks: grid.x = tokens, grid.y chunks of the row's
+// units; a unit is V elements (16 bytes) when vec, else one element.
+template <bool BF16, int V>
+__device__ __forceinline__ void sum_rows(uint8_t *out, float *gw, const uint8_t *src,
+					 const float *srcW, const int32_t *live, const int32_t *slot,
+					 int64_t tokens, int32_t width, int64_t hidden, int32_t topk,
+					 uint32_t dnan)
+{
+	int64_t t = blockIdx.x;
+	if (t >= tokens) {
+		return;
+	}
+	const int64_t es = BF16 ? 2 : 4;
+	const int64_t rowBytes = hidden * es;
+	const int64_t units = hidden / V;
+	for (int64_t u = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; u < units;
+	     u += (int64_t)gridDim.y * blockDim.x) {
+		float acc[V];
+		bool any = false;
+		for (int32_t c = 0; c < width; c++) {
+			int64_t r = t * width + c;
+			if (live[r] < 0) {
+				continue;
+			}
+			const uint8_t *row = src + r * rowBytes + u * V * es;
+			float f[V];
+			if (BF16) {
+				if (V == 8) {
+					uint4 q = *(const uint4 *)row;
+					uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						f[2 * e] = __uint_as_float(wq[e] << 16);
+						f[2 * e + 1] = __uint_as_float(wq[e] & 0xffff0000u);
+					}
+				} else {
+#pragma unroll
+					for (int e = 0; e < V; e++) {
+						f[e] = __uint_as_float((uint32_t)((const uint16_t *)row)[e] << 16);
+					}
+				}
+			} else {
+				if (V == 4) {
+					uint4 q = *(const uint4 *)row;
+					f[0] = __uint_as_float(q.x);
+					f[1] = __uint_as_float(q.y);
+					f[2] = __uint_as_float(q.z);
+					f[3] = __uint_as_float(q.w);
+				} else {
+#pragma unroll
+					for (int e = 0; e < V; e++) {
+						f[e] = ((const float *)row)[e];
+					}
+				}
+			}
+#pragma unroll
+			for (int e = 0; e < V; e++) {
+				acc[e] = any ? add(acc[e], f[e], dnan) : f[e];
+			}
+			any = true;
+		}
+		uint8_t *o = out + t * rowBytes + u * V * es;
+		if (!any) {
+#pragma unroll
+			for (int e = 0; e < V; e++) {
+				acc[e] = 0.0f;
+			}
+		}
+		if (BF16) {
+			if (V == 8) {
+				uint32_t wq[4];
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					wq[e] = to_bf16(acc[2 * e]) | (to_bf16(acc[2 * e + 1]) << 16);
+				}
+				*(uint4 *)o = make_uint4(wq[0], wq[1], wq[2], wq[3]);
+			} else {
+#pragma unroll
+				for (int e = 0; e < V; e++) {
+					((uint16_t *)o)[e] = (uint16_t)to_bf16(acc[e]);
+				}
+			}
+		} else {
+			if (V == 4) {
+				*(uint4 *)o = make_uint4(__float_as_uint(acc[0]), __float_as_uint(acc[1]),
+							 __float_as_uint(acc[2]), __float_as_uint(acc[3]));
+			} else {
+#pragma unroll
+				for (int e = 0; e < V; e++) {
+					((float *)o)[e] = acc[e];
+				}
+			}
+		}
+	}
+	if (gw != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
+		int64_t s = t * topk + threadIdx.x;
+		int32_t r = slot[s];
+		gw[s] = r >= 0 ? srcW[(int64_t)r * topk + threadIdx.x] : 0.0f;
+	}
+}
+
+extern "C" __global__ void goep_ep_sum_bf16(uint8_t *out, float *gw, const uint8_t *src,
+					    const float *srcW, const int32_t *live,
+					    const int32_t *slot, int64_t tokens, int32_t width,
+					    int64_t hidden, int32_t topk, int32_t vec, uint32_t dnan)
+{
+	if (vec) {
+		sum_rows<true, 8>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
+	} else {
+		sum_rows<true, 1>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
+	}
+}
+
+extern "C" __global__ void goep_ep_sum_fp32(uint8_t *out, float *gw, const uint8_t *src,
+					    const float *srcW, const int32_t *live,
+					    const int32_t *slot, int64_t tokens, int32_t width,
+					    int64_t hidden, int32_t topk, int32_t vec, uint32_t dnan)
+{
+	if (vec) {
+		sum_rows<false, 4>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
+	} else {
+		sum_rows<false, 1>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
+	}
+}

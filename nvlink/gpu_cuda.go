@@ -1,0 +1,161 @@
+//go:build cuda && cgo
+
+package nvlink
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+)
+
+// GPUWindows are a domain's GPU memory windows: every rank allocates one
+// buffer per region (sizes equal on all ranks), exports it with CUDA IPC,
+// all-gathers the handles through the group and maps every peer's. Kernels
+// then store straight into peers' buffers (NVLink between GPUs, or the one
+// GPU's memory when processes share it). Ranks of one process use each
+// other's addresses directly; they must then share one GPU.
+type GPUWindows struct {
+	b *device.CUDA
+	// Own[i] is this rank's buffer of region i (zeroed at creation).
+	Own []*device.Buffer
+	// Peers[i][p] is rank p's buffer of region i as mapped here
+	// (Peers[i][me] is Own[i]).
+	Peers [][]*device.Buffer
+}
+
+// gpuHandleSize is the encoded size of one region's device.GPUShareHandle.
+const gpuHandleSize = 8 + 8 + 8 + 64
+
+func encodeGPUHandle(b []byte, h device.GPUShareHandle) {
+	binary.LittleEndian.PutUint64(b[0:], uint64(h.PID))
+	binary.LittleEndian.PutUint64(b[8:], h.Addr)
+	binary.LittleEndian.PutUint64(b[16:], uint64(h.Size))
+	copy(b[24:], h.IPC[:])
+}
+
+func decodeGPUHandle(b []byte) device.GPUShareHandle {
+	h := device.GPUShareHandle{
+		PID:  int(binary.LittleEndian.Uint64(b[0:])),
+		Addr: binary.LittleEndian.Uint64(b[8:]),
+		Size: int(binary.LittleEndian.Uint64(b[16:])),
+	}
+	copy(h.IPC[:], b[24:])
+	return h
+}
+
+// MapGPU creates the windows (collective over g): it allocates and zeroes
+// this rank's regions on s, exchanges the handles and opens every peer's.
+// A rank that fails still joins both exchanges (handles, then open
+// results), so every rank returns an error naming the rank that failed.
+func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int) (*GPUWindows, error) {
+	w := &GPUWindows{b: s.CUDA()}
+	me, R := g.Rank(), g.Size()
+	payload := make([]byte, 1+len(sizes)*gpuHandleSize)
+	lerr := func() error {
+		for i, n := range sizes {
+			buf, h, err := w.b.AllocShared(n)
+			if err != nil {
+				return fmt.Errorf("region %d (%d bytes): %w", i, n, err)
+			}
+			w.Own = append(w.Own, buf)
+			if err := s.Memset(buf, 0, n, 0); err != nil {
+				return fmt.Errorf("zero region %d: %w", i, err)
+			}
+			encodeGPUHandle(payload[1+i*gpuHandleSize:], h)
+		}
+		return s.Synchronize(ctx)
+	}()
+	if lerr != nil {
+		payload = append([]byte{1}, lerr.Error()...)
+	}
+	all, err := g.AllGather(ctx, payload)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("nvlink: exchange GPU handles: %w", err), w.Close())
+	}
+	if err := firstFailure(all, "allocate GPU windows"); err != nil {
+		return nil, errors.Join(err, w.Close())
+	}
+	w.Peers = make([][]*device.Buffer, len(sizes))
+	oerr := func() error {
+		for i := range sizes {
+			w.Peers[i] = make([]*device.Buffer, R)
+			for p := range R {
+				if p == me {
+					w.Peers[i][p] = w.Own[i]
+					continue
+				}
+				raw := all[p][1+i*gpuHandleSize : 1+(i+1)*gpuHandleSize]
+				b, err := w.b.OpenShared(decodeGPUHandle(raw))
+				if err != nil {
+					return fmt.Errorf("open region %d of rank %d: %w", i, p, err)
+				}
+				w.Peers[i][p] = b
+			}
+		}
+		return nil
+	}()
+	status := []byte{0}
+	if oerr != nil {
+		status = append([]byte{1}, oerr.Error()...)
+	}
+	all, err = g.AllGather(ctx, status)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("nvlink: exchange GPU open results: %w", err), w.Close())
+	}
+	if err := firstFailure(all, "open GPU windows"); err != nil {
+		return nil, errors.Join(err, w.Close())
+	}
+	return w, nil
+}
+
+// firstFailure returns the error of the first rank whose payload starts
+// with 1.
+func firstFailure(all [][]byte, op string) error {
+	for p, b := range all {
+		if len(b) == 0 {
+			return fmt.Errorf("nvlink: %s: empty reply from rank %d", op, p)
+		}
+		if b[0] == 1 {
+			return fmt.Errorf("nvlink: %s: rank %d: %s", op, p, b[1:])
+		}
+	}
+	return nil
+}
+
+// Close unmaps the peers' regions and frees this rank's. The caller makes
+// sure that no queued work here or at a peer still uses them (a barrier
+// after synchronizing).
+func (w *GPUWindows) Close() error {
+	if w == nil {
+		return nil
+	}
+	var errs []error
+	for i := range w.Peers {
+		for _, b := range w.Peers[i] {
+			if b != nil && !isOwn(w.Own, b) {
+				errs = append(errs, w.b.FreeShared(b))
+			}
+		}
+	}
+	for _, b := range w.Own {
+		errs = append(errs, w.b.FreeShared(b))
+	}
+	w.Own, w.Peers = nil, nil
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("nvlink: close GPU windows: %w", err)
+	}
+	return nil
+}
+
+func isOwn(own []*device.Buffer, b *device.Buffer) bool {
+	for _, o := range own {
+		if o == b {
+			return true
+		}
+	}
+	return false
+}
