@@ -9,10 +9,14 @@
 // A Context (ucp_init, features RMA and AMO64), its Workers (thread mode
 // serialized: every call on a worker, its endpoints and its requests takes
 // the worker's mutex, so any goroutine may use them), worker addresses,
-// Endpoints created from a peer's address (with peer error handling: a
-// peer whose process died or whose connection broke makes the endpoint
-// report an error instead of hanging), memory mapping of a caller's region
-// (ucp_mem_map of an address and length), remote keys (pack, unpack,
+// Endpoints created from a peer's address (ErrorModePeer: a peer whose
+// process died or whose connection broke makes the endpoint report an
+// error instead of hanging; UCX 1.13 then avoids shared-memory transports,
+// which cannot detect it, so ErrorModeNone exists for them), memory mapping
+// of a caller's region (ucp_mem_map of an address and length) or of memory
+// UCX allocates (UCP_MEM_MAP_ALLOCATE: shared memory first, which peers on
+// the host write with plain stores; RMA into other memory over shared
+// memory is emulated with active messages), remote keys (pack, unpack,
 // destroy), non-blocking put (ucp_put_nbx) and 64-bit atomic add
 // (ucp_atomic_op_nbx, UCP_ATOMIC_OP_ADD), fence, flush (endpoint and
 // worker, ucp_*_flush_nbx), progress (ucp_worker_progress) and request
@@ -40,7 +44,7 @@
 //	w, err := ctx.NewWorker()
 //	defer w.Close()
 //	addr, err := w.Address()                           // send to the peer
-//	ep, err := w.Connect(peerAddr)
+//	ep, err := w.Connect(peerAddr, ucx.ErrorModePeer)
 //	mem, err := ctx.MemMap(region)                     // region from mmap
 //	rkey, err := mem.PackRkey()                        // send to the peer
 //	rk, err := ep.UnpackRkey(peerRkey)

@@ -69,6 +69,32 @@ static ucs_status_t goep_mem_map(ucp_context_h c, void *addr, size_t n, ucp_mem_
 	return ucp_mem_map(c, &p, out);
 }
 
+// goep_mem_alloc has UCX allocate n bytes (UCP_MEM_MAP_ALLOCATE: from its
+// allocators, shared memory first, so that peers on the host can map it) and
+// returns the address.
+static ucs_status_t goep_mem_alloc(ucp_context_h c, size_t n, ucp_mem_h *out, void **addr) {
+	ucp_mem_map_params_t p;
+	memset(&p, 0, sizeof p);
+	p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+	p.address = NULL;
+	p.length = n;
+	p.flags = UCP_MEM_MAP_ALLOCATE;
+	ucs_status_t st = ucp_mem_map(c, &p, out);
+	if (st != UCS_OK) {
+		return st;
+	}
+	ucp_mem_attr_t a;
+	memset(&a, 0, sizeof a);
+	a.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+	st = ucp_mem_query(*out, &a);
+	if (st != UCS_OK) {
+		ucp_mem_unmap(c, *out);
+		return st;
+	}
+	*addr = a.address;
+	return UCS_OK;
+}
+
 static ucs_status_ptr_t goep_put(ucp_ep_h ep, uintptr_t buf, size_t n, uint64_t raddr, ucp_rkey_h rkey, ucp_mem_h memh) {
 	ucp_request_param_t p;
 	memset(&p, 0, sizeof p);
@@ -247,7 +273,7 @@ func (c *Context) NewWorkerMode(mode ThreadMode) (*Worker, error) {
 type MemHandle struct {
 	c    *Context
 	h    C.ucp_mem_h
-	base uintptr
+	base unsafe.Pointer
 	n    int
 }
 
@@ -266,7 +292,7 @@ func (c *Context) MemMap(region []byte) (*MemHandle, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &MemHandle{c: c, base: uintptr(unsafe.Pointer(&region[0])), n: len(region)}
+	m := &MemHandle{c: c, base: unsafe.Pointer(&region[0]), n: len(region)}
 	if err := status("ucp_mem_map", C.goep_mem_map(h, unsafe.Pointer(&region[0]), C.size_t(len(region)), &m.h)); err != nil {
 		return nil, err
 	}
@@ -274,8 +300,40 @@ func (c *Context) MemMap(region []byte) (*MemHandle, error) {
 	return m, nil
 }
 
+// MemAlloc has UCX allocate and map n bytes (ucp_mem_map with
+// UCP_MEM_MAP_ALLOCATE, then ucp_mem_query for the address). UCX allocates
+// from shared memory first (UCX_ALLOC_PRIO), so peers on this host put
+// into it with plain stores through the mapped segment, not through
+// emulated RMA; Bytes is the region. Close frees it: the slice must not be
+// used afterwards.
+func (c *Context) MemAlloc(n int) (*MemHandle, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("ucx: ucp_mem_map(allocate): %d bytes", n)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, err := c.handle("ucp_mem_map(allocate)")
+	if err != nil {
+		return nil, err
+	}
+	m := &MemHandle{c: c, n: n}
+	var addr unsafe.Pointer
+	if err := status("ucp_mem_map(allocate)", C.goep_mem_alloc(h, C.size_t(n), &m.h, &addr)); err != nil {
+		return nil, err
+	}
+	m.base = addr
+	c.mems[m] = struct{}{}
+	return m, nil
+}
+
+// Bytes is the mapped region (for MemAlloc's memory; for MemMap's, the
+// caller's region).
+func (m *MemHandle) Bytes() []byte {
+	return unsafe.Slice((*byte)(m.base), m.n)
+}
+
 // Address is the region's base address, which peers add offsets to.
-func (m *MemHandle) Address() uint64 { return uint64(m.base) }
+func (m *MemHandle) Address() uint64 { return uint64(uintptr(m.base)) }
 
 // Len is the region's length in bytes.
 func (m *MemHandle) Len() int { return m.n }
@@ -399,7 +457,10 @@ func (w *Worker) Flush(ctx context.Context) error {
 }
 
 // Close force-closes the worker's remaining endpoints (destroying their
-// remote keys) and destroys the worker (ucp_worker_destroy). A second Close
+// remote keys) and destroys the worker (ucp_worker_destroy). An
+// ErrorModeNone endpoint to a dead peer can be neither forced nor flushed
+// closed, and UCX 1.13 aborts the process if the worker is destroyed with
+// it: leave such a worker (and its context) alone. A second Close
 // does nothing.
 func (w *Worker) Close() error {
 	w.mu.Lock()
@@ -411,7 +472,7 @@ func (w *Worker) Close() error {
 	w.mu.Unlock()
 	var first error
 	for _, ep := range eps {
-		if err := ep.closeForce(); err != nil && first == nil {
+		if err := ep.CloseForce(); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -570,6 +631,7 @@ const spinFor = 100 * time.Millisecond
 // operation fails with it.
 type Endpoint struct {
 	w     *Worker
+	mode  ErrorMode
 	h     C.ucp_ep_h
 	slot  *C.ucs_status_t // written by goep_ep_failed; C memory
 	rkeys map[*RemoteKey]struct{}
@@ -594,7 +656,7 @@ func (w *Worker) Connect(addr []byte, mode ErrorMode) (*Endpoint, error) {
 	}
 	ca := C.CBytes(addr)
 	defer C.free(ca)
-	ep := &Endpoint{w: w, slot: (*C.ucs_status_t)(C.malloc(C.sizeof_ucs_status_t)), rkeys: map[*RemoteKey]struct{}{}}
+	ep := &Endpoint{w: w, mode: mode, slot: (*C.ucs_status_t)(C.malloc(C.sizeof_ucs_status_t)), rkeys: map[*RemoteKey]struct{}{}}
 	*ep.slot = C.UCS_OK
 	if err := status("ucp_ep_create", C.goep_ep_create(h, ca, C.int(mode), ep.slot, &ep.h)); err != nil {
 		C.free(unsafe.Pointer(ep.slot))
@@ -761,7 +823,7 @@ func (ep *Endpoint) Close(ctx context.Context) error {
 	failed := *ep.slot != C.UCS_OK
 	ep.w.mu.Unlock()
 	if failed {
-		return ep.closeForce()
+		return ep.CloseForce()
 	}
 	ep.w.mu.Lock()
 	for k := range ep.rkeys {
@@ -781,9 +843,14 @@ func (ep *Endpoint) Close(ctx context.Context) error {
 	return err
 }
 
-// closeForce closes the endpoint at once (UCP_EP_CLOSE_FLAG_FORCE),
-// progressing the worker until UCX has released it (bounded).
-func (ep *Endpoint) closeForce() error {
+// CloseForce destroys the endpoint's remote keys and closes it at once
+// (UCP_EP_CLOSE_FLAG_FORCE: nothing is flushed and the peer is not
+// contacted), progressing the worker until UCX has released it (bounded).
+// For a failed endpoint, or after the caller has flushed and knows the
+// peer is done with it. UCX refuses a forced close without peer error
+// handling: an ErrorModeNone endpoint is closed in flush mode instead
+// (bounded by the same wait). A second close does nothing.
+func (ep *Endpoint) CloseForce() error {
 	ep.w.mu.Lock()
 	if ep.h == nil || ep.w.h == nil {
 		ep.w.mu.Unlock()
@@ -792,7 +859,11 @@ func (ep *Endpoint) closeForce() error {
 	for k := range ep.rkeys {
 		k.destroy()
 	}
-	r, err := ep.w.request("ucp_ep_close_nbx(force)", C.goep_ep_close(ep.h, 1), nil)
+	op, force := "ucp_ep_close_nbx(force)", C.int(1)
+	if ep.mode == ErrorModeNone {
+		op, force = "ucp_ep_close_nbx", 0
+	}
+	r, err := ep.w.request(op, C.goep_ep_close(ep.h, force), nil)
 	ep.w.mu.Unlock()
 	if err == nil && r != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), forceCloseWait)

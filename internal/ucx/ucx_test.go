@@ -334,3 +334,63 @@ func TestVersion(t *testing.T) {
 	}
 	t.Log("libucp", v)
 }
+
+// TestMemAlloc puts into memory UCX allocated (shared memory first), which
+// peers on the host write with plain stores.
+func TestMemAlloc(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			const n = 256 << 10
+			p := newPair(t, tr.opts, tr.mode, n)
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			m, err := p.ctx.MemAlloc(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst := m.Bytes()
+			if len(dst) != n || m.Len() != n || m.Address() == 0 {
+				t.Fatalf("MemAlloc: %d bytes at %#x", len(dst), m.Address())
+			}
+			packed, err := m.PackRkey()
+			if err != nil {
+				t.Fatal(err)
+			}
+			rk, err := p.ab.UnpackRkey(packed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for off := 0; off < n; off += 8 {
+				binary.LittleEndian.PutUint64(p.src[off:], uint64(off)*3+1)
+			}
+			req, err := p.ab.Put(p.src[:n-8], m.Address(), rk, p.srcMem)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.a.Fence(); err != nil {
+				t.Fatal(err)
+			}
+			add, err := p.ab.AtomicAdd(7, m.Address()+n-8, rk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := errors.Join(req.Wait(ctx), add.Wait(ctx), p.ab.Flush(ctx)); err != nil {
+				t.Fatal(err)
+			}
+			for off := 0; off < n-8; off += 8 {
+				if got := binary.LittleEndian.Uint64(dst[off:]); got != uint64(off)*3+1 {
+					t.Fatalf("word at %d is %d", off, got)
+				}
+			}
+			if got := atomic.LoadUint64((*uint64)(unsafe.Pointer(&dst[n-8]))); got != 7 {
+				t.Fatalf("counter %d, want 7", got)
+			}
+			if err := errors.Join(rk.Close(), m.Close(), m.Close()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.ctx.MemAlloc(0); err == nil {
+				t.Fatal("MemAlloc(0) accepted")
+			}
+		})
+	}
+}
