@@ -196,6 +196,9 @@ type CUDAStream struct {
 	err    error // first error since the last Synchronize
 	closed bool
 	held   []any // what queued work uses; dropped (funcs called) when it is done
+
+	captureFrom int  // len(held) when the current capture began
+	capturing   bool // between BeginCapture and EndCapture
 }
 
 // Backend implements Stream.
@@ -488,7 +491,9 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 			return s.fail(task, fmt.Errorf("argument %d: type %T unsupported (use int32, uint32, int64, uint64, float32, *Buffer or *Tensor)", i, a))
 		}
 	}
-	if s.c.checkPointers.Load() {
+	// Memory allocated during a capture (graph memory nodes) is not mapped
+	// until the graph runs, so captured launches are not checked.
+	if s.c.checkPointers.Load() && !s.capturing {
 		for i, a := range cargs {
 			p, ok := a.(cuda.DevicePtr)
 			if !ok || p == 0 {
@@ -589,4 +594,55 @@ func (s *CUDAStream) UploadBuffer(ctx context.Context, b *Buffer, data []byte) e
 		return fmt.Errorf("device: CUDA upload of %d bytes into a %d-byte buffer", len(data), b.size)
 	}
 	return s.upload(ctx, b, data)
+}
+
+// Graph is GPU work captured from a CUDA stream, replayable with Launch.
+type Graph struct {
+	g    *cuda.Graph
+	held []any
+}
+
+// BeginCapture starts recording the work enqueued on s into a graph
+// instead of running it (stream capture). Only work that needs no host
+// synchronization can be captured: kernels, copies between device
+// buffers, memsets, stream-ordered allocations and frees.
+func (s *CUDAStream) BeginCapture() error {
+	s.mu.Lock()
+	n := len(s.held)
+	s.mu.Unlock()
+	s.captureFrom = n
+	if err := s.s.BeginCapture(); err != nil {
+		return s.fail("begin capture", err)
+	}
+	s.capturing = true
+	return nil
+}
+
+// EndCapture ends the capture and returns the graph. The buffers the
+// captured work uses stay referenced by the graph until Close.
+func (s *CUDAStream) EndCapture() (*Graph, error) {
+	s.capturing = false
+	g, err := s.s.EndCapture()
+	if err != nil {
+		return nil, s.fail("end capture", err)
+	}
+	s.mu.Lock()
+	held := append([]any(nil), s.held[min(s.captureFrom, len(s.held)):]...)
+	s.mu.Unlock()
+	return &Graph{g: g, held: held}, nil
+}
+
+// Launch enqueues the graph's work on s.
+func (g *Graph) Launch(s *CUDAStream) error {
+	if err := g.g.Launch(s.s); err != nil {
+		return s.fail("graph launch", err)
+	}
+	s.hold(g)
+	return nil
+}
+
+// Close destroys the graph; its launches must have completed.
+func (g *Graph) Close() error {
+	g.held = nil
+	return g.g.Close()
 }

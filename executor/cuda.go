@@ -317,41 +317,37 @@ func unitOf(rowBytes int, bufs ...*device.Buffer) int32 {
 	return 1
 }
 
-// layout runs the layout on the host and uploads the handle's tables.
-func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor) (*Handle, error) {
+// layout runs the layout on the host and uploads the handle's tables (in
+// place for a Relayout: same sizes, same addresses).
+func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, sig [4]uint64) error {
 	e, cfg := g.e, g.e.cfg
 	raw, err := g.s.DownloadBuffer(ctx, idx.Buffer())
 	if err != nil {
-		h.counts.Close()
-		return nil, e.noteFailure(err)
+		return e.noteFailure(err)
 	}
 	hidx, err := device.NewTensor(e.stream, device.Int32, idx.Shape()...)
 	if err != nil {
-		h.counts.Close()
-		return nil, err
+		return err
 	}
 	defer hidx.Close()
 	copy(hidx.Bytes(), raw)
 	var routing [][]int32
+	var lay *Layout
 	e.stream.Go("layout", func() error {
-		return e.exchange(nvlink.Call{Op: opLayout, Sig: [4]uint64{h.id}, Buffers: []*device.Buffer{hidx.Buffer()}}, func(peers [][]*device.Buffer) error {
+		return e.exchange(nvlink.Call{Op: opLayout, Sig: sig, Buffers: []*device.Buffer{hidx.Buffer()}}, func(peers [][]*device.Buffer) error {
 			routing = make([][]int32, len(peers))
 			for p := range peers {
 				routing[p] = append([]int32(nil), permute.Int32s(peers[p][0].Host())...)
 			}
-			lay, err := ComputeLayout(e.rank, cfg, routing)
-			if err != nil {
-				return err
-			}
-			h.lay = lay
-			return nil
+			var err error
+			lay, err = ComputeLayout(e.rank, cfg, routing)
+			return err
 		})
 	})
 	if err := e.stream.Synchronize(ctx); err != nil {
-		h.counts.Close()
-		return nil, e.noteFailure(err)
+		return e.noteFailure(err)
 	}
-	lay := h.lay
+	h.lay = lay
 	if cfg.Mode == Capacity {
 		h.recvRows, h.permRows = cfg.MaxRecvTokens, cfg.MaxPermutedTokens
 	} else {
@@ -364,23 +360,19 @@ func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor) (
 		counts[countOverflow] = 1
 	}
 	if err := g.s.UploadBuffer(ctx, h.counts.Buffer(), device.EncodeInt32(counts)); err != nil {
-		h.counts.Close()
-		return nil, e.noteFailure(err)
+		return e.noteFailure(err)
 	}
 	if cfg.Mode == Capacity && cfg.Overflow == OverflowError {
 		if err := capacityCheck(lay, cfg); err != nil && g.pending == nil {
 			g.pending = err
 		}
 	}
-	if h.gpu, err = g.tables(ctx, h, lay, routing); err != nil {
-		h.counts.Close()
-		return nil, err
-	}
-	return h, nil
+	h.gpu, err = g.tables(ctx, h, lay, routing, h.gpu)
+	return err
 }
 
 // tables builds and uploads a handle's device tables.
-func (g *gpuEngine) tables(ctx context.Context, h *Handle, lay *Layout, routing [][]int32) (*gpuTables, error) {
+func (g *gpuEngine) tables(ctx context.Context, h *Handle, lay *Layout, routing [][]int32, old *gpuTables) (*gpuTables, error) {
 	e := g.e
 	T, K, W, L := lay.NumTokens, g.K, g.W, e.local
 	rowCap := h.recvRows
@@ -443,6 +435,16 @@ func (g *gpuEngine) tables(ctx context.Context, h *Handle, lay *Layout, routing 
 		recvEnt[i] = int32(t*W + c)
 		copy(recvIdx[i*K:(i+1)*K], lay.RecvIdx[i*K:(i+1)*K])
 		copy(pos[i*K:(i+1)*K], lay.Pos[i*K:(i+1)*K])
+	}
+	if old != nil {
+		if old.all.Len() != max(total, 1) {
+			return old, fmt.Errorf("executor: relayout: tables of %d entries, the handle has %d", total, old.all.Len())
+		}
+		if err := g.s.UploadBuffer(ctx, old.all.Buffer(), device.EncodeInt32(host)); err != nil {
+			return old, e.noteFailure(err)
+		}
+		old.n = n
+		return old, nil
 	}
 	all, err := device.NewTensor(g.s, device.Int32, max(total, 1))
 	if err != nil {

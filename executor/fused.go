@@ -2,6 +2,8 @@ package executor
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/nvlink"
@@ -29,8 +31,64 @@ func (e *Engine) DispatchPermute(ctx context.Context, h *Handle, in DispatchInpu
 		return DispatchPermuteOutput{}, err
 	}
 	out := DispatchPermuteOutput{X: o[0], Weights: o[1], RecvIdx: o[2], RecvWeights: o[3]}
+	return out, e.dispatchPermute(h, x, w, out)
+}
+
+// DispatchPermuteInto is DispatchPermute writing into outputs the caller
+// allocated (shapes and dtypes as DispatchPermute's; Weights and
+// RecvWeights given exactly when TopkWeights is). In capacity mode it needs
+// no host synchronization and no allocation, so it can be captured into a
+// CUDA graph (device.CUDAStream.BeginCapture on Engine.Stream).
+func (e *Engine) DispatchPermuteInto(ctx context.Context, h *Handle, in DispatchInput, out DispatchPermuteOutput) error {
+	if err := e.checkHandle(h); err != nil {
+		return e.reject(opDispatchPermute, err)
+	}
+	err := e.checkDispatchInput(h, in)
+	if err == nil {
+		K, H, w := e.cfg.TopK, e.cfg.Hidden, in.TopkWeights != nil
+		err = errors.Join(
+			checkTensor("dispatch-permute: output X", out.X, in.X.DType(), h.permRows, H),
+			checkTensor("dispatch-permute: output RecvIdx", out.RecvIdx, device.Int32, h.recvRows, K),
+			checkOptional("dispatch-permute: output RecvWeights", out.RecvWeights, w, device.FP32, h.recvRows, K),
+			checkOptional1("dispatch-permute: output Weights", out.Weights, w, h.permRows))
+	}
+	if err != nil {
+		return e.reject(opDispatchPermute, err)
+	}
+	return e.dispatchPermute(h, in.X, in.TopkWeights, out)
+}
+
+// checkOptional checks a 2-D output that must be given exactly when want.
+func checkOptional(name string, t *device.Tensor, want bool, dt device.DType, rows, cols int) error {
+	switch {
+	case !want && t != nil:
+		return fmt.Errorf("executor: %s given without weights: %w", name, ErrInvalidInput)
+	case !want:
+		return nil
+	}
+	return checkTensor(name, t, dt, rows, cols)
+}
+
+// checkOptional1 checks a 1-D FP32 output of rows elements that must be
+// given exactly when want.
+func checkOptional1(name string, t *device.Tensor, want bool, rows int) error {
+	switch {
+	case !want && t != nil:
+		return fmt.Errorf("executor: %s given without weights: %w", name, ErrInvalidInput)
+	case !want:
+		return nil
+	case t == nil:
+		return fmt.Errorf("executor: %s is nil: %w", name, ErrInvalidInput)
+	case t.DType() != device.FP32 || len(t.Shape()) != 1 || t.Shape()[0] != rows:
+		return fmt.Errorf("executor: %s is %v, want fp32[%d]: %w", name, t, rows, ErrInvalidInput)
+	}
+	return nil
+}
+
+// dispatchPermute enqueues DispatchPermute into out.
+func (e *Engine) dispatchPermute(h *Handle, x, w *device.Tensor, out DispatchPermuteOutput) error {
 	if e.gpu != nil {
-		return out, e.gpu.dispatchPermute(h, x, w, out)
+		return e.gpu.dispatchPermute(h, x, w, out)
 	}
 	e.stream.Go("dispatch-permute", func() error {
 		lay, err := e.ready(h)
@@ -45,7 +103,7 @@ func (e *Engine) DispatchPermute(ctx context.Context, h *Handle, in DispatchInpu
 				return nil
 			})
 	})
-	return out, nil
+	return nil
 }
 
 // gatherPermuted writes each received row i < n (pulled from its source's
@@ -88,13 +146,34 @@ func (e *Engine) UnpermuteCombine(ctx context.Context, h *Handle, in UnpermuteIn
 	if err := e.checkUnpermuteInput(h, in); err != nil {
 		return nil, e.reject(opUnpermuteCombine, err)
 	}
-	y, w := in.Y, in.RecvWeights
-	out, err := e.NewTensor(y.DType(), h.numTokens, e.cfg.Hidden)
+	out, err := e.NewTensor(in.Y.DType(), h.numTokens, e.cfg.Hidden)
 	if err != nil {
 		return nil, err
 	}
+	return out, e.unpermuteCombine(h, in.Y, in.RecvWeights, out)
+}
+
+// UnpermuteCombineInto is UnpermuteCombine writing into out ([T, Hidden],
+// Y's dtype), which the caller allocated: capturable into a CUDA graph in
+// capacity mode, like DispatchPermuteInto.
+func (e *Engine) UnpermuteCombineInto(ctx context.Context, h *Handle, in UnpermuteInput, out *device.Tensor) error {
+	if err := e.checkHandle(h); err != nil {
+		return e.reject(opUnpermuteCombine, err)
+	}
+	err := e.checkUnpermuteInput(h, in)
+	if err == nil {
+		err = checkTensor("unpermute-combine: output", out, in.Y.DType(), h.numTokens, e.cfg.Hidden)
+	}
+	if err != nil {
+		return e.reject(opUnpermuteCombine, err)
+	}
+	return e.unpermuteCombine(h, in.Y, in.RecvWeights, out)
+}
+
+// unpermuteCombine enqueues UnpermuteCombine into out.
+func (e *Engine) unpermuteCombine(h *Handle, y, w, out *device.Tensor) error {
 	if e.gpu != nil {
-		return out, e.gpu.unpermuteCombine(h, y, w, out)
+		return e.gpu.unpermuteCombine(h, y, w, out)
 	}
 	e.stream.Go("unpermute-combine", func() error {
 		lay, err := e.ready(h)
@@ -107,7 +186,7 @@ func (e *Engine) UnpermuteCombine(ctx context.Context, h *Handle, in UnpermuteIn
 				return nil
 			})
 	})
-	return out, nil
+	return nil
 }
 
 func (e *Engine) checkUnpermuteInput(h *Handle, in UnpermuteInput) error {

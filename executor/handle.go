@@ -94,23 +94,14 @@ func (e *Engine) Layout(ctx context.Context, in LayoutInput) (*Handle, error) {
 	}
 	h := &Handle{e: e, id: e.handles, numTokens: idx.Rows(), counts: counts}
 	if e.gpu != nil {
-		return e.gpu.layout(ctx, h, idx)
+		if err := e.gpu.layout(ctx, h, idx, sig); err != nil {
+			counts.Close()
+			return nil, err
+		}
+		return h, nil
 	}
 	cfg := e.cfg
-	e.stream.Go("layout", func() error {
-		return e.exchange(nvlink.Call{Op: opLayout, Sig: sig, Buffers: []*device.Buffer{idx.Buffer()}}, func(peers [][]*device.Buffer) error {
-			routing := make([][]int32, len(peers))
-			for p := range peers {
-				routing[p] = permute.Int32s(peers[p][0].Host())
-			}
-			lay, err := ComputeLayout(e.rank, cfg, routing)
-			if err != nil {
-				return err
-			}
-			h.lay = lay
-			return e.finishLayout(h)
-		})
-	})
+	e.layoutTask(h, idx, sig)
 	if cfg.Mode == Capacity {
 		h.recvRows, h.permRows = cfg.MaxRecvTokens, cfg.MaxPermutedTokens
 		return h, nil
@@ -122,6 +113,55 @@ func (e *Engine) Layout(ctx context.Context, in LayoutInput) (*Handle, error) {
 	h.recvRows, h.permRows = h.lay.RecvCount, h.lay.PermutedCount
 	e.log.Named("layout").Debug("layout", zap.Int("rank", e.rank), zap.Int("recv", h.recvRows), zap.Int("permuted", h.permRows))
 	return h, nil
+}
+
+// layoutTask enqueues the host layout of idx into h.
+func (e *Engine) layoutTask(h *Handle, idx *device.Tensor, sig [4]uint64) {
+	e.stream.Go("layout", func() error {
+		return e.exchange(nvlink.Call{Op: opLayout, Sig: sig, Buffers: []*device.Buffer{idx.Buffer()}}, func(peers [][]*device.Buffer) error {
+			routing := make([][]int32, len(peers))
+			for p := range peers {
+				routing[p] = permute.Int32s(peers[p][0].Host())
+			}
+			lay, err := ComputeLayout(e.rank, e.cfg, routing)
+			if err != nil {
+				return err
+			}
+			h.lay = lay
+			return e.finishLayout(h)
+		})
+	})
+}
+
+// Relayout runs the layout of new routing into an existing handle
+// (collective, capacity mode only): the handle keeps its memory, sizes and
+// device addresses, so work captured into a CUDA graph with it (through the
+// Into calls) replays with the new routing. TopkIdx must have the handle's
+// token count. Errors come as with Layout in capacity mode. Queued work
+// that uses the handle runs with the routing it was queued with (stream
+// order).
+func (e *Engine) Relayout(ctx context.Context, h *Handle, in LayoutInput) error {
+	if err := e.checkHandle(h); err != nil {
+		return e.reject(opLayout, err)
+	}
+	idx := in.TopkIdx
+	err := e.checkTopk(idx)
+	if err == nil && e.cfg.Mode != Capacity {
+		err = fmt.Errorf("executor: relayout: %w: output sizes follow the routing in blocking mode (use Capacity mode)", ErrInvalidInput)
+	}
+	if err == nil && idx.Rows() != h.numTokens {
+		err = fmt.Errorf("executor: relayout: TopkIdx has %d tokens, the handle %d: %w", idx.Rows(), h.numTokens, ErrInvalidInput)
+	}
+	if err != nil {
+		return e.reject(opLayout, err)
+	}
+	e.handles++
+	sig := [4]uint64{e.handles}
+	if e.gpu != nil {
+		return e.gpu.layout(ctx, h, idx, sig)
+	}
+	e.layoutTask(h, idx, sig)
+	return nil
 }
 
 // finishLayout writes the device counts and applies the capacity policy

@@ -23,8 +23,8 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA) (*gpuEngine, e
 	return nil, fmt.Errorf("executor: CUDA path: %w: not compiled in (build with -tags cuda)", ErrUnsupported)
 }
 
-func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor) (*Handle, error) {
-	return nil, ErrUnsupported
+func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, sig [4]uint64) error {
+	return ErrUnsupported
 }
 func (g *gpuEngine) reject()                               {}
 func (g *gpuEngine) synchronize(ctx context.Context) error { return ErrUnsupported }

@@ -1,0 +1,234 @@
+//go:build cuda && cgo
+
+package executor_test
+
+import (
+	"context"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor"
+)
+
+var gpuBench = flag.Bool("gpu.bench", false, "run TestCUDABenchmark (needs a GPU)")
+
+func init() { extraModes["bench"] = benchRank }
+
+// benchShapes are the token counts per rank of TestCUDABenchmark
+// (DeepSeek-V3 decode and prefill).
+var benchShapes = []int{128, 4096}
+
+// benchRank measures one rank: for each token count, dispatch, combine,
+// dispatch-permute, unpermute-combine and a device-to-device copy of the
+// dispatch's received bytes, each timed with CUDA events on the engine's
+// stream after warm-up; every iteration's time is the maximum over ranks
+// (all-gathered). It returns, per shape, the medians and p90s in
+// microseconds and the bytes moved.
+func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
+	cfg := executor.Config{NumExperts: 256, TopK: 8, Hidden: 7168, MaxTokensPerRank: slices.Max(benchShapes)}
+	e, err := executor.New(ctx, g, b, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	s := e.Stream().(*device.CUDAStream)
+	const warm, iters = 5, 30
+	var res []map[string]string
+	for _, T := range benchShapes {
+		K, H := cfg.TopK, cfg.Hidden
+		rng := rand.New(rand.NewPCG(uint64(T), uint64(g.Rank())))
+		idx := make([]int32, T*K)
+		for t := range T {
+			for k, x := range rng.Perm(cfg.NumExperts)[:K] {
+				idx[t*K+k] = int32(x)
+			}
+		}
+		xs := make([]float32, T*H)
+		for i := range xs {
+			xs[i] = float32(rng.NormFloat64())
+		}
+		ti, _ := e.NewTensor(device.Int32, T, K)
+		xt, _ := e.NewTensor(device.BF16, T, H)
+		if err := device.Upload(ctx, ti, device.EncodeInt32(idx)); err != nil {
+			return nil, err
+		}
+		if err := device.Upload(ctx, xt, device.EncodeFloat32(device.BF16, xs)); err != nil {
+			return nil, err
+		}
+		h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+		if err != nil {
+			return nil, err
+		}
+		n := h.RecvRows()
+		nvlBytes := n * H * 2
+		z, _ := e.NewTensor(device.BF16, n, H)
+		cp, _ := e.NewTensor(device.BF16, max(n, 1), H)
+		dpo, err := e.DispatchPermute(ctx, h, executor.DispatchInput{X: xt})
+		if err != nil {
+			return nil, err
+		}
+		calls := []struct {
+			name string
+			run  func() error
+		}{
+			{"copy", func() error { return s.Copy(cp.Buffer(), 0, z.Buffer(), 0, nvlBytes) }},
+			{"dispatch", func() error {
+				o, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+				o.Close()
+				return err
+			}},
+			{"combine", func() error {
+				o, err := e.Combine(ctx, h, executor.CombineInput{Z: z})
+				o.Close()
+				return err
+			}},
+			{"dispatch-permute", func() error {
+				o, err := e.DispatchPermute(ctx, h, executor.DispatchInput{X: xt})
+				o.Close()
+				return err
+			}},
+			{"unpermute-combine", func() error {
+				o, err := e.UnpermuteCombine(ctx, h, executor.UnpermuteInput{Y: dpo.X})
+				o.Close()
+				return err
+			}},
+		}
+		r := map[string]string{"tokens": strconv.Itoa(T), "recv_rows": strconv.Itoa(n), "nvl_bytes": strconv.Itoa(nvlBytes)}
+		for _, c := range calls {
+			var times []float64
+			for i := range warm + iters {
+				if err := g.Barrier(ctx); err != nil {
+					return nil, err
+				}
+				t0, err := s.RecordTimed()
+				if err != nil {
+					return nil, err
+				}
+				if err := c.run(); err != nil {
+					return nil, fmt.Errorf("%s: %w", c.name, err)
+				}
+				t1, err := s.RecordTimed()
+				if err != nil {
+					return nil, err
+				}
+				if err := e.Synchronize(ctx); err != nil {
+					return nil, fmt.Errorf("%s: %w", c.name, err)
+				}
+				d, err := device.Elapsed(t0, t1)
+				if err != nil {
+					return nil, err
+				}
+				if i >= warm {
+					times = append(times, float64(d)/float64(time.Microsecond))
+				}
+			}
+			maxed, err := crossRankMax(ctx, g, times)
+			if err != nil {
+				return nil, err
+			}
+			slices.Sort(maxed)
+			r[c.name+"_us"] = strconv.FormatFloat(maxed[len(maxed)/2], 'f', 1, 64)
+			r[c.name+"_p90_us"] = strconv.FormatFloat(maxed[len(maxed)*9/10], 'f', 1, 64)
+		}
+		dpo.Close()
+		z.Close()
+		cp.Close()
+		h.Close()
+		res = append(res, r)
+	}
+	return res, nil
+}
+
+// crossRankMax all-gathers every rank's times and returns the maximum of
+// each iteration.
+func crossRankMax(ctx context.Context, g comm.Group, times []float64) ([]float64, error) {
+	buf := make([]byte, 8*len(times))
+	for i, v := range times {
+		binary.LittleEndian.PutUint64(buf[8*i:], math.Float64bits(v))
+	}
+	all, err := g.AllGather(ctx, buf)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(times))
+	for _, raw := range all {
+		for i := range out {
+			out[i] = max(out[i], math.Float64frombits(binary.LittleEndian.Uint64(raw[8*i:])))
+		}
+	}
+	return out, nil
+}
+
+// TestCUDABenchmark runs benchRank with 4 ranks on the one GPU and
+// prints, for 128 and 4096 tokens per rank (hidden 7168, 256 experts,
+// top-8, bf16, blocking mode), each call's median and p90 time (the
+// cross-rank maximum per iteration) and its NVLink GB/s (received rows x
+// hidden x 2 bytes per rank, DESIGN.md section 6), beside a device-to-device
+// copy of the same bytes timed the same way in the same run. Ranks are
+// processes (the GPU time-slices between their contexts, which dominates
+// every time) and goroutines of one process (one context: the ranks'
+// streams run concurrently, as separate GPUs would).
+func TestCUDABenchmark(t *testing.T) {
+	if !*gpuBench {
+		t.Skip("run the test binary with -gpu.bench on a GPU host")
+	}
+	const n = 4
+	t.Run("processes", func(t *testing.T) {
+		got, lerr, log := runWorldN(t, "spawn", "bench", n, 8*time.Minute, "GOEP_MP_BACKEND=cuda")
+		if lerr != nil {
+			t.Fatalf("launcher: %v\n%s", lerr, log)
+		}
+		if got[0].Err != "" {
+			t.Fatalf("rank 0: %s\n%s", got[0].Err, log)
+		}
+		logBench(t, n, got[0].Digests)
+	})
+	t.Run("goroutines", func(t *testing.T) {
+		b, err := device.NewCUDA(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		gs := comm.NewLocal(n)
+		res := make([][]map[string]string, n)
+		errs := make([]error, n)
+		done := make(chan struct{})
+		for r := range n {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				res[r], errs[r] = benchRank(t.Context(), gs[r], b)
+			}()
+		}
+		for range n {
+			<-done
+		}
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("rank %d: %v", r, err)
+			}
+		}
+		logBench(t, n, res[0])
+	})
+}
+
+func logBench(t *testing.T, n int, rows []map[string]string) {
+	t.Logf("%d ranks on one GPU; times are the cross-rank maximum per iteration, median (p90) of 30 after 5", n)
+	for _, r := range rows {
+		bytes, _ := strconv.Atoi(r["nvl_bytes"])
+		t.Logf("tokens %s per rank, %s rows received by rank 0, %.1f MB", r["tokens"], r["recv_rows"], float64(bytes)/1e6)
+		copyUs, _ := strconv.ParseFloat(r["copy_us"], 64)
+		for _, c := range []string{"copy", "dispatch", "combine", "dispatch-permute", "unpermute-combine"} {
+			us, _ := strconv.ParseFloat(r[c+"_us"], 64)
+			t.Logf("  %-18s %9.1f us (p90 %8s)  %7.1f GB/s per rank  %.2f of copy", c, us, r[c+"_p90_us"], float64(bytes)/us/1e3, copyUs/us)
+		}
+	}
+}
