@@ -199,6 +199,42 @@ type CUDAStream struct {
 
 	captureFrom int  // len(held) when the current capture began
 	capturing   bool // between BeginCapture and EndCapture
+
+	// small is pinned staging memory kept for small downloads (counts,
+	// status words), which would otherwise pay a cuMemHostAlloc each.
+	smallMu sync.Mutex
+	small   *cuda.HostBuffer
+}
+
+// smallStage is the largest download staged through the stream's kept
+// pinned buffer.
+const smallStage = 4096
+
+// downloadSmall is download for at most smallStage bytes, through the
+// stream's kept staging buffer.
+func (s *CUDAStream) downloadSmall(ctx context.Context, b *Buffer) ([]byte, error) {
+	s.smallMu.Lock()
+	defer s.smallMu.Unlock()
+	if s.small == nil {
+		h, err := s.c.dev.AllocHost(smallStage)
+		if err != nil {
+			return nil, fmt.Errorf("device: CUDA download: %w", err)
+		}
+		s.small = h
+	}
+	if err := s.s.CopyDtoH(s.small, 0, cuda.DevicePtr(b.dev), b.size); err != nil {
+		return nil, s.fail("download", err)
+	}
+	if err := s.Synchronize(ctx); err != nil {
+		if ctx.Err() != nil {
+			// The copy may still be in flight: never reuse this buffer.
+			st := s.small
+			s.small = nil
+			s.hold(func() { _ = st.Free() })
+		}
+		return nil, fmt.Errorf("device: CUDA download: %w", err)
+	}
+	return append([]byte(nil), s.small.Bytes()[:b.size]...), nil
 }
 
 // Backend implements Stream.
@@ -411,6 +447,12 @@ func (s *CUDAStream) Close() error {
 	s.mu.Unlock()
 	cerr := s.s.Close()
 	s.c.streams.Add(-1)
+	s.smallMu.Lock()
+	if s.small != nil {
+		cerr = errors.Join(cerr, s.small.Free())
+		s.small = nil
+	}
+	s.smallMu.Unlock()
 	if err := errors.Join(serr, cerr); err != nil {
 		return fmt.Errorf("device: CUDA close stream: %w", err)
 	}
@@ -543,6 +585,9 @@ func (s *CUDAStream) upload(ctx context.Context, b *Buffer, data []byte) error {
 func (s *CUDAStream) download(ctx context.Context, b *Buffer) ([]byte, error) {
 	if b.size == 0 {
 		return []byte{}, s.Synchronize(ctx)
+	}
+	if b.size <= smallStage {
+		return s.downloadSmall(ctx, b)
 	}
 	stage, err := s.c.dev.AllocHost(b.size)
 	if err != nil {

@@ -5,6 +5,7 @@ package executor_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -30,8 +31,9 @@ var benchShapes = []int{128, 4096}
 // benchRank measures one rank: for each token count, dispatch, combine,
 // dispatch-permute, unpermute-combine and a device-to-device copy of the
 // dispatch's received bytes, each timed with CUDA events on the engine's
-// stream after warm-up; every iteration's time is the maximum over ranks
-// (all-gathered). It returns, per shape, the medians and p90s in
+// stream after warm-up, launched from the host (eager) and as a CUDA graph
+// of the call (ten launches between the events, divided by ten); every
+// iteration's time is the maximum over ranks (all-gathered). It returns, per shape, the medians and p90s in
 // microseconds and the bytes moved.
 func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
 	cfg := executor.Config{NumExperts: 256, TopK: 8, Hidden: 7168, MaxTokensPerRank: slices.Max(benchShapes)}
@@ -104,40 +106,36 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 		}
 		r := map[string]string{"tokens": strconv.Itoa(T), "recv_rows": strconv.Itoa(n), "nvl_bytes": strconv.Itoa(nvlBytes)}
 		for _, c := range calls {
-			var times []float64
-			for i := range warm + iters {
-				if err := g.Barrier(ctx); err != nil {
-					return nil, err
-				}
-				t0, err := s.RecordTimed()
-				if err != nil {
-					return nil, err
-				}
-				if err := c.run(); err != nil {
-					return nil, fmt.Errorf("%s: %w", c.name, err)
-				}
-				t1, err := s.RecordTimed()
-				if err != nil {
-					return nil, err
-				}
-				if err := e.Synchronize(ctx); err != nil {
-					return nil, fmt.Errorf("%s: %w", c.name, err)
-				}
-				d, err := device.Elapsed(t0, t1)
-				if err != nil {
-					return nil, err
-				}
-				if i >= warm {
-					times = append(times, float64(d)/float64(time.Microsecond))
-				}
-			}
-			maxed, err := crossRankMax(ctx, g, times)
+			// Each call is timed as launched from the host (eager) and as a
+			// CUDA graph of the same call (no host gaps inside it).
+			graph, err := capture(s, c.run)
 			if err != nil {
-				return nil, err
+				return nil, fmt.Errorf("%s: capture: %w", c.name, err)
 			}
-			slices.Sort(maxed)
-			r[c.name+"_us"] = strconv.FormatFloat(maxed[len(maxed)/2], 'f', 1, 64)
-			r[c.name+"_p90_us"] = strconv.FormatFloat(maxed[len(maxed)*9/10], 'f', 1, 64)
+			for _, how := range []string{"eager", "graph"} {
+				run, batch := c.run, 1
+				if how == "graph" {
+					// Ten launches back to back between the events: the
+					// time of one is then GPU time, not the host's gaps.
+					run, batch = func() error {
+						for range 10 {
+							if err := graph.Launch(s); err != nil {
+								return err
+							}
+						}
+						return nil
+					}, 10
+				}
+				med, p90, err := timeCall(ctx, g, e, s, run, warm, iters)
+				med, p90 = med/float64(batch), p90/float64(batch)
+				if err != nil {
+					graph.Close()
+					return nil, fmt.Errorf("%s (%s): %w", c.name, how, err)
+				}
+				r[c.name+"_"+how+"_us"] = strconv.FormatFloat(med, 'f', 1, 64)
+				r[c.name+"_"+how+"_p90_us"] = strconv.FormatFloat(p90, 'f', 1, 64)
+			}
+			graph.Close()
 		}
 		dpo.Close()
 		z.Close()
@@ -146,6 +144,61 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 		res = append(res, r)
 	}
 	return res, nil
+}
+
+// capture records run's work on s into a graph.
+func capture(s *device.CUDAStream, run func() error) (*device.Graph, error) {
+	if err := s.BeginCapture(); err != nil {
+		return nil, err
+	}
+	rerr := run()
+	g, err := s.EndCapture()
+	if err := errors.Join(rerr, err); err != nil {
+		if g != nil {
+			g.Close()
+		}
+		return nil, err
+	}
+	return g, nil
+}
+
+// timeCall times run with CUDA events on s, after a barrier each
+// iteration, and returns the median and p90 in microseconds of the
+// cross-rank maximum per iteration, warm-up excluded.
+func timeCall(ctx context.Context, g comm.Group, e *executor.Engine, s *device.CUDAStream, run func() error, warm, iters int) (med, p90 float64, err error) {
+	var times []float64
+	for i := range warm + iters {
+		if err := g.Barrier(ctx); err != nil {
+			return 0, 0, err
+		}
+		t0, err := s.RecordTimed()
+		if err != nil {
+			return 0, 0, err
+		}
+		if err := run(); err != nil {
+			return 0, 0, err
+		}
+		t1, err := s.RecordTimed()
+		if err != nil {
+			return 0, 0, err
+		}
+		if err := e.Synchronize(ctx); err != nil {
+			return 0, 0, err
+		}
+		d, err := device.Elapsed(t0, t1)
+		if err != nil {
+			return 0, 0, err
+		}
+		if i >= warm {
+			times = append(times, float64(d)/float64(time.Microsecond))
+		}
+	}
+	maxed, err := crossRankMax(ctx, g, times)
+	if err != nil {
+		return 0, 0, err
+	}
+	slices.Sort(maxed)
+	return maxed[len(maxed)/2], maxed[len(maxed)*9/10], nil
 }
 
 // crossRankMax all-gathers every rank's times and returns the maximum of
@@ -225,10 +278,12 @@ func logBench(t *testing.T, n int, rows []map[string]string) {
 	for _, r := range rows {
 		bytes, _ := strconv.Atoi(r["nvl_bytes"])
 		t.Logf("tokens %s per rank, %s rows received by rank 0, %.1f MB", r["tokens"], r["recv_rows"], float64(bytes)/1e6)
-		copyUs, _ := strconv.ParseFloat(r["copy_us"], 64)
-		for _, c := range []string{"copy", "dispatch", "combine", "dispatch-permute", "unpermute-combine"} {
-			us, _ := strconv.ParseFloat(r[c+"_us"], 64)
-			t.Logf("  %-18s %9.1f us (p90 %8s)  %7.1f GB/s per rank  %.2f of copy", c, us, r[c+"_p90_us"], float64(bytes)/us/1e3, copyUs/us)
+		for _, how := range []string{"eager", "graph"} {
+			copyUs, _ := strconv.ParseFloat(r["copy_"+how+"_us"], 64)
+			for _, c := range []string{"copy", "dispatch", "combine", "dispatch-permute", "unpermute-combine"} {
+				us, _ := strconv.ParseFloat(r[c+"_"+how+"_us"], 64)
+				t.Logf("  %-5s %-18s %9.1f us (p90 %8s)  %7.1f GB/s per rank  %.2f of copy", how, c, us, r[c+"_"+how+"_p90_us"], float64(bytes)/us/1e3, copyUs/us)
+			}
 		}
 	}
 }

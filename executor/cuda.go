@@ -66,7 +66,7 @@ type gpuEngine struct {
 	win *nvlink.GPUWindows
 
 	wait, signal, push, scatter, copyOut, spin *device.Kernel
-	sum                                        [2]*device.Kernel // BF16, FP32
+	sum, permuteScaled, weightGrad             [2]*device.Kernel // BF16, FP32
 
 	// peers is uint64 [numRegions][R]: every rank's window base address
 	// as mapped here.
@@ -174,6 +174,8 @@ func (g *gpuEngine) load(ctx context.Context) error {
 		{&g.wait, "goep_ep_wait"}, {&g.signal, "goep_ep_signal"}, {&g.push, "goep_ep_push"},
 		{&g.scatter, "goep_ep_scatter"}, {&g.copyOut, "goep_ep_copy_out"},
 		{&g.sum[0], "goep_ep_sum_bf16"}, {&g.sum[1], "goep_ep_sum_fp32"}, {&g.spin, "goep_ep_spin"},
+		{&g.permuteScaled[0], "goep_ep_permute_scaled_bf16"}, {&g.permuteScaled[1], "goep_ep_permute_scaled_fp32"},
+		{&g.weightGrad[0], "goep_ep_weight_grad_bf16"}, {&g.weightGrad[1], "goep_ep_weight_grad_fp32"},
 	} {
 		if *k.dst, err = g.mod.Kernel(k.name); err != nil {
 			return err
@@ -665,6 +667,48 @@ func (g *gpuEngine) unpermute(h *Handle, y, w, out *device.Tensor) error {
 		wb = w.Buffer()
 	}
 	return g.pk.Unpermute(g.s, y.DType(), g.H, out.Buffer(), y.Buffer(), wb, g.deviceMap(h))
+}
+
+// unpermuteBackward enqueues UnpermuteBackward (local): GradY is the
+// scaled permute of gradOut (zero on padding and dropped rows) and, for a
+// weighted forward, GradWeights the per-slot inner products.
+func (g *gpuEngine) unpermuteBackward(h *Handle, gradOut, y, w *device.Tensor, out UnpermuteBackwardOutput) error {
+	if !g.ready(h) {
+		return nil
+	}
+	dt := gradOut.DType()
+	di := 0
+	if dt == device.FP32 {
+		di = 1
+	}
+	rb := g.H * dt.Size()
+	m := g.deviceMap(h)
+	if g.e.cfg.Mode == Capacity {
+		if err := g.s.Memset(out.GradY.Buffer(), 0, h.permRows*rb, 0); err != nil {
+			return err
+		}
+	}
+	if m.Rows > 0 {
+		grid, block, err := rowShape(m.Rows, g.H, 1)
+		if err != nil {
+			return err
+		}
+		if err := g.s.Launch(g.permuteScaled[di], grid, block, 0, out.GradY, gradOut, w, h.gpu.pos,
+			int64(m.Rows), int32(g.K), int64(h.permRows), int64(g.H), g.dnan); err != nil {
+			return err
+		}
+	}
+	if g.e.cfg.Mode != Capacity {
+		if err := g.pk.ZeroPadding(g.s, out.GradY.Buffer(), rb, nil, h.lay.ExpertOffsets, h.lay.TokensPerExpert, h.permRows); err != nil {
+			return err
+		}
+	}
+	if w == nil || h.recvRows == 0 {
+		return nil
+	}
+	slots := h.recvRows * g.K
+	return g.s.Launch(g.weightGrad[di], [3]uint32{uint32((slots + 127) / 128), 1, 1}, [3]uint32{128, 1, 1}, 0,
+		out.GradWeights, gradOut, y, h.gpu.pos, int64(h.recvRows), int32(g.K), int64(h.permRows), int64(g.H))
 }
 
 // combine enqueues Combine (and DispatchBackward with zw): every received

@@ -2,7 +2,6 @@ package executor
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/permute"
@@ -122,9 +121,6 @@ func (e *Engine) UnpermuteBackward(ctx context.Context, h *Handle, in UnpermuteB
 		return UnpermuteBackwardOutput{}, checkTensor("unpermute backward: Y", in.Y, in.GradOut.DType(), h.permRows, e.cfg.Hidden)
 	}
 	g, y, w := in.GradOut, in.Y, in.RecvWeights
-	if e.gpu != nil {
-		return UnpermuteBackwardOutput{}, fmt.Errorf("executor: unpermute backward: %w on the CUDA backend yet (no kernel for the weighted permute and the weight gradient)", ErrUnsupported)
-	}
 	o, err := e.newOutputs(
 		outSpec{dt: g.DType(), shape: []int{h.permRows, e.cfg.Hidden}},
 		outSpec{dt: device.FP32, shape: []int{h.recvRows, e.cfg.TopK}, skip: w == nil})
@@ -132,6 +128,9 @@ func (e *Engine) UnpermuteBackward(ctx context.Context, h *Handle, in UnpermuteB
 		return UnpermuteBackwardOutput{}, err
 	}
 	out := UnpermuteBackwardOutput{GradY: o[0], GradWeights: o[1]}
+	if e.gpu != nil {
+		return out, e.gpu.unpermuteBackward(h, g, y, w, out)
+	}
 	e.stream.Go("unpermute backward", func() error {
 		lay, err := e.ready(h)
 		if err != nil {

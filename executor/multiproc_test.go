@@ -157,7 +157,7 @@ func mpPipeline(ctx context.Context, g comm.Group, b device.Backend, seed uint64
 	}
 	step("combine-backward", func() (*device.Tensor, error) { return e.CombineBackward(ctx, h, xt) })
 	step("permute-backward", func() (*device.Tensor, error) { return e.PermuteBackward(ctx, h, p.X) })
-	if err == nil && b.Kind() == device.KindHost { // no CUDA kernels for it yet
+	if err == nil {
 		var ub executor.UnpermuteBackwardOutput
 		ub, err = e.UnpermuteBackward(ctx, h, executor.UnpermuteBackwardInput{GradOut: u, Y: p.X, RecvWeights: d.RecvWeights})
 		out["unpermute-backward.y"], out["unpermute-backward.w"] = ub.GradY, ub.GradWeights

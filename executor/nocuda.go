@@ -44,6 +44,9 @@ func (g *gpuEngine) unpermuteCombine(*Handle, *device.Tensor, *device.Tensor, *d
 func (g *gpuEngine) permute(*Handle, *device.Tensor, *device.Tensor, PermuteOutput) error {
 	return ErrUnsupported
 }
+func (g *gpuEngine) unpermuteBackward(*Handle, *device.Tensor, *device.Tensor, *device.Tensor, UnpermuteBackwardOutput) error {
+	return ErrUnsupported
+}
 func (g *gpuEngine) unpermute(*Handle, *device.Tensor, *device.Tensor, *device.Tensor) error {
 	return ErrUnsupported
 }

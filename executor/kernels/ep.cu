@@ -50,6 +50,19 @@ __device__ __forceinline__ float add(float a, float b, uint32_t dnan)
 	return is_nan(s) ? __uint_as_float(dnan) : s;
 }
 
+// mul is package permute's mul: a * b rounded to fp32, NaNs as add's.
+__device__ __forceinline__ float mul(float a, float b, uint32_t dnan)
+{
+	if (is_nan(a)) {
+		return quiet(a);
+	}
+	if (is_nan(b)) {
+		return quiet(b);
+	}
+	float p = __fmul_rn(a, b);
+	return is_nan(p) ? __uint_as_float(dnan) : p;
+}
+
 // to_bf16 is device.Float32ToBF16: round to nearest even; a NaN keeps its
 // top bits, quieted.
 __device__ __forceinline__ uint32_t to_bf16(float f)
@@ -412,4 +425,105 @@ extern "C" __global__ void goep_ep_sum_fp32(uint8_t *out, float *gw, const uint8
 	} else {
 		sum_rows<false, 1>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
 	}
+}
+
+// goep_ep_permute_scaled_* is permute.PermuteScaled: for row i < rows and
+// slot k with p = pos[i*K+k] in [0, permCap), gy[p] = g[i] scaled by c =
+// w[i*K+k] (1 when w is null): a copy when c == 1, else each element
+// mul(c, x) rounded to the dtype. Blocks: grid.x = rows, grid.y chunks of
+// the row's elements.
+template <bool BF16>
+__device__ __forceinline__ void permute_scaled(uint8_t *gy, const uint8_t *g, const float *w,
+					       const int32_t *pos, int64_t rows, int32_t topk,
+					       int64_t permCap, int64_t hidden, uint32_t dnan)
+{
+	int64_t i = blockIdx.x;
+	if (i >= rows) {
+		return;
+	}
+	for (int64_t j = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; j < hidden;
+	     j += (int64_t)gridDim.y * blockDim.x) {
+		uint32_t raw = BF16 ? ((const uint16_t *)g)[i * hidden + j] : ((const uint32_t *)g)[i * hidden + j];
+		float x = BF16 ? __uint_as_float(raw << 16) : __uint_as_float(raw);
+		for (int32_t k = 0; k < topk; k++) {
+			int64_t p = pos[i * topk + k];
+			if (p < 0 || p >= permCap) {
+				continue;
+			}
+			float c = w != nullptr ? w[i * topk + k] : 1.0f;
+			uint32_t v = raw;
+			if (c != 1.0f) {
+				float f = mul(c, x, dnan);
+				v = BF16 ? to_bf16(f) : __float_as_uint(f);
+			}
+			if (BF16) {
+				((uint16_t *)gy)[p * hidden + j] = (uint16_t)v;
+			} else {
+				((uint32_t *)gy)[p * hidden + j] = v;
+			}
+		}
+	}
+}
+
+extern "C" __global__ void goep_ep_permute_scaled_bf16(uint8_t *gy, const uint8_t *g, const float *w,
+						       const int32_t *pos, int64_t rows, int32_t topk,
+						       int64_t permCap, int64_t hidden, uint32_t dnan)
+{
+	permute_scaled<true>(gy, g, w, pos, rows, topk, permCap, hidden, dnan);
+}
+
+extern "C" __global__ void goep_ep_permute_scaled_fp32(uint8_t *gy, const uint8_t *g, const float *w,
+						       const int32_t *pos, int64_t rows, int32_t topk,
+						       int64_t permCap, int64_t hidden, uint32_t dnan)
+{
+	permute_scaled<false>(gy, g, w, pos, rows, topk, permCap, hidden, dnan);
+}
+
+// goep_ep_weight_grad_* is permute.WeightGrad: for slot s = i*K+k <
+// rows*K with p = pos[s] in [0, permCap), gw[s] = the inner product of
+// g[i] and y[p] accumulated in fp64 in element order (__dmul_rn, exact for
+// these operands, then __dadd_rn: the host's loop, bit for bit), rounded
+// to fp32 once; else 0. One thread a slot.
+template <bool BF16>
+__device__ __forceinline__ void weight_grad(float *gw, const uint8_t *g, const uint8_t *y,
+					    const int32_t *pos, int64_t rows, int32_t topk,
+					    int64_t permCap, int64_t hidden)
+{
+	int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (s >= rows * topk) {
+		return;
+	}
+	int64_t i = s / topk;
+	int64_t p = pos[s];
+	if (p < 0 || p >= permCap) {
+		gw[s] = 0.0f;
+		return;
+	}
+	double acc = 0.0;
+	for (int64_t j = 0; j < hidden; j++) {
+		float a, b;
+		if (BF16) {
+			a = __uint_as_float((uint32_t)((const uint16_t *)g)[i * hidden + j] << 16);
+			b = __uint_as_float((uint32_t)((const uint16_t *)y)[p * hidden + j] << 16);
+		} else {
+			a = ((const float *)g)[i * hidden + j];
+			b = ((const float *)y)[p * hidden + j];
+		}
+		acc = __dadd_rn(acc, __dmul_rn((double)a, (double)b));
+	}
+	gw[s] = __double2float_rn(acc);
+}
+
+extern "C" __global__ void goep_ep_weight_grad_bf16(float *gw, const uint8_t *g, const uint8_t *y,
+						    const int32_t *pos, int64_t rows, int32_t topk,
+						    int64_t permCap, int64_t hidden)
+{
+	weight_grad<true>(gw, g, y, pos, rows, topk, permCap, hidden);
+}
+
+extern "C" __global__ void goep_ep_weight_grad_fp32(float *gw, const uint8_t *g, const uint8_t *y,
+						    const int32_t *pos, int64_t rows, int32_t topk,
+						    int64_t permCap, int64_t hidden)
+{
+	weight_grad<false>(gw, g, y, pos, rows, topk, permCap, hidden);
 }
