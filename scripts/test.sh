@@ -3,7 +3,7 @@
 #
 # On a fresh Debian 12 machine, as root, it installs what the tests need,
 # then runs go vet and go test over the whole module, the mpi-tagged tests
-# under mpirun (Open MPI), and go test -race.
+# under mpirun (Open MPI), the ucx-tagged tests (UCX), and go test -race.
 #
 #   GOEP_TEST_RACE=all    (default) race detector over every package, -short
 #   GOEP_TEST_RACE=small  race detector over the small packages only
@@ -30,14 +30,16 @@ apt_install() {
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
-# Debian packages the tests need: a C compiler (for -race and cgo), and
-# Open MPI with pkg-config for the mpi tag (internal/mpi, comm.NewMPI).
+# Debian packages the tests need: a C compiler (for -race and cgo),
+# Open MPI with pkg-config for the mpi tag (internal/mpi, comm.NewMPI), and
+# UCX for the ucx tag (internal/ucx, rdma.NewUCX).
 APT_PACKAGES=()
 command -v gcc >/dev/null || APT_PACKAGES+=(gcc libc6-dev)
 command -v git >/dev/null || APT_PACKAGES+=(git)
 command -v mpirun >/dev/null || APT_PACKAGES+=(openmpi-bin)
 command -v pkg-config >/dev/null || APT_PACKAGES+=(pkg-config)
 pkg-config --exists ompi 2>/dev/null || APT_PACKAGES+=(libopenmpi-dev)
+pkg-config --exists ucx 2>/dev/null || APT_PACKAGES+=(libucx-dev)
 if [ ${#APT_PACKAGES[@]} -gt 0 ]; then
 	log "apt-get install ${APT_PACKAGES[*]}"
 	apt_install "${APT_PACKAGES[@]}"
@@ -83,6 +85,8 @@ log "go vet ./..."
 go vet ./...
 log "go vet -tags mpi ./..."
 go vet -tags mpi ./...
+log "go vet -tags ucx ./..."
+go vet -tags ucx ./...
 
 log "go test ./..."
 go test -count=1 ./...
@@ -94,6 +98,12 @@ go test -tags mpi -count=1 ./internal/mpi/... ./comm/...
 # above bootstraps its mpirun children over TCP).
 log "go test -tags mpi -run MultiProcess ./executor (under mpirun)"
 go test -tags mpi -count=1 -run MultiProcess ./executor
+
+# The UCX transport: the binding over loopback (shared memory and TCP in
+# one process), then rdma across processes (launcher.Spawn) over TCP and
+# shared memory, with a rank killed and a timeout.
+log "go test -tags ucx ./internal/ucx ./rdma"
+go test -tags ucx -count=1 ./internal/ucx ./rdma
 
 # The CUDA build: installs Debian's CUDA 11.8 headers, stub libcuda and
 # nvcc (contrib, non-free), vets and builds with -tags cuda, runs the tests
