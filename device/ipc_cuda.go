@@ -76,3 +76,42 @@ func (c *CUDA) FreeShared(b *Buffer) error {
 func (c *CUDA) IsDevicePointer(p uint64) (bool, error) {
 	return c.dev.IsDevicePointer(cuda.DevicePtr(p))
 }
+
+// WrapStream returns a stream of this backend over a CUstream that another
+// library created on this GPU's primary context (handle as that library
+// reports it, e.g. torch.cuda.current_stream().cuda_stream), so that goep's
+// work runs in order with the caller's. Close drains it and forgets it; the
+// owner destroys it.
+func (c *CUDA) WrapStream(handle uintptr) (*CUDAStream, error) {
+	s, err := c.dev.WrapStream(handle)
+	if err != nil {
+		return nil, fmt.Errorf("device: CUDA wrap stream: %w", err)
+	}
+	c.streams.Add(1)
+	return &CUDAStream{c: c, s: s}, nil
+}
+
+// WrapDeviceMemory returns a buffer over n bytes of device memory that the
+// caller owns at address p (another framework's tensor): goep reads and
+// writes it like its own but never frees it, and the caller keeps it alive
+// until the work that uses it has completed. p must be device memory of
+// this GPU's context (checked with cuPointerGetAttribute).
+func (c *CUDA) WrapDeviceMemory(p uint64, n int) (*Buffer, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("device: CUDA wrap memory: %d bytes", n)
+	}
+	if n > 0 {
+		ok, err := c.dev.IsDevicePointer(cuda.DevicePtr(p))
+		if err != nil {
+			return nil, fmt.Errorf("device: CUDA wrap memory %#x: %w", p, err)
+		}
+		if !ok {
+			return nil, fmt.Errorf("device: CUDA wrap memory %#x: not device memory (DESIGN invariant 1)", p)
+		}
+	}
+	return &Buffer{size: n, dev: p}, nil
+}
+
+// Handle is the stream's CUstream as an integer, for other libraries of the
+// process (e.g. to make a framework's stream wait for goep's work).
+func (s *CUDAStream) Handle() uintptr { return s.s.Handle() }

@@ -38,6 +38,27 @@ func NewTensor(s Stream, dt DType, shape ...int) (*Tensor, error) {
 	return t, nil
 }
 
+// TensorOf returns a tensor over b's memory (from byte 0) with the given
+// dtype and shape; b must hold at least that many bytes. Closing the
+// tensor frees b as Buffer.Free would (nothing, for memory goep does not
+// own, such as CUDA.WrapDeviceMemory's).
+func TensorOf(b *Buffer, dt DType, shape ...int) (*Tensor, error) {
+	if b == nil || !dt.Valid() {
+		return nil, fmt.Errorf("device: tensor of buffer: nil buffer or invalid dtype %v", dt)
+	}
+	n := 1
+	for _, d := range shape {
+		if d < 0 {
+			return nil, fmt.Errorf("device: tensor of buffer: negative dimension in shape %v", shape)
+		}
+		n *= d
+	}
+	if n*dt.Size() > b.Size() {
+		return nil, fmt.Errorf("device: tensor of buffer: %v%v needs %d bytes, the buffer has %d", dt, shape, n*dt.Size(), b.Size())
+	}
+	return &Tensor{buf: b, shape: append([]int(nil), shape...), dtype: dt}, nil
+}
+
 // Shape returns the dimensions (do not modify).
 func (t *Tensor) Shape() []int { return t.shape }
 
@@ -98,6 +119,9 @@ func Upload(ctx context.Context, t *Tensor, data []byte) error {
 	if len(data) != t.buf.size {
 		return fmt.Errorf("device: upload of %d bytes into %v (%d bytes)", len(data), t, t.buf.size)
 	}
+	if t.buf.stream == nil {
+		return fmt.Errorf("device: upload into %v: %w: memory without a stream (wrapped or a view); copy on a stream (CUDAStream.UploadBuffer)", t, ErrUnsupported)
+	}
 	if c, ok := t.buf.stream.(copier); ok {
 		return c.upload(ctx, t.buf, data)
 	}
@@ -114,6 +138,12 @@ func Upload(ctx context.Context, t *Tensor, data []byte) error {
 
 // Download waits for t's stream and returns a copy of t's bytes.
 func Download(ctx context.Context, t *Tensor) ([]byte, error) {
+	if t.buf.stream == nil {
+		if t.buf.region != nil {
+			return append([]byte(nil), t.Bytes()...), nil // a peer's mapped host buffer
+		}
+		return nil, fmt.Errorf("device: download of %v: %w: memory without a stream (wrapped or a view); copy on a stream (CUDAStream.DownloadBuffer)", t, ErrUnsupported)
+	}
 	if c, ok := t.buf.stream.(copier); ok {
 		return c.download(ctx, t.buf)
 	}

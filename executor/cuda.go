@@ -77,6 +77,7 @@ type gpuEngine struct {
 	recvWOff, combWOff int // byte offsets of the weights areas
 	dnan               uint32
 	timeoutNs          int64
+	ownStream          bool // s was created here (not WithStream)
 	// pending is an error found on the host for work that was skipped
 	// (capacity exceeded under OverflowError); Synchronize returns it.
 	pending error
@@ -114,7 +115,7 @@ func (g *gpuEngine) missingOff() int { return (2*g.R + 2) * 8 }
 
 // newGPUEngine loads the kernels and maps the domain's GPU windows
 // (collective).
-func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA) (*gpuEngine, error) {
+func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.Stream) (*gpuEngine, error) {
 	cfg := e.cfg
 	R := e.size
 	g := &gpuEngine{e: e, b: b, R: R, K: cfg.TopK, H: cfg.Hidden, W: min(cfg.TopK, R),
@@ -122,11 +123,19 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA) (*gpuEngine, e
 	if R > 1024 {
 		return nil, fmt.Errorf("executor: CUDA path: %d ranks in one domain, at most 1024: %w", R, ErrUnsupported)
 	}
-	s, err := b.NewCUDAStream()
-	if err != nil {
-		return nil, fmt.Errorf("executor: CUDA path: %w", err)
+	s, _ := caller.(*device.CUDAStream)
+	if caller != nil && (s == nil || s.CUDA() != b) {
+		return nil, fmt.Errorf("executor: CUDA path: WithStream: a %T, not a stream of this CUDA backend: %w", caller, ErrInvalidInput)
+	}
+	if s == nil {
+		var err error
+		if s, err = b.NewCUDAStream(); err != nil {
+			return nil, fmt.Errorf("executor: CUDA path: %w", err)
+		}
+		g.ownStream = true
 	}
 	g.s = s
+	var err error
 	g.recvCap = R * cfg.MaxTokensPerRank
 	if cfg.Mode == Capacity {
 		g.recvCap = cfg.MaxRecvTokens
@@ -137,7 +146,10 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA) (*gpuEngine, e
 	sizes := []int{flagsSize(R), g.recvWOff + g.recvCap*g.K*4, g.combWOff + g.combRows*g.K*4}
 	g.win, err = nvlink.MapGPU(ctx, e.group, s, sizes)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("executor: CUDA path: %w", err), s.Close())
+		if g.ownStream {
+			err = errors.Join(err, s.Close())
+		}
+		return nil, fmt.Errorf("executor: CUDA path: %w", err)
 	}
 	lerr := g.load(ctx)
 	// Every rank learns whether every rank is ready, so none is left
@@ -851,7 +863,7 @@ func (g *gpuEngine) close() error {
 	if g.mod != nil {
 		errs = append(errs, g.mod.Close())
 	}
-	if g.s != nil {
+	if g.s != nil && g.ownStream {
 		errs = append(errs, g.s.Close())
 	}
 	errs = append(errs, g.win.Close())

@@ -13,8 +13,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
@@ -397,5 +399,173 @@ func TestCUDAGraph(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func init() { extraModes["gpu-faults"] = gpuFaults }
+
+// gpuFaults runs, on every rank: a dispatch whose input rank 1 rejects on
+// the host; a good dispatch (the engine must be usable again); then a
+// dispatch that rank 1 joins only after the others' 2 s deadline. It
+// reports what each step returned.
+func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
+	R := g.Size()
+	cfg := executor.Config{NumExperts: 4 * R, TopK: 2, Hidden: 64, MaxTokensPerRank: 16, Timeout: 2 * time.Second}
+	e, err := executor.New(ctx, g, b, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	idx, x, _ := graphInputs(5, g.Rank(), cfg, 16)
+	ti, err1 := e.NewTensor(device.Int32, 16, 2)
+	xt, err2 := e.NewTensor(device.BF16, 16, 64)
+	bad, err3 := e.NewTensor(device.BF16, 16, 32)
+	if err := errors.Join(err1, err2, err3, device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, xt, x)); err != nil {
+		return nil, err
+	}
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err != nil {
+		return nil, err
+	}
+	str := func(err error) string {
+		if err == nil {
+			return "nil"
+		}
+		return err.Error()
+	}
+	res := map[string]string{}
+	in := xt
+	if g.Rank() == 1 {
+		in = bad
+	}
+	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: in})
+	res["reject.call"] = str(err)
+	res["reject.sync"] = str(e.Synchronize(ctx))
+	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+	res["after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	if g.Rank() == 1 {
+		time.Sleep(4 * time.Second)
+	}
+	start := time.Now()
+	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+	res["timeout"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["timeout.after"] = time.Since(start).Round(100 * time.Millisecond).String()
+	return []map[string]string{res}, nil
+}
+
+// TestCUDAFaults: with 3 processes on the GPU, a rank that rejects its
+// input makes every peer's call fail with an error naming it (and the
+// engine works again after), and a rank that does not come makes its
+// peers' GPU waits time out after Config.Timeout with an error naming it.
+func TestCUDAFaults(t *testing.T) {
+	needGPU(t)
+	got, lerr, log := runWorldN(t, "spawn", "gpu-faults", 3, 2*time.Minute, "GOEP_MP_BACKEND=cuda")
+	if lerr != nil {
+		t.Fatalf("launcher: %v\n%s", lerr, log)
+	}
+	for r, res := range got {
+		if res.Err != "" || len(res.Digests) != 1 {
+			t.Fatalf("rank %d: %q\n%s", r, res.Err, log)
+		}
+		d := res.Digests[0]
+		t.Logf("rank %d: %v", r, d)
+		if r == 1 {
+			if !strings.Contains(d["reject.call"], "shape") {
+				t.Errorf("rank 1 dispatch with a bad X: %q, want a shape error", d["reject.call"])
+			}
+		} else {
+			if !strings.Contains(d["reject.sync"], "rank(s) [1] rejected") {
+				t.Errorf("rank %d after rank 1 rejected its input: %q, want an error naming rank 1", r, d["reject.sync"])
+			}
+			if !strings.Contains(d["timeout"], "timed out") || !strings.Contains(d["timeout"], "[1]") {
+				t.Errorf("rank %d waiting for a late rank 1: %q, want a timeout naming rank 1", r, d["timeout"])
+			}
+		}
+		if d["after"] != "nil" {
+			t.Errorf("rank %d: dispatch after the rejected one: %s", r, d["after"])
+		}
+	}
+}
+
+// TestCUDAInterop runs an engine on a stream it did not create (WithStream
+// over device.CUDA.WrapStream, as a framework's stream would be) with its
+// input in memory it does not own (WrapDeviceMemory + TensorOf), and
+// checks the dispatch and combine against an engine with its own stream
+// and tensors. A host address is refused.
+func TestCUDAInterop(t *testing.T) {
+	b := needGPU(t)
+	ctx := t.Context()
+	cfg := executor.Config{NumExperts: 8, TopK: 2, Hidden: 256, MaxTokensPerRank: 64}
+	idx, x, _ := graphInputs(7, 0, cfg, 64)
+	run := func(wrap bool) ([]byte, []byte) {
+		var opts []executor.Option
+		if wrap {
+			own, err := b.NewCUDAStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer own.Close()
+			ws, err := b.WrapStream(own.Handle())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ws.Close()
+			opts = append(opts, executor.WithStream(ws))
+		}
+		e, err := executor.New(ctx, comm.NewLocal(1)[0], b, cfg, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		ti, _ := e.NewTensor(device.Int32, 64, 2)
+		if err := device.Upload(ctx, ti, device.EncodeInt32(idx)); err != nil {
+			t.Fatal(err)
+		}
+		xt, _ := e.NewTensor(device.BF16, 64, 256)
+		if wrap {
+			// "Foreign" memory: a plain cuMemAlloc goep does not manage.
+			raw, _, err := b.AllocShared(len(x))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.FreeShared(raw)
+			ext, err := b.WrapDeviceMemory(raw.DevicePtr(), len(x))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if xt, err = device.TensorOf(ext, device.BF16, 64, 256); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.Stream().(*device.CUDAStream).UploadBuffer(ctx, xt.Buffer(), x); err != nil {
+			t.Fatal(err)
+		}
+		h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := e.Combine(ctx, h, executor.CombineInput{Z: d.RecvX})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dx, err1 := device.Download(ctx, d.RecvX)
+		cx, err2 := device.Download(ctx, c)
+		if err := errors.Join(err1, err2, e.Synchronize(ctx)); err != nil {
+			t.Fatal(err)
+		}
+		return dx, cx
+	}
+	wd, wc := run(false)
+	gd, gc := run(true)
+	if !bytes.Equal(wd, gd) || !bytes.Equal(wc, gc) {
+		t.Error("results on a wrapped stream with wrapped input differ from the engine's own")
+	}
+	host := make([]byte, 64)
+	if _, err := b.WrapDeviceMemory(uint64(uintptr(unsafe.Pointer(&host[0]))), 64); err == nil {
+		t.Error("WrapDeviceMemory accepted a host address")
 	}
 }

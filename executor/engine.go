@@ -69,7 +69,16 @@ type Engine struct {
 // Option configures New.
 type Option func(*options)
 
-type options struct{ log *zap.Logger }
+type options struct {
+	log    *zap.Logger
+	stream device.Stream
+}
+
+// WithStream runs the engine's GPU work on s (for instance a stream of the
+// caller's framework wrapped with device.CUDA.WrapStream), in order with
+// the caller's own work on it; by default the engine creates its stream.
+// The engine never destroys s. CUDA backend only.
+func WithStream(s device.Stream) Option { return func(o *options) { o.stream = s } }
 
 // WithLogger sets the logger (default: no logging). The engine logs under
 // the names "executor" and "layout", never per token or per chunk.
@@ -146,7 +155,7 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 		log: o.log.Named("executor"),
 	}
 	if cb != nil {
-		if e.gpu, err = newGPUEngine(dctx, e, cb); err != nil {
+		if e.gpu, err = newGPUEngine(dctx, e, cb, o.stream); err != nil {
 			dom.Close()
 			return nil, errors.Join(fmt.Errorf("executor: new: %w", err), s.Close(), ctl.Close())
 		}

@@ -19,7 +19,7 @@ type gpuTables struct{}
 
 func (t *gpuTables) close() {}
 
-func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA) (*gpuEngine, error) {
+func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, s device.Stream) (*gpuEngine, error) {
 	return nil, fmt.Errorf("executor: CUDA path: %w: not compiled in (build with -tags cuda)", ErrUnsupported)
 }
 

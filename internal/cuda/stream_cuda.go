@@ -4,6 +4,12 @@ package cuda
 
 /*
 #include <cuda.h>
+#include <stdint.h>
+
+// goep_stream_of turns another library's stream handle into a CUstream
+// (an integer from Go, never a Go pointer).
+static CUstream goep_stream_of(uintptr_t h) { return (CUstream)h; }
+static uintptr_t goep_handle_of(CUstream s) { return (uintptr_t)s; }
 */
 import "C"
 
@@ -15,8 +21,19 @@ import (
 
 // Stream is an ordered queue of GPU work (CUstream).
 type Stream struct {
-	d *Device
-	s C.CUstream // nil once closed; read and written on the worker only
+	d        *Device
+	s        C.CUstream // nil once closed; read and written on the worker only
+	borrowed bool       // a stream of another library (WrapStream): never destroyed here
+}
+
+// WrapStream returns a Stream for a CUstream created by another library in
+// this process on d's primary context (h is its handle, as that library
+// reports it). Close forgets it without destroying it.
+func (d *Device) WrapStream(h uintptr) (*Stream, error) {
+	if h == 0 {
+		return nil, fmt.Errorf("cuda: wrap stream: the legacy default stream (0) is not supported; pass a created stream")
+	}
+	return &Stream{d: d, s: C.goep_stream_of(C.uintptr_t(h)), borrowed: true}, nil
 }
 
 // NewStream creates a stream that does not synchronise with the legacy
@@ -29,6 +46,17 @@ func (d *Device) NewStream() (*Stream, error) {
 		return nil, fmt.Errorf("cuda: new stream: %w", err)
 	}
 	return s, nil
+}
+
+// Handle is the CUstream as an integer, for other libraries of the process
+// (0 once closed).
+func (s *Stream) Handle() uintptr {
+	var h uintptr
+	_ = s.d.Do(func() error {
+		h = uintptr(C.goep_handle_of(s.s))
+		return nil
+	})
+	return h
 }
 
 // Device is the stream's device.
@@ -103,6 +131,10 @@ func poll(ctx context.Context, query func() (bool, error)) error {
 func (s *Stream) Close() error {
 	return s.d.Do(func() error {
 		if s.s == nil {
+			return nil
+		}
+		if s.borrowed {
+			s.s = nil
 			return nil
 		}
 		err := result("cuStreamDestroy", C.cuStreamDestroy(s.s))
