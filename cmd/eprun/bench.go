@@ -16,12 +16,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/goep/goep/configs"
+	"github.com/goep/goep/device"
 	"github.com/goep/goep/internal/bench"
 	"github.com/goep/goep/launcher"
 )
 
 type benchFlags struct {
 	config            string
+	backend           string
 	ranks             int
 	ranksPerDomain    int
 	tokens            []int
@@ -50,10 +52,17 @@ func newBench(stdout, stderr io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench [CONFIG]",
 		Short: "Time dispatch, combine, dispatch-permute and unpermute-combine, and check their results",
-		Long: `Time dispatch, combine, dispatch-permute and unpermute-combine on the host backend, check
-every output against an expectation computed from the routing, and compare, in the same run,
-with a plain copy of the same bytes and with the same calls done as an all-to-all of the token
-rows plus a local permute or sum (the a2a baseline).
+		Long: `Time dispatch, combine, dispatch-permute and unpermute-combine, check every output against
+an expectation computed from the routing, and compare, in the same run, with a plain copy of
+the same bytes and with the same calls done as an all-to-all of the token rows plus a local
+permute or sum (the a2a baseline).
+
+--backend host (default) runs the engines on the host backend. --backend cuda (a binary built
+with -tags cuda) runs them on GPU GOEP_DEVICE (default 0; under a launcher the local rank):
+inputs are uploaded, outputs downloaded and checked as on the host, calls are timed with CUDA
+events on each rank's stream, the copy baseline is a device-to-device copy of the same bytes
+on that stream, and the a2a baseline (a host all-to-all) is not run. In-process ranks share
+the one GPU.
 
 Without a launcher the ranks are goroutines of this process (--ranks of them). Started by a
 launcher (mpirun, srun, torchrun, eprun launch) this process is one rank: the group comes
@@ -87,6 +96,7 @@ dtype take comma-separated lists to sweep.`,
 func (f *benchFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.config, "config", "", "YAML config file or embedded config name (default: the embedded default)")
+	fl.StringVar(&f.backend, "backend", "", "where the engines run: "+strings.Join(bench.Backends, " or ")+" (cuda: GPU GOEP_DEVICE, default 0; needs -tags cuda) (default: the config's, else host)")
 	fl.IntVar(&f.ranks, "ranks", 0, "ranks R (in-process; under a launcher the number of processes, which --ranks must match if given)")
 	fl.IntVar(&f.ranksPerDomain, "ranks-per-domain", 0, "ranks per NVLink domain D (0: GOEP_RANKS_PER_DOMAIN, else all)")
 	fl.IntSliceVar(&f.tokens, "tokens", nil, "tokens per rank (comma-separated list to sweep)")
@@ -146,6 +156,9 @@ func loadConfig(name string) (bench.Config, error) {
 // apply overrides the config's fields with the flags that were set.
 func (f benchFlags) apply(cmd *cobra.Command, c *bench.Config) {
 	set := cmd.Flags().Changed
+	if set("backend") {
+		c.Backend = f.backend
+	}
 	if set("ranks") {
 		c.Ranks = f.ranks
 	}
@@ -266,6 +279,9 @@ func configure(cmd *cobra.Command, name string, f benchFlags, env launcher.Env) 
 	if err := cfg.Validate(); err != nil {
 		return cfg, fmt.Errorf("%s: config: %w", name, err)
 	}
+	if err := bench.CheckBackend(cfg.Backend); err != nil {
+		return cfg, fmt.Errorf("%s: %w", name, err)
+	}
 	return cfg, nil
 }
 
@@ -323,7 +339,13 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 		procs  = 1
 	)
 	if env.Kind == launcher.KindSingle {
+		b, err := openBackend(cfg, &envRec)
+		if err != nil {
+			return runError{fmt.Errorf("%s: %w", name, err)}
+		}
+		opt.Backend = b
 		res, runErr = bench.Run(ctx, cfg, opt)
+		runErr = errors.Join(runErr, b.Close())
 	} else {
 		g, benv, err := launcher.Bootstrap(ctx, launcher.WithLogger(log))
 		if err != nil {
@@ -335,8 +357,15 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 		}
 		group, launch, procs = bench.TransportOf(g), benv.Kind, g.Size()
 		opt.Transport = group
+		// After Bootstrap: it sets GOEP_DEVICE from the local rank.
+		b, err := openBackend(cfg, &envRec)
+		if err != nil {
+			g.Close()
+			return runError{fmt.Errorf("%s: %w", name, err)}
+		}
+		opt.Backend = b
 		res, runErr = bench.RunRank(ctx, cfg, g, opt)
-		runErr = errors.Join(runErr, g.Close())
+		runErr = errors.Join(runErr, g.Close(), b.Close())
 	}
 	prog.finish()
 	rec := bench.NewRecord(envRec, cfg, res, runErr)
@@ -371,6 +400,25 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 		return runError{fmt.Errorf("%s: check failed: %d of %d output rows wrong", name, rec.Wrong, rec.CheckedRows)}
 	}
 	return nil
+}
+
+// openBackend opens the config's backend for this process and records it
+// in env: the backend's name and, on the GPU, its name, index and the
+// driver version (from NVML, empty without it).
+func openBackend(cfg bench.Config, env *bench.Env) (device.Backend, error) {
+	b, err := bench.NewBackend(cfg.Backend)
+	if err != nil {
+		return nil, err
+	}
+	env.Backend = string(b.Kind())
+	if b.Kind() == device.KindCUDA {
+		env.GPU = bench.DeviceName(b)
+		if ord, err := bench.DeviceOrdinal(); err == nil {
+			env.GPUIndex = &ord
+		}
+		env.Driver = nvmlDriver()
+	}
+	return b, nil
 }
 
 // rankError prefixes err with the rank, keeping runError (exit 1) as is.

@@ -20,6 +20,10 @@ iterations (--iters, default 2, no warm-up), each rank checking its own outputs 
 expectation computed from the routing (DESIGN.md section 2), with no timing baselines. Prints
 a summary per call and exits 1 if any row is wrong on any rank.
 
+--backend cuda (a binary built with -tags cuda) runs the engines on GPU GOEP_DEVICE (default
+0; under a launcher the local rank), uploading the inputs and downloading every output to
+check it as on the host.
+
 Without a launcher the ranks are goroutines of this process; under mpirun or eprun launch this
 process is one rank, as for eprun bench, and only rank 0 prints.
 
@@ -60,6 +64,9 @@ func writeCheck(w io.Writer, rec bench.Record) error {
 		commit += "+dirty"
 	}
 	fmt.Fprintf(&b, "# goep %s (%s)  backend %s  %s %s/%s\n", e.GoepVersion, dash(commit), e.Backend, e.GoVersion, e.GOOS, e.GOARCH)
+	if s := e.GPULine(); s != "" {
+		fmt.Fprintf(&b, "# %s\n", s)
+	}
 	fmt.Fprintf(&b, "# ranks %d  experts %d  topk %d  hidden %v  tokens %v  dtype %v  mode %s  pad %d  iters %d  seed %d\n",
 		c.Ranks, c.Experts, c.TopK, []int(c.Hidden), []int(c.Tokens), []string(c.DType), c.Mode, c.Pad, c.Iters, c.Seed)
 	fmt.Fprintf(&b, "# launcher %s  processes %d  group %s\n#\n", rec.Launcher, rec.Processes, dash(rec.Group))

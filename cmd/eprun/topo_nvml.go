@@ -63,6 +63,20 @@ func nvmlGPUs() gpuReport {
 	return rep
 }
 
+// nvmlDriver is the driver version NVML reports ("580.159.04"), or ""
+// when NVML cannot be loaded.
+func nvmlDriver() string {
+	if ret := nvml.Init(); ret != nvml.SUCCESS {
+		return ""
+	}
+	defer nvml.Shutdown()
+	v, ret := nvml.SystemGetDriverVersion()
+	if ret != nvml.SUCCESS {
+		return ""
+	}
+	return v
+}
+
 func busID(p nvml.PciInfo) string {
 	b := make([]byte, 0, len(p.BusId))
 	for _, c := range p.BusId {

@@ -41,6 +41,9 @@ var KnownCalls = append(slices.Clone(AllCalls), CallDispatchCombine)
 // Hidden and DType may list several values; every combination is a case,
 // and every case times every call in Calls.
 type Config struct {
+	// Backend is where the engines run: "host" (default; "" means host) or
+	// "cuda" (build tag cuda; each rank on GPU GOEP_DEVICE, default 0).
+	Backend string `yaml:"backend,omitempty" json:"backend,omitempty"`
 	// Ranks is R, the in-process ranks (one goroutine and one engine each).
 	Ranks int `yaml:"ranks" json:"ranks"`
 	// RanksPerDomain is D (0: GOEP_RANKS_PER_DOMAIN, else all ranks in one
@@ -86,6 +89,7 @@ func (c Config) RoutingSpec() RoutingSpec { return RoutingSpec{Kind: c.Routing, 
 // Defaults is what a field left out of a YAML config gets.
 func Defaults() Config {
 	return Config{
+		Backend: BackendHost,
 		Ranks:   8,
 		Experts: 64,
 		TopK:    8,
@@ -135,6 +139,8 @@ func oneLine(s string) string {
 // Validate checks the config and says what is wrong.
 func (c Config) Validate() error {
 	switch {
+	case c.Backend != "" && !slices.Contains(Backends, c.Backend):
+		return fmt.Errorf("backend %q: want %s", c.Backend, strings.Join(Backends, " or "))
 	case c.Ranks <= 0:
 		return fmt.Errorf("ranks is %d; need at least 1", c.Ranks)
 	case c.Experts <= 0:

@@ -12,7 +12,7 @@ var CSVColumns = []string{
 	"call", "tokens", "hidden", "topk", "dtype", "time_us", "p99_us", "nvl_GBps", "rdma_GBps",
 	"baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "wrong",
 	"ranks", "ranks_per_domain", "experts", "mode", "pad", "iters", "warmup", "seed", "routing", "zipf_s",
-	"launcher", "processes", "timing", "commit",
+	"launcher", "processes", "timing", "commit", "backend",
 }
 
 // WriteCSV writes one row per (call, case) with CSVColumns. A value the
@@ -49,6 +49,10 @@ func WriteCSV(w io.Writer, rec Record) error {
 		if c.ZipfS != 0 {
 			zipf = strconv.FormatFloat(c.ZipfS, 'g', -1, 64)
 		}
+		backend := c.Backend
+		if backend == "" {
+			backend = BackendHost
+		}
 		routing := c.Routing
 		if routing == "" {
 			routing = RoutingUniform
@@ -59,7 +63,7 @@ func WriteCSV(w io.Writer, rec Record) error {
 			pos(r.BaselineGBps, 4), ratio, a2aUS, a2aGBps, vs, itoa(r.Wrong + r.A2AWrong),
 			itoa(c.Ranks), itoa(d), itoa(c.Experts), c.Mode, itoa(c.Pad), itoa(c.Iters), itoa(c.Warmup),
 			strconv.FormatUint(c.Seed, 10), routing, zipf,
-			rec.Launcher, itoa(rec.Processes), rec.Timing, rec.Env.Commit,
+			rec.Launcher, itoa(rec.Processes), rec.Timing, rec.Env.Commit, backend,
 		}
 		if err := cw.Write(row); err != nil {
 			return err

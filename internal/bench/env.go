@@ -17,7 +17,15 @@ var Version = "0.1.0-dev"
 
 // Env is the environment a run was measured in.
 type Env struct {
-	Backend     string `json:"backend"`
+	// Backend is the config's backend: "host" or "cuda".
+	Backend string `json:"backend"`
+	// GPU, GPUIndex and Driver describe rank 0's GPU on the cuda backend:
+	// its name (device.CUDA.Name), its index (GOEP_DEVICE) and the
+	// driver version as NVML reports it (empty when NVML cannot be
+	// loaded).
+	GPU         string `json:"gpu,omitempty"`
+	GPUIndex    *int   `json:"gpu_index,omitempty"`
+	Driver      string `json:"driver,omitempty"`
 	GoepVersion string `json:"goep_version"`
 	Commit      string `json:"commit,omitempty"`
 	CommitTime  string `json:"commit_time,omitempty"`

@@ -22,8 +22,10 @@ type Record struct {
 	// "mpi".
 	Group string `json:"group,omitempty"`
 	// Timing is how an iteration's time is taken: "span" (in-process: first
-	// rank's start to last rank's end on the shared clock) or "rank_max"
-	// (processes: the maximum over ranks of each rank's own time).
+	// rank's start to last rank's end on the shared clock), "rank_max"
+	// (processes: the maximum over ranks of each rank's own time) or
+	// "event_max" (cuda backend: the maximum over ranks of each rank's GPU
+	// time between CUDA events around the call).
 	Timing string `json:"timing"`
 	// BaselineA2ATransport is what carried the a2a baseline's exchange:
 	// "mpi" (MPI_Alltoallv), "tcp" or "local" (empty: not run).
@@ -69,6 +71,9 @@ func WriteTable(w io.Writer, rec Record) error {
 	if e.CPU != "" {
 		fmt.Fprintf(&b, "# cpu: %s (%d logical)  loadavg %s\n", e.CPU, e.NumCPU, orDash(e.LoadAvg))
 	}
+	if s := e.GPULine(); s != "" {
+		fmt.Fprintf(&b, "# %s\n", s)
+	}
 	domains := "1 domain"
 	if d := c.RanksPerDomain; d > 0 && d < c.Ranks {
 		domains = fmt.Sprintf("%d domains of %d", c.Ranks/d, d)
@@ -106,23 +111,45 @@ func WriteTable(w io.Writer, rec Record) error {
 	if s := ratioSummary(rec.Rows, func(r *Row) float64 { return r.A2ASpeedup }); s != "" {
 		fmt.Fprintf(&b, "# vs_a2a = a2a_us / time_us (goep's speedup over the a2a baseline): %s\n", s)
 	}
-	if rec.Timing == TimingRankMax {
+	switch rec.Timing {
+	case TimingEventMax:
+		b.WriteString("# time_us, p99_us: median and p99 over iterations of the maximum over ranks of each rank's GPU time between CUDA events recorded on its stream after a barrier, before and after the call\n")
+	case TimingRankMax:
 		b.WriteString("# time_us, p99_us: median and p99 over iterations of the maximum over ranks of each rank's time from a barrier's exit to leaving Synchronize\n")
-	} else {
+	default:
 		b.WriteString("# time_us, p99_us: median and p99 over iterations of the time from the first rank entering the call to the last leaving Synchronize\n")
 	}
-	b.WriteString("# nvl_GBps: mean over ranks of received rows x hidden x dtype size, / time_us; baseline: a plain copy of those bytes by every rank at once\n")
+	if e.Backend == BackendCUDA {
+		b.WriteString("# nvl_GBps: mean over ranks of received rows x hidden x dtype size, / time_us; baseline: a device-to-device copy of those bytes on each rank's engine stream, every rank at once\n")
+	} else {
+		b.WriteString("# nvl_GBps: mean over ranks of received rows x hidden x dtype size, / time_us; baseline: a plain copy of those bytes by every rank at once\n")
+	}
 	for _, r := range rec.Rows {
 		if r.Call == CallDispatchCombine {
 			b.WriteString("# dispatch-combine: Dispatch then Combine of its RecvX per iteration, no host synchronisation between them; its bytes count twice (there and back)\n")
 			break
 		}
 	}
+	if e.Backend == BackendCUDA && len(rec.Rows) > 0 {
+		b.WriteString("# a2a: not run on the cuda backend (the a2a baseline is a host all-to-all of host memory)\n")
+	}
 	if rec.BaselineA2ATransport != "" {
 		fmt.Fprintf(&b, "# a2a: the same call as an all-to-all of the token rows over %s plus a local permute or sum, same bytes, timed the same way; #wrong counts its rows too\n", rec.BaselineA2ATransport)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// GPULine is "gpu: NAME (GPU i)  driver V" on the cuda backend, else "".
+func (e Env) GPULine() string {
+	if e.GPU == "" {
+		return ""
+	}
+	idx := ""
+	if e.GPUIndex != nil {
+		idx = fmt.Sprintf(" (GPU %d)", *e.GPUIndex)
+	}
+	return fmt.Sprintf("gpu: %s%s  driver %s", e.GPU, idx, orDash(e.Driver))
 }
 
 // CheckLine is the footer line that reports the run's checks (eprun bench
@@ -195,6 +222,9 @@ func WriteGoBench(w io.Writer, rec Record) error {
 		fmt.Fprintf(&b, "cpu: %s\n", e.CPU)
 	}
 	fmt.Fprintf(&b, "backend: %s\nmode: %s\n", e.Backend, rec.Config.Mode)
+	if e.GPU != "" {
+		fmt.Fprintf(&b, "gpu: %s\n", e.GPU)
+	}
 	// The routing is part of the name, so that benchstat tells a zipf run
 	// from a uniform one (it compares results of equal names).
 	routing := "/routing=" + rec.Config.RoutingSpec().kind()

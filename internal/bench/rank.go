@@ -24,6 +24,9 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 		return err
 	}
 	defer e.Close()
+	if st.clock, err = newClock(e); err != nil {
+		return err
+	}
 
 	x, idx, wts := w.Inputs(r)
 	xt, err := upload(ctx, e, w.DType, x, t, h)
@@ -201,8 +204,11 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 	if st.checkOnly {
 		return nil
 	}
-	if err := st.runBaseline(ctx, ctl); err != nil {
+	if err := st.baseline(ctx, e); err != nil {
 		return err
+	}
+	if !runsA2A(st.cfg) {
+		return nil
 	}
 	return st.runA2A(ctx)
 }
@@ -231,7 +237,9 @@ func upload(ctx context.Context, e *executor.Engine, dt device.DType, data []byt
 }
 
 // loop runs op after a barrier of all ranks, timing op plus
-// synchronisation, and returns the last output (earlier ones are closed).
+// synchronisation with the rank's clock (the wall clock on the host, CUDA
+// events on the engine's stream on the GPU), and returns the last output
+// (earlier ones are closed).
 // Timed, it runs Warmup+Iters times and records the last Iters; untimed,
 // once.
 func loop[T interface{ Close() error }](ctx context.Context, st *rankState, call string, ctl comm.Group, sync func(context.Context) error, timed bool, op func() (T, error)) (T, error) {
@@ -247,20 +255,29 @@ func loop[T interface{ Close() error }](ctx context.Context, st *rankState, call
 		if err := ctl.Barrier(ctx); err != nil {
 			return zero, err
 		}
-		t0 := time.Now()
+		if err := st.clock.begin(); err != nil {
+			return zero, err
+		}
 		out, err := op()
 		if err == nil {
-			if err = sync(ctx); err != nil {
+			if err = st.clock.end(); err == nil {
+				err = sync(ctx)
+			}
+			if err != nil {
 				out.Close()
 			}
 		}
-		t1 := time.Now()
 		if err != nil {
+			return zero, err
+		}
+		t0, d, err := st.clock.elapsed()
+		if err != nil {
+			out.Close()
 			return zero, err
 		}
 		last = out
 		if timed && i >= warmup {
-			st.record(call, i-warmup, t0, t1)
+			st.record(call, i-warmup, t0, t0.Add(d))
 		}
 		if timed {
 			st.progress(call)

@@ -24,6 +24,10 @@ const (
 	// TimingRankMax: the maximum over ranks of each rank's own time after
 	// a barrier (processes have no shared clock).
 	TimingRankMax = "rank_max"
+	// TimingEventMax: the maximum over ranks of each rank's GPU time
+	// between CUDA events recorded on its stream before and after the call
+	// (after a barrier): the cuda backend, in process or not.
+	TimingEventMax = "event_max"
 )
 
 // Row is the result of one call in one case.
@@ -41,8 +45,10 @@ type Row struct {
 	// Time is over the timed iterations, each taken as Result.Timing says:
 	// in-process, from the first rank entering the call to the last
 	// leaving Synchronize (Timing.Spans); across processes, the maximum
-	// over ranks of each rank's own time (Timing.RankMax). IterUS lists
-	// them. RankMaxTime is always over the per-rank maximum.
+	// over ranks of each rank's own time (Timing.RankMax); on the cuda
+	// backend, the maximum over ranks of each rank's time between CUDA
+	// events around the call. IterUS lists them. RankMaxTime is always
+	// over the per-rank maximum.
 	Time        Stats     `json:"time"`
 	IterUS      []float64 `json:"iter_us"`
 	RankMaxTime Stats     `json:"rank_max_time"`
@@ -60,7 +66,8 @@ type Row struct {
 	RDMAGBps  float64 `json:"rdma_GBps,omitempty"`
 
 	// Baseline is a plain copy of each rank's N_r rows by all ranks at
-	// once, timed the same way; Ratio = NVLGBps / BaselineGBps.
+	// once, timed the same way (on the cuda backend a device-to-device
+	// copy on the engine's stream); Ratio = NVLGBps / BaselineGBps.
 	Baseline     Stats   `json:"baseline_time"`
 	BaselineGBps float64 `json:"baseline_GBps"`
 	Ratio        float64 `json:"ratio"`
@@ -72,7 +79,8 @@ type Row struct {
 	// sum, timed the same way. A2AGBps counts the call's bytes (NVLBytes);
 	// A2ASpeedup = A2A median / Time median (> 1: goep is faster).
 	// A2ACheckedRows and A2AWrong count its output rows checked as the
-	// call's are. Absent when the baseline did not run (eprun check).
+	// call's are. Absent when the baseline did not run (eprun check, and
+	// the cuda backend: it is a host all-to-all).
 	A2A            *Stats  `json:"baseline_a2a_time,omitempty"`
 	A2AGBps        float64 `json:"baseline_a2a_GBps,omitempty"`
 	A2ASpeedup     float64 `json:"speedup_vs_a2a,omitempty"`
@@ -89,7 +97,7 @@ type Row struct {
 type Result struct {
 	Config Config `json:"config"`
 	Rows   []Row  `json:"rows"`
-	// Timing is TimingSpan or TimingRankMax.
+	// Timing is TimingSpan, TimingRankMax or TimingEventMax.
 	Timing string `json:"timing"`
 	// A2ATransport is what carried the a2a baseline's exchange: "mpi",
 	// "tcp" or "local" (empty when it did not run).
@@ -133,9 +141,10 @@ type Options struct {
 	// CheckOnly runs the calls and their checks only: no copy baseline, no
 	// a2a baseline (eprun check).
 	CheckOnly bool
-	// Backend is the host backend the engines use; nil: RunRank makes one
-	// and closes it at the end.
-	Backend *device.Host
+	// Backend is the backend the engines use, of the config's kind; nil:
+	// Run or RunRank opens one with NewBackend(cfg.Backend) and closes it
+	// at the end.
+	Backend device.Backend
 	// Transport names what carries the group's AllToAll in the record;
 	// empty: guessed from the group's type.
 	Transport string
@@ -149,13 +158,29 @@ type Options struct {
 func (o Options) Steps(cfg Config) int {
 	per := len(cfg.Calls)
 	if !o.CheckOnly {
-		per += 1 + len(cfg.Calls)
+		per++ // the copy baseline
+		if runsA2A(cfg) {
+			per += len(cfg.Calls)
+		}
 	}
 	return len(cfg.Cases()) * per * (cfg.Warmup + cfg.Iters)
 }
 
+// runsA2A reports whether a (non-check) run of cfg has the a2a baseline:
+// not on the cuda backend, whose data the host all-to-all cannot read.
+func runsA2A(cfg Config) bool { return cfg.Backend != BackendCUDA }
+
+// backendKind is the device kind of cfg.Backend.
+func backendKind(cfg Config) device.Kind {
+	if cfg.Backend == BackendCUDA {
+		return device.KindCUDA
+	}
+	return device.KindHost
+}
+
 // Run runs every case of cfg with cfg.Ranks in-process ranks (goroutines,
-// comm.NewLocal groups, one shared host backend), each running RunRank
+// comm.NewLocal groups, one shared backend: the host, or with backend cuda
+// one *device.CUDA of GPU GOEP_DEVICE, default 0), each running RunRank
 // exactly as one process of a multi-process world does. It returns rank
 // 0's rows of the cases that completed and the first error.
 func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
@@ -163,11 +188,15 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 		return nil, err
 	}
 	r := cfg.Ranks
-	groups := comm.NewLocal(r)
 	backend := opt.Backend
 	if backend == nil {
-		backend = device.NewHost()
+		b, err := NewBackend(cfg.Backend)
+		if err != nil {
+			return nil, err
+		}
+		backend = b
 	}
+	groups := comm.NewLocal(r)
 	results := make([]*Result, r)
 	g, gctx := errgroup.WithContext(ctx)
 	for rank := range r {
@@ -208,12 +237,18 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Resul
 	if cfg.Ranks != g.Size() {
 		return nil, fmt.Errorf("config has %d ranks, the group %d", cfg.Ranks, g.Size())
 	}
+	if opt.Backend != nil && opt.Backend.Kind() != backendKind(cfg) {
+		return nil, fmt.Errorf("the config's backend is %s, Options.Backend is %s", backendKind(cfg), opt.Backend.Kind())
+	}
 	rank := g.Rank()
 	res := &Result{Config: cfg, Timing: TimingRankMax}
-	if opt.sharedClock {
+	switch {
+	case backendKind(cfg) == device.KindCUDA:
+		res.Timing = TimingEventMax
+	case opt.sharedClock:
 		res.Timing = TimingSpan
 	}
-	if !opt.CheckOnly {
+	if !opt.CheckOnly && runsA2A(cfg) {
 		res.A2ATransport = opt.Transport
 		if res.A2ATransport == "" {
 			res.A2ATransport = TransportOf(g)
@@ -226,7 +261,11 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Resul
 	defer ctl.Close()
 	backend := opt.Backend
 	if backend == nil {
-		backend = device.NewHost()
+		b, err := NewBackend(cfg.Backend)
+		if err != nil {
+			return res, err
+		}
+		backend = b
 		defer backend.Close()
 	}
 	log := opt.Logger
@@ -290,8 +329,9 @@ type rankState struct {
 	ecfg  executor.Config
 
 	g, ctl    comm.Group // the engine's (and the a2a baseline's), the harness's
-	backend   *device.Host
+	backend   device.Backend
 	checkOnly bool
+	clock     clock // of the engine's stream, set by rankMain
 
 	times     map[string]*series // call, "baseline", or "a2a/"+call
 	checks    map[string]*Check  // call
@@ -467,7 +507,7 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 		if row.BaselineGBps > 0 {
 			row.Ratio = row.NVLGBps / row.BaselineGBps
 		}
-		if !rs.checkOnly {
+		if !rs.checkOnly && runsA2A(rs.cfg) {
 			at, _, err := times("a2a/" + call)
 			if err != nil {
 				return nil, err
