@@ -32,7 +32,7 @@ var benchShapes = []int{128, 4096}
 // dispatch-permute, unpermute-combine and a device-to-device copy of the
 // dispatch's received bytes, each timed with CUDA events on the engine's
 // stream after warm-up, launched from the host (eager) and as a CUDA graph
-// of the call (ten launches between the events, divided by ten); every
+// of the call (one launch between the events); every
 // iteration's time is the maximum over ranks (all-gathered). It returns, per shape, the medians and p90s in
 // microseconds and the bytes moved.
 func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
@@ -113,21 +113,12 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 				return nil, fmt.Errorf("%s: capture: %w", c.name, err)
 			}
 			for _, how := range []string{"eager", "graph"} {
-				run, batch := c.run, 1
+				run := c.run
 				if how == "graph" {
-					// Ten launches back to back between the events: the
-					// time of one is then GPU time, not the host's gaps.
-					run, batch = func() error {
-						for range 10 {
-							if err := graph.Launch(s); err != nil {
-								return err
-							}
-						}
-						return nil
-					}, 10
+					run = func() error { return graph.Launch(s) }
 				}
 				med, p90, err := timeCall(ctx, g, e, s, run, warm, iters)
-				med, p90 = med/float64(batch), p90/float64(batch)
+
 				if err != nil {
 					graph.Close()
 					return nil, fmt.Errorf("%s (%s): %w", c.name, how, err)
