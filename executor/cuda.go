@@ -119,7 +119,7 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.
 	cfg := e.cfg
 	R := e.size
 	g := &gpuEngine{e: e, b: b, R: R, K: cfg.TopK, H: cfg.Hidden, W: min(cfg.TopK, R),
-		dnan: defaultNaN(float32(math.Inf(1)), float32(math.Inf(1))), timeoutNs: cfg.Timeout.Nanoseconds()}
+		dnan: permute.DefaultNaN(), timeoutNs: cfg.Timeout.Nanoseconds()}
 	if R > 1024 {
 		return nil, fmt.Errorf("executor: CUDA path: %d ranks in one domain, at most 1024: %w", R, ErrUnsupported)
 	}
@@ -215,12 +215,6 @@ func appendU64(b []byte, v uint64) []byte {
 	return b
 }
 
-// defaultNaN returns the bits of a - b computed at run time (inf - inf:
-// the CPU's default NaN, which the host loops produce and the kernels
-// copy).
-//
-//go:noinline
-func defaultNaN(a, b float32) uint32 { return math.Float32bits(a - b) }
 
 // peerTable is the device array of region r's base addresses.
 func (g *gpuEngine) peerTable(r int) *device.Buffer {

@@ -110,6 +110,11 @@ func LoadCUDAKernels(b *device.CUDA) (*CUDAKernels, error) {
 // Close unloads the kernels; work queued with them must have completed.
 func (k *CUDAKernels) Close() error { return k.mod.Close() }
 
+// DefaultNaN is the bits of this CPU's default NaN (inf - inf), which the
+// host loops produce for a NaN made by an operation and every CUDA kernel
+// that must match them bit for bit takes as an argument.
+func DefaultNaN() uint32 { return defaultNaN(float32(math.Inf(1)), float32(math.Inf(1))) }
+
 // defaultNaN returns the bits of a - b computed at run time (inf - inf:
 // the CPU's default NaN, 0xffc00000 on amd64, 0x7fc00000 on arm64).
 //
