@@ -215,7 +215,6 @@ func appendU64(b []byte, v uint64) []byte {
 	return b
 }
 
-
 // peerTable is the device array of region r's base addresses.
 func (g *gpuEngine) peerTable(r int) *device.Buffer {
 	v, _ := g.peers.View(r*g.R*8, g.R*8)
