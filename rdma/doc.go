@@ -33,6 +33,19 @@
 //
 // # Implementations
 //
+// New is the constructor the executor uses: one all-gather of the ranks'
+// process identities (pid and a per-process random nonce) picks, for all
+// ranks alike, NewInProcess when every rank lives in this process and
+// NewUCX otherwise.
+//
+// NewInProcess (no build tag) is for goroutine ranks (comm.NewLocal, the
+// embedded default of eprun and the executor's tests): ranks meet through
+// a process-wide registry under a random key that rank 0 broadcasts, a
+// put is a copy into the peer's mmap'd receive region before Put returns,
+// and a signal is an atomic store into the peer's signal word that wakes
+// its waiters (who sleep, not spin). Ranks in several processes get an
+// error wrapping ErrUnsupported.
+//
 // NewUCX (build tag ucx; UCX from Debian's libucx-dev) uses UCX's ucp
 // through internal/ucx: worker addresses and remote keys are all-gathered
 // over the comm.Group, one endpoint per peer, ucp_put_nbx then a fence then
