@@ -338,17 +338,21 @@ func (s *HostStream) Free(b *Buffer) {
 		return
 	}
 	m := b.reg
+	// Checked and queued under one lock: a Free racing Close (a garbage
+	// collector finalizer, say) must neither fail the stream nor lose m.
 	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed { // the stream has drained; nothing can still use b
+	if s.closed { // the stream has drained; nothing can still use b
+		s.mu.Unlock()
 		s.host.put(m)
 		return
 	}
-	s.enqueue(task{name: "free", always: true, fn: func() error {
+	s.queue = append(s.queue, task{name: "free", always: true, fn: func() error {
 		s.host.put(m)
 		return nil
 	}})
+	s.enqueued++
+	s.cond.Broadcast()
+	s.mu.Unlock()
 }
 
 // Event marks a point in a stream.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -215,5 +216,36 @@ func TestParallelForCoversRange(t *testing.T) {
 				t.Fatalf("n=%d: index %d visited %d times", n, i, h)
 			}
 		}
+	}
+}
+
+// TestFreeRacesClose frees buffers from other goroutines (as garbage
+// collector finalizers do) while the stream closes: Close must not fail
+// and no memory may be lost.
+func TestFreeRacesClose(t *testing.T) {
+	for range 50 {
+		h := NewHost()
+		s, err := h.NewStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		bufs := make([]*Buffer, 64)
+		for i := range bufs {
+			if bufs[i], err = s.Alloc(64); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var wg sync.WaitGroup
+		for _, b := range bufs {
+			wg.Go(func() { s.Free(b) })
+		}
+		if err := s.Close(); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		wg.Wait()
+		if n := h.LiveBuffers(); n != 0 {
+			t.Fatalf("%d buffers live after every Free", n)
+		}
+		h.Close()
 	}
 }
