@@ -14,7 +14,7 @@ import (
 // gives a clear error on every rank, nothing hangs, and the engine still
 // works afterwards.
 func TestBadInput(t *testing.T) {
-	const R, E, K, H, T = 3, 6, 2, 8, 4
+	const E, K, H, T = 12, 2, 8, 4
 	const bad = 1 // the rank that misbehaves
 	type call func(ctx context.Context, e *Engine, h *Handle, x *device.Tensor) error
 	mk := func(ctx context.Context, e *Engine, dt device.DType, shape ...int) *device.Tensor {
@@ -86,7 +86,7 @@ func TestBadInput(t *testing.T) {
 		want error  // sentinel every rank's error wraps
 		text string // the text every rank's error contains
 	}{
-		{"expert out of range", layout(routing(0, 6)), ErrInvalidInput, "rank 1, token 0, slot 1: expert 6 out of range"},
+		{"expert out of range", layout(routing(0, E)), ErrInvalidInput, "rank 1, token 0, slot 1: expert 12 out of range"},
 		{"expert below -1", layout(routing(-2)), ErrInvalidInput, "expert -2 out of range"},
 		{"repeated expert", layout(routing(3, 3)), ErrInvalidInput, "expert 3 repeated"},
 		{"too many tokens", layout(onBad(routing(), func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.Int32, T+5, K) })), ErrInvalidInput, "exceed MaxTokensPerRank"},
@@ -130,33 +130,38 @@ func TestBadInput(t *testing.T) {
 			return err
 		}, ErrInvalidInput, "nil handle"},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T, Timeout: 5 * 1e9}
-			errs := runRanks(t, R, cfg, func(ctx context.Context, e *Engine) error {
-				h, err := e.Layout(ctx, LayoutInput{TopkIdx: routing()(ctx, e)})
-				if err != nil {
-					return fmt.Errorf("setup layout: %w", err)
+	// One domain of 3 ranks; 2 domains of 2 (the bad rank's rail peer is
+	// rank 3); 4 domains of 1.
+	for _, world := range []struct{ R, D int }{{3, 0}, {4, 2}, {4, 1}} {
+		R, D := world.R, world.D
+		for _, tc := range cases {
+			t.Run(fmt.Sprintf("R=%d D=%d/%s", R, D, tc.name), func(t *testing.T) {
+				cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T, Timeout: 5 * 1e9, RanksPerDomain: D}
+				errs := runRanks(t, R, cfg, func(ctx context.Context, e *Engine) error {
+					h, err := e.Layout(ctx, LayoutInput{TopkIdx: routing()(ctx, e)})
+					if err != nil {
+						return fmt.Errorf("setup layout: %w", err)
+					}
+					defer h.Close()
+					x := mk(ctx, e, device.BF16, T, H)
+					err = tc.call(ctx, e, h, x)
+					// The engine still works afterwards.
+					out, derr := e.Dispatch(ctx, h, DispatchInput{X: x})
+					if derr == nil {
+						derr = e.Synchronize(ctx)
+						out.Close()
+					}
+					if derr != nil {
+						return fmt.Errorf("call after the fault: %v (fault's error: %v)", derr, err)
+					}
+					return err
+				})
+				for r, err := range errs {
+					if err == nil || !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
+						t.Errorf("rank %d: error %v; want %v containing %q", r, err, tc.want, tc.text)
+					}
 				}
-				defer h.Close()
-				x := mk(ctx, e, device.BF16, T, H)
-				err = tc.call(ctx, e, h, x)
-				// The engine still works afterwards.
-				out, derr := e.Dispatch(ctx, h, DispatchInput{X: x})
-				if derr == nil {
-					derr = e.Synchronize(ctx)
-					out.Close()
-				}
-				if derr != nil {
-					return fmt.Errorf("call after the fault: %v (fault's error: %v)", derr, err)
-				}
-				return err
 			})
-			for r, err := range errs {
-				if err == nil || !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
-					t.Errorf("rank %d: error %v; want %v containing %q", r, err, tc.want, tc.text)
-				}
-			}
-		})
+		}
 	}
 }

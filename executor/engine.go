@@ -55,6 +55,10 @@ type Engine struct {
 	// on: stream itself on the host backend, the GPU's stream on CUDA.
 	data   device.Stream
 	domain *nvlink.Domain
+	// hier is the inter-domain half (D < R; nil with one domain): the
+	// rail transport and the forwarding buffer. domain is then this
+	// rank's domain only.
+	hier *hierarchy
 	// gpu is the CUDA data path (nil on the host backend); ctl is the
 	// private host backend of its control blocks.
 	gpu *gpuEngine
@@ -116,8 +120,8 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 				r, g.Rank(), diffDescriptions(desc, string(d)), ErrPeerMismatch)
 		}
 	}
-	if cfg.RanksPerDomain != R {
-		return nil, fmt.Errorf("executor: new: RanksPerDomain %d < %d ranks needs the inter-domain (RDMA) path, not built yet: %w", cfg.RanksPerDomain, R, ErrUnsupported)
+	if cfg.RanksPerDomain != R && b.Kind() != device.KindHost {
+		return nil, fmt.Errorf("executor: new: RanksPerDomain %d < %d ranks on the %s backend: the hierarchical path runs on the host backend only so far: %w", cfg.RanksPerDomain, R, b.Kind(), ErrUnsupported)
 	}
 	var cb *device.CUDA
 	var ctl *device.Host
@@ -144,14 +148,20 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	}
 	dctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	dom, err := nvlink.New(dctx, g, s, global, cfg.Timeout)
+	var dom *nvlink.Domain
+	var hier *hierarchy
+	if cfg.RanksPerDomain == R {
+		dom, err = nvlink.New(dctx, g, s, global, cfg.Timeout)
+	} else {
+		hier, dom, err = newHierarchy(dctx, g, s, cfg)
+	}
 	if err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("executor: new: %w", err)
 	}
 	e := &Engine{
 		cfg: cfg, rank: g.Rank(), size: R, local: cfg.NumExperts / R,
-		group: g, backend: b, stream: s.(*device.HostStream), data: s, domain: dom, ctl: ctl,
+		group: g, backend: b, stream: s.(*device.HostStream), data: s, domain: dom, hier: hier, ctl: ctl,
 		log: o.log.Named("executor"),
 	}
 	if cb != nil {
@@ -260,7 +270,7 @@ func (e *Engine) exchange(c nvlink.Call, fn func(peers [][]*device.Buffer) error
 	if fatal(err) {
 		e.failed.CompareAndSwap(nil, &err)
 	}
-	if errors.Is(err, nvlink.ErrPeerReported) {
+	if errors.Is(err, nvlink.ErrPeerReported) && !fatal(err) && !errors.Is(err, ErrPeerMismatch) {
 		err = fmt.Errorf("%w: %w", err, ErrInvalidInput)
 	}
 	return err
@@ -279,6 +289,10 @@ func (e *Engine) reject(op uint64, cause error) error {
 		return cause
 	}
 	e.stream.Go("reject "+opNames[op], func() error {
+		if e.hier != nil {
+			e.hierReject(op, cause)
+			return nil
+		}
 		_ = e.domain.Exchange(nvlink.Call{Op: op, Status: cause}, nil)
 		return nil
 	})
@@ -319,7 +333,14 @@ func (e *Engine) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	e.domain.Close()
+	if e.hier != nil {
+		// Collective over the rail; after a failure it still frees all.
+		if err := e.hier.close(e.domain); err != nil && e.failed.Load() == nil {
+			errs = append(errs, fmt.Errorf("executor: close: %w", err))
+		}
+	} else {
+		e.domain.Close()
+	}
 	if err := e.stream.Close(); err != nil && e.failed.Load() == nil {
 		errs = append(errs, err)
 	}

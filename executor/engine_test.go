@@ -270,12 +270,3 @@ func TestConfigMismatch(t *testing.T) {
 		}
 	}
 }
-
-func TestUnsupportedDomains(t *testing.T) {
-	errs := runRanks(t, 4, Config{NumExperts: 4, TopK: 1, Hidden: 4, MaxTokensPerRank: 1, RanksPerDomain: 2}, func(ctx context.Context, e *Engine) error { return nil })
-	for r, err := range errs {
-		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "inter-domain") {
-			t.Errorf("rank %d: %v, want ErrUnsupported naming the inter-domain path", r, err)
-		}
-	}
-}

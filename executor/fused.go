@@ -95,29 +95,25 @@ func (e *Engine) dispatchPermute(h *Handle, x, w *device.Tensor, out DispatchPer
 		if err != nil {
 			return err
 		}
-		return e.exchange(nvlink.Call{Op: opDispatchPermute, Sig: sig(h, x.DType(), w != nil), Buffers: []*device.Buffer{x.Buffer(), buf(w)}},
-			func(peers [][]*device.Buffer) error {
-				n := e.validRecv(lay, e.rank)
-				writeRecvMeta(lay, peers, n, h.recvRows, out.RecvIdx, out.RecvWeights)
-				e.gatherPermuted(lay, peers, x.DType(), n, out.X.Bytes(), f32(out.RecvWeights), f32(out.Weights))
-				return nil
-			})
+		return e.pull(lay, h, opDispatchPermute, x, w, func(src []recvSrc) error {
+			writeRecvMeta(lay, src, h.recvRows, out.RecvIdx, out.RecvWeights)
+			e.gatherPermuted(lay, src, x.DType(), out.X.Bytes(), f32(out.RecvWeights), f32(out.Weights))
+			return nil
+		})
 	})
 	return nil
 }
 
-// gatherPermuted writes each received row i < n (pulled from its source's
-// buffer 0) to its permuted positions, with its slot weights from rw, and
-// zeroes the padding.
-func (e *Engine) gatherPermuted(lay *Layout, peers [][]*device.Buffer, dt device.DType, n int, px []byte, rw, pw []float32) {
-	H, K := e.cfg.Hidden, lay.TopK
+// gatherPermuted writes each valid received row i (from src) to its
+// permuted positions, with its slot weights from rw, and zeroes the
+// padding.
+func (e *Engine) gatherPermuted(lay *Layout, src []recvSrc, dt device.DType, px []byte, rw, pw []float32) {
+	H, K, n := e.cfg.Hidden, lay.TopK, len(src)
 	rb := H * dt.Size()
 	pcap := e.permCap(lay)
 	device.ParallelFor(n, 16, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			src := peers[lay.RecvSrcRank[i]][0].Host()
-			t := int(lay.RecvSrcToken[i])
-			row := src[t*rb : (t+1)*rb]
+			row := src[i].x
 			for k := range K {
 				p := int(lay.Pos[i*K+k])
 				if p < 0 || p >= pcap {
@@ -180,11 +176,8 @@ func (e *Engine) unpermuteCombine(h *Handle, y, w, out *device.Tensor) error {
 		if err != nil {
 			return err
 		}
-		return e.exchange(nvlink.Call{Op: opUnpermuteCombine, Sig: sig(h, y.DType(), w != nil), Buffers: []*device.Buffer{y.Buffer(), buf(w)}},
-			func(peers [][]*device.Buffer) error {
-				e.sumRows(lay, peers, y.DType(), out.Bytes(), &unpermuteSpec{weighted: w != nil})
-				return nil
-			})
+		c := nvlink.Call{Op: opUnpermuteCombine, Sig: sig(h, y.DType(), w != nil), Buffers: []*device.Buffer{y.Buffer(), buf(w)}}
+		return e.sum(lay, c, y.DType(), out.Bytes(), nil, &unpermuteSpec{weighted: w != nil})
 	})
 	return nil
 }

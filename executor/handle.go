@@ -118,6 +118,9 @@ func (e *Engine) Layout(ctx context.Context, in LayoutInput) (*Handle, error) {
 // layoutTask enqueues the host layout of idx into h.
 func (e *Engine) layoutTask(h *Handle, idx *device.Tensor, sig [4]uint64) {
 	e.stream.Go("layout", func() error {
+		if e.hier != nil {
+			return e.hierLayout(h, idx, sig)
+		}
 		return e.exchange(nvlink.Call{Op: opLayout, Sig: sig, Buffers: []*device.Buffer{idx.Buffer()}}, func(peers [][]*device.Buffer) error {
 			routing := make([][]int32, len(peers))
 			for p := range peers {

@@ -12,23 +12,12 @@ import (
 type Layout struct {
 	Rank, NumRanks, NumLocalExperts, TopK, PadMultiple int
 
-	// NumTokens is T of this rank.
-	NumTokens int
+	// RanksPerDomain is D. With D < NumRanks the layout also holds what the
+	// hierarchical calls need (Rail, RecvFwdRow).
+	RanksPerDomain int
 
-	// Send side, one entry per (local token, destination rank), tokens
-	// ascending and, within a token, destinations ascending:
-	// SendDest[j] / SendRow[j] for j in [SendOffsets[t], SendOffsets[t+1]).
-	SendOffsets []int32 // [T+1]
-	SendDest    []int32 // destination rank
-	SendRow     []int32 // row index in the destination's receive order
-	// SlotRow and SlotPos give, for slot k of local token t, the row of the
-	// token on the rank owning the slot's expert and the row's position in
-	// that rank's permuted layout; -1 for empty slots.
-	SlotRow []int32 // [T*K]
-	SlotPos []int32 // [T*K]
-	// SlotExpert is this rank's own routing (global expert ids, -1 empty),
-	// [T*K]; the owner of slot k's expert is SlotExpert / NumLocalExperts.
-	SlotExpert []int32
+	// SendSide is this rank's send side (NumTokens is T of this rank).
+	SendSide
 
 	// Receive side (this rank as destination), in receive order.
 	RecvCount    int     // N
@@ -41,9 +30,57 @@ type Layout struct {
 	ExpertOffsets   []int32 // [L+1] padded segment starts; ExpertOffsets[L] = PermutedCount
 	PermutedCount   int     // P
 
+	// Rail[n] is the send side of the rank with this rank's local index in
+	// domain n (Rail[own domain] is this rank's own): in dispatch this rank
+	// forwards the rows those ranks send to its domain, in combine it sums
+	// their tokens' partials over its domain. Nil with one domain.
+	Rail []*SendSide
+	// RecvFwdRow[i], for a row received from a source in another domain, is
+	// its index among the rows that source sends to this domain (in token
+	// order): its row in the forwarding buffer of this domain's rank with
+	// the source's local index. -1 for sources in this domain; nil with one
+	// domain.
+	RecvFwdRow []int32
+
 	// World counts, for capacity checks on every rank.
 	RecvCounts     []int // N of every rank
 	PermutedCounts []int // P of every rank
+}
+
+// SendSide is one source rank's send tables.
+type SendSide struct {
+	// NumTokens is T of the rank.
+	NumTokens int
+
+	// One entry per (token, destination rank), tokens ascending and,
+	// within a token, destinations ascending: SendDest[j] / SendRow[j] for
+	// j in [SendOffsets[t], SendOffsets[t+1]).
+	SendOffsets []int32 // [T+1]
+	SendDest    []int32 // destination rank
+	SendRow     []int32 // row index in the destination's receive order
+	// SlotRow and SlotPos give, for slot k of token t, the row of the
+	// token on the rank owning the slot's expert and the row's position in
+	// that rank's permuted layout; -1 for empty slots.
+	SlotRow []int32 // [T*K]
+	SlotPos []int32 // [T*K]
+	// SlotExpert is the rank's routing (global expert ids, -1 empty),
+	// [T*K]; the owner of slot k's expert is SlotExpert / NumLocalExperts.
+	SlotExpert []int32
+}
+
+// DomainTokens appends to dst the tokens of s that go to at least one rank
+// of domain n (ranks [n*D, (n+1)*D)), ascending: the rows s sends to that
+// domain, in the order they cross.
+func (s *SendSide) DomainTokens(dst []int32, n, D int) []int32 {
+	for t := range s.NumTokens {
+		for j := s.SendOffsets[t]; j < s.SendOffsets[t+1]; j++ {
+			if int(s.SendDest[j])/D == n {
+				dst = append(dst, int32(t))
+				break
+			}
+		}
+	}
+	return dst
 }
 
 // RoutingError is a fault in one rank's routing; every rank of the layout
@@ -151,46 +188,26 @@ func ComputeLayout(rank int, cfg Config, routing [][]int32) (*Layout, error) {
 		permCounts[d] = off
 	}
 
+	D := cfg.RanksPerDomain
+	if D <= 0 || R%D != 0 {
+		D = R
+	}
 	lay := &Layout{
-		Rank: rank, NumRanks: R, NumLocalExperts: L, TopK: K, PadMultiple: pad,
+		Rank: rank, NumRanks: R, NumLocalExperts: L, TopK: K, PadMultiple: pad, RanksPerDomain: D,
 		RecvCounts: recvCounts, PermutedCounts: permCounts,
 		RecvCount: recvCounts[rank], PermutedCount: permCounts[rank],
 	}
-
-	// Send side of this rank.
-	idx := routing[rank]
-	T := len(idx) / K
-	lay.NumTokens = T
-	lay.SendOffsets = make([]int32, T+1)
-	lay.SlotRow = make([]int32, T*K)
-	lay.SlotPos = make([]int32, T*K)
-	lay.SlotExpert = slices.Clone(idx)
-	nextRow := slices.Clone(rowBase[rank*R : (rank+1)*R])
-	nextPos := make([]int, E)
-	for e := range E {
-		nextPos[e] = segStart[e] + expertBase[rank*E+e]
-	}
-	for t := range T {
-		row := idx[t*K : (t+1)*K]
-		dests = tokenDests(dests[:0], row, L)
-		for _, d := range dests {
-			lay.SendDest = append(lay.SendDest, d)
-			lay.SendRow = append(lay.SendRow, int32(nextRow[d]))
-		}
-		for k, e := range row {
-			if e < 0 {
-				lay.SlotRow[t*K+k], lay.SlotPos[t*K+k] = -1, -1
-				continue
+	w := world{K: K, L: L, E: E, R: R, rowBase: rowBase, expertBase: expertBase, segStart: segStart}
+	lay.SendSide = *w.sendSide(rank, routing[rank])
+	if D < R {
+		lay.Rail = make([]*SendSide, R/D)
+		for n := range lay.Rail {
+			if s := n*D + rank%D; s == rank {
+				lay.Rail[n] = &lay.SendSide
+			} else {
+				lay.Rail[n] = w.sendSide(s, routing[s])
 			}
-			d := int(e) / L
-			lay.SlotRow[t*K+k] = int32(nextRow[d])
-			lay.SlotPos[t*K+k] = int32(nextPos[e])
-			nextPos[e]++
 		}
-		for _, d := range dests {
-			nextRow[d]++
-		}
-		lay.SendOffsets[t+1] = int32(len(lay.SendDest))
 	}
 
 	// Receive side of this rank.
@@ -209,9 +226,26 @@ func ComputeLayout(rank int, cfg Config, routing [][]int32) (*Layout, error) {
 	next := make([]int, L)
 	copy(next, segStart[rank*L:(rank+1)*L])
 	lo, hi := int32(rank*L), int32((rank+1)*L)
+	// Experts of this rank's domain, for the forwarding rows of sources in
+	// other domains.
+	dlo, dhi := int32(rank/D*D*L), int32((rank/D+1)*D*L)
+	if D < R {
+		lay.RecvFwdRow = make([]int32, 0, N)
+	}
 	for s, sidx := range routing {
+		fwd := int32(0) // tokens of s that reached this domain so far
 		for t := 0; t < len(sidx)/K; t++ {
 			row := sidx[t*K : (t+1)*K]
+			here := false
+			for _, e := range row {
+				if e >= dlo && e < dhi {
+					here = true
+					break
+				}
+			}
+			if here {
+				fwd++
+			}
 			mine := false
 			for _, e := range row {
 				if e >= lo && e < hi {
@@ -224,6 +258,13 @@ func ComputeLayout(rank int, cfg Config, routing [][]int32) (*Layout, error) {
 			}
 			lay.RecvSrcRank = append(lay.RecvSrcRank, int32(s))
 			lay.RecvSrcToken = append(lay.RecvSrcToken, int32(t))
+			if lay.RecvFwdRow != nil {
+				if s/D == rank/D {
+					lay.RecvFwdRow = append(lay.RecvFwdRow, -1)
+				} else {
+					lay.RecvFwdRow = append(lay.RecvFwdRow, fwd-1)
+				}
+			}
 			for _, e := range row {
 				if e >= lo && e < hi {
 					l := e - lo
@@ -238,6 +279,57 @@ func ComputeLayout(rank int, cfg Config, routing [][]int32) (*Layout, error) {
 		}
 	}
 	return lay, nil
+}
+
+// world holds the world's prefix counts that every send side is read from.
+type world struct {
+	K, L, E, R int
+	// rowBase[s*R+d]: first row on d of source s (receive order);
+	// expertBase[s*E+e]: rows routed to e from sources < s; segStart[e]:
+	// padded segment start of expert e on its rank.
+	rowBase, expertBase, segStart []int
+}
+
+// sendSide computes the send tables of rank s from its routing idx.
+func (w *world) sendSide(s int, idx []int32) *SendSide {
+	K, L, E, R := w.K, w.L, w.E, w.R
+	T := len(idx) / K
+	side := &SendSide{
+		NumTokens:   T,
+		SendOffsets: make([]int32, T+1),
+		SlotRow:     make([]int32, T*K),
+		SlotPos:     make([]int32, T*K),
+		SlotExpert:  slices.Clone(idx),
+	}
+	nextRow := slices.Clone(w.rowBase[s*R : (s+1)*R])
+	nextPos := make([]int, E)
+	for e := range E {
+		nextPos[e] = w.segStart[e] + w.expertBase[s*E+e]
+	}
+	dests := make([]int32, 0, K)
+	for t := range T {
+		row := idx[t*K : (t+1)*K]
+		dests = tokenDests(dests[:0], row, L)
+		for _, d := range dests {
+			side.SendDest = append(side.SendDest, d)
+			side.SendRow = append(side.SendRow, int32(nextRow[d]))
+		}
+		for k, e := range row {
+			if e < 0 {
+				side.SlotRow[t*K+k], side.SlotPos[t*K+k] = -1, -1
+				continue
+			}
+			d := int(e) / L
+			side.SlotRow[t*K+k] = int32(nextRow[d])
+			side.SlotPos[t*K+k] = int32(nextPos[e])
+			nextPos[e]++
+		}
+		for _, d := range dests {
+			nextRow[d]++
+		}
+		side.SendOffsets[t+1] = int32(len(side.SendDest))
+	}
+	return side
 }
 
 // tokenDests appends the distinct ranks owning the token's experts, in

@@ -334,7 +334,17 @@ func runWorldN(t *testing.T, how, mode string, n int, timeout time.Duration, ext
 	var lerr error
 	switch how {
 	case "spawn":
-		lerr = launcher.Spawn(ctx, launcher.SpawnConfig{N: n, Command: args, Env: env, Stdout: &out, Stderr: &out})
+		// GOEP_RANKS_PER_DOMAIN=D among the variables: spawn n/D emulated
+		// domains, as `eprun launch --domains` does.
+		domains := 0
+		for _, kv := range extraEnv {
+			if v, ok := strings.CutPrefix(kv, "GOEP_RANKS_PER_DOMAIN="); ok {
+				if d, err := strconv.Atoi(v); err == nil && d > 0 {
+					domains = n / d
+				}
+			}
+		}
+		lerr = launcher.Spawn(ctx, launcher.SpawnConfig{N: n, Domains: domains, Command: args, Env: env, Stdout: &out, Stderr: &out})
 	case "mpirun":
 		mpirun, err := exec.LookPath("mpirun")
 		if err != nil {

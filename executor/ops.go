@@ -134,37 +134,85 @@ func (e *Engine) Dispatch(ctx context.Context, h *Handle, in DispatchInput) (Dis
 		if err != nil {
 			return err
 		}
-		return e.exchange(nvlink.Call{Op: opDispatch, Sig: sig(h, x.DType(), w != nil), Buffers: []*device.Buffer{x.Buffer(), buf(w)}},
-			func(peers [][]*device.Buffer) error {
-				n := e.validRecv(lay, e.rank)
-				gatherRows(lay, peers, x.DType(), H, out.RecvX.Bytes(), n)
-				writeRecvMeta(lay, peers, n, h.recvRows, out.RecvIdx, out.RecvWeights)
-				return nil
-			})
+		return e.pull(lay, h, opDispatch, x, w, func(src []recvSrc) error {
+			gatherRows(src, out.RecvX.Bytes())
+			writeRecvMeta(lay, src, h.recvRows, out.RecvIdx, out.RecvWeights)
+			return nil
+		})
 	})
 	return out, nil
 }
 
-// gatherRows copies, for each received row i < n, x[RecvSrcToken[i]] of
-// rank RecvSrcRank[i] (buffer 0 of that peer) into dst row i, and zeroes
-// the rows of dst past n.
-func gatherRows(lay *Layout, peers [][]*device.Buffer, dt device.DType, hidden int, dst []byte, n int) {
-	rb := hidden * dt.Size()
-	device.ParallelFor(n, 16, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			src := peers[lay.RecvSrcRank[i]][0].Host()
-			t := int(lay.RecvSrcToken[i])
-			copy(dst[i*rb:(i+1)*rb], src[t*rb:(t+1)*rb])
-		}
-	})
-	clear(dst[n*rb:])
+// recvSrc is where received row i comes from: its source's x row and,
+// when weights are dispatched, the source token's K weights.
+type recvSrc struct {
+	x []byte
+	w []float32
 }
 
-// writeRecvMeta fills RecvIdx (rows past n: -1) and, when weights were
-// dispatched (buffer 1 of every peer), RecvWeights (0 off this rank's
-// slots and past n).
-func writeRecvMeta(lay *Layout, peers [][]*device.Buffer, n, rows int, idx, w *device.Tensor) {
-	K := lay.TopK
+// pull runs the collective half of a dispatch-like call (op) on x and the
+// optional weights w, and calls fn with the source of every valid received
+// row (min(RecvCount, capacity) of them), from the domain exchange.
+func (e *Engine) pull(lay *Layout, h *Handle, op uint64, x, w *device.Tensor, fn func(src []recvSrc) error) error {
+	c := nvlink.Call{Op: op, Sig: sig(h, x.DType(), w != nil), Buffers: []*device.Buffer{x.Buffer(), buf(w)}}
+	if e.hier != nil {
+		return e.hierPull(lay, c, x, w, fn)
+	}
+	rb := e.cfg.Hidden * x.DType().Size()
+	return e.exchange(c, func(peers [][]*device.Buffer) error {
+		return fn(e.sources(lay, peers, rb, w != nil))
+	})
+}
+
+// sources locates every valid received row among the domain's exposed
+// buffers: buffer 0 (x) and 1 (weights) of its source when the source is in
+// this domain, else the source's forwarded copy in buffer 2 of this
+// domain's rank with the source's local index (several domains only).
+func (e *Engine) sources(lay *Layout, peers [][]*device.Buffer, rb int, weighted bool) []recvSrc {
+	K, D := lay.TopK, lay.RanksPerDomain
+	me := e.rank / D
+	src := make([]recvSrc, e.validRecv(lay, e.rank))
+	for i := range src {
+		s, t := int(lay.RecvSrcRank[i]), int(lay.RecvSrcToken[i])
+		p := peers[s%D]
+		if s/D == me {
+			src[i].x = p[0].Host()[t*rb : (t+1)*rb]
+			if weighted {
+				src[i].w = f32s(p[1].Host())[t*K : (t+1)*K]
+			}
+			continue
+		}
+		slot := p[2].Host()[s/D*e.hier.slot:]
+		f := int(lay.RecvFwdRow[i])
+		o := railHeader + e.hier.area + f*rb
+		src[i].x = slot[o : o+rb]
+		if weighted {
+			src[i].w = f32s(slot[railHeader:])[f*K : (f+1)*K]
+		}
+	}
+	return src
+}
+
+// gatherRows copies each source row into dst row i and zeroes the rows of
+// dst past len(src).
+func gatherRows(src []recvSrc, dst []byte) {
+	device.ParallelFor(len(src), 16, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			rb := len(src[i].x)
+			copy(dst[i*rb:(i+1)*rb], src[i].x)
+		}
+	})
+	if len(src) > 0 {
+		clear(dst[len(src)*len(src[0].x):])
+	} else {
+		clear(dst)
+	}
+}
+
+// writeRecvMeta fills RecvIdx (rows past len(src): -1) and, when weights
+// were dispatched, RecvWeights (0 off this rank's slots and past len(src)).
+func writeRecvMeta(lay *Layout, src []recvSrc, rows int, idx, w *device.Tensor) {
+	K, n := lay.TopK, len(src)
 	ri := permute.Int32s(idx.Bytes())
 	copy(ri, lay.RecvIdx[:n*K])
 	for i := n * K; i < rows*K; i++ {
@@ -175,11 +223,9 @@ func writeRecvMeta(lay *Layout, peers [][]*device.Buffer, n, rows int, idx, w *d
 	}
 	rw := permute.Float32s(w.Bytes())
 	for i := range n {
-		src := permute.Float32s(peers[lay.RecvSrcRank[i]][1].Host())
-		t := int(lay.RecvSrcToken[i])
 		for k := range K {
 			if lay.RecvIdx[i*K+k] >= 0 {
-				rw[i*K+k] = src[t*K+k]
+				rw[i*K+k] = src[i].w[k]
 			} else {
 				rw[i*K+k] = 0
 			}
@@ -234,66 +280,105 @@ func (e *Engine) combine(h *Handle, z, zw *device.Tensor) (DispatchBackwardOutpu
 		if err != nil {
 			return err
 		}
-		return e.exchange(nvlink.Call{Op: opCombine, Sig: sig(h, z.DType(), zw != nil), Buffers: []*device.Buffer{z.Buffer(), buf(zw)}},
-			func(peers [][]*device.Buffer) error {
-				e.sumRows(lay, peers, z.DType(), out.GradX.Bytes(), nil)
-				if zw != nil {
-					e.gatherSlotWeights(lay, peers, f32(out.GradTopkWeights))
-				}
-				return nil
-			})
+		c := nvlink.Call{Op: opCombine, Sig: sig(h, z.DType(), zw != nil), Buffers: []*device.Buffer{z.Buffer(), buf(zw)}}
+		return e.sum(lay, c, z.DType(), out.GradX.Bytes(), out.GradTopkWeights, nil)
 	})
 	return out, nil
 }
 
-// unpermuteSpec, when not nil, makes sumRows unpermute each destination's
-// row first (the fused UnpermuteCombine): peers' buffer 0 is then y and
-// buffer 1 the optional weights.
+// unpermuteSpec, when not nil, makes the combine sum unpermute each
+// destination's row first (the fused UnpermuteCombine): peers' buffer 0 is
+// then y and buffer 1 the optional weights.
 type unpermuteSpec struct{ weighted bool }
 
-// sumRows computes, for each local token t, the fp32 sum over its
-// destinations d ascending of row SendRow of d's buffer 0 (skipping rows
-// past d's valid count), rounded once into out[t]; zero when no term. With
-// u set, each term is first unpermuted on the fly and rounded to the dtype,
-// exactly as Unpermute would have written it.
-func (e *Engine) sumRows(lay *Layout, peers [][]*device.Buffer, dt device.DType, out []byte, u *unpermuteSpec) {
-	H, K := e.cfg.Hidden, lay.TopK
-	rb := H * dt.Size()
-	device.ParallelFor(lay.NumTokens, 16, func(lo, hi int) {
-		var terms, slots permute.Terms
-		var tmp [][]byte // one unpermuted row per destination (fused only)
-		var tw []float32
-		var tpos []int32
-		if u != nil {
-			tw = make([]float32, K)
-			tpos = make([]int32, K)
-		}
-		for t := lo; t < hi; t++ {
-			terms.Reset()
-			for j := lay.SendOffsets[t]; j < lay.SendOffsets[t+1]; j++ {
-				d, row := int(lay.SendDest[j]), int(lay.SendRow[j])
-				if row >= e.validRecv(lay, d) {
-					continue // dropped at d (capacity mode)
-				}
-				if u == nil {
-					terms.Rows = append(terms.Rows, peers[d][0].Host()[row*rb:(row+1)*rb])
-					continue
-				}
-				if len(tmp) <= len(terms.Rows) {
-					tmp = append(tmp, make([]byte, rb))
-				}
-				term := tmp[len(terms.Rows)]
-				e.slotsOn(lay, t, d, row, peers[d], u.weighted, tpos, tw)
-				var ws []float32
-				if u.weighted {
-					ws = tw
-				}
-				permute.UnpermuteRow(dt, term, peers[d][0].Host(), tpos, ws, e.permCapOf(lay, d), &slots)
-				terms.Rows = append(terms.Rows, term)
+// sum runs the collective half of a combine-like call: for each local
+// token t, out[t] is the fp32 sum over its destinations d ascending of row
+// SendRow of d's buffer 0 (skipping rows past d's valid count), rounded
+// once; zero when no term (with several domains, per domain first: see
+// hierCombine). gwt, when not nil, gets each slot's value from buffer 1 of
+// the rank owning the slot's expert (DispatchBackward's weight gradients).
+// With u set, each term is first unpermuted on the fly and rounded to the
+// dtype, exactly as Unpermute would have written it.
+func (e *Engine) sum(lay *Layout, c nvlink.Call, dt device.DType, out []byte, gwt *device.Tensor, u *unpermuteSpec) error {
+	if e.hier != nil {
+		return e.hierCombine(lay, c, dt, out, gwt, u)
+	}
+	gw := f32(gwt)
+	return e.exchange(c, func(peers [][]*device.Buffer) error {
+		rb := e.cfg.Hidden * dt.Size()
+		device.ParallelFor(lay.NumTokens, 16, func(lo, hi int) {
+			c := e.newTermer(lay, peers, dt, u)
+			for t := lo; t < hi; t++ {
+				permute.SumRows(dt, out[t*rb:(t+1)*rb], c.collect(&lay.SendSide, t, -1), nil)
 			}
-			permute.SumRows(dt, out[t*rb:(t+1)*rb], terms.Rows, nil)
+		})
+		if gwt != nil {
+			K := lay.TopK
+			for t := range lay.NumTokens {
+				for k := range K {
+					gw[t*K+k] = e.slotGrad(lay, &lay.SendSide, t, k, 0, peers)
+				}
+			}
 		}
+		return nil
 	})
+}
+
+// termer collects the terms of one token's sum, with scratch for the
+// unpermuted rows of the fused call; one per worker goroutine.
+type termer struct {
+	e     *Engine
+	lay   *Layout
+	peers [][]*device.Buffer
+	dt    device.DType
+	u     *unpermuteSpec
+	rb    int
+	rows  [][]byte
+	tmp   [][]byte // unpermuted rows (fused only)
+	slots permute.Terms
+	tw    []float32
+	tpos  []int32
+}
+
+func (e *Engine) newTermer(lay *Layout, peers [][]*device.Buffer, dt device.DType, u *unpermuteSpec) *termer {
+	c := &termer{e: e, lay: lay, peers: peers, dt: dt, u: u, rb: e.cfg.Hidden * dt.Size()}
+	if u != nil {
+		c.tw = make([]float32, lay.TopK)
+		c.tpos = make([]int32, lay.TopK)
+	}
+	return c
+}
+
+// collect returns the terms of token t of side from its destinations in
+// domain n (every destination when n < 0), in ascending rank order,
+// skipping rows dropped at their destination (capacity mode). The rows stay
+// valid until the next collect.
+func (c *termer) collect(side *SendSide, t, n int) [][]byte {
+	e, lay, rb, D := c.e, c.lay, c.rb, c.lay.RanksPerDomain
+	c.rows = c.rows[:0]
+	for j := side.SendOffsets[t]; j < side.SendOffsets[t+1]; j++ {
+		d, row := int(side.SendDest[j]), int(side.SendRow[j])
+		if (n >= 0 && d/D != n) || row >= e.validRecv(lay, d) {
+			continue
+		}
+		peer := c.peers[d%D]
+		if c.u == nil {
+			c.rows = append(c.rows, peer[0].Host()[row*rb:(row+1)*rb])
+			continue
+		}
+		if len(c.tmp) <= len(c.rows) {
+			c.tmp = append(c.tmp, make([]byte, rb))
+		}
+		term := c.tmp[len(c.rows)]
+		slotsOn(lay, side, t, d, row, peer, c.u.weighted, c.tpos, c.tw)
+		var ws []float32
+		if c.u.weighted {
+			ws = c.tw
+		}
+		permute.UnpermuteRow(c.dt, term, peer[0].Host(), c.tpos, ws, e.permCapOf(lay, d), &c.slots)
+		c.rows = append(c.rows, term)
+	}
+	return c.rows
 }
 
 // permCapOf is rank d's permuted-row capacity: its permuted count in
@@ -305,10 +390,10 @@ func (e *Engine) permCapOf(lay *Layout, d int) int {
 	return lay.PermutedCounts[d]
 }
 
-// slotsOn fills pos[k] with the position on rank d of slot k of local token
-// t (-1 for slots on other ranks) and, if weighted, w[k] with d's
+// slotsOn fills pos[k] with the position on rank d of slot k of token t of
+// side (-1 for slots on other ranks) and, if weighted, w[k] with d's
 // RecvWeights[row][k] (peer buffer 1).
-func (e *Engine) slotsOn(lay *Layout, t, d, row int, peer []*device.Buffer, weighted bool, pos []int32, w []float32) {
+func slotsOn(lay *Layout, side *SendSide, t, d, row int, peer []*device.Buffer, weighted bool, pos []int32, w []float32) {
 	K, L := lay.TopK, lay.NumLocalExperts
 	var pw []float32
 	if weighted {
@@ -316,34 +401,14 @@ func (e *Engine) slotsOn(lay *Layout, t, d, row int, peer []*device.Buffer, weig
 	}
 	for k := range K {
 		pos[k] = -1
-		if lay.SlotRow[t*K+k] < 0 {
+		if side.SlotRow[t*K+k] < 0 {
 			continue
 		}
-		if int(lay.SlotExpert[t*K+k])/L == d {
-			pos[k] = lay.SlotPos[t*K+k]
+		if int(side.SlotExpert[t*K+k])/L == d {
+			pos[k] = side.SlotPos[t*K+k]
 			if weighted {
 				w[k] = pw[row*K+k]
 			}
-		}
-	}
-}
-
-// gatherSlotWeights sets gw[t*K+k] = peer weights[row*K+k] of the rank owning
-// slot k's expert (peer buffer 1), 0 for empty slots and dropped rows.
-func (e *Engine) gatherSlotWeights(lay *Layout, peers [][]*device.Buffer, gw []float32) {
-	K, L := lay.TopK, lay.NumLocalExperts
-	for t := range lay.NumTokens {
-		for k := range K {
-			row := int(lay.SlotRow[t*K+k])
-			gw[t*K+k] = 0
-			if row < 0 {
-				continue
-			}
-			d := int(lay.SlotExpert[t*K+k]) / L
-			if row >= e.validRecv(lay, d) {
-				continue
-			}
-			gw[t*K+k] = permute.Float32s(peers[d][1].Host())[row*K+k]
 		}
 	}
 }

@@ -46,6 +46,7 @@ type propCase struct {
 	name     string // fixed cases
 	seed     uint64
 	R, L, K  int
+	D        int // RanksPerDomain (0: one domain)
 	H, pad   int
 	dt       device.DType
 	weighted bool
@@ -63,6 +64,9 @@ func (c *propCase) String() string {
 		s = "case " + c.name
 	}
 	s += fmt.Sprintf(" R=%d E=%d K=%d H=%d pad=%d %v", c.R, c.R*c.L, c.K, c.H, c.pad, c.dt)
+	if c.D > 0 && c.D < c.R {
+		s += fmt.Sprintf(" D=%d", c.D)
+	}
 	if c.weighted {
 		s += " weighted"
 	}
@@ -87,7 +91,7 @@ func (c *propCase) nans() bool { return c.seed%8 == 4 }
 // world is the reference model of the case (without data).
 func (c *propCase) world() *reference.World {
 	w := &reference.World{NumRanks: c.R, NumExperts: c.R * c.L, TopK: c.K, Hidden: c.H,
-		PadMultiple: c.pad, DType: c.dt, TopkIdx: c.idx}
+		PadMultiple: c.pad, DType: c.dt, TopkIdx: c.idx, RanksPerDomain: c.D}
 	if c.mode == executor.Capacity {
 		w.MaxRecvTokens, w.MaxPermutedTokens = c.capR, c.capP
 	}
@@ -96,7 +100,7 @@ func (c *propCase) world() *reference.World {
 
 func (c *propCase) config() executor.Config {
 	cfg := executor.Config{NumExperts: c.R * c.L, TopK: c.K, Hidden: c.H, MaxTokensPerRank: c.maxT,
-		PadMultiple: c.pad, Mode: c.mode, Overflow: c.overflow, Timeout: 30 * time.Second}
+		PadMultiple: c.pad, Mode: c.mode, Overflow: c.overflow, Timeout: 30 * time.Second, RanksPerDomain: c.D}
 	if c.mode == executor.Capacity {
 		cfg.MaxRecvTokens, cfg.MaxPermutedTokens = c.capR, c.capP
 	}
@@ -158,6 +162,19 @@ func genCase(seed uint64) *propCase {
 		default: // tight, error
 			c.overflow = executor.OverflowError
 			c.capR, c.capP = 1+rng.IntN(maxN+1), 1+rng.IntN(maxP+1)
+		}
+	}
+	// Several NVLink domains in half of the cases (drawn last, so the draws
+	// above are those of one domain): D is a proper divisor of R.
+	if rng.IntN(2) == 0 {
+		var divs []int
+		for d := 1; d < c.R; d++ {
+			if c.R%d == 0 {
+				divs = append(divs, d)
+			}
+		}
+		if len(divs) > 0 {
+			c.D = divs[rng.IntN(len(divs))]
 		}
 	}
 	return c
@@ -769,8 +786,20 @@ func fixedCases() []*propCase {
 		{name: "routed nowhere", seed: 1_000_005, R: 4, L: 1, K: 3, H: 3, pad: 1, dt: device.FP32, weighted: true, maxT: 5, idx: nowhere},
 		{name: "every expert", seed: 1_000_006, R: 4, L: 2, K: 8, H: 9, pad: 16, dt: device.FP32, weighted: true, maxT: 5, idx: everyExpert},
 		wide,
+		withD(ex("example two domains", device.BF16, 4, executor.Blocking, 0, 0, 0), 2),
+		withD(ex("example four domains", device.FP32, 1, executor.Blocking, 0, 0, 0), 1),
+		withD(ex("example two domains drop", device.BF16, 4, executor.Capacity, executor.OverflowDrop, 3, 5), 2),
+		withD(ex("example two domains error", device.FP32, 4, executor.Capacity, executor.OverflowError, 3, 5), 2),
+		withD(&propCase{name: "every expert two domains", seed: 1_000_008, R: 4, L: 2, K: 8, H: 9, pad: 16, dt: device.BF16, weighted: true, maxT: 5, idx: everyExpert}, 2),
+		withD(&propCase{name: "routed nowhere two domains", seed: 1_000_009, R: 4, L: 1, K: 3, H: 3, pad: 1, dt: device.FP32, weighted: true, maxT: 5, idx: nowhere}, 2),
 		{name: "one rank", seed: 1_000_007, R: 1, L: 3, K: 2, H: 4, pad: 1, dt: device.BF16, weighted: true, maxT: 4, idx: [][]int32{{0, 2, -1, 1, 2, 0, -1, -1}}},
 	}
+}
+
+// withD sets a fixed case's RanksPerDomain.
+func withD(c *propCase, d int) *propCase {
+	c.D = d
+	return c
 }
 
 func TestPropertyEngine(t *testing.T) {

@@ -26,9 +26,26 @@ const MaxBuffers = 8
 
 // Status codes a rank publishes with its header.
 const (
-	StatusOK      = 0
-	StatusInvalid = 1 // the rank's input was rejected; Msg says why
+	StatusOK       = 0
+	StatusInvalid  = 1 // the rank's input was rejected; Msg says why
+	StatusFailed   = 2 // the rank lost a peer or timed out (fatal); Msg says which
+	StatusMismatch = 3 // the rank found ranks running different calls; Msg says which
 )
+
+// StatusOf is the status a rank publishes for its failure err: StatusFailed
+// for a timeout or a lost peer, StatusMismatch for ErrPeerMismatch, else
+// StatusInvalid.
+func StatusOf(err error) uint64 {
+	switch {
+	case err == nil:
+		return StatusOK
+	case errors.Is(err, comm.ErrTimeout) || errors.Is(err, comm.ErrPeerLost):
+		return StatusFailed
+	case errors.Is(err, ErrPeerMismatch):
+		return StatusMismatch
+	}
+	return StatusInvalid
+}
 
 const msgCap = 200
 
@@ -57,9 +74,10 @@ var (
 type Call struct {
 	Op  uint64    // operation code; must be equal on all ranks
 	Sig [4]uint64 // call signature (shapes, options); must be equal on all ranks
-	// Status is non-nil when this rank rejected its own input; it is
-	// published (as StatusInvalid with its message) so every peer fails the
-	// exchange too instead of waiting for this rank.
+	// Status is non-nil when this rank rejected its own input, or failed
+	// for good elsewhere (a timeout or a lost peer); it is published (as
+	// StatusInvalid, or StatusFailed for the latter, with its message) so
+	// every peer fails the exchange too instead of waiting for this rank.
 	Status error
 	// Buffers are exposed to the peers for the duration of the exchange.
 	Buffers []*device.Buffer
@@ -76,8 +94,18 @@ func (e *PeerError) Error() string {
 	return fmt.Sprintf("nvlink: rank %d reported: %s", e.Rank, e.Msg)
 }
 
-// Unwrap makes errors.Is(err, ErrPeerReported) true.
-func (e *PeerError) Unwrap() error { return ErrPeerReported }
+// Unwrap makes errors.Is(err, ErrPeerReported) true; for StatusFailed
+// also errors.Is(err, comm.ErrPeerLost) (the reporting rank's world is
+// broken, so this one's is too), for StatusMismatch ErrPeerMismatch.
+func (e *PeerError) Unwrap() []error {
+	switch e.Status {
+	case StatusFailed:
+		return []error{ErrPeerReported, comm.ErrPeerLost}
+	case StatusMismatch:
+		return []error{ErrPeerReported, ErrPeerMismatch}
+	}
+	return []error{ErrPeerReported}
+}
 
 // Domain is this rank's view of its NVLink domain.
 type Domain struct {
@@ -198,7 +226,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	h := hdr(d.ctrl)
 	h.op, h.sig, h.status, h.msgLen = c.Op, c.Sig, StatusOK, 0
 	if c.Status != nil {
-		h.status = StatusInvalid
+		h.status = StatusOf(c.Status)
 		n := copy(h.msg[:], c.Status.Error())
 		h.msgLen = uint64(n)
 	}

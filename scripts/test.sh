@@ -105,6 +105,13 @@ go test -tags mpi -count=1 -run MultiProcess ./executor
 log "go test -tags ucx ./internal/ucx ./rdma"
 go test -tags ucx -count=1 ./internal/ucx ./rdma
 
+# The hierarchical engine across processes: 2 emulated domains x 2 and
+# x 4 ranks, the rail over UCX on TCP and on shared memory, launched like
+# eprun launch and by mpirun, bit for bit against in-process worlds; and a
+# rank killed mid-dispatch.
+log "go test -tags ucx -run MultiProcessDomains ./executor"
+go test -tags ucx -count=1 -run MultiProcessDomains ./executor
+
 # The CUDA build: installs Debian's CUDA 11.8 headers, stub libcuda and
 # nvcc (contrib, non-free), vets and builds with -tags cuda, runs the tests
 # that need no GPU, and checks that the committed PTX matches its source.
