@@ -81,12 +81,14 @@ func schemaOf(key string, v any) any {
 	return fmt.Sprintf("unexpected %T", v)
 }
 
-// TestBenchJSONSchema runs bench tiny with a fixed seed and every call,
-// and compares the --json record's keys and value types with the golden
-// file: a change of the schema is a visible diff (go test -run
-// TestBenchJSONSchema -update rewrites it, to review and commit).
+// TestBenchJSONSchema runs bench tiny with a fixed seed, every call and
+// two domains of 2 ranks (so that the keys present only with several
+// domains, the rdma_* byte counts, are in the golden too), and compares
+// the --json record's keys and value types with the golden file: a change
+// of the schema is a visible diff (go test -run TestBenchJSONSchema
+// -update rewrites it, to review and commit).
 func TestBenchJSONSchema(t *testing.T) {
-	args := append(slices.Clone(tiny), "--seed", "7", "--json", "-", "--calls", strings.Join(bench.KnownCalls, ","))
+	args := append(slices.Clone(tiny), "--seed", "7", "--json", "-", "--calls", strings.Join(bench.KnownCalls, ","), "--ranks-per-domain", "2")
 	code, stdout, stderr := eprun(t, args...)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)

@@ -46,7 +46,7 @@ func TestBenchCSV(t *testing.T) {
 				t.Errorf("row %v: %s %q, want a positive number", row, name, col(row, name))
 			}
 		}
-		if col(row, "wrong") != "0" || col(row, "rdma_GBps") != "" || col(row, "ranks") != "4" || col(row, "experts") != "24" ||
+		if col(row, "wrong") != "0" || col(row, "rdma_GBps") != "" || col(row, "rdma_cross_bytes_per_rank") != "" || col(row, "rdma_flat_bytes_per_rank") != "" || col(row, "ranks") != "4" || col(row, "experts") != "24" ||
 			col(row, "routing") != "zipf" || col(row, "zipf_s") != "1.5" || col(row, "launcher") != "in-process" || col(row, "ranks_per_domain") != "4" {
 			t.Errorf("row %v", row)
 		}

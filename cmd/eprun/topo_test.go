@@ -36,6 +36,10 @@ func TestTopo(t *testing.T) {
 	if l.Ranks != 8 || l.RanksPerDomain != 4 || l.Domains != 2 || len(l.DomainRanks) != 2 || l.DomainRanks[1] != "ranks 4-7" || !strings.Contains(l.Why, "GOEP_RANKS_PER_DOMAIN=4") {
 		t.Errorf("layout %+v", l)
 	}
+	if len(l.Notes) == 0 || !strings.Contains(l.Notes[0], "rdma.New") || !strings.Contains(l.Notes[0], "-tags ucx") ||
+		!strings.Contains(l.Notes[0], "CUDA backend does not yet") || strings.Contains(l.Notes[0], "not built yet") {
+		t.Errorf("two domains: notes %q, want the rail transport's (rdma.New, -tags ucx across processes, not on CUDA yet)", l.Notes)
+	}
 	if rep.NumCPU < 1 || rep.Launcher.Kind != "single" || rep.RanksPerDomainEnv != "4" {
 		t.Errorf("report %+v", rep)
 	}

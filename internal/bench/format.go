@@ -124,6 +124,7 @@ func WriteTable(w io.Writer, rec Record) error {
 	} else {
 		b.WriteString("# nvl_GBps: mean over ranks of received rows x hidden x dtype size, / time_us; baseline: a plain copy of those bytes by every rank at once\n")
 	}
+	b.WriteString(rdmaLines(rec.Rows))
 	for _, r := range rec.Rows {
 		if r.Call == CallDispatchCombine {
 			b.WriteString("# dispatch-combine: Dispatch then Combine of its RecvX per iteration, no host synchronisation between them; its bytes count twice (there and back)\n")
@@ -138,6 +139,44 @@ func WriteTable(w io.Writer, rec Record) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// rdmaLines is the footer's line per case with several domains: the bytes
+// a one-way call sends across domains per rank (mean over ranks), each
+// token once per remote domain (Row.RDMACrossBytes), beside what
+// rdma_GBps counts (Row.RDMABytes, the own domain included) and what the
+// flat scheme, every token to every remote rank, would send
+// (Row.RDMAFlatBytes). "" with one domain.
+func rdmaLines(rows []Row) string {
+	var b strings.Builder
+	for i, r := range rows {
+		if r.RDMABytes <= 0 || (i > 0 && sameCase(r, rows[i-1])) {
+			continue
+		}
+		trips := float64(callTrips(r.Call))
+		design, cross, flat := r.RDMABytes/trips, r.RDMACrossBytes/trips, r.RDMAFlatBytes/trips
+		fmt.Fprintf(&b, "# rdma tokens %d hidden %d %s: ", r.Tokens, r.Hidden, r.DType)
+		if cross <= 0 {
+			fmt.Fprintf(&b, "no token leaves its domain (rdma_GBps counts %s per rank per one-way call, own domain included)\n", byteSize(design))
+			continue
+		}
+		fmt.Fprintf(&b, "%s cross domains per rank per one-way call (each token once per remote domain; rdma_GBps counts %s, own domain included); the flat scheme (every token to every remote rank) would send %s, %.2fx as much\n",
+			byteSize(cross), byteSize(design), byteSize(flat), flat/cross)
+	}
+	return b.String()
+}
+
+// byteSize is x bytes in decimal units (kB = 1000 bytes, as GB/s counts).
+func byteSize(x float64) string {
+	switch {
+	case x >= 1e9:
+		return fmt.Sprintf("%.2f GB", x/1e9)
+	case x >= 1e6:
+		return fmt.Sprintf("%.2f MB", x/1e6)
+	case x >= 1e3:
+		return fmt.Sprintf("%.2f kB", x/1e3)
+	}
+	return fmt.Sprintf("%.0f B", x)
 }
 
 // GPULine is "gpu: NAME (GPU i)  driver V" on the cuda backend, else "".

@@ -132,6 +132,47 @@ func (w *World) RDMARows(s int) int {
 	return n
 }
 
+// CrossDomainRows is the rows rank s sends across domains over the rail
+// (what the hierarchical algorithm really moves between domains): the sum
+// over its tokens of the distinct destination domains other than s's own.
+// It is RDMARows less the tokens that reach s's own domain.
+func (w *World) CrossDomainRows(s int) int {
+	n := 0
+	own := s / w.RanksPerDomain
+	var buf []int
+	for t := range w.Tokens[s] {
+		buf = w.Dests(s, t, buf)
+		last := -1
+		for _, d := range buf {
+			if dom := d / w.RanksPerDomain; dom != last {
+				if dom != own {
+					n++
+				}
+				last = dom
+			}
+		}
+	}
+	return n
+}
+
+// FlatRemoteRows is the rows rank s would send across domains in a flat
+// scheme, where every token goes straight to every destination rank: the
+// sum over its tokens of the destination ranks outside s's domain.
+func (w *World) FlatRemoteRows(s int) int {
+	n := 0
+	own := s / w.RanksPerDomain
+	var buf []int
+	for t := range w.Tokens[s] {
+		buf = w.Dests(s, t, buf)
+		for _, d := range buf {
+			if d/w.RanksPerDomain != own {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // mix is splitmix64's finaliser.
 func mix(x uint64) uint64 {
 	x ^= x >> 30

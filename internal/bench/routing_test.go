@@ -79,3 +79,69 @@ func TestWorldRecvOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestDomainRows checks RDMARows, CrossDomainRows and FlatRemoteRows on a
+// world small enough to count by hand: R 4, D 2 (domains {0,1} and {2,3}),
+// E 4 (expert e on rank e), K 3.
+func TestDomainRows(t *testing.T) {
+	w := &World{
+		Ranks: 4, RanksPerDomain: 2, Experts: 4, TopK: 3, Hidden: 8, DType: device.BF16,
+		Tokens: []int{3, 0, 2, 1},
+		Idx: [][]int32{
+			{
+				1, -1, -1, // ranks {1}: domains {0}; design 1, cross 0, flat 0
+				2, 3, 0, //   ranks {0,2,3}: domains {0,1}; design 2, cross 1, flat 2
+				3, -1, 2, //  ranks {2,3}: domains {1}; design 1, cross 1, flat 2
+			},
+			{},
+			{
+				0, 1, 2, //    ranks {0,1,2}: domains {0,1}; design 2, cross 1, flat 2
+				-1, -1, -1, // nowhere; 0, 0, 0
+			},
+			{
+				3, 1, -1, // ranks {1,3}: domains {0,1}; design 2, cross 1, flat 1
+			},
+		},
+	}
+	for _, tc := range []struct {
+		rank, design, cross, flat int
+	}{
+		{0, 4, 2, 4},
+		{1, 0, 0, 0},
+		{2, 2, 1, 2},
+		{3, 2, 1, 1},
+	} {
+		if got := w.RDMARows(tc.rank); got != tc.design {
+			t.Errorf("rank %d: RDMARows %d, want %d", tc.rank, got, tc.design)
+		}
+		if got := w.CrossDomainRows(tc.rank); got != tc.cross {
+			t.Errorf("rank %d: CrossDomainRows %d, want %d", tc.rank, got, tc.cross)
+		}
+		if got := w.FlatRemoteRows(tc.rank); got != tc.flat {
+			t.Errorf("rank %d: FlatRemoteRows %d, want %d", tc.rank, got, tc.flat)
+		}
+	}
+}
+
+// TestDomainRowsBounds checks on random worlds what holds for any routing:
+// a token crosses at most once per remote domain, so cross <= flat; the
+// design count adds at most one (the own domain) per token; one rank per
+// domain makes the two schemes the same; one domain sends nothing across.
+func TestDomainRowsBounds(t *testing.T) {
+	tokens := []int{40, 0, 17, 33, 25, 8, 1, 60}
+	for _, d := range []int{1, 2, 4, 8} {
+		w := NewWorld(11, 8, d, 32, 6, 4, device.BF16, tokens)
+		for s := range 8 {
+			design, cross, flat := w.RDMARows(s), w.CrossDomainRows(s), w.FlatRemoteRows(s)
+			if cross > design || design > cross+tokens[s] || flat < cross {
+				t.Errorf("D %d rank %d: design %d, cross %d, flat %d", d, s, design, cross, flat)
+			}
+			if d == 1 && flat != cross {
+				t.Errorf("D 1 rank %d: flat %d != cross %d", s, flat, cross)
+			}
+			if d == 8 && (cross != 0 || flat != 0) {
+				t.Errorf("one domain, rank %d: cross %d, flat %d", s, cross, flat)
+			}
+		}
+	}
+}

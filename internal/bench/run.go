@@ -59,11 +59,21 @@ type Row struct {
 	RecvRows []int   `json:"recv_rows"`
 	NVLBytes float64 `json:"nvl_bytes_per_rank"`
 	NVLGBps  float64 `json:"nvl_GBps"`
-	// RDMABytes (mean over ranks of the rows crossing to other domains,
-	// counted per DESIGN.md section 6) and RDMAGBps are set only when
-	// there are several domains.
-	RDMABytes float64 `json:"rdma_bytes_per_rank,omitempty"`
-	RDMAGBps  float64 `json:"rdma_GBps,omitempty"`
+	// RDMABytes is the mean over ranks of the RDMA bytes as DESIGN.md
+	// section 6 counts them (World.RDMARows: each token once per
+	// destination domain, its own included) x row bytes, twice for
+	// dispatch-combine; RDMAGBps = RDMABytes / median time.
+	// RDMACrossBytes counts only the rows that really cross domains
+	// (World.CrossDomainRows: each token once per destination domain
+	// other than its own), and RDMAFlatBytes what a flat scheme sending
+	// every token to every destination rank would send across domains
+	// (World.FlatRemoteRows), both as RDMABytes (mean over ranks, x row
+	// bytes, twice for dispatch-combine). All four are set only when
+	// there are several domains (and omitted when zero).
+	RDMABytes      float64 `json:"rdma_bytes_per_rank,omitempty"`
+	RDMAGBps       float64 `json:"rdma_GBps,omitempty"`
+	RDMACrossBytes float64 `json:"rdma_cross_bytes_per_rank,omitempty"`
+	RDMAFlatBytes  float64 `json:"rdma_flat_bytes_per_rank,omitempty"`
 
 	// Baseline is a plain copy of each rank's N_r rows by all ranks at
 	// once, timed the same way (on the cuda backend a device-to-device
@@ -454,14 +464,18 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 	w := rs.world
 	rb := float64(w.Hidden * w.DType.Size())
 	recvRows := make([]int, len(reps))
-	var nvl, rdma float64
+	var nvl, rdma, cross, flat float64
 	for rank, rep := range reps {
 		recvRows[rank] = rep.RecvRows
 		nvl += float64(rep.RecvRows) * rb
 		rdma += float64(w.RDMARows(rank)) * rb
+		cross += float64(w.CrossDomainRows(rank)) * rb
+		flat += float64(w.FlatRemoteRows(rank)) * rb
 	}
 	nvl /= float64(len(reps))
 	rdma /= float64(len(reps))
+	cross /= float64(len(reps))
+	flat /= float64(len(reps))
 	iters := rs.cfg.Iters
 	times := func(name string) ([]float64, []float64, error) {
 		t, err := timingOf(reps, name, iters)
@@ -502,6 +516,8 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 		if w.RanksPerDomain < w.Ranks {
 			row.RDMABytes = trips * rdma
 			row.RDMAGBps = gbps(row.RDMABytes, row.Time.Median)
+			row.RDMACrossBytes = trips * cross
+			row.RDMAFlatBytes = trips * flat
 		}
 		row.BaselineGBps = gbps(nvl, base.Median)
 		if row.BaselineGBps > 0 {

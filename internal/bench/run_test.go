@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
 )
 
@@ -19,7 +20,7 @@ func TestRun(t *testing.T) {
 		{"capacity-pad", func(c *Config) { c.Mode, c.Pad, c.DType = "capacity", 4, Strings{"fp32"} }},
 		{"sweep", func(c *Config) { c.Tokens, c.Hidden = Ints{0, 8}, Ints{16, 40} }},
 		{"combine-only", func(c *Config) { c.Calls = []string{CallCombine, CallUnpermuteCombine} }},
-		{"two-domains", func(c *Config) { c.RanksPerDomain = 2 }},
+		{"two-domains", func(c *Config) { c.RanksPerDomain = 2; c.Calls = append(c.Calls, CallDispatchCombine) }},
 		{"dispatch-combine", func(c *Config) { c.Calls = []string{CallDispatchCombine} }},
 		{"dispatch-combine-capacity", func(c *Config) {
 			c.Mode, c.DType, c.Calls = "capacity", Strings{"fp32"}, []string{CallDispatch, CallDispatchCombine}
@@ -60,6 +61,37 @@ func TestRun(t *testing.T) {
 				}
 				if (c.RanksPerDomain > 0) != (r.RDMAGBps > 0) && r.Tokens > 0 {
 					t.Errorf("%s: rdma_GBps %v with ranks_per_domain %d", what, r.RDMAGBps, c.RanksPerDomain)
+				}
+				if c.RanksPerDomain == 0 && (r.RDMABytes != 0 || r.RDMACrossBytes != 0 || r.RDMAFlatBytes != 0) {
+					t.Errorf("%s: one domain, but rdma bytes %v, cross %v, flat %v", what, r.RDMABytes, r.RDMACrossBytes, r.RDMAFlatBytes)
+				}
+				// Uniform routing of 24 tokens over 2 domains: some tokens
+				// cross, some reach their own domain too, and some reach
+				// two ranks of the other domain.
+				if c.RanksPerDomain > 0 && r.Tokens > 0 &&
+					!(0 < r.RDMACrossBytes && r.RDMACrossBytes < r.RDMABytes && r.RDMACrossBytes < r.RDMAFlatBytes) {
+					t.Errorf("%s: rdma bytes %v, cross %v, flat %v; want 0 < cross < rdma and cross < flat", what, r.RDMABytes, r.RDMACrossBytes, r.RDMAFlatBytes)
+				}
+			}
+			if c.RanksPerDomain > 0 {
+				byCall := map[string]Row{}
+				for _, r := range res.Rows {
+					byCall[r.Call] = r
+				}
+				d, dc := byCall[CallDispatch], byCall[CallDispatchCombine]
+				if dc.RDMABytes != 2*d.RDMABytes || dc.RDMACrossBytes != 2*d.RDMACrossBytes || dc.RDMAFlatBytes != 2*d.RDMAFlatBytes {
+					t.Errorf("dispatch-combine rdma bytes %v, cross %v, flat %v; want twice the dispatch's %v, %v, %v",
+						dc.RDMABytes, dc.RDMACrossBytes, dc.RDMAFlatBytes, d.RDMABytes, d.RDMACrossBytes, d.RDMAFlatBytes)
+				}
+				w := NewRoutedWorld(c.RoutingSpec(), c.Seed, c.Ranks, c.RanksPerDomain, c.Experts, c.TopK, c.Hidden[0], device.BF16, []int{24, 24, 24, 24})
+				rb := float64(c.Hidden[0] * device.BF16.Size())
+				var cross, flat float64
+				for s := range c.Ranks {
+					cross += float64(w.CrossDomainRows(s)) * rb
+					flat += float64(w.FlatRemoteRows(s)) * rb
+				}
+				if n := float64(c.Ranks); d.RDMACrossBytes != cross/n || d.RDMAFlatBytes != flat/n {
+					t.Errorf("dispatch: cross %v, flat %v; want the world's mean %v, %v", d.RDMACrossBytes, d.RDMAFlatBytes, cross/n, flat/n)
 				}
 			}
 		})

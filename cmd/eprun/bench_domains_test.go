@@ -1,0 +1,75 @@
+package main
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/goep/goep/internal/bench"
+)
+
+// TestBenchDomains runs bench tiny in two domains of 2 ranks: the table
+// has rdma_GBps and the footer's rdma line, the JSON rows the three RDMA
+// byte counts (cross < DESIGN.md's count, cross <= flat), and the CSV the
+// same cross and flat bytes in its last two columns.
+func TestBenchDomains(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath, csvPath := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.csv")
+	code, stdout, stderr := eprun(t, append(tiny, "--ranks-per-domain", "2", "--calls", "dispatch,combine", "--json", jsonPath, "--csv", csvPath)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"# ranks 4 (2 domains of 2)", "# check: OK", "# rdma tokens 32 hidden 64 bf16: ", " cross domains per rank per one-way call (each token once per remote domain; rdma_GBps counts ", "the flat scheme (every token to every remote rank) would send "} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("table lacks %q:\n%s", want, stdout)
+		}
+	}
+	if n := strings.Count(stdout, "\n# rdma "); n != 1 {
+		t.Errorf("%d rdma lines, want 1 (one case):\n%s", n, stdout)
+	}
+
+	data, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec bench.Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Rows) != 2 {
+		t.Fatalf("%d rows, want 2", len(rec.Rows))
+	}
+	for _, r := range rec.Rows {
+		if r.RDMAGBps <= 0 || !(0 < r.RDMACrossBytes && r.RDMACrossBytes < r.RDMABytes && r.RDMACrossBytes <= r.RDMAFlatBytes) {
+			t.Errorf("%s: rdma_GBps %v, bytes %v, cross %v, flat %v; want 0 < cross < bytes, cross <= flat", r.Call, r.RDMAGBps, r.RDMABytes, r.RDMACrossBytes, r.RDMAFlatBytes)
+		}
+	}
+
+	f, err := os.Open(csvPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := csv.NewReader(f).ReadAll()
+	if err != nil || len(recs) != 3 || !slices.Equal(recs[0], bench.CSVColumns) {
+		t.Fatalf("CSV: %v, %d records, header %v", err, len(recs), recs[0])
+	}
+	col := func(row []string, name string) float64 {
+		v, err := strconv.ParseFloat(row[slices.Index(bench.CSVColumns, name)], 64)
+		if err != nil {
+			t.Errorf("row %v: %s: %v", row, name, err)
+		}
+		return v
+	}
+	for i, row := range recs[1:] {
+		r := rec.Rows[i]
+		if col(row, "rdma_cross_bytes_per_rank") != r.RDMACrossBytes || col(row, "rdma_flat_bytes_per_rank") != r.RDMAFlatBytes || col(row, "ranks_per_domain") != 2 {
+			t.Errorf("CSV row %v, JSON row cross %v flat %v", row, r.RDMACrossBytes, r.RDMAFlatBytes)
+		}
+	}
+}
