@@ -31,6 +31,79 @@ type CUDA struct {
 	streams atomic.Int64 // streams open
 
 	checkPointers atomic.Bool // SetCheckPointers
+
+	stage stagePool // pinned staging buffers of uploads and downloads
+}
+
+// stagePool keeps the pinned staging buffers of uploads and downloads for
+// reuse, by power-of-two size, until the backend closes. Allocating and
+// freeing pinned memory (cuMemHostAlloc, cuMemFreeHost) serializes with the
+// work of every stream of the context (CUDA's implicit synchronization),
+// and every driver call of a GPU goes through its one worker: with several
+// ranks of one process on one GPU, a free per copy could hold the worker
+// while a peer's kernel waits for a launch queued behind it, until the
+// kernel's timeout. After warm-up, copies allocate nothing.
+type stagePool struct {
+	mu   sync.Mutex
+	free map[int][]*cuda.HostBuffer // by Len
+	kept int                        // bytes in free
+}
+
+// maxStageKept bounds the bytes the pool keeps; a buffer returned past it
+// is freed.
+const maxStageKept = 1 << 30
+
+// stageClass is the size a staging buffer of n bytes is allocated with.
+func stageClass(n int) int {
+	c := 64 << 10
+	for c < n {
+		c <<= 1
+	}
+	return c
+}
+
+func (p *stagePool) get(d *cuda.Device, n int) (*cuda.HostBuffer, error) {
+	c := stageClass(n)
+	p.mu.Lock()
+	if l := p.free[c]; len(l) > 0 {
+		h := l[len(l)-1]
+		p.free[c] = l[:len(l)-1]
+		p.kept -= c
+		p.mu.Unlock()
+		return h, nil
+	}
+	p.mu.Unlock()
+	return d.AllocHost(c)
+}
+
+// put returns h once no queued copy uses it.
+func (p *stagePool) put(h *cuda.HostBuffer) error {
+	p.mu.Lock()
+	if p.kept+h.Len() > maxStageKept {
+		p.mu.Unlock()
+		return h.Free()
+	}
+	if p.free == nil {
+		p.free = map[int][]*cuda.HostBuffer{}
+	}
+	p.free[h.Len()] = append(p.free[h.Len()], h)
+	p.kept += h.Len()
+	p.mu.Unlock()
+	return nil
+}
+
+// close frees every kept buffer (streams drained).
+func (p *stagePool) close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, l := range p.free {
+		for _, h := range l {
+			errs = append(errs, h.Free())
+		}
+	}
+	p.free, p.kept = nil, 0
+	return errors.Join(errs...)
 }
 
 // SetCheckPointers turns on (or off) the debug check of DESIGN invariant 1:
@@ -134,7 +207,7 @@ func (c *CUDA) Close() error {
 		errs = append(errs, spare.Synchronize(ctx), spare.Close())
 		cancel()
 	}
-	errs = append(errs, c.dev.Close())
+	errs = append(errs, c.stage.close(), c.dev.Close())
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("device: CUDA close: %w", err)
 	}
@@ -569,13 +642,13 @@ func (s *CUDAStream) upload(ctx context.Context, b *Buffer, data []byte) error {
 	if len(data) == 0 {
 		return s.Synchronize(ctx)
 	}
-	stage, err := s.c.dev.AllocHost(len(data))
+	stage, err := s.c.stage.get(s.c.dev, len(data))
 	if err != nil {
 		return fmt.Errorf("device: CUDA upload: %w", err)
 	}
 	copy(stage.Bytes(), data)
 	if err := s.s.CopyHtoD(cuda.DevicePtr(b.dev), stage, 0, len(data)); err != nil {
-		return errors.Join(fmt.Errorf("device: CUDA upload: %w", err), stage.Free())
+		return errors.Join(fmt.Errorf("device: CUDA upload: %w", err), s.c.stage.put(stage))
 	}
 	return s.syncStaged(ctx, stage, "upload", false)
 }
@@ -589,37 +662,37 @@ func (s *CUDAStream) download(ctx context.Context, b *Buffer) ([]byte, error) {
 	if b.size <= smallStage {
 		return s.downloadSmall(ctx, b)
 	}
-	stage, err := s.c.dev.AllocHost(b.size)
+	stage, err := s.c.stage.get(s.c.dev, b.size)
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA download: %w", err)
 	}
 	if err := s.s.CopyDtoH(stage, 0, cuda.DevicePtr(b.dev), b.size); err != nil {
-		return nil, errors.Join(fmt.Errorf("device: CUDA download: %w", err), stage.Free())
+		return nil, errors.Join(fmt.Errorf("device: CUDA download: %w", err), s.c.stage.put(stage))
 	}
 	if err := s.syncStaged(ctx, stage, "download", true); err != nil {
 		return nil, err
 	}
-	out := append([]byte(nil), stage.Bytes()...)
-	if err := stage.Free(); err != nil {
+	out := append([]byte(nil), stage.Bytes()[:b.size]...)
+	if err := s.c.stage.put(stage); err != nil {
 		return nil, fmt.Errorf("device: CUDA download: %w", err)
 	}
 	return out, nil
 }
 
-// syncStaged synchronizes s and frees stage (unless keep, when the copy
-// succeeded: the caller reads and frees it). If ctx ends with the copy
-// possibly in flight, the free waits behind the stream's work (a later
-// Synchronize).
+// syncStaged synchronizes s and returns stage to the pool (unless keep,
+// when the copy succeeded: the caller reads and returns it). If ctx ends
+// with the copy possibly in flight, the return waits behind the stream's
+// work (a later Synchronize).
 func (s *CUDAStream) syncStaged(ctx context.Context, stage *cuda.HostBuffer, op string, keep bool) error {
 	err := s.Synchronize(ctx)
 	switch {
 	case err != nil && ctx.Err() != nil:
-		s.hold(func() { _ = stage.Free() })
+		s.hold(func() { _ = s.c.stage.put(stage) })
 		return fmt.Errorf("device: CUDA %s: %w", op, err)
 	case err != nil:
-		return errors.Join(fmt.Errorf("device: CUDA %s: %w", op, err), stage.Free())
+		return errors.Join(fmt.Errorf("device: CUDA %s: %w", op, err), s.c.stage.put(stage))
 	case !keep:
-		if err := stage.Free(); err != nil {
+		if err := s.c.stage.put(stage); err != nil {
 			return fmt.Errorf("device: CUDA %s: %w", op, err)
 		}
 	}
