@@ -65,8 +65,10 @@ type Config struct {
 	Hidden int
 	// MaxTokensPerRank bounds T_r on every rank; it sizes the buffers.
 	MaxTokensPerRank int
-	// RanksPerDomain is D, the ranks per NVLink domain; 0 means all ranks
-	// (one domain). NumRanks % D must be 0.
+	// RanksPerDomain is D, the ranks per NVLink domain; 0 means
+	// GOEP_RANKS_PER_DOMAIN, else detected by New: the ranks of one host
+	// form a domain (they must be consecutive, the same number per host).
+	// NumRanks % D must be 0.
 	RanksPerDomain int
 	// PadMultiple rounds each expert's segment of the permuted layout up to
 	// a multiple of this (1 = no padding; grouped GEMMs often want 16 or
@@ -157,9 +159,8 @@ func (c Config) withDefaults(numRanks int) (Config, error) {
 				return c, fmt.Errorf("executor: GOEP_RANKS_PER_DOMAIN=%q: want a positive integer", v)
 			}
 			c.RanksPerDomain = d
-		} else {
-			c.RanksPerDomain = numRanks
 		}
+		// Else New detects it (one domain per host).
 	}
 	if c.Timeout == 0 {
 		t, err := TimeoutFromEnv()

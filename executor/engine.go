@@ -101,6 +101,15 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	}
 	R := g.Size()
 	cfg, cerr := cfg.withDefaults(R)
+	// Every rank joins the detection's all-gather, whether it needs the
+	// answer or not, so that the collectives below stay paired.
+	detected, derr := nvlink.DetectRanksPerDomain(ctx, g, nvlink.HostKey())
+	if derr != nil && !errors.Is(derr, nvlink.ErrTopology) {
+		return nil, fmt.Errorf("executor: new: %w", derr)
+	}
+	if cerr == nil && cfg.RanksPerDomain == 0 {
+		cfg.RanksPerDomain, cerr = detected, derr
+	}
 	if cerr == nil {
 		cerr = cfg.ValidateFor(R)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -267,6 +268,25 @@ func TestConfigMismatch(t *testing.T) {
 	for r, err := range errs {
 		if !errors.Is(err, ErrPeerMismatch) || !strings.Contains(err.Error(), "Hidden=") {
 			t.Errorf("rank %d: %v, want ErrPeerMismatch naming Hidden", r, err)
+		}
+	}
+}
+
+// TestDetectedDomain: with RanksPerDomain 0 and GOEP_RANKS_PER_DOMAIN unset,
+// New makes the ranks of one host one domain: here, all of them.
+func TestDetectedDomain(t *testing.T) {
+	if _, set := os.LookupEnv("GOEP_RANKS_PER_DOMAIN"); set {
+		t.Skip("GOEP_RANKS_PER_DOMAIN is set")
+	}
+	errs := runRanks(t, 4, Config{NumExperts: 4, TopK: 1, Hidden: 4, MaxTokensPerRank: 1}, func(ctx context.Context, e *Engine) error {
+		if d := e.Config().RanksPerDomain; d != 4 {
+			return fmt.Errorf("RanksPerDomain %d, want 4", d)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
 		}
 	}
 }

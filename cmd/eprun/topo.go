@@ -76,8 +76,8 @@ type gpuDev struct {
 }
 
 // domainLayout is the domain split goep would choose: D =
-// GOEP_RANKS_PER_DOMAIN, else every rank of the world in one domain (as
-// executor.Config does when RanksPerDomain is 0).
+// GOEP_RANKS_PER_DOMAIN, else the ranks of one host (as executor.New
+// detects when RanksPerDomain is 0).
 type domainLayout struct {
 	Ranks          int      `json:"ranks"`
 	RanksFrom      string   `json:"ranks_from"`
@@ -100,8 +100,8 @@ func newTopo(stdout io.Writer) *cobra.Command {
 		Long: `Show what goep sees on this machine and in this process's environment: the CPUs and NUMA nodes
 (from /sys/devices/system/node), the GPUs with their NVLinks and NVLink fabric clique where
 NVML answers, the launcher's environment (launcher.Detect), GOEP_RANKS_PER_DOMAIN, and the
-NVLink-domain layout goep would choose for the world (D = GOEP_RANKS_PER_DOMAIN, else all
-ranks in one domain) and why.
+NVLink-domain layout goep would choose for the world (D = GOEP_RANKS_PER_DOMAIN, else the
+ranks of one host, which must be consecutive) and why.
 
 The world is the launcher's (run it as eprun launch -n 8 -- eprun topo, or under mpirun / srun;
 every rank prints), else --ranks R, else a single process. --json prints the same as JSON.
@@ -173,9 +173,16 @@ func collectTopo(ranks int) (topoReport, error) {
 	}
 	r := l.Ranks
 	switch d, perr := strconv.Atoi(strings.TrimSpace(v)); {
+	case !set && err == nil && env.Kind != launcher.KindSingle && ranks == 0 && env.LocalSize > 0 && env.LocalSize < r:
+		if r%env.LocalSize != 0 {
+			l.Error = fmt.Sprintf("GOEP_RANKS_PER_DOMAIN is unset and the %d ranks do not split into hosts of %d (the launcher's local size): the engine would refuse to start; set GOEP_RANKS_PER_DOMAIN", r, env.LocalSize)
+			break
+		}
+		l.RanksPerDomain = env.LocalSize
+		l.Why = fmt.Sprintf("GOEP_RANKS_PER_DOMAIN is unset: the engine makes the ranks of each host one NVLink domain (detected by executor.New from host names; they must be consecutive); the launcher puts %d ranks on this host", env.LocalSize)
 	case !set:
 		l.RanksPerDomain = r
-		l.Why = "GOEP_RANKS_PER_DOMAIN is unset: every rank of the world in one NVLink domain (executor.Config.RanksPerDomain 0)"
+		l.Why = "GOEP_RANKS_PER_DOMAIN is unset: the engine makes the ranks of each host one NVLink domain (detected by executor.New from host names), and all of them are on this host"
 	case perr != nil || d <= 0:
 		l.Error = fmt.Sprintf("GOEP_RANKS_PER_DOMAIN=%q: want a positive integer; the engine would refuse to start", v)
 	case r%d != 0:
