@@ -44,14 +44,40 @@ type CUDA struct {
 // while a peer's kernel waits for a launch queued behind it, until the
 // kernel's timeout. After warm-up, copies allocate nothing.
 type stagePool struct {
-	mu   sync.Mutex
-	free map[int][]*cuda.HostBuffer // by Len
-	kept int                        // bytes in free
+	mu     sync.Mutex
+	free   map[int][]*cuda.HostBuffer // by Len
+	kept   int                        // bytes in free
+	warmed int                        // bytes allocated by WarmStaging
 }
 
-// maxStageKept bounds the bytes the pool keeps; a buffer returned past it
-// is freed.
+// maxStageKept bounds the bytes the pool keeps, beyond what WarmStaging
+// allocated; a buffer returned past it is freed.
 const maxStageKept = 1 << 30
+
+// WarmStaging allocates, once, one pinned staging buffer of every size
+// class up to n bytes, so that uploads and downloads of up to n bytes
+// allocate nothing later (a pinned allocation serializes with every
+// stream of the context; see stagePool). An engine calls it at creation,
+// before its peers' kernels can wait on it. Each call adds a set: ranks of
+// one process sharing the backend each warm their own.
+func (c *CUDA) WarmStaging(n int) error {
+	p := &c.stage
+	for cl := stageClass(1); cl <= stageClass(n); cl <<= 1 {
+		h, err := c.dev.AllocHost(cl)
+		if err != nil {
+			return fmt.Errorf("device: warm staging buffers: %w", err)
+		}
+		p.mu.Lock()
+		if p.free == nil {
+			p.free = map[int][]*cuda.HostBuffer{}
+		}
+		p.free[cl] = append(p.free[cl], h)
+		p.kept += cl
+		p.warmed += cl
+		p.mu.Unlock()
+	}
+	return nil
+}
 
 // stageClass is the size a staging buffer of n bytes is allocated with.
 func stageClass(n int) int {
@@ -79,7 +105,7 @@ func (p *stagePool) get(d *cuda.Device, n int) (*cuda.HostBuffer, error) {
 // put returns h once no queued copy uses it.
 func (p *stagePool) put(h *cuda.HostBuffer) error {
 	p.mu.Lock()
-	if p.kept+h.Len() > maxStageKept {
+	if p.kept+h.Len() > maxStageKept+p.warmed {
 		p.mu.Unlock()
 		return h.Free()
 	}
@@ -102,7 +128,7 @@ func (p *stagePool) close() error {
 			errs = append(errs, h.Free())
 		}
 	}
-	p.free, p.kept = nil, 0
+	p.free, p.kept, p.warmed = nil, 0, 0
 	return errors.Join(errs...)
 }
 

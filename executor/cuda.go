@@ -72,7 +72,11 @@ type gpuEngine struct {
 	// as mapped here.
 	peers *device.Buffer
 
-	R, K, H, W         int
+	// R is the ranks of the NVLink domain (all ranks, or D with several
+	// domains; flags and windows are the domain's), me this rank's index
+	// in it and base the global rank of index 0.
+	R, me, base        int
+	K, H, W            int
 	recvCap, combRows  int
 	recvWOff, combWOff int // byte offsets of the weights areas
 	dnan               uint32
@@ -81,6 +85,9 @@ type gpuEngine struct {
 	// pending is an error found on the host for work that was skipped
 	// (capacity exceeded under OverflowError); Synchronize returns it.
 	pending error
+	// hier is the GPU side of the hierarchical algorithm (nil with one
+	// domain; hier_cuda.go).
+	hier *gpuHier
 }
 
 // gpuTables are a handle's layout tables in device memory (one Int32
@@ -98,11 +105,13 @@ type gpuTables struct {
 	recvSrc, recvEnt *device.Buffer // [rowCap]
 	recvIdx, pos     *device.Buffer // [rowCap*K], -1 past the valid rows
 	n                int            // valid received rows
+	hier             *gpuHierTables // several domains only
 }
 
 func (t *gpuTables) close() {
 	if t != nil && t.all != nil {
 		t.all.Close()
+		t.hier.close()
 	}
 }
 
@@ -117,8 +126,11 @@ func (g *gpuEngine) missingOff() int { return (2*g.R + 2) * 8 }
 // (collective).
 func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.Stream) (*gpuEngine, error) {
 	cfg := e.cfg
-	R := e.size
-	g := &gpuEngine{e: e, b: b, R: R, K: cfg.TopK, H: cfg.Hidden, W: min(cfg.TopK, R),
+	R, me, group := e.size, e.rank, e.group
+	if e.hier != nil {
+		R, me, group = e.hier.D, e.hier.local, e.hier.domG
+	}
+	g := &gpuEngine{e: e, b: b, R: R, me: me, base: e.rank - me, K: cfg.TopK, H: cfg.Hidden, W: min(cfg.TopK, R),
 		dnan: permute.DefaultNaN(), timeoutNs: cfg.Timeout.Nanoseconds()}
 	if R > 1024 {
 		return nil, fmt.Errorf("executor: CUDA path: %d ranks in one domain, at most 1024: %w", R, ErrUnsupported)
@@ -136,15 +148,19 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.
 	}
 	g.s = s
 	var err error
-	g.recvCap = R * cfg.MaxTokensPerRank
+	g.recvCap = e.size * cfg.MaxTokensPerRank
 	if cfg.Mode == Capacity {
 		g.recvCap = cfg.MaxRecvTokens
 	}
 	g.combRows = cfg.MaxTokensPerRank * g.W
+	if e.hier != nil {
+		// Entries of the forwarded tokens follow this rank's own.
+		g.combRows += e.hier.M * cfg.MaxTokensPerRank * g.W
+	}
 	rowMax := g.H * 4 // fp32, the widest dtype
 	g.recvWOff, g.combWOff = g.recvCap*rowMax, g.combRows*rowMax
 	sizes := []int{flagsSize(R), g.recvWOff + g.recvCap*g.K*4, g.combWOff + g.combRows*g.K*4}
-	g.win, err = nvlink.MapGPU(ctx, e.group, s, sizes)
+	g.win, err = nvlink.MapGPU(ctx, group, s, sizes)
 	if err != nil {
 		if g.ownStream {
 			err = errors.Join(err, s.Close())
@@ -152,13 +168,28 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.
 		return nil, fmt.Errorf("executor: CUDA path: %w", err)
 	}
 	lerr := g.load(ctx)
+	if lerr == nil {
+		// Pinned staging for the layout's tables (and, with several
+		// domains, the rail's rows), allocated now: a pinned allocation
+		// later could stall a peer's wait kernel (device.CUDA.WarmStaging).
+		K, W, maxT := g.K, g.W, cfg.MaxTokensPerRank
+		n := 4 * (maxT*(3*W+K) + g.recvCap*(2+2*K))
+		if e.hier != nil {
+			M := e.hier.M
+			n = max(n, M*maxT*g.H*4, 4*(M*maxT*(3*W+K)+maxT*(2+K+M)))
+		}
+		lerr = b.WarmStaging(n)
+	}
+	if lerr == nil && e.hier != nil {
+		g.hier, lerr = newGPUHier(ctx, g)
+	}
 	// Every rank learns whether every rank is ready, so none is left
 	// waiting in its first call.
 	st := []byte{0}
 	if lerr != nil {
 		st = append([]byte{1}, lerr.Error()...)
 	}
-	all, err := e.group.AllGather(ctx, st)
+	all, err := group.AllGather(ctx, st)
 	if err == nil {
 		for p, r := range all {
 			if len(r) > 0 && r[0] == 1 {
@@ -261,7 +292,7 @@ func b32(v bool) int32 {
 // peer's flags.
 func (g *gpuEngine) signalPeers(slot int64, op uint32) error {
 	return g.s.Launch(g.signal, [3]uint32{1, 1, 1}, [3]uint32{uint32(roundUp(g.R, 32)), 1, 1}, 0,
-		g.peerTable(regionFlags), int32(g.R), slot+int64(g.e.rank), g.ownView(regionFlags, g.counterOff(), 8), op)
+		g.peerTable(regionFlags), int32(g.R), slot+int64(g.me), g.ownView(regionFlags, g.counterOff(), 8), op)
 }
 
 // arrive signals this rank's pushes and waits for every peer's.
@@ -341,6 +372,17 @@ func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, s
 	var routing [][]int32
 	var lay *Layout
 	e.stream.Go("layout", func() error {
+		if e.hier != nil {
+			return e.hierRouting(hidx, sig, func(all [][]int32) error {
+				routing = make([][]int32, len(all))
+				for r := range all {
+					routing[r] = append([]int32(nil), all[r]...)
+				}
+				var err error
+				lay, err = ComputeLayout(e.rank, cfg, routing)
+				return err
+			})
+		}
 		return e.exchange(nvlink.Call{Op: opLayout, Sig: sig, Buffers: []*device.Buffer{hidx.Buffer()}}, func(peers [][]*device.Buffer) error {
 			routing = make([][]int32, len(peers))
 			for p := range peers {
@@ -402,6 +444,19 @@ func (g *gpuEngine) tables(ctx context.Context, h *Handle, lay *Layout, routing 
 	}
 	entTok, entDest, entRow, slotEnt := part(0), part(1), part(2), part(3)
 	recvSrc, recvEnt, recvIdx, pos := part(4), part(5), part(6), part(7)
+	var ht *gpuHierTables
+	if g.hier != nil {
+		var err error
+		if ht, err = g.hierTables(ctx, lay, routing, entTok, entDest, entRow, slotEnt, recvSrc, recvEnt); err != nil {
+			return old, err
+		}
+		for i := range n {
+			copy(recvIdx[i*K:(i+1)*K], lay.RecvIdx[i*K:(i+1)*K])
+			copy(pos[i*K:(i+1)*K], lay.Pos[i*K:(i+1)*K])
+		}
+		T = 0 // the one-domain tables below are replaced
+		n = 0
+	}
 	for t := range T {
 		for j := lay.SendOffsets[t]; j < lay.SendOffsets[t+1]; j++ {
 			c := int(j - lay.SendOffsets[t])
@@ -448,17 +503,22 @@ func (g *gpuEngine) tables(ctx context.Context, h *Handle, lay *Layout, routing 
 			return old, fmt.Errorf("executor: relayout: tables of %d entries, the handle has %d", total, old.all.Len())
 		}
 		if err := g.s.UploadBuffer(ctx, old.all.Buffer(), device.EncodeInt32(host)); err != nil {
+			ht.close()
 			return old, e.noteFailure(err)
 		}
-		old.n = n
+		old.n = e.validRecv(lay, e.rank)
+		old.hier.close()
+		old.hier = ht
 		return old, nil
 	}
 	all, err := device.NewTensor(g.s, device.Int32, max(total, 1))
 	if err != nil {
+		ht.close()
 		return nil, err
 	}
 	if err := g.s.UploadBuffer(ctx, all.Buffer(), device.EncodeInt32(host)); err != nil {
 		all.Close()
+		ht.close()
 		return nil, e.noteFailure(err)
 	}
 	views := make([]*device.Buffer, len(sizes))
@@ -466,12 +526,13 @@ func (g *gpuEngine) tables(ctx context.Context, h *Handle, lay *Layout, routing 
 	for i, s := range sizes {
 		if views[i], err = all.Buffer().View(4*o, 4*s); err != nil {
 			all.Close()
+			ht.close()
 			return nil, err
 		}
 		o += s
 	}
 	return &gpuTables{all: all, entTok: views[0], entDest: views[1], entRow: views[2], slotEnt: views[3],
-		recvSrc: views[4], recvEnt: views[5], recvIdx: views[6], pos: views[7], n: n}, nil
+		recvSrc: views[4], recvEnt: views[5], recvIdx: views[6], pos: views[7], n: e.validRecv(lay, e.rank), hier: ht}, nil
 }
 
 // ready checks a handle on the host before its GPU work is enqueued: under
@@ -518,6 +579,9 @@ func (g *gpuEngine) deviceMap(h *Handle) permute.DeviceMap {
 // pushRows enqueues steps 1-4 of dispatch: rows of x (and weights w) into
 // the destinations' receive windows.
 func (g *gpuEngine) pushRows(h *Handle, x, w *device.Tensor, op uint32) error {
+	if g.hier != nil {
+		return g.hierPush(h, x, w, op)
+	}
 	if err := g.begin(); err != nil {
 		return err
 	}
@@ -723,6 +787,9 @@ func (g *gpuEngine) combine(h *Handle, z, zw *device.Tensor, out DispatchBackwar
 	if !g.ready(h) {
 		return nil
 	}
+	if g.hier != nil {
+		return g.hierCombine(h, z, zw, out, op)
+	}
 	if err := g.begin(); err != nil {
 		return err
 	}
@@ -821,11 +888,11 @@ func (g *gpuEngine) statusError(raw []byte) error {
 	for p := range g.R {
 		switch raw[4*p] {
 		case waitTimeout:
-			timedOut = append(timedOut, p)
+			timedOut = append(timedOut, g.base+p)
 		case waitMismatch:
-			mismatched = append(mismatched, p)
+			mismatched = append(mismatched, g.base+p)
 		case waitRejected:
-			rejected = append(rejected, p)
+			rejected = append(rejected, g.base+p)
 		}
 	}
 	switch {
@@ -850,6 +917,7 @@ func (g *gpuEngine) close() error {
 	if g.peers != nil {
 		g.s.Free(g.peers)
 	}
+	g.hier.close(g)
 	if g.pk != nil {
 		errs = append(errs, g.pk.Close())
 	}

@@ -129,9 +129,6 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 				r, g.Rank(), diffDescriptions(desc, string(d)), ErrPeerMismatch)
 		}
 	}
-	if cfg.RanksPerDomain != R && b.Kind() != device.KindHost {
-		return nil, fmt.Errorf("executor: new: RanksPerDomain %d < %d ranks on the %s backend: the hierarchical path runs on the host backend only so far: %w", cfg.RanksPerDomain, R, b.Kind(), ErrUnsupported)
-	}
 	var cb *device.CUDA
 	var ctl *device.Host
 	sb := b
@@ -294,6 +291,10 @@ func (e *Engine) reject(op uint64, cause error) error {
 		return cause // the engine takes no calls; there is no exchange to join
 	}
 	if e.gpu != nil && op != opLayout {
+		if e.hier != nil {
+			e.gpu.hierReject(op, cause)
+			return cause
+		}
 		e.gpu.reject()
 		return cause
 	}

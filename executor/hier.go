@@ -313,10 +313,22 @@ func (e *Engine) hierReject(op uint64, cause error) {
 	_, _ = e.railRound(op, [4]uint64{}, cause, nil)
 }
 
-// hierLayout is the layout's task with several domains: the routing
-// crosses the rail, is forwarded, and every rank reads every rank's routing
-// from its domain exchange.
+// hierLayout is the layout's task with several domains (host backend).
 func (e *Engine) hierLayout(h *Handle, idx *device.Tensor, sg [4]uint64) error {
+	return e.hierRouting(idx, sg, func(routing [][]int32) error {
+		lay, err := ComputeLayout(e.rank, e.cfg, routing)
+		if err != nil {
+			return err
+		}
+		h.lay = lay
+		return e.finishLayout(h)
+	})
+}
+
+// hierRouting gathers every rank's routing with several domains: idx (a
+// host tensor) crosses the rail, is forwarded, and fn gets every rank's
+// routing inside the domain exchange (it must copy what it keeps).
+func (e *Engine) hierRouting(idx *device.Tensor, sg [4]uint64, fn func(routing [][]int32) error) error {
 	hr := e.hier
 	mine := idx.Bytes()
 	recv, rerr := e.railRound(opLayout, sg, nil, func(n int, area, rows []byte) (int, int, int) {
@@ -338,12 +350,7 @@ func (e *Engine) hierLayout(h *Handle, idx *device.Tensor, sg [4]uint64) error {
 			T := getRailHead(s).count
 			routing[r] = int32s(s[railHeader : railHeader+T*e.cfg.TopK*4])
 		}
-		lay, err := ComputeLayout(e.rank, e.cfg, routing)
-		if err != nil {
-			return err
-		}
-		h.lay = lay
-		return e.finishLayout(h)
+		return fn(routing)
 	})
 	if rerr != nil {
 		return rerr

@@ -310,7 +310,7 @@ extern "C" __global__ void goep_ep_copy_out(uint8_t *out, float *outW, const uin
 // terms. When gw is not null, gw[t*K+k] = srcW[slot[t*K+k]*K + k] for
 // slot >= 0, else 0. Blocks: grid.x = tokens, grid.y chunks of the row's
 // units; a unit is V elements (16 bytes) when vec, else one element.
-template <bool BF16, int V>
+template <bool BF16, int V, bool OUT32 = false>
 __device__ __forceinline__ void sum_rows(uint8_t *out, float *gw, const uint8_t *src,
 					 const float *srcW, const int32_t *live, const int32_t *slot,
 					 int64_t tokens, int32_t width, int64_t hidden, int32_t topk,
@@ -369,13 +369,21 @@ __device__ __forceinline__ void sum_rows(uint8_t *out, float *gw, const uint8_t 
 			}
 			any = true;
 		}
-		uint8_t *o = out + t * rowBytes + u * V * es;
 		if (!any) {
 #pragma unroll
 			for (int e = 0; e < V; e++) {
 				acc[e] = 0.0f;
 			}
 		}
+		if (OUT32) {  // fp32 out, not rounded (a domain's partial)
+			float *o = (float *)out + t * hidden + u * V;
+#pragma unroll
+			for (int e = 0; e < V; e++) {
+				o[e] = acc[e];
+			}
+			continue;
+		}
+		uint8_t *o = out + t * rowBytes + u * V * es;
 		if (BF16) {
 			if (V == 8) {
 				uint32_t wq[4];
@@ -431,6 +439,109 @@ extern "C" __global__ void goep_ep_sum_fp32(uint8_t *out, float *gw, const uint8
 	} else {
 		sum_rows<false, 1>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
 	}
+}
+
+// goep_ep_sum_bf16_f32 is goep_ep_sum_bf16 with fp32 rows out, not
+// rounded: the partial of this rank's own domain in the hierarchical
+// combine (DESIGN.md: it is added to the other domains' partials in fp32).
+// The fp32 dtype needs no variant (rounding fp32 to fp32 is exact).
+extern "C" __global__ void goep_ep_sum_bf16_f32(uint8_t *out, float *gw, const uint8_t *src,
+						const float *srcW, const int32_t *live,
+						const int32_t *slot, int64_t tokens, int32_t width,
+						int64_t hidden, int32_t topk, int32_t vec, uint32_t dnan)
+{
+	if (vec) {
+		sum_rows<true, 8, true>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
+	} else {
+		sum_rows<true, 1, true>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
+	}
+}
+
+// goep_ep_merge_* is the last step of the hierarchical combine on the
+// source (executor.hierCombine): for token t < tokens and element j,
+// out[t][j] is the fp32 sum over the domains n < domains in ascending
+// order of their partials, from the first: the own domain's (n == mine)
+// is own[t*hidden + j] (fp32) when ownLive[t], another domain's is row
+// remIdx[n*tokens + t] (when >= 0) of domain n's block of rem (rows of
+// maxRows, the dtype), then rounded to the dtype once; zero when no domain
+// has a partial. Weight gradients, when gw is not null: gw[t*K+k] is
+// ownW[t*K+k] when slot k's expert is in this domain (slotDom == mine),
+// remW of that domain's row when in another, 0 for an empty slot. One
+// thread per element: grid.x = tokens, grid.y chunks of hidden.
+template <bool BF16>
+__device__ __forceinline__ void merge_rows(uint8_t *out, float *gw, const float *own,
+					   const int32_t *ownLive, const float *ownW, const uint8_t *rem,
+					   const float *remW, const int32_t *remIdx, const int32_t *slotDom,
+					   int64_t tokens, int32_t domains, int32_t mine, int64_t maxRows,
+					   int64_t hidden, int32_t topk, uint32_t dnan)
+{
+	int64_t t = blockIdx.x;
+	if (t >= tokens) {
+		return;
+	}
+	for (int64_t j = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; j < hidden;
+	     j += (int64_t)gridDim.y * blockDim.x) {
+		float acc = 0.0f;
+		bool any = false;
+		for (int32_t n = 0; n < domains; n++) {
+			float v;
+			if (n == mine) {
+				if (!ownLive[t]) {
+					continue;
+				}
+				v = own[t * hidden + j];
+			} else {
+				int32_t i = remIdx[(int64_t)n * tokens + t];
+				if (i < 0) {
+					continue;
+				}
+				int64_t r = (int64_t)n * maxRows + i;
+				v = BF16 ? __uint_as_float((uint32_t)((const uint16_t *)rem)[r * hidden + j] << 16)
+					 : ((const float *)rem)[r * hidden + j];
+			}
+			acc = any ? add(acc, v, dnan) : v;
+			any = true;
+		}
+		if (BF16) {
+			((uint16_t *)out)[t * hidden + j] = any ? (uint16_t)to_bf16(acc) : 0;
+		} else {
+			((float *)out)[t * hidden + j] = any ? acc : 0.0f;
+		}
+	}
+	if (gw != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
+		int64_t s = t * topk + threadIdx.x;
+		int32_t d = slotDom[s];
+		float g = 0.0f;
+		if (d == mine) {
+			g = ownW[s];
+		} else if (d >= 0) {
+			int32_t i = remIdx[(int64_t)d * tokens + t];
+			g = i >= 0 ? remW[((int64_t)d * maxRows + i) * topk + threadIdx.x] : 0.0f;
+		}
+		gw[s] = g;
+	}
+}
+
+extern "C" __global__ void goep_ep_merge_bf16(uint8_t *out, float *gw, const float *own,
+					      const int32_t *ownLive, const float *ownW,
+					      const uint8_t *rem, const float *remW,
+					      const int32_t *remIdx, const int32_t *slotDom,
+					      int64_t tokens, int32_t domains, int32_t mine,
+					      int64_t maxRows, int64_t hidden, int32_t topk, uint32_t dnan)
+{
+	merge_rows<true>(out, gw, own, ownLive, ownW, rem, remW, remIdx, slotDom, tokens, domains, mine,
+			 maxRows, hidden, topk, dnan);
+}
+
+extern "C" __global__ void goep_ep_merge_fp32(uint8_t *out, float *gw, const float *own,
+					      const int32_t *ownLive, const float *ownW,
+					      const uint8_t *rem, const float *remW,
+					      const int32_t *remIdx, const int32_t *slotDom,
+					      int64_t tokens, int32_t domains, int32_t mine,
+					      int64_t maxRows, int64_t hidden, int32_t topk, uint32_t dnan)
+{
+	merge_rows<false>(out, gw, own, ownLive, ownW, rem, remW, remIdx, slotDom, tokens, domains, mine,
+			  maxRows, hidden, topk, dnan);
 }
 
 // goep_ep_permute_scaled_* is permute.PermuteScaled: for row i < rows and

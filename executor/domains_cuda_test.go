@@ -1,0 +1,76 @@
+//go:build cuda && cgo
+
+package executor_test
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/goep/goep/comm"
+)
+
+// TestCUDADomains runs the whole API with several NVLink domains on the
+// CUDA backend (the domain's windows on the GPU, the rail in host memory
+// through pinned staging) and compares every output bit for bit with the
+// host backend's run of the same worlds: 2 domains x 2 ranks and 4 x 1, as
+// goroutines of this process sharing the GPU (the in-process rail).
+// domains_cuda_ucx_test.go runs them as processes over UCX.
+func TestCUDADomains(t *testing.T) {
+	b := needGPU(t)
+	for _, d := range []int{2, 1} {
+		t.Run(fmt.Sprintf("4 ranks, D=%d", d), func(t *testing.T) {
+			t.Setenv("GOEP_RANKS_PER_DOMAIN", strconv.Itoa(d))
+			want := inProcessDigestsN(t, 4)
+			gs := comm.NewLocal(4)
+			got := make([][]map[string]string, 4)
+			errs := make([]error, 4)
+			var wg sync.WaitGroup
+			for r := range 4 {
+				wg.Go(func() {
+					for _, seed := range mpSeeds {
+						dg, err := mpPipeline(t.Context(), gs[r], b, seed)
+						if err != nil {
+							errs[r] = fmt.Errorf("seed %d: %w", seed, err)
+							return
+						}
+						got[r] = append(got[r], dg)
+					}
+				})
+			}
+			wg.Wait()
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+			if t.Failed() {
+				t.FailNow()
+			}
+			compareDigests(t, want, got, "on CUDA", "on the host")
+		})
+	}
+}
+
+// compareDigests checks every output digest of every rank and case.
+func compareDigests(t *testing.T, want, got [][]map[string]string, gotIs, wantIs string) {
+	t.Helper()
+	for r := range want {
+		if len(got[r]) != len(mpSeeds) {
+			t.Fatalf("rank %d reported %d cases, want %d", r, len(got[r]), len(mpSeeds))
+		}
+		for i, seed := range mpSeeds {
+			checked := 0
+			for name, w := range want[r][i] {
+				checked++
+				if g := got[r][i][name]; g != w {
+					t.Errorf("seed %d rank %d %s: %s %s, %s %s", seed, r, name, g, gotIs, w, wantIs)
+				}
+			}
+			if checked < 14 {
+				t.Errorf("seed %d rank %d: only %d outputs compared", seed, r, checked)
+			}
+		}
+	}
+}

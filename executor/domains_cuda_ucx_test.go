@@ -1,0 +1,35 @@
+//go:build cuda && cgo && ucx
+
+package executor_test
+
+import (
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestCUDADomainsProcesses is TestCUDADomains with 2 emulated domains of 2
+// processes sharing the GPU (CUDA IPC within a domain), the rail over UCX
+// on shared memory and on TCP, GPU rows staged through pinned host memory.
+func TestCUDADomainsProcesses(t *testing.T) {
+	needGPU(t)
+	t.Setenv("GOEP_RANKS_PER_DOMAIN", "2")
+	want := inProcessDigestsN(t, 4)
+	for _, shm := range []bool{true, false} {
+		t.Run("shm="+strconv.FormatBool(shm), func(t *testing.T) {
+			res, lerr, log := runWorldN(t, "spawn", "cases", 4, 4*time.Minute, "GOEP_MP_BACKEND=cuda",
+				"GOEP_RANKS_PER_DOMAIN=2", "GOEP_RDMA_SHARED_MEMORY="+strconv.FormatBool(shm), "GOEP_DEBUG_POINTERS=1")
+			if lerr != nil {
+				t.Fatalf("launcher: %v\n%s", lerr, log)
+			}
+			got := make([][]map[string]string, 4)
+			for r := range 4 {
+				if res[r].Err != "" {
+					t.Fatalf("rank %d: %s\n%s", r, res[r].Err, log)
+				}
+				got[r] = res[r].Digests
+			}
+			compareDigests(t, want, got, "on CUDA across processes", "on the host")
+		})
+	}
+}
