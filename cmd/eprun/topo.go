@@ -205,7 +205,7 @@ func collectTopo(ranks int) (topoReport, error) {
 		l.DomainRanks = append(l.DomainRanks, rankRange(i*d, (i+1)*d-1))
 	}
 	if l.Domains > 1 {
-		l.Notes = append(l.Notes, "several domains: tokens cross domains over the rail transport between ranks of the same local index (rdma.New: in-process for goroutine ranks, UCX across processes, which needs a binary built with -tags ucx); the host backend runs them, the CUDA backend does not yet (the engine returns ErrUnsupported)")
+		l.Notes = append(l.Notes, "several domains: tokens cross domains over the rail transport between ranks of the same local index (rdma.New: in-process for goroutine ranks, UCX across processes, which needs a binary built with -tags ucx); on the CUDA backend the rail's rows are staged through pinned host memory")
 	}
 	if err == nil && env.Kind != launcher.KindSingle && d > env.LocalSize {
 		l.Notes = append(l.Notes, fmt.Sprintf("a domain of %d ranks spans nodes (%d ranks per node): it needs a multi-node NVLink fabric, every GPU in one fabric clique", d, env.LocalSize))

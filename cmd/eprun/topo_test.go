@@ -37,7 +37,7 @@ func TestTopo(t *testing.T) {
 		t.Errorf("layout %+v", l)
 	}
 	if len(l.Notes) == 0 || !strings.Contains(l.Notes[0], "rdma.New") || !strings.Contains(l.Notes[0], "-tags ucx") ||
-		!strings.Contains(l.Notes[0], "CUDA backend does not yet") || strings.Contains(l.Notes[0], "not built yet") {
+		!strings.Contains(l.Notes[0], "staged through pinned host memory") || strings.Contains(l.Notes[0], "not built yet") {
 		t.Errorf("two domains: notes %q, want the rail transport's (rdma.New, -tags ucx across processes, not on CUDA yet)", l.Notes)
 	}
 	if rep.NumCPU < 1 || rep.Launcher.Kind != "single" || rep.RanksPerDomainEnv != "4" {
