@@ -28,12 +28,12 @@ type benchFlags struct {
 	ranksPerDomain    int
 	tokens            []int
 	hidden            []int
-	topk              int
+	topk              []int
 	experts           int
 	dtype             []string
 	iters             int
 	warmup            int
-	mode              string
+	mode              []string
 	pad               int
 	seed              uint64
 	calls             []string
@@ -72,8 +72,11 @@ if given, must equal it), and only rank 0 prints. The a2a baseline then runs ove
 group: MPI_Alltoallv under MPI, the TCP exchange under eprun launch.
 
 CONFIG is a YAML file, or the name of an embedded config (` + strings.Join(embeddedNames(), ", ") + `);
-without one the embedded default runs. Flags override the config's fields. Tokens, hidden and
-dtype take comma-separated lists to sweep.`,
+without one the embedded default runs. Flags override the config's fields. Mode, topk, dtype,
+hidden and tokens take comma-separated lists to sweep (--topk 4,8 --mode blocking,capacity);
+every combination is a case, run on engines of its own, in that order: mode outermost, tokens
+innermost. In capacity mode, max-recv-tokens and max-permuted-tokens left at 0 are the worst
+case of each case (its top-k, the sweep's largest tokens).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
@@ -101,12 +104,12 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.ranksPerDomain, "ranks-per-domain", 0, "ranks per NVLink domain D (0: GOEP_RANKS_PER_DOMAIN, else all)")
 	fl.IntSliceVar(&f.tokens, "tokens", nil, "tokens per rank (comma-separated list to sweep)")
 	fl.IntSliceVar(&f.hidden, "hidden", nil, "hidden size H (comma-separated list to sweep)")
-	fl.IntVar(&f.topk, "topk", 0, "expert slots per token K")
+	fl.IntSliceVar(&f.topk, "topk", nil, "expert slots per token K (comma-separated list to sweep)")
 	fl.IntVar(&f.experts, "experts", 0, "experts E (a multiple of ranks)")
 	fl.StringSliceVar(&f.dtype, "dtype", nil, "activation dtype: bf16 or fp32 (comma-separated list to sweep)")
 	fl.IntVar(&f.iters, "iters", 0, "timed iterations per call")
 	fl.IntVar(&f.warmup, "warmup", 0, "untimed warm-up iterations per call")
-	fl.StringVar(&f.mode, "mode", "", "blocking or capacity")
+	fl.StringSliceVar(&f.mode, "mode", nil, "blocking or capacity (comma-separated list to sweep)")
 	fl.IntVar(&f.pad, "pad", 0, "pad multiple of each expert's permuted segment (1 = none)")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the routing and payload")
 	fl.StringSliceVar(&f.calls, "calls", nil, "calls to time: "+strings.Join(bench.KnownCalls, ",")+" (default: "+strings.Join(bench.AllCalls, ",")+")")

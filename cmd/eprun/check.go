@@ -67,8 +67,9 @@ func writeCheck(w io.Writer, rec bench.Record) error {
 	if s := e.GPULine(); s != "" {
 		fmt.Fprintf(&b, "# %s\n", s)
 	}
-	fmt.Fprintf(&b, "# ranks %d  experts %d  topk %d  hidden %v  tokens %v  dtype %v  mode %s  pad %d  iters %d  seed %d\n",
-		c.Ranks, c.Experts, c.TopK, []int(c.Hidden), []int(c.Tokens), []string(c.DType), c.Mode, c.Pad, c.Iters, c.Seed)
+	// Every swept field prints as its flag takes it: 64,128.
+	fmt.Fprintf(&b, "# ranks %d  experts %d  topk %v  hidden %v  tokens %v  dtype %v  mode %v  pad %d  iters %d  seed %d\n",
+		c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.DType, c.Mode, c.Pad, c.Iters, c.Seed)
 	fmt.Fprintf(&b, "# launcher %s  processes %d  group %s\n#\n", rec.Launcher, rec.Processes, dash(rec.Group))
 	fmt.Fprintf(&b, "# %-17s %6s %13s %8s\n", "call", "cases", "rows_checked", "#wrong")
 	type sum struct{ cases, rows, wrong int }

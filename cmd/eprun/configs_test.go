@@ -70,7 +70,7 @@ func TestPublishedShapes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c.Experts != tc.experts || c.TopK != tc.topk || len(c.Hidden) != 1 || c.Hidden[0] != tc.hidden || len(c.Tokens) != 1 || c.Tokens[0] != tc.tokens {
+		if c.Experts != tc.experts || len(c.TopK) != 1 || c.TopK[0] != tc.topk || len(c.Hidden) != 1 || c.Hidden[0] != tc.hidden || len(c.Tokens) != 1 || c.Tokens[0] != tc.tokens {
 			t.Errorf("%s: %+v", tc.name, c)
 		}
 	}

@@ -55,7 +55,7 @@ func TestNoCUDA(t *testing.T) {
 		t.Errorf("error is not one line: %q", err)
 	}
 	c := Defaults()
-	c.Backend, c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = BackendCUDA, 2, 4, 2, Ints{8}, Ints{4}, 1, 0
+	c.Backend, c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = BackendCUDA, 2, 4, Ints{2}, Ints{8}, Ints{4}, 1, 0
 	if err := c.Validate(); err != nil {
 		t.Fatalf("Validate: %v (the backend's presence is not the config's business)", err)
 	}
@@ -72,7 +72,7 @@ func TestNoCUDA(t *testing.T) {
 
 func TestBackendMismatch(t *testing.T) {
 	c := Defaults()
-	c.Backend, c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = BackendCUDA, 1, 4, 2, Ints{8}, Ints{4}, 1, 0
+	c.Backend, c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = BackendCUDA, 1, 4, Ints{2}, Ints{8}, Ints{4}, 1, 0
 	h := device.NewHost()
 	defer h.Close()
 	g := comm.NewLocal(1)[0]

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -37,9 +38,10 @@ var AllCalls = []string{CallDispatch, CallCombine, CallDispatchPermute, CallUnpe
 // run's time what the single calls already measure.
 var KnownCalls = append(slices.Clone(AllCalls), CallDispatchCombine)
 
-// Config is one benchmark run: the engine shape and the sweep. Tokens,
-// Hidden and DType may list several values; every combination is a case,
-// and every case times every call in Calls.
+// Config is one benchmark run: the engine shape and the sweep. Mode, TopK,
+// DType, Hidden and Tokens may list several values (YAML: a scalar or a
+// list); every combination is a case (Cases gives their order), each case
+// runs on engines of its own, and every case times every call in Calls.
 type Config struct {
 	// Backend is where the engines run: "host" (default; "" means host) or
 	// "cuda" (build tag cuda; each rank on GPU GOEP_DEVICE, default 0).
@@ -51,8 +53,9 @@ type Config struct {
 	RanksPerDomain int `yaml:"ranks_per_domain,omitempty" json:"ranks_per_domain,omitempty"`
 	// Experts is E; Ranks must divide it.
 	Experts int `yaml:"experts" json:"experts"`
-	// TopK is K, the expert slots per token (distinct experts, uniform).
-	TopK int `yaml:"topk" json:"topk"`
+	// TopK is K, the expert slots per token (distinct experts; one or
+	// more values).
+	TopK Ints `yaml:"topk" json:"topk"`
 	// Hidden is H, the elements per row (one or more values).
 	Hidden Ints `yaml:"hidden" json:"hidden"`
 	// Tokens is T, the tokens on every rank (one or more values).
@@ -63,12 +66,15 @@ type Config struct {
 	// before them.
 	Iters  int `yaml:"iters" json:"iters"`
 	Warmup int `yaml:"warmup" json:"warmup"`
-	// Mode is "blocking" or "capacity".
-	Mode string `yaml:"mode" json:"mode"`
+	// Mode is "blocking" or "capacity" (one or more values).
+	Mode Strings `yaml:"mode" json:"mode"`
 	// Pad is the PadMultiple of the permuted layout (1: no padding).
 	Pad int `yaml:"pad" json:"pad"`
 	// MaxRecvTokens and MaxPermutedTokens are the capacity-mode output
-	// sizes; 0 means the worst case for the largest case of the sweep.
+	// sizes of every capacity case; 0 means the worst case of each case:
+	// the sweep's largest tokens, and the case's top-k (R x max tokens
+	// rows received; R x max tokens x min(K, E/R) + (E/R) x (Pad-1)
+	// permuted). Blocking cases ignore them.
 	MaxRecvTokens     int `yaml:"max_recv_tokens,omitempty" json:"max_recv_tokens,omitempty"`
 	MaxPermutedTokens int `yaml:"max_permuted_tokens,omitempty" json:"max_permuted_tokens,omitempty"`
 	// Seed makes the routing and the payload; equal seeds give equal runs.
@@ -92,13 +98,13 @@ func Defaults() Config {
 		Backend: BackendHost,
 		Ranks:   8,
 		Experts: 64,
-		TopK:    8,
+		TopK:    Ints{8},
 		Hidden:  Ints{2048},
 		Tokens:  Ints{512},
 		DType:   Strings{"bf16"},
 		Iters:   20,
 		Warmup:  3,
-		Mode:    "blocking",
+		Mode:    Strings{ModeBlocking},
 		Pad:     1,
 		Seed:    1,
 		Calls:   slices.Clone(AllCalls),
@@ -147,8 +153,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("experts is %d; need at least 1", c.Experts)
 	case c.Experts%c.Ranks != 0:
 		return fmt.Errorf("experts %d is not a multiple of ranks %d; every rank owns E/R experts", c.Experts, c.Ranks)
-	case c.TopK <= 0 || c.TopK > c.Experts:
-		return fmt.Errorf("topk is %d; need 1 <= topk <= experts (%d)", c.TopK, c.Experts)
+	case len(c.TopK) == 0:
+		return errors.New("topk is empty")
 	case c.RanksPerDomain < 0 || (c.RanksPerDomain > 0 && c.Ranks%c.RanksPerDomain != 0):
 		return fmt.Errorf("ranks_per_domain %d does not divide ranks %d", c.RanksPerDomain, c.Ranks)
 	case len(c.Hidden) == 0:
@@ -161,14 +167,24 @@ func (c Config) Validate() error {
 		return fmt.Errorf("iters is %d; need at least 1", c.Iters)
 	case c.Warmup < 0:
 		return fmt.Errorf("warmup is %d; cannot be negative", c.Warmup)
-	case c.Mode != "blocking" && c.Mode != "capacity":
-		return fmt.Errorf("mode %q: want blocking or capacity", c.Mode)
+	case len(c.Mode) == 0:
+		return errors.New("mode is empty")
 	case c.Pad <= 0:
 		return fmt.Errorf("pad is %d; need at least 1 (1 = no padding)", c.Pad)
 	case c.MaxRecvTokens < 0 || c.MaxPermutedTokens < 0:
 		return errors.New("max_recv_tokens and max_permuted_tokens cannot be negative")
 	case len(c.Calls) == 0:
 		return errors.New("calls is empty")
+	}
+	for _, k := range c.TopK {
+		if k <= 0 || k > c.Experts {
+			return fmt.Errorf("topk is %d; need 1 <= topk <= experts (%d)", k, c.Experts)
+		}
+	}
+	for _, m := range c.Mode {
+		if !slices.Contains(Modes, m) {
+			return fmt.Errorf("mode %q: want %s", m, strings.Join(Modes, " or "))
+		}
 	}
 	for _, h := range c.Hidden {
 		if h <= 0 {
@@ -228,27 +244,82 @@ func (c Config) domainSize() (int, error) {
 
 // Case is one point of the sweep.
 type Case struct {
+	Mode           string // ModeBlocking or ModeCapacity
+	TopK           int
 	Tokens, Hidden int
 	DType          device.DType
 }
 
-// Cases expands the sweep: dtype, then hidden, then tokens, in the order
-// given.
+// Cases expands the sweep, each list in the order given, nested from the
+// outermost: mode, then topk, then dtype, then hidden, then tokens (the
+// innermost, so that the cases of one curve of bandwidth against tokens
+// are adjacent). For mode [blocking, capacity] and topk [2, 4]: blocking
+// topk 2, blocking topk 4, capacity topk 2, capacity topk 4, each with
+// every dtype, hidden and tokens.
 func (c Config) Cases() []Case {
 	var out []Case
-	for _, d := range c.DType {
-		dt, _ := parseDType(d)
-		for _, h := range c.Hidden {
-			for _, t := range c.Tokens {
-				out = append(out, Case{Tokens: t, Hidden: h, DType: dt})
+	for _, m := range c.Mode {
+		for _, k := range c.TopK {
+			for _, d := range c.DType {
+				dt, _ := parseDType(d)
+				for _, h := range c.Hidden {
+					for _, t := range c.Tokens {
+						out = append(out, Case{Mode: m, TopK: k, Tokens: t, Hidden: h, DType: dt})
+					}
+				}
 			}
 		}
 	}
 	return out
 }
 
-// Ints is a list of ints that YAML may also give as one scalar.
+// The modes of executor.Config.Mode, as a config names them.
+const (
+	ModeBlocking = "blocking"
+	ModeCapacity = "capacity"
+)
+
+// Modes lists the modes a config may name.
+var Modes = []string{ModeBlocking, ModeCapacity}
+
+// Ints is a list of ints that YAML (and JSON) may also give as one
+// scalar. It formats as its values separated by commas, as the flags take
+// them ("8", "4,8"), with %v, %s and %d.
 type Ints []int
+
+// Format implements fmt.Formatter: %v, %s and %d print the values
+// separated by commas; other verbs (and %#v) print the []int.
+func (v Ints) Format(f fmt.State, verb rune) {
+	switch {
+	case f.Flag('#') || (verb != 'v' && verb != 's' && verb != 'd'):
+		fmt.Fprintf(f, fmt.FormatString(f, verb), []int(v))
+	default:
+		s := make([]string, len(v))
+		for i, x := range v {
+			s[i] = strconv.Itoa(x)
+		}
+		fmt.Fprintf(f, fmt.FormatString(f, 's'), strings.Join(s, ","))
+	}
+}
+
+// UnmarshalJSON accepts a number as a list of one (records written before
+// the field was a list).
+func (v *Ints) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	var x int
+	if err := json.Unmarshal(b, &x); err == nil {
+		*v = Ints{x}
+		return nil
+	}
+	var xs []int
+	if err := json.Unmarshal(b, &xs); err != nil {
+		return err
+	}
+	*v = xs
+	return nil
+}
 
 // UnmarshalYAML implements yaml.Unmarshaler.
 func (v *Ints) UnmarshalYAML(n *yaml.Node) error {
@@ -268,8 +339,32 @@ func (v *Ints) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// Strings is a list of strings that YAML may also give as one scalar.
+// Strings is a list of strings that YAML (and JSON) may also give as one
+// scalar. Its String is the values separated by commas, as the flags take
+// them ("blocking", "blocking,capacity").
 type Strings []string
+
+// String implements fmt.Stringer: the values separated by commas.
+func (v Strings) String() string { return strings.Join(v, ",") }
+
+// UnmarshalJSON accepts a string as a list of one (records written before
+// the field was a list).
+func (v *Strings) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	var x string
+	if err := json.Unmarshal(b, &x); err == nil {
+		*v = Strings{x}
+		return nil
+	}
+	var xs []string
+	if err := json.Unmarshal(b, &xs); err != nil {
+		return err
+	}
+	*v = xs
+	return nil
+}
 
 // UnmarshalYAML implements yaml.Unmarshaler.
 func (v *Strings) UnmarshalYAML(n *yaml.Node) error {

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -14,7 +16,7 @@ func TestParseConfig(t *testing.T) {
 	if c.Ranks != 4 || c.Experts != 16 || !slices.Equal(c.Tokens, Ints{8, 16}) || !slices.Equal(c.Hidden, Ints{32}) {
 		t.Errorf("parsed %+v", c)
 	}
-	if c.TopK != Defaults().TopK || c.Iters != Defaults().Iters {
+	if !slices.Equal(c.TopK, Defaults().TopK) || !slices.Equal(c.Mode, Defaults().Mode) || c.Iters != Defaults().Iters {
 		t.Errorf("fields left out did not get defaults: %+v", c)
 	}
 	if err := c.Validate(); err != nil {
@@ -36,6 +38,11 @@ func TestConfigErrors(t *testing.T) {
 		{"topk: 100\n", "topk is 100"},
 		{"dtype: fp8\n", `dtype "fp8"`},
 		{"mode: fast\n", `mode "fast"`},
+		{"topk: [2, 100]\n", "topk is 100"},
+		{"topk: []\n", "topk is empty"},
+		{"topk: [two]\n", "cannot unmarshal"},
+		{"mode: [blocking, fast]\n", `mode "fast"`},
+		{"mode: []\n", "mode is empty"},
 		{"calls: [dispatch, sort]\n", `call "sort"`},
 		{"iters: 0\n", "iters is 0"},
 		{"pad: 0\n", "pad is 0"},
@@ -51,6 +58,97 @@ func TestConfigErrors(t *testing.T) {
 		}
 		if strings.Contains(err.Error(), "\n") {
 			t.Errorf("%q: error has several lines: %q", tc.yaml, err)
+		}
+	}
+}
+
+// TestParseConfigTopKMode: topk and mode are a scalar (every config
+// before they were sweepable) or a list, as tokens, hidden and dtype.
+func TestParseConfigTopKMode(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		topk Ints
+		mode Strings
+	}{
+		{"topk: 4\nmode: capacity\n", Ints{4}, Strings{ModeCapacity}},
+		{"topk: [4, 8]\nmode: [blocking, capacity]\n", Ints{4, 8}, Strings{ModeBlocking, ModeCapacity}},
+		{"topk: [2]\nmode: [capacity]\n", Ints{2}, Strings{ModeCapacity}},
+		{"ranks: 8\n", Ints{8}, Strings{ModeBlocking}}, // the defaults
+	} {
+		c, err := ParseConfig(strings.NewReader(tc.yaml))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if !slices.Equal(c.TopK, tc.topk) || !slices.Equal(c.Mode, tc.mode) {
+			t.Errorf("%q: topk %v mode %v, want %v %v", tc.yaml, []int(c.TopK), []string(c.Mode), []int(tc.topk), []string(tc.mode))
+		}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%q: %v", tc.yaml, err)
+		}
+	}
+}
+
+// TestCasesOrder: mode outermost, then topk, dtype, hidden, and tokens
+// innermost, each in the order given.
+func TestCasesOrder(t *testing.T) {
+	c := Defaults()
+	c.Mode, c.TopK, c.DType, c.Hidden, c.Tokens = Strings{ModeCapacity, ModeBlocking}, Ints{4, 2}, Strings{"fp32", "bf16"}, Ints{16}, Ints{8, 0}
+	var got []string
+	for _, k := range c.Cases() {
+		got = append(got, fmt.Sprintf("%s/%d/%v/%d/%d", k.Mode, k.TopK, k.DType, k.Hidden, k.Tokens))
+	}
+	want := []string{
+		"capacity/4/fp32/16/8", "capacity/4/fp32/16/0", "capacity/4/bf16/16/8", "capacity/4/bf16/16/0",
+		"capacity/2/fp32/16/8", "capacity/2/fp32/16/0", "capacity/2/bf16/16/8", "capacity/2/bf16/16/0",
+		"blocking/4/fp32/16/8", "blocking/4/fp32/16/0", "blocking/4/bf16/16/8", "blocking/4/bf16/16/0",
+		"blocking/2/fp32/16/8", "blocking/2/fp32/16/0", "blocking/2/bf16/16/8", "blocking/2/bf16/16/0",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("cases\n%v\nwant\n%v", got, want)
+	}
+}
+
+// TestListsJSON: the record's config has topk and mode as lists; a
+// record written when they were scalars still reads (eprun plot reads old
+// records).
+func TestListsJSON(t *testing.T) {
+	c := Defaults()
+	c.TopK, c.Mode = Ints{4, 8}, Strings{ModeBlocking, ModeCapacity}
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(b); !strings.Contains(s, `"topk":[4,8]`) || !strings.Contains(s, `"mode":["blocking","capacity"]`) {
+		t.Errorf("JSON %s", s)
+	}
+	var back Config
+	if err := json.Unmarshal(b, &back); err != nil || !slices.Equal(back.TopK, c.TopK) || !slices.Equal(back.Mode, c.Mode) {
+		t.Errorf("round trip: %+v, %v", back, err)
+	}
+	var old Config
+	if err := json.Unmarshal([]byte(`{"topk": 8, "mode": "capacity", "hidden": null}`), &old); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(old.TopK, Ints{8}) || !slices.Equal(old.Mode, Strings{ModeCapacity}) || old.Hidden != nil {
+		t.Errorf("old record: topk %v mode %v hidden %v", []int(old.TopK), []string(old.Mode), []int(old.Hidden))
+	}
+	if err := json.Unmarshal([]byte(`{"topk": "eight"}`), &old); err == nil {
+		t.Error("topk \"eight\": no error")
+	}
+}
+
+// TestListsFormat: Ints and Strings print as the flags take them.
+func TestListsFormat(t *testing.T) {
+	for _, tc := range []struct{ got, want string }{
+		{fmt.Sprintf("top-%d", Ints{8}), "top-8"},
+		{fmt.Sprintf("topk %d", Ints{4, 8}), "topk 4,8"},
+		{fmt.Sprintf("%v|%s|%5d|%-5v|", Ints{4, 8}, Ints{2}, Ints{2}, Ints{2}), "4,8|2|    2|2    |"},
+		{fmt.Sprintf("%#v %x", Ints{4, 8}, Ints{255}), "[]int{4, 8} [ff]"},
+		{fmt.Sprintf("%s mode", Strings{ModeBlocking}), "blocking mode"},
+		{fmt.Sprintf("mode %v", Strings{ModeBlocking, ModeCapacity}), "mode blocking,capacity"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %q, want %q", tc.got, tc.want)
 		}
 	}
 }

@@ -7,9 +7,10 @@ import (
 )
 
 // CSVColumns is the header of WriteCSV: the table's columns (#wrong as
-// wrong), then the config's fields and where it ran, then the RDMA byte
-// counts of the JSON record (Row.RDMACrossBytes, Row.RDMAFlatBytes; empty
-// with one domain). New columns go at the end.
+// wrong), then the config's fields (mode: the row's, as topk is) and
+// where it ran, then the RDMA byte counts of the JSON record
+// (Row.RDMACrossBytes, Row.RDMAFlatBytes; empty with one domain). New
+// columns go at the end.
 var CSVColumns = []string{
 	"call", "tokens", "hidden", "topk", "dtype", "time_us", "p99_us", "nvl_GBps", "rdma_GBps",
 	"baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "wrong",
@@ -64,7 +65,7 @@ func WriteCSV(w io.Writer, rec Record) error {
 			r.Call, itoa(r.Tokens), itoa(r.Hidden), itoa(r.TopK), r.DType,
 			f(r.Time.Median, 3), f(r.Time.P99, 3), f(r.NVLGBps, 4), pos(r.RDMAGBps, 4),
 			pos(r.BaselineGBps, 4), ratio, a2aUS, a2aGBps, vs, itoa(r.Wrong + r.A2AWrong),
-			itoa(c.Ranks), itoa(d), itoa(c.Experts), c.Mode, itoa(c.Pad), itoa(c.Iters), itoa(c.Warmup),
+			itoa(c.Ranks), itoa(d), itoa(c.Experts), r.Mode, itoa(c.Pad), itoa(c.Iters), itoa(c.Warmup),
 			strconv.FormatUint(c.Seed, 10), routing, zipf,
 			rec.Launcher, itoa(rec.Processes), rec.Timing, rec.Env.Commit, backend,
 			pos(r.RDMACrossBytes, -1), pos(r.RDMAFlatBytes, -1),

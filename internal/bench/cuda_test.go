@@ -24,14 +24,14 @@ func TestRunCUDA(t *testing.T) {
 		edit func(*Config)
 	}{
 		{"blocking", func(*Config) {}},
-		{"capacity-pad-fp32", func(c *Config) { c.Mode, c.Pad, c.DType = "capacity", 4, Strings{"fp32"} }},
+		{"capacity-pad-fp32", func(c *Config) { c.Mode, c.Pad, c.DType = Strings{ModeCapacity}, 4, Strings{"fp32"} }},
 		{"sweep-zero-tokens", func(c *Config) { c.Tokens = Ints{0, 8} }},
 		{"dispatch-combine", func(c *Config) { c.Calls = []string{CallDispatchCombine} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Defaults()
 			c.Backend = BackendCUDA
-			c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, 3, Ints{64}, Ints{24}, 3, 1
+			c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, Ints{3}, Ints{64}, Ints{24}, 3, 1
 			tc.edit(&c)
 			steps := 0
 			res, err := Run(t.Context(), c, Options{Progress: func(p Progress) { steps = p.Done }})
@@ -60,7 +60,7 @@ func TestRunCUDA(t *testing.T) {
 	t.Run("rank", func(t *testing.T) {
 		c := Defaults()
 		c.Backend = BackendCUDA
-		c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 1, 8, 3, Ints{64}, Ints{24}, 2, 1
+		c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 1, 8, Ints{3}, Ints{64}, Ints{24}, 2, 1
 		g := comm.NewLocal(1)[0]
 		defer g.Close()
 		res, err := RunRank(t.Context(), c, g, Options{CheckOnly: true})

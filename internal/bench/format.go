@@ -85,8 +85,17 @@ func WriteTable(w io.Writer, rec Record) error {
 	}
 	b.WriteString("#\n")
 
-	fmt.Fprintf(&b, "# %-17s %7s %7s %5s %5s %11s %11s %9s %9s %13s %6s %11s %9s %7s %7s\n",
-		"call", "tokens", "hidden", "topk", "dtype", "time_us", "p99_us", "nvl_GBps", "rdma_GBps", "baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "#wrong")
+	// A mode column only when the rows have several modes (a sweep over
+	// mode): otherwise the header line names the one mode.
+	modes := sweeps(rec.Rows).mode
+	modeCol := func(s string) string {
+		if !modes {
+			return ""
+		}
+		return fmt.Sprintf(" %-8s", s)
+	}
+	fmt.Fprintf(&b, "# %-17s %7s %7s %5s %5s%s %11s %11s %9s %9s %13s %6s %11s %9s %7s %7s\n",
+		"call", "tokens", "hidden", "topk", "dtype", modeCol("mode"), "time_us", "p99_us", "nvl_GBps", "rdma_GBps", "baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "#wrong")
 	for _, r := range rec.Rows {
 		rdma := "-"
 		if r.RDMAGBps > 0 {
@@ -100,8 +109,8 @@ func WriteTable(w io.Writer, rec Record) error {
 		if r.A2A != nil {
 			a2aUS, a2aGBps, vs = fmt.Sprintf("%.1f", r.A2A.Median), fmt.Sprintf("%.2f", r.A2AGBps), fmt.Sprintf("%.2f", r.A2ASpeedup)
 		}
-		fmt.Fprintf(&b, "  %-17s %7d %7d %5d %5s %11.1f %11.1f %9.2f %9s %13s %6s %11s %9s %7s %7d\n",
-			r.Call, r.Tokens, r.Hidden, r.TopK, r.DType, r.Time.Median, r.Time.P99, r.NVLGBps, rdma, base, ratio, a2aUS, a2aGBps, vs, r.Wrong+r.A2AWrong)
+		fmt.Fprintf(&b, "  %-17s %7d %7d %5d %5s%s %11.1f %11.1f %9.2f %9s %13s %6s %11s %9s %7s %7d\n",
+			r.Call, r.Tokens, r.Hidden, r.TopK, r.DType, modeCol(r.Mode), r.Time.Median, r.Time.P99, r.NVLGBps, rdma, base, ratio, a2aUS, a2aGBps, vs, r.Wrong+r.A2AWrong)
 	}
 	b.WriteString("#\n")
 	b.WriteString(rec.CheckLine())
@@ -149,13 +158,21 @@ func WriteTable(w io.Writer, rec Record) error {
 // (Row.RDMAFlatBytes). "" with one domain.
 func rdmaLines(rows []Row) string {
 	var b strings.Builder
+	sw := sweeps(rows)
 	for i, r := range rows {
 		if r.RDMABytes <= 0 || (i > 0 && sameCase(r, rows[i-1])) {
 			continue
 		}
 		trips := float64(callTrips(r.Call))
 		design, cross, flat := r.RDMABytes/trips, r.RDMACrossBytes/trips, r.RDMAFlatBytes/trips
-		fmt.Fprintf(&b, "# rdma tokens %d hidden %d %s: ", r.Tokens, r.Hidden, r.DType)
+		fmt.Fprintf(&b, "# rdma tokens %d hidden %d %s", r.Tokens, r.Hidden, r.DType)
+		if sw.topk {
+			fmt.Fprintf(&b, " topk %d", r.TopK)
+		}
+		if sw.mode {
+			fmt.Fprintf(&b, " %s", r.Mode)
+		}
+		b.WriteString(": ")
 		if cross <= 0 {
 			fmt.Fprintf(&b, "no token leaves its domain (rdma_GBps counts %s per rank per one-way call, own domain included)\n", byteSize(design))
 			continue
@@ -210,8 +227,42 @@ func orDash(s string) string {
 	return s
 }
 
-// ratioSummary is "min X (call), geomean Y, max Z (call)" of f over the
-// rows where it is positive.
+// swept says which of a case's fields other than tokens take several
+// values over rows.
+type swept struct{ hidden, topk, dtype, mode bool }
+
+func sweeps(rows []Row) swept {
+	var s swept
+	for _, r := range rows[min(1, len(rows)):] {
+		s.hidden = s.hidden || r.Hidden != rows[0].Hidden
+		s.topk = s.topk || r.TopK != rows[0].TopK
+		s.dtype = s.dtype || r.DType != rows[0].DType
+		s.mode = s.mode || r.Mode != rows[0].Mode
+	}
+	return s
+}
+
+// label names r's case among rows: its tokens, and each other field of
+// the case that the rows sweep ("tokens 256, topk 4, capacity").
+func (s swept) label(r *Row) string {
+	l := fmt.Sprintf("tokens %d", r.Tokens)
+	if s.hidden {
+		l += fmt.Sprintf(", hidden %d", r.Hidden)
+	}
+	if s.topk {
+		l += fmt.Sprintf(", topk %d", r.TopK)
+	}
+	if s.dtype {
+		l += ", " + r.DType
+	}
+	if s.mode {
+		l += ", " + r.Mode
+	}
+	return l
+}
+
+// ratioSummary is "min X (call, case), geomean Y, max Z (call, case)" of f
+// over the rows where it is positive; the case is named by swept.label.
 func ratioSummary(rows []Row, f func(*Row) float64) string {
 	var lo, hi *Row
 	logSum, n := 0.0, 0
@@ -232,8 +283,9 @@ func ratioSummary(rows []Row, f func(*Row) float64) string {
 	if n == 0 {
 		return ""
 	}
-	return fmt.Sprintf("min %.2f (%s, tokens %d), geomean %.2f, max %.2f (%s, tokens %d)",
-		f(lo), lo.Call, lo.Tokens, math.Exp(logSum/float64(n)), f(hi), hi.Call, hi.Tokens)
+	sw := sweeps(rows)
+	return fmt.Sprintf("min %.2f (%s, %s), geomean %.2f, max %.2f (%s, %s)",
+		f(lo), lo.Call, sw.label(lo), math.Exp(logSum/float64(n)), f(hi), hi.Call, sw.label(hi))
 }
 
 // benchName is the Go benchmark name of a call: dispatch-permute ->
@@ -252,7 +304,12 @@ func benchName(call string) string {
 // reads: one line per call and case, plus the baseline of each case, with
 // ns/op the median iteration time and MB/s the NVLink bandwidth. Names are
 // Benchmark<Call>/ranks=R/tokens=T/hidden=H/topk=K/dtype=D/routing=KIND
-// (plus /zipf_s=S for zipf)-GOMAXPROCS.
+// (plus /zipf_s=S for zipf)-GOMAXPROCS. The mode is a configuration line,
+// "mode: blocking", which holds for the results after it: a sweep over
+// modes repeats it before the first row of each new mode, so that
+// benchstat (whose default tables are per configuration) never pools a
+// capacity result with a blocking one, and a name means the same in a
+// run of one mode as in a sweep.
 func WriteGoBench(w io.Writer, rec Record) error {
 	var b strings.Builder
 	e := rec.Env
@@ -260,7 +317,13 @@ func WriteGoBench(w io.Writer, rec Record) error {
 	if e.CPU != "" {
 		fmt.Fprintf(&b, "cpu: %s\n", e.CPU)
 	}
-	fmt.Fprintf(&b, "backend: %s\nmode: %s\n", e.Backend, rec.Config.Mode)
+	mode := ""
+	if len(rec.Rows) > 0 {
+		mode = rec.Rows[0].Mode
+	} else if len(rec.Config.Mode) > 0 {
+		mode = rec.Config.Mode[0]
+	}
+	fmt.Fprintf(&b, "backend: %s\nmode: %s\n", e.Backend, mode)
 	if e.GPU != "" {
 		fmt.Fprintf(&b, "gpu: %s\n", e.GPU)
 	}
@@ -275,6 +338,10 @@ func WriteGoBench(w io.Writer, rec Record) error {
 			name, r.Ranks, r.Tokens, r.Hidden, r.TopK, r.DType, routing, e.GOMAXPROCS, s.N, s.Median*1e3, gbps*1e3, s.P99*1e3)
 	}
 	for i, r := range rec.Rows {
+		if r.Mode != mode {
+			mode = r.Mode
+			fmt.Fprintf(&b, "mode: %s\n", mode)
+		}
 		line(benchName(r.Call), r, r.Time, r.NVLGBps)
 		if r.A2A != nil {
 			line("A2A"+benchName(r.Call), r, *r.A2A, r.A2AGBps)
@@ -287,6 +354,7 @@ func WriteGoBench(w io.Writer, rec Record) error {
 	return err
 }
 
+// sameCase reports whether two rows are of one case of the sweep.
 func sameCase(a, b Row) bool {
-	return a.Tokens == b.Tokens && a.Hidden == b.Hidden && a.DType == b.DType
+	return a.Tokens == b.Tokens && a.Hidden == b.Hidden && a.DType == b.DType && a.TopK == b.TopK && a.Mode == b.Mode
 }

@@ -57,3 +57,96 @@ func TestByteSize(t *testing.T) {
 		}
 	}
 }
+
+// TestTableAndGoBenchSweepModes: rows of a sweep over mode and top-k are
+// told apart in the table (a mode column, only then), the footer and
+// benchstat's view of --format=gobench (a mode: line per mode).
+func TestTableAndGoBenchSweepModes(t *testing.T) {
+	row := func(mode string, topk int) Row {
+		return Row{Call: CallDispatch, Ranks: 4, Tokens: 32, Hidden: 64, TopK: topk, DType: "bf16", Mode: mode,
+			Time: Stats{N: 2, Median: 10 * float64(topk)}, NVLGBps: float64(topk), Baseline: Stats{N: 2, Median: 1}, BaselineGBps: 1, Ratio: float64(topk)}
+	}
+	c := Defaults()
+	c.TopK, c.Mode = Ints{2, 4}, Strings{ModeBlocking, ModeCapacity}
+	swept := Record{Config: c, Rows: []Row{row(ModeBlocking, 2), row(ModeBlocking, 4), row(ModeCapacity, 2), row(ModeCapacity, 4)}}
+	one := Record{Config: Defaults(), Rows: []Row{row(ModeBlocking, 8)}}
+
+	var b bytes.Buffer
+	if err := WriteTable(&b, swept); err != nil {
+		t.Fatal(err)
+	}
+	table := b.String()
+	for _, want := range []string{
+		"  topk 2,4  mode blocking,capacity  ",
+		" dtype mode         time_us",
+		"\n  dispatch               32      64     2  bf16 blocking        20.0",
+		"\n  dispatch               32      64     4  bf16 capacity        40.0",
+		"min 2.00 (dispatch, tokens 32, topk 2, blocking), geomean 2.83, max 4.00 (dispatch, tokens 32, topk 4, blocking)",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("swept table lacks %q:\n%s", want, table)
+		}
+	}
+	b.Reset()
+	if err := WriteTable(&b, one); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"  topk 8  mode blocking  ", " dtype     time_us", "max 8.00 (dispatch, tokens 32)\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("one-mode table lacks %q:\n%s", want, b.String())
+		}
+	}
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.HasPrefix(l, "# call") && strings.Contains(l, "mode") {
+			t.Errorf("one-mode table has a mode column: %q", l)
+		}
+	}
+
+	b.Reset()
+	if err := WriteGoBench(&b, swept); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(b.String(), "\nmode: "); got != 2 {
+		t.Errorf("%d mode: lines, want 2 (one per mode):\n%s", got, b.String())
+	}
+	var names []string
+	mode := ""
+	for _, l := range strings.Split(b.String(), "\n") {
+		if m, ok := strings.CutPrefix(l, "mode: "); ok {
+			mode = m
+		}
+		if strings.HasPrefix(l, "Benchmark") {
+			names = append(names, mode+" "+strings.Fields(l)[0])
+		}
+	}
+	want := []string{
+		"blocking BenchmarkDispatch/ranks=4/tokens=32/hidden=64/topk=2/dtype=bf16/routing=uniform-0",
+		"blocking BenchmarkBaseline/ranks=4/tokens=32/hidden=64/topk=2/dtype=bf16/routing=uniform-0",
+		"blocking BenchmarkDispatch/ranks=4/tokens=32/hidden=64/topk=4/dtype=bf16/routing=uniform-0",
+		"blocking BenchmarkBaseline/ranks=4/tokens=32/hidden=64/topk=4/dtype=bf16/routing=uniform-0",
+		"capacity BenchmarkDispatch/ranks=4/tokens=32/hidden=64/topk=2/dtype=bf16/routing=uniform-0",
+		"capacity BenchmarkBaseline/ranks=4/tokens=32/hidden=64/topk=2/dtype=bf16/routing=uniform-0",
+		"capacity BenchmarkDispatch/ranks=4/tokens=32/hidden=64/topk=4/dtype=bf16/routing=uniform-0",
+		"capacity BenchmarkBaseline/ranks=4/tokens=32/hidden=64/topk=4/dtype=bf16/routing=uniform-0",
+	}
+	if strings.Join(names, "\n") != strings.Join(want, "\n") {
+		t.Errorf("gobench results (mode, name):\n%s\nwant:\n%s", strings.Join(names, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestRDMALinesSweep: with several top-k and modes, each case has its own
+// rdma line, naming its top-k and mode.
+func TestRDMALinesSweep(t *testing.T) {
+	row := func(mode string, topk int) Row {
+		return Row{Call: CallDispatch, Tokens: 4, Hidden: 16, TopK: topk, DType: "fp32", Mode: mode, RDMABytes: 256, RDMAGBps: 1}
+	}
+	got := rdmaLines([]Row{row(ModeBlocking, 2), row(ModeBlocking, 4), row(ModeCapacity, 2)})
+	for _, want := range []string{"# rdma tokens 4 hidden 16 fp32 topk 2 blocking: ", "# rdma tokens 4 hidden 16 fp32 topk 4 blocking: ", "# rdma tokens 4 hidden 16 fp32 topk 2 capacity: "} {
+		if !strings.Contains(got, want) {
+			t.Errorf("rdma lines lack %q:\n%s", want, got)
+		}
+	}
+	if n := strings.Count(got, "\n"); n != 3 {
+		t.Errorf("%d rdma lines, want 3:\n%s", n, got)
+	}
+}

@@ -22,7 +22,7 @@ import (
 // baseline ran over the group and checked too.
 func TestRunRankWorld(t *testing.T) {
 	c := Defaults()
-	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, 3, Ints{32}, Ints{0, 24}, 3, 1
+	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, Ints{3}, Ints{32}, Ints{0, 24}, 3, 1
 	groups := comm.NewLocal(c.Ranks)
 	defer func() {
 		for _, g := range groups {
@@ -91,7 +91,7 @@ func TestRunRankWorld(t *testing.T) {
 // TestRunRankCheckOnly: no baselines, the checks still run.
 func TestRunRankCheckOnly(t *testing.T) {
 	c := Defaults()
-	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 2, 4, 2, Ints{16}, Ints{8}, 1, 0
+	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 2, 4, Ints{2}, Ints{16}, Ints{8}, 1, 0
 	res, err := Run(t.Context(), c, Options{CheckOnly: true})
 	if err != nil {
 		t.Fatal(err)

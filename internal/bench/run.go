@@ -298,7 +298,7 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Resul
 		}
 		rows, err := rs.run(ctx, res.Timing)
 		if err != nil {
-			return res, fmt.Errorf("tokens=%d hidden=%d dtype=%v: %w", c.Tokens, c.Hidden, c.DType, err)
+			return res, fmt.Errorf("mode=%s topk=%d tokens=%d hidden=%d dtype=%v: %w", c.Mode, c.TopK, c.Tokens, c.Hidden, c.DType, err)
 		}
 		res.Rows = append(res.Rows, rows...)
 	}
@@ -329,8 +329,10 @@ type series struct {
 	End   []int64 `json:"e"`
 }
 
-// rankState is one rank's view of one case. Nothing in it is shared with
-// other ranks; the per-rank results are gathered through ctl at the end.
+// rankState is one rank's view of one case, with its own engine (made by
+// rankMain from ecfg: the case's top-k, mode and capacities). Nothing in
+// it is shared with other ranks; the per-rank results are gathered
+// through ctl at the end.
 type rankState struct {
 	cfg   Config
 	c     Case
@@ -376,13 +378,16 @@ func newRankState(cfg Config, c Case, rank int) (*rankState, error) {
 	l := cfg.Experts / r
 	ecfg := executor.Config{
 		NumExperts:       cfg.Experts,
-		TopK:             cfg.TopK,
+		TopK:             c.TopK,
 		Hidden:           c.Hidden,
 		MaxTokensPerRank: maxT,
 		RanksPerDomain:   cfg.RanksPerDomain,
 		PadMultiple:      cfg.Pad,
 	}
-	if cfg.Mode == "capacity" {
+	if c.Mode == ModeCapacity {
+		// The worst case of this case's top-k: each rank receives at most
+		// every token of every rank, each in at most min(K, E/R) of its
+		// experts' segments, plus the padding of each segment.
 		ecfg.Mode = executor.Capacity
 		ecfg.MaxRecvTokens = cfg.MaxRecvTokens
 		if ecfg.MaxRecvTokens == 0 {
@@ -390,14 +395,14 @@ func newRankState(cfg Config, c Case, rank int) (*rankState, error) {
 		}
 		ecfg.MaxPermutedTokens = cfg.MaxPermutedTokens
 		if ecfg.MaxPermutedTokens == 0 {
-			ecfg.MaxPermutedTokens = max(1, r*maxT*min(cfg.TopK, l)+l*(cfg.Pad-1))
+			ecfg.MaxPermutedTokens = max(1, r*maxT*min(c.TopK, l)+l*(cfg.Pad-1))
 		}
 	}
 	rs := &rankState{
 		cfg:       cfg,
 		c:         c,
 		rank:      rank,
-		world:     NewRoutedWorld(cfg.RoutingSpec(), cfg.Seed, r, d, cfg.Experts, cfg.TopK, c.Hidden, c.DType, tokens),
+		world:     NewRoutedWorld(cfg.RoutingSpec(), cfg.Seed, r, d, cfg.Experts, c.TopK, c.Hidden, c.DType, tokens),
 		ecfg:      ecfg,
 		times:     map[string]*series{},
 		checks:    map[string]*Check{},
@@ -505,8 +510,8 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 		trips := float64(callTrips(call))
 		row := Row{
 			Call: call, Ranks: rs.cfg.Ranks, Experts: rs.cfg.Experts,
-			Tokens: rs.c.Tokens, Hidden: rs.c.Hidden, TopK: rs.cfg.TopK,
-			DType: rs.c.DType.String(), Mode: rs.cfg.Mode, Pad: rs.cfg.Pad,
+			Tokens: rs.c.Tokens, Hidden: rs.c.Hidden, TopK: rs.c.TopK,
+			DType: rs.c.DType.String(), Mode: rs.c.Mode, Pad: rs.cfg.Pad,
 			Time: Summarize(it), IterUS: it,
 			RankMaxTime: Summarize(rm),
 			RecvRows:    recvRows, NVLBytes: trips * nvl,

@@ -3,6 +3,8 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/goep/goep/device"
@@ -17,18 +19,21 @@ func TestRun(t *testing.T) {
 		edit func(*Config)
 	}{
 		{"blocking", func(*Config) {}},
-		{"capacity-pad", func(c *Config) { c.Mode, c.Pad, c.DType = "capacity", 4, Strings{"fp32"} }},
+		{"capacity-pad", func(c *Config) { c.Mode, c.Pad, c.DType = Strings{ModeCapacity}, 4, Strings{"fp32"} }},
 		{"sweep", func(c *Config) { c.Tokens, c.Hidden = Ints{0, 8}, Ints{16, 40} }},
 		{"combine-only", func(c *Config) { c.Calls = []string{CallCombine, CallUnpermuteCombine} }},
 		{"two-domains", func(c *Config) { c.RanksPerDomain = 2; c.Calls = append(c.Calls, CallDispatchCombine) }},
 		{"dispatch-combine", func(c *Config) { c.Calls = []string{CallDispatchCombine} }},
+		{"topk-mode-sweep", func(c *Config) {
+			c.TopK, c.Mode, c.Pad, c.Tokens = Ints{2, 3}, Strings{ModeBlocking, ModeCapacity}, 4, Ints{0, 24}
+		}},
 		{"dispatch-combine-capacity", func(c *Config) {
-			c.Mode, c.DType, c.Calls = "capacity", Strings{"fp32"}, []string{CallDispatch, CallDispatchCombine}
+			c.Mode, c.DType, c.Calls = Strings{ModeCapacity}, Strings{"fp32"}, []string{CallDispatch, CallDispatchCombine}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Defaults()
-			c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, 3, Ints{32}, Ints{24}, 3, 1
+			c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, Ints{3}, Ints{32}, Ints{24}, 3, 1
 			tc.edit(&c)
 			steps := 0
 			res, err := Run(t.Context(), c, Options{Progress: func(p Progress) { steps = p.Done }})
@@ -83,7 +88,7 @@ func TestRun(t *testing.T) {
 					t.Errorf("dispatch-combine rdma bytes %v, cross %v, flat %v; want twice the dispatch's %v, %v, %v",
 						dc.RDMABytes, dc.RDMACrossBytes, dc.RDMAFlatBytes, d.RDMABytes, d.RDMACrossBytes, d.RDMAFlatBytes)
 				}
-				w := NewRoutedWorld(c.RoutingSpec(), c.Seed, c.Ranks, c.RanksPerDomain, c.Experts, c.TopK, c.Hidden[0], device.BF16, []int{24, 24, 24, 24})
+				w := NewRoutedWorld(c.RoutingSpec(), c.Seed, c.Ranks, c.RanksPerDomain, c.Experts, c.TopK[0], c.Hidden[0], device.BF16, []int{24, 24, 24, 24})
 				rb := float64(c.Hidden[0] * device.BF16.Size())
 				var cross, flat float64
 				for s := range c.Ranks {
@@ -111,7 +116,7 @@ func TestRunInvalid(t *testing.T) {
 // (the dispatched rows and their combine) on every rank.
 func TestDispatchCombineBytes(t *testing.T) {
 	c := Defaults()
-	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, 3, Ints{32}, Ints{24}, 2, 0
+	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, Ints{3}, Ints{32}, Ints{24}, 2, 0
 	c.Calls = []string{CallDispatch, CallCombine, CallDispatchCombine}
 	res, err := Run(t.Context(), c, Options{})
 	if err != nil {
@@ -136,5 +141,104 @@ func TestDispatchCombineBytes(t *testing.T) {
 	}
 	if res.Wrong() != 0 {
 		t.Errorf("%d of %d rows wrong", res.Wrong(), res.Checked())
+	}
+}
+
+// TestRunTopKModeSweep: a sweep over top-k and mode gives one row per
+// call and case, in Cases order, each naming its top-k and mode, with
+// every output checked on an engine of the case's top-k and mode.
+func TestRunTopKModeSweep(t *testing.T) {
+	c := Defaults()
+	c.Ranks, c.Experts, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 16, Ints{32}, Ints{24}, 2, 0
+	c.TopK, c.Mode, c.Pad = Ints{2, 5}, Strings{ModeCapacity, ModeBlocking}, 2
+	res, err := Run(t.Context(), c, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got, want []string
+	for _, k := range c.Cases() {
+		for _, call := range c.Calls {
+			want = append(want, fmt.Sprintf("%s/%s/%d", call, k.Mode, k.TopK))
+		}
+	}
+	recv := map[string]int{} // mode/topk: dispatch rows received over ranks
+	for _, r := range res.Rows {
+		got = append(got, fmt.Sprintf("%s/%s/%d", r.Call, r.Mode, r.TopK))
+		if r.CheckedRows == 0 || r.Wrong != 0 || r.A2AWrong != 0 {
+			t.Errorf("%s %s topk %d: %d rows checked, %d wrong, a2a %d wrong", r.Call, r.Mode, r.TopK, r.CheckedRows, r.Wrong, r.A2AWrong)
+		}
+		n := 0
+		for _, x := range r.RecvRows {
+			n += x
+		}
+		recv[fmt.Sprintf("%s/%d", r.Mode, r.TopK)] = n
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("rows\n%v\nwant\n%v", got, want)
+	}
+	// More slots per token reach more ranks; the mode does not change the
+	// routing.
+	for _, m := range c.Mode {
+		if k2, k5 := recv[m+"/2"], recv[m+"/5"]; !(0 < k2 && k2 < k5) {
+			t.Errorf("%s: %d rows received with topk 2, %d with topk 5", m, k2, k5)
+		}
+	}
+	if recv["blocking/5"] != recv["capacity/5"] {
+		t.Errorf("topk 5 received %d rows blocking, %d capacity", recv["blocking/5"], recv["capacity/5"])
+	}
+}
+
+// TestCaseEngineConfig: every case's engine has the case's top-k and mode,
+// and capacities left at 0 are the worst case of that case's top-k (so a
+// larger top-k later in the sweep never overflows the first one's).
+func TestCaseEngineConfig(t *testing.T) {
+	c := Defaults()
+	c.Ranks, c.Experts, c.Tokens, c.Pad = 4, 16, Ints{8, 24}, 3 // 4 local experts
+	c.TopK, c.Mode = Ints{2, 6}, Strings{ModeBlocking, ModeCapacity}
+	for _, explicit := range []bool{false, true} {
+		if explicit {
+			c.MaxRecvTokens, c.MaxPermutedTokens = 100, 500
+		}
+		for _, k := range c.Cases() {
+			rs, err := newRankState(c, k, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := rs.ecfg
+			what := fmt.Sprintf("explicit %v, %s topk %d tokens %d", explicit, k.Mode, k.TopK, k.Tokens)
+			if e.TopK != k.TopK || rs.world.TopK != k.TopK || e.MaxTokensPerRank != 24 {
+				t.Errorf("%s: engine topk %d, world topk %d, max tokens %d", what, e.TopK, rs.world.TopK, e.MaxTokensPerRank)
+			}
+			recv, perm := 0, 0
+			if k.Mode == ModeCapacity {
+				recv, perm = 4*24, 4*24*min(k.TopK, 4)+4*(3-1)
+				if explicit {
+					recv, perm = 100, 500
+				}
+			}
+			if wantMode := (k.Mode == ModeCapacity); (e.Mode == executor.Capacity) != wantMode {
+				t.Errorf("%s: engine mode %v", what, e.Mode)
+			}
+			if e.MaxRecvTokens != recv || e.MaxPermutedTokens != perm {
+				t.Errorf("%s: capacities %d, %d; want %d, %d", what, e.MaxRecvTokens, e.MaxPermutedTokens, recv, perm)
+			}
+		}
+	}
+}
+
+// TestRunCapacityOverflowNamesCase: a capacity too small for one case
+// fails with an error that names the case, mode and top-k included.
+func TestRunCapacityOverflowNamesCase(t *testing.T) {
+	c := Defaults()
+	c.Ranks, c.Experts, c.Hidden, c.Tokens, c.Iters, c.Warmup = 2, 4, Ints{8}, Ints{8}, 1, 0
+	// topk 1: at most 2 ranks x 8 tokens = 16 permuted rows per rank;
+	// topk 4 of 4 experts: every token in both local experts, 32.
+	c.TopK, c.Mode, c.MaxPermutedTokens = Ints{1, 4}, Strings{ModeCapacity}, 16
+	res, err := Run(t.Context(), c, Options{CheckOnly: true})
+	if err == nil || !strings.Contains(err.Error(), "mode=capacity topk=4 tokens=8 hidden=8 dtype=bf16: ") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("error %v, want one line naming mode=capacity topk=4", err)
+	}
+	if res == nil || len(res.Rows) != len(c.Calls) || res.Rows[0].TopK != 1 || res.Wrong() != 0 {
+		t.Errorf("want the rows of the topk 1 case, which fits; got %+v", res)
 	}
 }
