@@ -124,14 +124,23 @@ type series struct {
 
 // plotRecords builds the bandwidth and latency plots.
 func plotRecords(runs []plotRun) (bw, lat *plot.Plot, err error) {
+	all, xs, positive := plotSeries(runs)
+	return drawPlots(runs, all, xs, positive)
+}
+
+// plotSeries turns the records' rows into lines: one per call (and its
+// a2a and copy baselines) for every run and swept case other than tokens;
+// xs are the distinct token counts.
+func plotSeries(runs []plotRun) (all []*series, xs []int, positive bool) {
+	// One set of lines per run and swept case other than tokens.
 	type group struct {
-		run, hidden int
-		dtype       string
+		run, hidden, topk int
+		dtype, mode       string
 	}
 	var groups []group
 	for i, r := range runs {
 		for _, row := range r.rec.Rows {
-			g := group{i, row.Hidden, row.DType}
+			g := group{i, row.Hidden, row.TopK, row.DType, row.Mode}
 			if !slices.Contains(groups, g) {
 				groups = append(groups, g)
 			}
@@ -145,7 +154,6 @@ func plotRecords(runs []plotRun) (bw, lat *plot.Plot, err error) {
 			}
 		}
 	}
-	var all []*series
 	byKey := map[string]*series{}
 	get := func(g group, key, label string, colour color.Color, dashed bool) *series {
 		k := fmt.Sprint(g, key)
@@ -156,18 +164,17 @@ func plotRecords(runs []plotRun) (bw, lat *plot.Plot, err error) {
 			label = runs[g.run].name + ": " + label
 		}
 		if len(groups) > len(runs) || len(groups) > 1 && len(runs) == 1 {
-			label += fmt.Sprintf(" H=%d %s", g.hidden, g.dtype)
+			label += fmt.Sprintf(" H=%d %s top%d %s", g.hidden, g.dtype, g.topk, g.mode)
 		}
 		s := &series{label: label, colour: colour, dashed: dashed}
 		byKey[k] = s
 		all = append(all, s)
 		return s
 	}
-	positive := true
-	var xs []int // distinct tokens per rank
+	positive = true
 	for gi, g := range groups {
 		for _, row := range runs[g.run].rec.Rows {
-			if row.Hidden != g.hidden || row.DType != g.dtype {
+			if row.Hidden != g.hidden || row.DType != g.dtype || row.TopK != g.topk || row.Mode != g.mode {
 				continue
 			}
 			x := float64(row.Tokens)
@@ -195,6 +202,11 @@ func plotRecords(runs []plotRun) (bw, lat *plot.Plot, err error) {
 			}
 		}
 	}
+	return all, xs, positive
+}
+
+// drawPlots draws the series.
+func drawPlots(runs []plotRun, all []*series, xs []int, positive bool) (bw, lat *plot.Plot, err error) {
 	bw, lat = plot.New(), plot.New()
 	rec := runs[0].rec
 	c := rec.Config

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"encoding/json"
 	"image/png"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/goep/goep/internal/bench"
 )
 
 func TestPlot(t *testing.T) {
@@ -88,5 +91,44 @@ func TestPlotBadUsage(t *testing.T) {
 		if code != 2 || stdout != "" || !strings.HasPrefix(stderr, "eprun: ") || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, tc.want) {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 2 and one line with %q", tc.args, code, stdout, stderr, tc.want)
 		}
+	}
+}
+
+// TestPlotSweepGroups: a sweep over top-k and mode gives one line per call
+// and case, each with the tokens of that case only.
+func TestPlotSweepGroups(t *testing.T) {
+	rec := filepath.Join(t.TempDir(), "sweep.json")
+	code, _, stderr := eprun(t, append(tiny, "--tokens", "8,16", "--topk", "2,4", "--mode", "blocking,capacity", "--json", rec)...)
+	if code != 0 {
+		t.Fatalf("bench: exit %d: %s", code, stderr)
+	}
+	data, err := os.ReadFile(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r bench.Record
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	all, _, _ := plotSeries([]plotRun{{"sweep", r}})
+	calls := map[string]bool{}
+	for _, row := range r.Rows {
+		calls[row.Call] = true
+	}
+	lines := 0
+	for _, s := range all {
+		if s.dashed {
+			continue // baselines
+		}
+		lines++
+		if len(s.bw) != 2 {
+			t.Errorf("line %q has %d points, want 2 (one per token count)", s.label, len(s.bw))
+		}
+		if !strings.Contains(s.label, "top2") && !strings.Contains(s.label, "top4") {
+			t.Errorf("line %q does not name its top-k", s.label)
+		}
+	}
+	if want := 4 * len(calls); lines != want {
+		t.Errorf("%d lines, want %d (4 cases x %d calls)", lines, want, len(calls))
 	}
 }
