@@ -192,8 +192,16 @@ func (c *CUDA) NewCUDAStream() (*CUDAStream, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA new stream: %w", err)
 	}
+	// The small staging buffer is allocated now, not at the first
+	// download: a pinned allocation serializes with every stream of the
+	// context (see stagePool), and the first download may come while a
+	// peer's kernel waits on this rank.
+	small, err := c.dev.AllocHost(smallStage)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("device: CUDA new stream: %w", err), s.Close())
+	}
 	c.streams.Add(1)
-	return &CUDAStream{c: c, s: s}, nil
+	return &CUDAStream{c: c, s: s, small: small}, nil
 }
 
 // freeSpare frees p on the backend's spare stream: the buffer's own stream

@@ -14,12 +14,13 @@ import (
 // TestCUDADomains runs the whole API with several NVLink domains on the
 // CUDA backend (the domain's windows on the GPU, the rail in host memory
 // through pinned staging) and compares every output bit for bit with the
-// host backend's run of the same worlds: 2 domains x 2 ranks and 4 x 1, as
+// host backend's run of the same worlds: 2 domains x 2 ranks, 4 x 1 and one
+// domain of 4 (the one-domain path), as
 // goroutines of this process sharing the GPU (the in-process rail).
 // domains_cuda_ucx_test.go runs them as processes over UCX.
 func TestCUDADomains(t *testing.T) {
 	b := needGPU(t)
-	for _, d := range []int{2, 1} {
+	for _, d := range []int{2, 1, 4} {
 		t.Run(fmt.Sprintf("4 ranks, D=%d", d), func(t *testing.T) {
 			t.Setenv("GOEP_RANKS_PER_DOMAIN", strconv.Itoa(d))
 			want := inProcessDigestsN(t, 4)

@@ -3,7 +3,9 @@
 package executor_test
 
 import (
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -17,8 +19,15 @@ func TestCUDADomainsProcesses(t *testing.T) {
 	want := inProcessDigestsN(t, 4)
 	for _, shm := range []bool{true, false} {
 		t.Run("shm="+strconv.FormatBool(shm), func(t *testing.T) {
-			res, lerr, log := runWorldN(t, "spawn", "cases", 4, 4*time.Minute, "GOEP_MP_BACKEND=cuda",
-				"GOEP_RANKS_PER_DOMAIN=2", "GOEP_RDMA_SHARED_MEMORY="+strconv.FormatBool(shm), "GOEP_DEBUG_POINTERS=1")
+			env := []string{"GOEP_MP_BACKEND=cuda", "GOEP_RANKS_PER_DOMAIN=2", "GOEP_RDMA_SHARED_MEMORY=" + strconv.FormatBool(shm), "GOEP_DEBUG_POINTERS=1"}
+			// The children see only what runWorldN passes: hand on the
+			// UCX settings of this run (UCX_TLS, UCX_PROTO_ENABLE, ...).
+			for _, kv := range os.Environ() {
+				if strings.HasPrefix(kv, "UCX_") {
+					env = append(env, kv)
+				}
+			}
+			res, lerr, log := runWorldN(t, "spawn", "cases", 4, 4*time.Minute, env...)
 			if lerr != nil {
 				t.Fatalf("launcher: %v\n%s", lerr, log)
 			}
