@@ -97,113 +97,24 @@ func (t *gpuHierTables) close() {
 	}
 }
 
-// hierTables fills the own tokens' entry tables (restricted to this
-// domain; destinations as domain indices) and the combine targets of the
-// received rows into the given host tables, and builds the forwarded
-// tokens' and merge tables in a new tensor. routing is every rank's.
+// hierTables fills the own tokens' entry tables and the combine targets
+// of the received rows into the given host tables (hierPlan), and uploads
+// the forwarded tokens' and merge tables as a new tensor.
 func (g *gpuEngine) hierTables(ctx context.Context, lay *Layout, routing [][]int32, entTok, entDest, entRow, slotEnt, recvSrc, recvEnt []int32) (*gpuHierTables, error) {
-	e, x := g.e, g.hier
-	D, M, maxT, W, K, L := g.R, x.M, x.maxT, g.W, g.K, e.local
-	mine := x.domain
-	T := lay.NumTokens
-	// fill writes the entries v*W + c of token t of side, its c-th
-	// destination in this domain (ascending), and the entry of each of its
-	// slots whose expert is there (slots, K of them).
-	fill := func(side *SendSide, t, v int, tok, dest, row, slots []int32) {
-		c := 0
-		for j := side.SendOffsets[t]; j < side.SendOffsets[t+1]; j++ {
-			d, r := int(side.SendDest[j]), int(side.SendRow[j])
-			if d/D != mine {
-				continue
-			}
-			ent := v*W + c
-			tok[ent], dest[ent] = int32(v), int32(d%D)
-			if r < e.validRecv(lay, d) {
-				row[ent] = int32(r)
-				for k := range K {
-					if ex := side.SlotExpert[t*K+k]; ex >= 0 && int(ex)/L == d {
-						slots[k] = int32(ent)
-					}
-				}
-			}
-			c++
-		}
+	e := g.e
+	p := planHier(lay, e.cfg, routing, g.W)
+	copy(entTok, p.entTok)
+	copy(entDest, p.entDest)
+	copy(entRow, p.entRow)
+	copy(slotEnt, p.slotEnt)
+	copy(recvSrc, p.recvSrc)
+	copy(recvEnt, p.recvEnt)
+	parts := [][]int32{p.fTok, p.fDest, p.fRow, p.fSlot, p.ownLive, p.remIdx, p.slotDom}
+	var host []int32
+	for _, part := range parts {
+		host = append(host, part...)
 	}
-	for t := range T {
-		fill(&lay.SendSide, t, t, entTok, entDest, entRow, slotEnt[t*K:(t+1)*K])
-	}
-	sizes := []int{M * maxT * W, M * maxT * W, M * maxT * W, M * maxT * K, T, M * T, T * K}
-	total := 0
-	for _, s := range sizes {
-		total += s
-	}
-	host := make([]int32, total)
-	for i := range host {
-		host[i] = -1
-	}
-	parts := make([][]int32, len(sizes))
-	o := 0
-	for i, s := range sizes {
-		parts[i] = host[o : o+s]
-		o += s
-	}
-	fTok, fDest, fRow, fSlot, ownLive, remIdx, slotDom := parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6]
-	tabs := &gpuHierTables{fwdCount: make([]int, M), ownCount: make([]int, M)}
-	for n := range M {
-		if n == mine {
-			continue
-		}
-		side := lay.Rail[n]
-		toks := side.DomainTokens(nil, mine, D)
-		tabs.fwdCount[n] = len(toks)
-		for f, t := range toks {
-			v := n*maxT + f
-			fill(side, int(t), v, fTok, fDest, fRow, fSlot[v*K:(v+1)*K])
-		}
-		own := lay.DomainTokens(nil, n, D)
-		tabs.ownCount[n] = len(own)
-		for i, t := range own {
-			if e.reaches(lay, &lay.SendSide, int(t), n) {
-				remIdx[n*T+int(t)] = int32(i)
-			}
-		}
-	}
-	for t := range T {
-		ownLive[t] = 0
-		if e.reaches(lay, &lay.SendSide, t, mine) {
-			ownLive[t] = 1
-		}
-		for k := range K {
-			if ex := lay.SlotExpert[t*K+k]; ex >= 0 {
-				slotDom[t*K+k] = ex / int32(L) / int32(D)
-			}
-		}
-	}
-	// Received rows go back, in combine, to their source's entry (same
-	// domain) or the forwarder's (the domain rank with the source's local
-	// index): entry v*W + c, c this rank's index among the token's
-	// destinations in this domain.
-	for i := range e.validRecv(lay, e.rank) {
-		s, t := int(lay.RecvSrcRank[i]), int(lay.RecvSrcToken[i])
-		v := t
-		if s/D != mine {
-			v = maxT + (s/D)*maxT + int(lay.RecvFwdRow[i])
-		}
-		c := 0
-		var seen []int
-		for _, ex := range routing[s][t*K : (t+1)*K] {
-			if ex < 0 {
-				continue
-			}
-			if d := int(ex) / L; d/D == mine && d < e.rank && !containsInt(seen, d) {
-				seen = append(seen, d)
-				c++
-			}
-		}
-		recvSrc[i] = int32(s % D)
-		recvEnt[i] = int32(v*W + c)
-	}
-	all, err := device.NewTensor(g.s, device.Int32, max(total, 1))
+	all, err := device.NewTensor(g.s, device.Int32, max(len(host), 1))
 	if err != nil {
 		return nil, err
 	}
@@ -211,28 +122,17 @@ func (g *gpuEngine) hierTables(ctx context.Context, lay *Layout, routing [][]int
 		all.Close()
 		return nil, e.noteFailure(err)
 	}
-	views := make([]*device.Buffer, len(sizes))
-	o = 0
-	for i, s := range sizes {
-		if views[i], err = all.Buffer().View(4*o, 4*s); err != nil {
+	views := make([]*device.Buffer, len(parts))
+	o := 0
+	for i, part := range parts {
+		if views[i], err = all.Buffer().View(4*o, 4*len(part)); err != nil {
 			all.Close()
 			return nil, err
 		}
-		o += s
+		o += len(part)
 	}
-	tabs.all = all
-	tabs.fEntTok, tabs.fEntDest, tabs.fEntRow, tabs.fSlotEnt = views[0], views[1], views[2], views[3]
-	tabs.ownLive, tabs.remIdx, tabs.slotDom = views[4], views[5], views[6]
-	return tabs, nil
-}
-
-func containsInt(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
+	return &gpuHierTables{all: all, fEntTok: views[0], fEntDest: views[1], fEntRow: views[2], fSlotEnt: views[3],
+		ownLive: views[4], remIdx: views[5], slotDom: views[6], fwdCount: p.fwdCount, ownCount: p.ownCount}, nil
 }
 
 // railCtx bounds a rail round's host work.

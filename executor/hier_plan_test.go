@@ -1,0 +1,203 @@
+package executor
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestHierPlan checks the GPU tables of the hierarchical path (planHier)
+// on random worlds, without a GPU, by simulating what the kernels do with
+// them across every rank of the world:
+//   - dispatch: every rank pushes its own entries (rows of x) and its
+//     forwarded entries (rows of fwdX) to destinations of its domain; each
+//     kept received row (d, i) must be written exactly once, by an entry
+//     whose token is the row's source token, and nothing may be written
+//     outside [0, valid rows) or to a rank outside the domain;
+//   - combine: each received row goes back to entry recvEnt on domain rank
+//     recvSrc, which must be the entry that pushed it there;
+//   - merge: remIdx and ownLive say which partials exist, slotDom where
+//     each slot's expert lives.
+func TestHierPlan(t *testing.T) {
+	for seed := range uint64(300) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		R := []int{2, 4, 6, 8}[rng.IntN(4)]
+		var divs []int
+		for d := 1; d < R; d++ {
+			if R%d == 0 {
+				divs = append(divs, d)
+			}
+		}
+		D := divs[rng.IntN(len(divs))]
+		L := 1 + rng.IntN(3)
+		E := R * L
+		K := 1 + rng.IntN(min(E, 4))
+		maxT := 1 + rng.IntN(12)
+		routing := make([][]int32, R)
+		for r := range R {
+			T := rng.IntN(maxT + 1)
+			if rng.IntN(4) == 0 {
+				T = 0
+			}
+			for range T {
+				perm := rng.Perm(E)
+				n := rng.IntN(K + 1)
+				for k := range K {
+					e := int32(-1)
+					if k < n {
+						e = int32(perm[k])
+					}
+					routing[r] = append(routing[r], e)
+				}
+			}
+		}
+		cfg := Config{NumExperts: E, TopK: K, Hidden: 1, MaxTokensPerRank: maxT, RanksPerDomain: D, PadMultiple: 1}
+		if rng.IntN(3) == 0 {
+			cfg.Mode, cfg.MaxRecvTokens, cfg.MaxPermutedTokens = Capacity, 1+rng.IntN(R*maxT), R*maxT*K
+		}
+		t.Run(fmt.Sprintf("seed=%d R=%d D=%d K=%d", seed, R, D, K), func(t *testing.T) {
+			checkHierPlan(t, cfg, routing, R, D, min(K, D))
+		})
+	}
+}
+
+func checkHierPlan(t *testing.T, cfg Config, routing [][]int32, R, D, W int) {
+	K, maxT, M := cfg.TopK, cfg.MaxTokensPerRank, R/D
+	lays := make([]*Layout, R)
+	plans := make([]*hierPlan, R)
+	for r := range R {
+		lay, err := ComputeLayout(r, cfg, routing)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lays[r], plans[r] = lay, planHier(lay, cfg, routing, W)
+	}
+	valid := func(d int) int { return validRecvOf(lays[d], cfg, d) }
+	// Dispatch: who writes (d, i), with which source token.
+	type src struct{ rank, tok int }
+	written := map[[2]int]src{}
+	push := func(r int, tok, dest, row []int32, srcOf func(v int) src) {
+		for e := range row {
+			if row[e] < 0 {
+				continue
+			}
+			dd := int(dest[e])
+			if dd < 0 || dd >= D {
+				t.Fatalf("rank %d entry %d: destination %d outside the domain of %d", r, e, dd, D)
+			}
+			d := r/D*D + dd
+			i := int(row[e])
+			if i >= valid(d) {
+				t.Fatalf("rank %d entry %d: row %d on rank %d, which keeps %d", r, e, i, d, valid(d))
+			}
+			if int(tok[e]) != e/W && !(tok[e] >= 0) {
+				t.Fatalf("rank %d entry %d: token %d", r, e, tok[e])
+			}
+			if prev, ok := written[[2]int{d, i}]; ok {
+				t.Fatalf("row %d of rank %d written twice (by %v and rank %d)", i, d, prev, r)
+			}
+			written[[2]int{d, i}] = srcOf(int(tok[e]))
+		}
+	}
+	for r := range R {
+		p, lay := plans[r], lays[r]
+		if len(p.entRow) != lay.NumTokens*W || len(p.fRow) != M*maxT*W {
+			t.Fatalf("rank %d: table sizes %d, %d", r, len(p.entRow), len(p.fRow))
+		}
+		push(r, p.entTok, p.entDest, p.entRow, func(v int) src { return src{r, v} })
+		push(r, p.fTok, p.fDest, p.fRow, func(v int) src {
+			n, f := v/maxT, v%maxT
+			if n >= M || n == r/D || f >= p.fwdCount[n] {
+				t.Fatalf("rank %d: forwarded token %d (domain %d, %d-th of %d)", r, v, n, f, p.fwdCount[n])
+			}
+			s := n*D + r%D
+			return src{s, int(lays[s].DomainTokens(nil, r/D, D)[f])}
+		})
+	}
+	for d := range R {
+		for i := range valid(d) {
+			got, ok := written[[2]int{d, i}]
+			want := src{int(lays[d].RecvSrcRank[i]), int(lays[d].RecvSrcToken[i])}
+			if !ok || got != want {
+				t.Fatalf("row %d of rank %d: written from %v (%v), want %v", i, d, got, ok, want)
+			}
+		}
+	}
+	if n := len(written); n != func() int {
+		s := 0
+		for d := range R {
+			s += valid(d)
+		}
+		return s
+	}() {
+		t.Fatalf("%d rows written, more than kept", n)
+	}
+	// Combine: row i of d goes back to the entry that pushed it.
+	for d := range R {
+		p := plans[d]
+		for i := range valid(d) {
+			target := d/D*D + int(p.recvSrc[i])
+			e := int(p.recvEnt[i])
+			tp := plans[target]
+			var dest, row []int32
+			if e < maxT*W {
+				dest, row = tp.entDest, tp.entRow
+			} else {
+				e -= maxT * W
+				dest, row = tp.fDest, tp.fRow
+			}
+			if e < 0 || e >= len(row) || int(row[e]) != i || int(dest[e]) != d%D {
+				t.Fatalf("row %d of rank %d goes back to entry %d of rank %d, which pushed (%d, %d)", i, d, p.recvEnt[i], target,
+					func() int32 {
+						if e >= 0 && e < len(dest) {
+							return dest[e]
+						}
+						return -9
+					}(), func() int32 {
+						if e >= 0 && e < len(row) {
+							return row[e]
+						}
+						return -9
+					}())
+			}
+		}
+	}
+	// Merge tables.
+	for r := range R {
+		p, lay := plans[r], lays[r]
+		T := lay.NumTokens
+		for n := range M {
+			i := 0
+			for tk := range T {
+				reaches := false
+				kept := false
+				for j := lay.SendOffsets[tk]; j < lay.SendOffsets[tk+1]; j++ {
+					if dd := int(lay.SendDest[j]); dd/D == n {
+						reaches = true
+						kept = kept || int(lay.SendRow[j]) < valid(dd)
+					}
+				}
+				switch {
+				case n == r/D:
+					if (p.ownLive[tk] == 1) != kept {
+						t.Fatalf("rank %d token %d: ownLive %d, kept %v", r, tk, p.ownLive[tk], kept)
+					}
+				case kept && int(p.remIdx[n*T+tk]) != i, !kept && p.remIdx[n*T+tk] != -1:
+					t.Fatalf("rank %d token %d domain %d: remIdx %d, want %d (kept %v)", r, tk, n, p.remIdx[n*T+tk], i, kept)
+				}
+				if reaches {
+					i++
+				}
+			}
+			if n != r/D && i != p.ownCount[n] {
+				t.Fatalf("rank %d domain %d: ownCount %d, want %d", r, n, p.ownCount[n], i)
+			}
+		}
+		for s := range T * K {
+			ex := lay.SlotExpert[s]
+			if want := int32(-1); ex >= 0 && p.slotDom[s] != ex/int32(lay.NumLocalExperts)/int32(D) || ex < 0 && p.slotDom[s] != want {
+				t.Fatalf("rank %d slot %d: slotDom %d for expert %d", r, s, p.slotDom[s], ex)
+			}
+		}
+	}
+}
