@@ -110,6 +110,10 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	if cerr == nil && cfg.RanksPerDomain == 0 {
 		cfg.RanksPerDomain, cerr = detected, derr
 	}
+	shm, serr := boolEnv("GOEP_RDMA_SHARED_MEMORY")
+	if cerr == nil {
+		cerr = serr
+	}
 	if cerr == nil {
 		cerr = cfg.ValidateFor(R)
 	}
@@ -159,7 +163,7 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	if cfg.RanksPerDomain == R {
 		dom, err = nvlink.New(dctx, g, s, global, cfg.Timeout)
 	} else {
-		hier, dom, err = newHierarchy(dctx, g, s, cfg)
+		hier, dom, err = newHierarchy(dctx, g, s, cfg, shm)
 	}
 	if err != nil {
 		_ = s.Close()

@@ -105,19 +105,18 @@ func getRailHead(b []byte) railHead {
 // newHierarchy splits g into this rank's domain and rail, creates the rail
 // transport and the forwarding buffer, and joins the domain exchange. It
 // returns the domain (which replaces the engine's one-domain exchange).
-func newHierarchy(ctx context.Context, g comm.Group, s device.Stream, cfg Config) (*hierarchy, *nvlink.Domain, error) {
+// shm is GOEP_RDMA_SHARED_MEMORY (read by New before the ranks compare
+// their configs, so that a bad value fails every rank at once).
+func newHierarchy(ctx context.Context, g comm.Group, s device.Stream, cfg Config, shm bool) (*hierarchy, *nvlink.Domain, error) {
 	R, rank, D := g.Size(), g.Rank(), cfg.RanksPerDomain
 	h := &hierarchy{D: D, M: R / D, domain: rank / D, local: rank % D, s: s}
 	h.area = cfg.MaxTokensPerRank * cfg.TopK * 4
 	h.slot = railHeader + h.area + cfg.MaxTokensPerRank*cfg.Hidden*4
-	shm, err := boolEnv("GOEP_RDMA_SHARED_MEMORY")
 	var dom *nvlink.Domain
 	fail := func(err error) (*hierarchy, *nvlink.Domain, error) {
 		return nil, nil, errors.Join(err, h.close(dom))
 	}
-	if err != nil {
-		return fail(err)
-	}
+	var err error
 	if h.domG, err = g.Split(ctx, h.domain, rank); err != nil {
 		return fail(fmt.Errorf("split domain %d: %w", h.domain, err))
 	}
