@@ -93,10 +93,10 @@ func newInProcess(ctx context.Context, g comm.Group, cfg Config, ids [][]byte) (
 
 func (t *localTransport) setup(ctx context.Context) error {
 	var err error
-	if t.send, err = mapAnon("send", t.sendLen); err != nil {
+	if t.send, err = mapRegion("send", t.sendLen); err != nil {
 		return err
 	}
-	if t.recv, err = mapAnon("receive", t.recvLen); err != nil {
+	if t.recv, err = mapRegion("receive", t.recvLen); err != nil {
 		return err
 	}
 	var proposal []byte
@@ -124,10 +124,10 @@ func (t *localTransport) setup(ctx context.Context) error {
 	return err
 }
 
-// mapAnon maps n bytes of anonymous memory for a region (not the Go heap,
-// as for the other transports: the regions' size is fixed at creation and
-// they are freed at Close, not by the collector).
-func mapAnon(what string, n int) ([]byte, error) {
+// mapRegion maps n bytes of anonymous memory for a region of any
+// transport (never the Go heap: NICs and UCX use it asynchronously, its
+// size is fixed at creation, and it is unmapped at Close).
+func mapRegion(what string, n int) ([]byte, error) {
 	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		return nil, fmt.Errorf("map %s region of %d bytes: %w", what, n, err)

@@ -199,16 +199,6 @@ func (t *ucxTransport) setup(ctx context.Context) error {
 	return nil
 }
 
-// mapRegion maps n bytes of anonymous memory (never the Go heap: UCX and
-// the NIC use it asynchronously).
-func mapRegion(what string, n int) ([]byte, error) {
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	if err != nil {
-		return nil, fmt.Errorf("map %s region of %d bytes: %w", what, n, err)
-	}
-	return b, nil
-}
-
 func (t *ucxTransport) Rank() int          { return t.rank }
 func (t *ucxTransport) Size() int          { return t.size }
 func (t *ucxTransport) SendBuffer() []byte { return t.send }
