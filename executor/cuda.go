@@ -780,21 +780,15 @@ func (g *gpuEngine) unpermuteBackward(h *Handle, gradOut, y, w *device.Tensor, o
 		out.GradWeights, gradOut, y, h.gpu.pos, int64(h.recvRows), int32(g.K), int64(h.permRows), int64(g.H))
 }
 
-// combine enqueues Combine (and DispatchBackward with zw): every received
-// row goes back into its source's combine window at its entry, then each
-// source sums its tokens' entries in destination order.
-func (g *gpuEngine) combine(h *Handle, z, zw *device.Tensor, out DispatchBackwardOutput, op uint32) error {
-	if !g.ready(h) {
-		return nil
-	}
-	if g.hier != nil {
-		return g.hierCombine(h, z, zw, out, op)
-	}
+// scatterRows enqueues the first steps of a combine: the wait for the
+// peers' done, every received row of z (and its weights zw) into the
+// combine window of the rank that sums it (recvSrc, at entry recvEnt), and
+// the arrive.
+func (g *gpuEngine) scatterRows(h *Handle, z, zw *device.Tensor, op uint32) error {
 	if err := g.begin(); err != nil {
 		return err
 	}
-	dt := z.DType()
-	rb := g.H * dt.Size()
+	rb := g.H * z.DType().Size()
 	if h.recvRows > 0 {
 		unit := unitOf(rb, z.Buffer(), g.win.Own[regionComb])
 		grid, block, err := rowShape(h.recvRows, rb/int(unit), g.K)
@@ -806,9 +800,24 @@ func (g *gpuEngine) combine(h *Handle, z, zw *device.Tensor, out DispatchBackwar
 			return err
 		}
 	}
-	if err := g.arrive(op); err != nil {
+	return g.arrive(op)
+}
+
+// combine enqueues Combine (and DispatchBackward with zw): every received
+// row goes back into its source's combine window at its entry, then each
+// source sums its tokens' entries in destination order.
+func (g *gpuEngine) combine(h *Handle, z, zw *device.Tensor, out DispatchBackwardOutput, op uint32) error {
+	if !g.ready(h) {
+		return nil
+	}
+	if g.hier != nil {
+		return g.hierCombine(h, z, zw, out, op)
+	}
+	if err := g.scatterRows(h, z, zw, op); err != nil {
 		return err
 	}
+	dt := z.DType()
+	rb := g.H * dt.Size()
 	if T := h.numTokens; T > 0 {
 		src := g.ownView(regionComb, 0, T*g.W*rb)
 		srcW := g.ownView(regionComb, g.combWOff, T*g.W*g.K*4)

@@ -382,26 +382,7 @@ func (e *Engine) hierPull(lay *Layout, c nvlink.Call, x, w *device.Tensor, fn fu
 	hr, K := e.hier, e.cfg.TopK
 	rb := e.cfg.Hidden * x.DType().Size()
 	xs, ws, weighted := x.Bytes(), f32(w), w != nil // ws is empty when T = 0
-	toks := make([][]int32, hr.M)
-	for n := range hr.M {
-		if n != hr.domain {
-			toks[n] = lay.DomainTokens(nil, n, hr.D)
-		}
-	}
-	recv, rerr := e.railRound(c.Op, c.Sig, nil, func(n int, area, rows []byte) (int, int, int) {
-		a := f32s(area)
-		for i, t := range toks[n] {
-			copy(rows[i*rb:(i+1)*rb], xs[int(t)*rb:])
-			if weighted {
-				copy(a[i*K:(i+1)*K], ws[int(t)*K:])
-			}
-		}
-		ab := 0
-		if weighted {
-			ab = len(toks[n]) * K * 4
-		}
-		return len(toks[n]), ab, len(toks[n]) * rb
-	})
+	recv, rerr := e.railRound(c.Op, c.Sig, nil, e.dispatchFill(lay, xs, ws, weighted, rb))
 	if rerr == nil {
 		// The rows each peer sends here are known from its send side.
 		count := make([]int, hr.M)
@@ -586,14 +567,29 @@ func (e *Engine) slotGrad(lay *Layout, side *SendSide, t, k, n int, peers [][]*d
 // reaches reports whether token t of side has a valid row (not dropped) on
 // some rank of domain n.
 func (e *Engine) reaches(lay *Layout, side *SendSide, t, n int) bool {
-	D := lay.RanksPerDomain
-	for j := side.SendOffsets[t]; j < side.SendOffsets[t+1]; j++ {
-		if d := int(side.SendDest[j]); d/D == n && int(side.SendRow[j]) < e.validRecv(lay, d) {
-			return true
-		}
-	}
-	return false
+	return reachesValid(lay, side, t, n, func(d int) int { return e.validRecv(lay, d) })
 }
 
 func f32s(b []byte) []float32 { return permute.Float32s(b) }
 func int32s(b []byte) []int32 { return permute.Int32s(b) }
+
+// dispatchFill is the rail round's payload of a dispatch: for each other
+// domain, the rows (and weights) of this rank's tokens that reach it.
+func (e *Engine) dispatchFill(lay *Layout, xs []byte, ws []float32, weighted bool, rb int) func(n int, area, rows []byte) (int, int, int) {
+	K, D := e.cfg.TopK, lay.RanksPerDomain
+	return func(n int, area, rows []byte) (int, int, int) {
+		toks := lay.DomainTokens(nil, n, D)
+		a := f32s(area)
+		for i, t := range toks {
+			copy(rows[i*rb:(i+1)*rb], xs[int(t)*rb:])
+			if weighted {
+				copy(a[i*K:(i+1)*K], ws[int(t)*K:])
+			}
+		}
+		ab := 0
+		if weighted {
+			ab = len(toks) * K * 4
+		}
+		return len(toks), ab, len(toks) * rb
+	}
+}

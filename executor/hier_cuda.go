@@ -209,27 +209,6 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, op uint32) error {
 	return g.arrive(op)
 }
 
-// dispatchFill is the rail round's payload of a dispatch: for each other
-// domain, the rows (and weights) of this rank's tokens that reach it.
-func (e *Engine) dispatchFill(lay *Layout, xs []byte, ws []float32, weighted bool, rb int) func(n int, area, rows []byte) (int, int, int) {
-	K, D := e.cfg.TopK, lay.RanksPerDomain
-	return func(n int, area, rows []byte) (int, int, int) {
-		toks := lay.DomainTokens(nil, n, D)
-		a := f32s(area)
-		for i, t := range toks {
-			copy(rows[i*rb:(i+1)*rb], xs[int(t)*rb:])
-			if weighted {
-				copy(a[i*K:(i+1)*K], ws[int(t)*K:])
-			}
-		}
-		ab := 0
-		if weighted {
-			ab = len(toks) * K * 4
-		}
-		return len(toks), ab, len(toks) * rb
-	}
-}
-
 // pushEntries launches goep_ep_push over entries of x (rows of rb bytes)
 // and w.
 func (g *gpuEngine) pushEntries(x, w *device.Buffer, rb int, tok, dest, row *device.Buffer, entries int) error {
@@ -256,21 +235,7 @@ func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBac
 		di = 1
 	}
 	T, K, W, maxT, M := h.numTokens, g.K, g.W, hx.maxT, hx.M
-	if err := g.begin(); err != nil {
-		return err
-	}
-	if h.recvRows > 0 {
-		unit := unitOf(rb, z.Buffer(), g.win.Own[regionComb])
-		grid, block, err := rowShape(h.recvRows, rb/int(unit), g.K)
-		if err != nil {
-			return err
-		}
-		if err := g.s.Launch(g.scatter, grid, block, 0, z, zw, h.gpu.recvSrc, h.gpu.recvEnt, int64(h.recvRows),
-			g.peerTable(regionComb), int64(rb), int64(g.combWOff), int32(g.K), unit); err != nil {
-			return err
-		}
-	}
-	if err := g.arrive(op); err != nil {
+	if err := g.scatterRows(h, z, zw, op); err != nil {
 		return err
 	}
 	// Temporaries, freed in stream order after the merge.

@@ -23,7 +23,8 @@ type hierPlan struct {
 	ownCount                 []int // this rank's tokens that reach each domain
 }
 
-// validRecvOf is validRecv without an engine.
+// validRecvOf is the number of valid received rows of rank d: its count,
+// clipped to the capacity in capacity mode (Engine.validRecv).
 func validRecvOf(lay *Layout, cfg Config, d int) int {
 	if cfg.Mode == Capacity {
 		return min(lay.RecvCounts[d], cfg.MaxRecvTokens)

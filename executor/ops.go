@@ -17,12 +17,7 @@ import (
 
 // validRecv is the number of valid received rows of rank d: its count,
 // clipped to the capacity in capacity mode.
-func (e *Engine) validRecv(lay *Layout, d int) int {
-	if e.cfg.Mode == Capacity {
-		return min(lay.RecvCounts[d], e.cfg.MaxRecvTokens)
-	}
-	return lay.RecvCounts[d]
-}
+func (e *Engine) validRecv(lay *Layout, d int) int { return validRecvOf(lay, e.cfg, d) }
 
 func (e *Engine) permCap(lay *Layout) int {
 	if e.cfg.Mode == Capacity {
