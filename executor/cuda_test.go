@@ -60,29 +60,7 @@ func TestCUDAMultiProcess(t *testing.T) {
 		for _, how := range hows {
 			t.Run(fmt.Sprintf("ranks=%d/%s", n, how), func(t *testing.T) {
 				got, lerr, log := runWorldN(t, how, "cases", n, 4*time.Minute, "GOEP_MP_BACKEND=cuda", "GOEP_DEBUG_POINTERS=1")
-				if lerr != nil {
-					t.Fatalf("launcher: %v\n%s", lerr, log)
-				}
-				for r := range n {
-					if got[r].Err != "" {
-						t.Fatalf("rank %d: %s\n%s", r, got[r].Err, log)
-					}
-					if len(got[r].Digests) != len(mpSeeds) {
-						t.Fatalf("rank %d reported %d cases, want %d", r, len(got[r].Digests), len(mpSeeds))
-					}
-					for i, seed := range mpSeeds {
-						checked := 0
-						for name, w := range want[r][i] {
-							checked++
-							if g := got[r].Digests[i][name]; g != w {
-								t.Errorf("seed %d rank %d %s: %s on CUDA, %s on the host", seed, r, name, g, w)
-							}
-						}
-						if checked < 14 {
-							t.Errorf("seed %d rank %d: only %d outputs compared", seed, r, checked)
-						}
-					}
-				}
+				compareDigests(t, want, reportedDigests(t, got, lerr, log), "on CUDA", "on the host")
 			})
 		}
 	}

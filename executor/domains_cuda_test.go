@@ -53,25 +53,3 @@ func TestCUDADomains(t *testing.T) {
 		})
 	}
 }
-
-// compareDigests checks every output digest of every rank and case.
-func compareDigests(t *testing.T, want, got [][]map[string]string, gotIs, wantIs string) {
-	t.Helper()
-	for r := range want {
-		if len(got[r]) != len(mpSeeds) {
-			t.Fatalf("rank %d reported %d cases, want %d", r, len(got[r]), len(mpSeeds))
-		}
-		for i, seed := range mpSeeds {
-			checked := 0
-			for name, w := range want[r][i] {
-				checked++
-				if g := got[r][i][name]; g != w {
-					t.Errorf("seed %d rank %d %s: %s %s, %s %s", seed, r, name, g, gotIs, w, wantIs)
-				}
-			}
-			if checked < 14 {
-				t.Errorf("seed %d rank %d: only %d outputs compared", seed, r, checked)
-			}
-		}
-	}
-}

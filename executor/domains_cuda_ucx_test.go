@@ -28,17 +28,7 @@ func TestCUDADomainsProcesses(t *testing.T) {
 				}
 			}
 			res, lerr, log := runWorldN(t, "spawn", "cases", 4, 4*time.Minute, env...)
-			if lerr != nil {
-				t.Fatalf("launcher: %v\n%s", lerr, log)
-			}
-			got := make([][]map[string]string, 4)
-			for r := range 4 {
-				if res[r].Err != "" {
-					t.Fatalf("rank %d: %s\n%s", r, res[r].Err, log)
-				}
-				got[r] = res[r].Digests
-			}
-			compareDigests(t, want, got, "on CUDA across processes", "on the host")
+			compareDigests(t, want, reportedDigests(t, res, lerr, log), "on CUDA across processes", "on the host")
 		})
 	}
 }

@@ -35,24 +35,7 @@ func TestMultiProcessDomains(t *testing.T) {
 					t.Run(tr+"/"+how, func(t *testing.T) {
 						got, lerr, log := runWorldN(t, how, "cases", sh.n, 3*time.Minute,
 							"GOEP_RANKS_PER_DOMAIN="+strconv.Itoa(sh.d), "GOEP_RDMA_SHARED_MEMORY="+strconv.FormatBool(tr == "shm"))
-						if lerr != nil {
-							t.Fatalf("launcher: %v\n%s", lerr, log)
-						}
-						for r := range sh.n {
-							if got[r].Err != "" {
-								t.Fatalf("rank %d: %s\n%s", r, got[r].Err, log)
-							}
-							if len(got[r].Digests) != len(mpSeeds) {
-								t.Fatalf("rank %d reported %d cases, want %d", r, len(got[r].Digests), len(mpSeeds))
-							}
-							for i, seed := range mpSeeds {
-								for name, w := range want[r][i] {
-									if g := got[r].Digests[i][name]; g != w {
-										t.Errorf("seed %d rank %d %s: %s across processes, %s in-process", seed, r, name, g, w)
-									}
-								}
-							}
-						}
+						compareDigests(t, want, reportedDigests(t, got, lerr, log), "across processes", "in-process")
 					})
 				}
 			}
