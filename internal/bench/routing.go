@@ -116,36 +116,26 @@ func (w *World) Recv(d int) []Source {
 
 // RDMARows is the DESIGN.md section 6 RDMA row count of rank s: the sum
 // over its tokens of the distinct destination domains, its own included.
-func (w *World) RDMARows(s int) int {
-	n := 0
-	var buf []int
-	for t := range w.Tokens[s] {
-		buf = w.Dests(s, t, buf)
-		last := -1
-		for _, d := range buf {
-			if dom := d / w.RanksPerDomain; dom != last {
-				n++
-				last = dom
-			}
-		}
-	}
-	return n
-}
+func (w *World) RDMARows(s int) int { return w.domainRows(s, true) }
 
 // CrossDomainRows is the rows rank s sends across domains over the rail
 // (what the hierarchical algorithm really moves between domains): the sum
 // over its tokens of the distinct destination domains other than s's own.
 // It is RDMARows less the tokens that reach s's own domain.
-func (w *World) CrossDomainRows(s int) int {
+func (w *World) CrossDomainRows(s int) int { return w.domainRows(s, false) }
+
+// domainRows sums over the tokens of rank s the distinct destination
+// domains, s's own counted only when own.
+func (w *World) domainRows(s int, own bool) int {
 	n := 0
-	own := s / w.RanksPerDomain
+	mine := s / w.RanksPerDomain
 	var buf []int
 	for t := range w.Tokens[s] {
 		buf = w.Dests(s, t, buf)
 		last := -1
-		for _, d := range buf {
+		for _, d := range buf { // ascending, so a domain's ranks are adjacent
 			if dom := d / w.RanksPerDomain; dom != last {
-				if dom != own {
+				if own || dom != mine {
 					n++
 				}
 				last = dom
