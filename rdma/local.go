@@ -217,10 +217,8 @@ func (t *localTransport) Wait(ctx context.Context, peer int, epoch uint64) error
 // WaitAll sleeps on the rank's notifier between checks of the signal words:
 // an idle waiter uses no CPU.
 func (t *localTransport) WaitAll(ctx context.Context, peers []int, epoch uint64) error {
-	for _, p := range peers {
-		if p < 0 || p >= t.size {
-			return fmt.Errorf("rdma: wait on rank %d for rank %d of %d: %w", t.rank, p, t.size, ErrInvalidWork)
-		}
+	if err := checkPeers(t.rank, t.size, peers); err != nil {
+		return err
 	}
 	op := fmt.Sprintf("wait for epoch %d", epoch)
 	pending := slices.Clone(peers)

@@ -152,3 +152,13 @@ func (w Work) check(size, sendBytes int, recvBytes func(peer int) int) error {
 	}
 	return nil
 }
+
+// checkPeers validates the peers of a WaitAll on rank of size ranks.
+func checkPeers(rank, size int, peers []int) error {
+	for _, p := range peers {
+		if p < 0 || p >= size {
+			return fmt.Errorf("rdma: wait on rank %d for rank %d of %d: %w", rank, p, size, ErrInvalidWork)
+		}
+	}
+	return nil
+}

@@ -293,10 +293,8 @@ func (t *ucxTransport) Wait(ctx context.Context, peer int, epoch uint64) error {
 }
 
 func (t *ucxTransport) WaitAll(ctx context.Context, peers []int, epoch uint64) error {
-	for _, p := range peers {
-		if p < 0 || p >= t.size {
-			return fmt.Errorf("rdma: wait on rank %d for rank %d of %d: %w", t.rank, p, t.size, ErrInvalidWork)
-		}
+	if err := checkPeers(t.rank, t.size, peers); err != nil {
+		return err
 	}
 	op := fmt.Sprintf("wait for epoch %d", epoch)
 	pending := slices.Clone(peers)
