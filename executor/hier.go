@@ -134,12 +134,41 @@ func newHierarchy(ctx context.Context, g comm.Group, s device.Stream, cfg Config
 		SendBytes: h.M * h.slot, RecvBytes: 2 * h.M * h.slot, Timeout: cfg.Timeout, SharedMemory: shm,
 	})
 	if err != nil {
-		return fail(fmt.Errorf("rail %d: %w", h.local, err))
+		err = fmt.Errorf("rail %d: %w", h.local, err)
+	} else if h.fwd, err = s.Alloc(h.M * h.slot); err != nil {
+		err = fmt.Errorf("forwarding buffer: %w", err)
 	}
-	if h.fwd, err = s.Alloc(h.M * h.slot); err != nil {
-		return fail(fmt.Errorf("forwarding buffer: %w", err))
+	// The rails are made independently; every rank of the group learns
+	// whether all succeeded before any returns, so that a rank that fails
+	// (and exits, closing its end of the bootstrap) cannot leave another
+	// with a "group closed" instead of the cause.
+	if err = agree(ctx, g, err); err != nil {
+		return fail(err)
 	}
 	return h, dom, nil
+}
+
+// agree all-gathers every rank's outcome over g and returns the first
+// failure (this rank's own first), wrapping the sentinels of this rank's
+// error; nil when every rank succeeded.
+func agree(ctx context.Context, g comm.Group, mine error) error {
+	st := []byte{0}
+	if mine != nil {
+		st = append([]byte{1}, mine.Error()...)
+	}
+	all, err := g.AllGather(ctx, st)
+	if err != nil {
+		return errors.Join(mine, fmt.Errorf("exchange setup results: %w", err))
+	}
+	if mine != nil {
+		return mine
+	}
+	for r, b := range all {
+		if len(b) > 0 && b[0] == 1 {
+			return fmt.Errorf("rank %d: %s", r, b[1:])
+		}
+	}
+	return nil
 }
 
 // boolEnv reads a boolean GOEP_* variable (unset: false).
