@@ -63,7 +63,7 @@ func TestMultiProcessDomainsKill(t *testing.T) {
 				if r == 2 {
 					continue
 				}
-				if !strings.Contains(got[r].Err, "rank(s) [2]") {
+				if !namesRank2.MatchString(got[r].Err) {
 					t.Errorf("rank %d: %q, want an error naming rank 2\n%s", r, got[r].Err, log)
 				}
 				t.Logf("rank %d after %v: %s", r, got[r].Elapsed, got[r].Err)
