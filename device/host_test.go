@@ -204,19 +204,38 @@ func TestBF16Rounding(t *testing.T) {
 }
 
 func TestParallelForCoversRange(t *testing.T) {
-	for _, n := range []int{0, 1, 7, 100, 1001} {
-		hits := make([]int32, n)
-		ParallelFor(n, 3, func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				atomic.AddInt32(&hits[i], 1)
+	for _, p := range []Parallel{{}, {Workers: 1}, {Workers: 3}, {Chunk: 1}, {Chunk: 7}, {Workers: 2, Chunk: 5}, {Workers: 64, Chunk: 2}} {
+		for _, n := range []int{0, 1, 7, 100, 1001} {
+			hits := make([]int32, n)
+			var busy, most atomic.Int32
+			p.For(n, 3, func(lo, hi int) {
+				now := busy.Add(1)
+				defer busy.Add(-1)
+				for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+				}
+				if p.Chunk > 0 && hi-lo != p.Chunk && hi != n {
+					t.Errorf("%+v n=%d: chunk [%d, %d) is not %d items", p, n, lo, hi, p.Chunk)
+				}
+				for i := lo; i < hi; i++ {
+					atomic.AddInt32(&hits[i], 1)
+				}
+				time.Sleep(100 * time.Microsecond) // let the workers overlap
+			})
+			for i, h := range hits {
+				if h != 1 {
+					t.Fatalf("%+v n=%d: index %d visited %d times", p, n, i, h)
+				}
 			}
-		})
-		for i, h := range hits {
-			if h != 1 {
-				t.Fatalf("n=%d: index %d visited %d times", n, i, h)
+			if p.Workers > 0 && int(most.Load()) > p.Workers {
+				t.Errorf("%+v n=%d: %d calls ran at once, more than the %d workers", p, n, most.Load(), p.Workers)
 			}
 		}
 	}
+	ParallelFor(10, 3, func(lo, hi int) {
+		if hi-lo < 3 && hi != 10 {
+			t.Errorf("ParallelFor: [%d, %d) is shorter than the grain", lo, hi)
+		}
+	})
 }
 
 // TestFreeRacesClose frees buffers from other goroutines (as garbage

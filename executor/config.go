@@ -84,6 +84,25 @@ type Config struct {
 	Overflow Overflow
 	// Timeout bounds every cross-rank wait; 0 means GOEP_TIMEOUT or 60 s.
 	Timeout time.Duration
+
+	// SMs and ChunkRows tune how the row copies between ranks spread over
+	// the hardware (CUDA: the push of dispatch's rows into the receivers'
+	// windows and combine's scatter back; host: the loops that read peers'
+	// buffers, with combine's sums); results are the same, bit for bit,
+	// for every value. eprun bench sweeps them (--sms, --chunk-rows).
+	//
+	// SMs bounds that parallelism: on the CUDA backend, the thread blocks
+	// the push and scatter kernels launch (each block then loops over its
+	// chunks, so SMs = n keeps the copies on at most n SMs and leaves the
+	// rest to concurrent compute); on the host backend, the goroutines a
+	// rank uses for its copies and sums. 0: no bound (CUDA: one block per
+	// chunk; host: GOMAXPROCS).
+	SMs int
+	// ChunkRows is the number of consecutive rows a block (CUDA) or a
+	// goroutine's work item (host, taken in turn from a shared counter)
+	// copies at a time. 0: the default (CUDA: one row per block; host: one
+	// contiguous range per goroutine).
+	ChunkRows int
 }
 
 // maxDim bounds every size so that row and position arithmetic fits int32,
@@ -112,9 +131,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("executor: config: unknown Mode %d", c.Mode)
 	case c.Overflow != OverflowError && c.Overflow != OverflowDrop:
 		return fmt.Errorf("executor: config: unknown Overflow policy %d", c.Overflow)
+	case c.SMs < 0:
+		return fmt.Errorf("executor: config: SMs is %d; use 0 for no bound", c.SMs)
+	case c.ChunkRows < 0:
+		return fmt.Errorf("executor: config: ChunkRows is %d; use 0 for the default", c.ChunkRows)
 	case c.Timeout < 0:
 		return fmt.Errorf("executor: config: Timeout is %v; every cross-rank wait needs a positive deadline (0 = default)", c.Timeout)
-	case c.NumExperts > maxDim || c.Hidden > maxDim || c.MaxTokensPerRank > maxDim || c.PadMultiple > maxDim:
+	case c.NumExperts > maxDim || c.Hidden > maxDim || c.MaxTokensPerRank > maxDim || c.PadMultiple > maxDim ||
+		c.SMs > maxDim || c.ChunkRows > maxDim:
 		return fmt.Errorf("executor: config: a size exceeds %d; indices are int32 on the device", maxDim)
 	}
 	if c.Mode == Capacity {

@@ -335,6 +335,20 @@ func rowShape(items, units, minThreads int) (grid, block [3]uint32, err error) {
 	return [3]uint32{uint32(items), uint32(max(gy, 1)), 1}, [3]uint32{uint32(bx), 1, 1}, nil
 }
 
+// commShape is the launch shape of the push and scatter kernels under the
+// tuning knobs: rowShape's, with grid.x the chunks of Config.ChunkRows
+// items (default 1), at most Config.SMs of them; the blocks loop over the
+// chunks.
+func (g *gpuEngine) commShape(items, units int) (grid, block [3]uint32, chunk int64, err error) {
+	c := max(g.e.cfg.ChunkRows, 1)
+	blocks := (items + c - 1) / c
+	if sms := g.e.cfg.SMs; sms > 0 {
+		blocks = min(blocks, sms)
+	}
+	grid, block, err = rowShape(blocks, units, g.K)
+	return grid, block, int64(c), err
+}
+
 // unitOf is the largest copy unit (16, 4 or 2 bytes) that divides the row
 // bytes and every buffer's address.
 func unitOf(rowBytes int, bufs ...*device.Buffer) int32 {
@@ -586,19 +600,26 @@ func (g *gpuEngine) pushRows(h *Handle, x, w *device.Tensor, op uint32) error {
 		return err
 	}
 	rb := g.H * x.DType().Size()
-	unit := unitOf(rb, x.Buffer(), g.win.Own[regionRecv])
-	entries := h.numTokens * g.W
-	if entries > 0 {
-		grid, block, err := rowShape(entries, rb/int(unit), g.K)
-		if err != nil {
-			return err
-		}
-		if err := g.s.Launch(g.push, grid, block, 0, x, w, h.gpu.entTok, h.gpu.entDest, h.gpu.entRow,
-			int64(entries), g.peerTable(regionRecv), int64(rb), int64(g.recvWOff), int32(g.K), unit); err != nil {
-			return err
-		}
+	if err := g.pushEntries(x.Buffer(), buf(w), rb, h.gpu.entTok, h.gpu.entDest, h.gpu.entRow, h.numTokens*g.W); err != nil {
+		return err
 	}
 	return g.arrive(op)
+}
+
+// pushEntries launches goep_ep_push over entries of x (rows of rb bytes)
+// and w (nil: none): the entry tables tok, dest and row as goep_ep_push
+// reads them.
+func (g *gpuEngine) pushEntries(x, w *device.Buffer, rb int, tok, dest, row *device.Buffer, entries int) error {
+	if entries == 0 {
+		return nil
+	}
+	unit := unitOf(rb, x, g.win.Own[regionRecv])
+	grid, block, chunk, err := g.commShape(entries, rb/int(unit))
+	if err != nil {
+		return err
+	}
+	return g.s.Launch(g.push, grid, block, 0, x, w, tok, dest, row,
+		int64(entries), g.peerTable(regionRecv), int64(rb), int64(g.recvWOff), int32(g.K), unit, chunk)
 }
 
 // copyRecv enqueues goep_ep_copy_out from the receive window into out
@@ -791,12 +812,12 @@ func (g *gpuEngine) scatterRows(h *Handle, z, zw *device.Tensor, op uint32) erro
 	rb := g.H * z.DType().Size()
 	if h.recvRows > 0 {
 		unit := unitOf(rb, z.Buffer(), g.win.Own[regionComb])
-		grid, block, err := rowShape(h.recvRows, rb/int(unit), g.K)
+		grid, block, chunk, err := g.commShape(h.recvRows, rb/int(unit))
 		if err != nil {
 			return err
 		}
 		if err := g.s.Launch(g.scatter, grid, block, 0, z, zw, h.gpu.recvSrc, h.gpu.recvEnt, int64(h.recvRows),
-			g.peerTable(regionComb), int64(rb), int64(g.combWOff), int32(g.K), unit); err != nil {
+			g.peerTable(regionComb), int64(rb), int64(g.combWOff), int32(g.K), unit, chunk); err != nil {
 			return err
 		}
 	}

@@ -245,18 +245,31 @@ func TestTimeoutNamesMissingRank(t *testing.T) {
 }
 
 func TestConfigMismatch(t *testing.T) {
-	gs := comm.NewLocal(2)
+	errs := newEach(t, 2, func(r int) Config {
+		cfg := Config{NumExperts: 4, TopK: 2, Hidden: 8, MaxTokensPerRank: 4}
+		if r == 1 {
+			cfg.Hidden = 16
+		}
+		return cfg
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrPeerMismatch) || !strings.Contains(err.Error(), "Hidden=") {
+			t.Errorf("rank %d: %v, want ErrPeerMismatch naming Hidden", r, err)
+		}
+	}
+}
+
+// newEach runs New on n in-process ranks of the host backend, rank r with
+// cfgOf(r), closes the engines that were created and returns New's errors.
+func newEach(t *testing.T, n int, cfgOf func(r int) Config) []error {
+	gs := comm.NewLocal(n)
 	b := device.NewHost()
 	defer b.Close()
 	var g errgroup.Group
-	errs := make([]error, 2)
-	for r := range 2 {
+	errs := make([]error, n)
+	for r := range n {
 		g.Go(func() error {
-			cfg := Config{NumExperts: 4, TopK: 2, Hidden: 8, MaxTokensPerRank: 4}
-			if r == 1 {
-				cfg.Hidden = 16
-			}
-			e, err := New(t.Context(), gs[r], b, cfg)
+			e, err := New(t.Context(), gs[r], b, cfgOf(r))
 			if err == nil {
 				e.Close()
 			}
@@ -265,11 +278,7 @@ func TestConfigMismatch(t *testing.T) {
 		})
 	}
 	g.Wait()
-	for r, err := range errs {
-		if !errors.Is(err, ErrPeerMismatch) || !strings.Contains(err.Error(), "Hidden=") {
-			t.Errorf("rank %d: %v, want ErrPeerMismatch naming Hidden", r, err)
-		}
-	}
+	return errs
 }
 
 // TestDetectedDomain: with RanksPerDomain 0 and GOEP_RANKS_PER_DOMAIN unset,
@@ -299,6 +308,39 @@ func TestBadRDMASharedMemory(t *testing.T) {
 	for r, err := range errs {
 		if !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), "GOEP_RDMA_SHARED_MEMORY") {
 			t.Errorf("rank %d: %v, want ErrInvalidInput naming GOEP_RDMA_SHARED_MEMORY", r, err)
+		}
+	}
+}
+
+// TestBadTuningKnobs: negative SMs or ChunkRows fail New on every rank
+// with ErrInvalidInput naming the field; ranks whose knobs differ fail with
+// ErrPeerMismatch naming it.
+func TestBadTuningKnobs(t *testing.T) {
+	base := Config{NumExperts: 4, TopK: 1, Hidden: 4, MaxTokensPerRank: 1}
+	for _, c := range []struct {
+		name string
+		set  func(*Config)
+	}{
+		{"SMs", func(c *Config) { c.SMs = -1 }},
+		{"ChunkRows", func(c *Config) { c.ChunkRows = -2 }},
+	} {
+		cfg := base
+		c.set(&cfg)
+		errs := runRanks(t, 2, cfg, func(ctx context.Context, e *Engine) error { return nil })
+		for r, err := range errs {
+			if !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), c.name+" is") {
+				t.Errorf("%s: rank %d: %v, want ErrInvalidInput naming %s", c.name, r, err, c.name)
+			}
+		}
+	}
+	errs := newEach(t, 2, func(r int) Config {
+		cfg := base
+		cfg.ChunkRows = 4 * r
+		return cfg
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrPeerMismatch) || !strings.Contains(err.Error(), "ChunkRows=") {
+			t.Errorf("rank %d: %v, want ErrPeerMismatch naming ChunkRows", r, err)
 		}
 	}
 }

@@ -111,7 +111,7 @@ func (e *Engine) gatherPermuted(lay *Layout, src []recvSrc, dt device.DType, px 
 	H, K, n := e.cfg.Hidden, lay.TopK, len(src)
 	rb := H * dt.Size()
 	pcap := e.permCap(lay)
-	device.ParallelFor(n, 16, func(lo, hi int) {
+	e.par().For(n, 16, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			row := src[i].x
 			for k := range K {

@@ -472,7 +472,7 @@ func (e *Engine) hierCombine(lay *Layout, c nvlink.Call, dt device.DType, out []
 			toks := side.DomainTokens(nil, hr.domain, hr.D)
 			s := send[n*hr.slot:]
 			area, rows := f32s(s[railHeader:railHeader+hr.area]), s[railHeader+hr.area:]
-			device.ParallelFor(len(toks), 16, func(lo, hi int) {
+			e.par().For(len(toks), 16, func(lo, hi int) {
 				c := e.newTermer(lay, peers, dt, u)
 				for i := lo; i < hi; i++ {
 					t := int(toks[i])
@@ -492,7 +492,7 @@ func (e *Engine) hierCombine(lay *Layout, c nvlink.Call, dt device.DType, out []
 		// This rank's own partials (fp32, not rounded) and the weight
 		// gradients of slots in this domain.
 		pf := f32s(partial)
-		device.ParallelFor(T, 16, func(lo, hi int) {
+		e.par().For(T, 16, func(lo, hi int) {
 			c := e.newTermer(lay, peers, dt, u)
 			for t := lo; t < hi; t++ {
 				terms := c.collect(&lay.SendSide, t, hr.domain)
@@ -535,7 +535,7 @@ func (e *Engine) hierCombine(lay *Layout, c nvlink.Call, dt device.DType, out []
 			remote[n*T+int(t)] = int32(i)
 		}
 	}
-	device.ParallelFor(T, 16, func(lo, hi int) {
+	e.par().For(T, 16, func(lo, hi int) {
 		acc := make([]float32, H)
 		for t := lo; t < hi; t++ {
 			first := true

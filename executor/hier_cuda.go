@@ -209,21 +209,6 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, op uint32) error {
 	return g.arrive(op)
 }
 
-// pushEntries launches goep_ep_push over entries of x (rows of rb bytes)
-// and w.
-func (g *gpuEngine) pushEntries(x, w *device.Buffer, rb int, tok, dest, row *device.Buffer, entries int) error {
-	if entries == 0 {
-		return nil
-	}
-	unit := unitOf(rb, x, g.win.Own[regionRecv])
-	grid, block, err := rowShape(entries, rb/int(unit), g.K)
-	if err != nil {
-		return err
-	}
-	return g.s.Launch(g.push, grid, block, 0, x, w, tok, dest, row,
-		int64(entries), g.peerTable(regionRecv), int64(rb), int64(g.recvWOff), int32(g.K), unit)
-}
-
 // hierCombine is combine with several domains.
 func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBackwardOutput, op uint32) error {
 	e, hx := g.e, g.hier

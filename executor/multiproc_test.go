@@ -51,6 +51,10 @@ func mpCase(seed uint64, R int) (executor.Config, device.DType) {
 		cfg.Mode, cfg.Overflow = executor.Capacity, executor.OverflowDrop
 		cfg.MaxRecvTokens, cfg.MaxPermutedTokens = 20+rng.IntN(60), 20+rng.IntN(120)
 	}
+	if seed%3 == 0 {
+		// The tuning knobs: few blocks (goroutines) looping over chunks.
+		cfg.SMs, cfg.ChunkRows = 1+rng.IntN(3), 1+rng.IntN(5)
+	}
 	dt := device.BF16
 	if seed%2 == 1 {
 		dt = device.FP32

@@ -130,7 +130,7 @@ func (e *Engine) Dispatch(ctx context.Context, h *Handle, in DispatchInput) (Dis
 			return err
 		}
 		return e.pull(lay, h, opDispatch, x, w, func(src []recvSrc) error {
-			gatherRows(src, out.RecvX.Bytes())
+			e.gatherRows(src, out.RecvX.Bytes())
 			writeRecvMeta(lay, src, h.recvRows, out.RecvIdx, out.RecvWeights)
 			return nil
 		})
@@ -188,10 +188,16 @@ func (e *Engine) sources(lay *Layout, peers [][]*device.Buffer, rb int, weighted
 	return src
 }
 
+// par is how the host backend spreads its copies between ranks
+// (Config.SMs, Config.ChunkRows).
+func (e *Engine) par() device.Parallel {
+	return device.Parallel{Workers: e.cfg.SMs, Chunk: e.cfg.ChunkRows}
+}
+
 // gatherRows copies each source row into dst row i and zeroes the rows of
 // dst past len(src).
-func gatherRows(src []recvSrc, dst []byte) {
-	device.ParallelFor(len(src), 16, func(lo, hi int) {
+func (e *Engine) gatherRows(src []recvSrc, dst []byte) {
+	e.par().For(len(src), 16, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			rb := len(src[i].x)
 			copy(dst[i*rb:(i+1)*rb], src[i].x)
@@ -301,7 +307,7 @@ func (e *Engine) sum(lay *Layout, c nvlink.Call, dt device.DType, out []byte, gw
 	gw := f32(gwt)
 	return e.exchange(c, func(peers [][]*device.Buffer) error {
 		rb := e.cfg.Hidden * dt.Size()
-		device.ParallelFor(lay.NumTokens, 16, func(lo, hi int) {
+		e.par().For(lay.NumTokens, 16, func(lo, hi int) {
 			c := e.newTermer(lay, peers, dt, u)
 			for t := lo; t < hi; t++ {
 				permute.SumRows(dt, out[t*rb:(t+1)*rb], c.collect(&lay.SendSide, t, -1), nil)

@@ -55,6 +55,8 @@ type propCase struct {
 	capR     int // capacity mode: MaxRecvTokens
 	capP     int // capacity mode: MaxPermutedTokens
 	maxT     int // MaxTokensPerRank
+	sms      int // Config.SMs (0: no bound)
+	chunk    int // Config.ChunkRows (0: default)
 	idx      [][]int32
 }
 
@@ -69,6 +71,9 @@ func (c *propCase) String() string {
 	}
 	if c.weighted {
 		s += " weighted"
+	}
+	if c.sms != 0 || c.chunk != 0 {
+		s += fmt.Sprintf(" sms=%d chunk=%d", c.sms, c.chunk)
 	}
 	if c.mode == executor.Capacity {
 		s += fmt.Sprintf(" capacity(recv=%d,perm=%d,%v)", c.capR, c.capP, c.overflow)
@@ -100,7 +105,8 @@ func (c *propCase) world() *reference.World {
 
 func (c *propCase) config() executor.Config {
 	cfg := executor.Config{NumExperts: c.R * c.L, TopK: c.K, Hidden: c.H, MaxTokensPerRank: c.maxT,
-		PadMultiple: c.pad, Mode: c.mode, Overflow: c.overflow, Timeout: 30 * time.Second, RanksPerDomain: c.D}
+		PadMultiple: c.pad, Mode: c.mode, Overflow: c.overflow, Timeout: 30 * time.Second, RanksPerDomain: c.D,
+		SMs: c.sms, ChunkRows: c.chunk}
 	if c.mode == executor.Capacity {
 		cfg.MaxRecvTokens, cfg.MaxPermutedTokens = c.capR, c.capP
 	}
@@ -176,6 +182,12 @@ func genCase(seed uint64) *propCase {
 		if len(divs) > 0 {
 			c.D = divs[rng.IntN(len(divs))]
 		}
+	}
+	// The tuning knobs in a third of the cases (drawn after D): the
+	// results must not depend on them.
+	if rng.IntN(3) == 0 {
+		c.sms = rng.IntN(4)
+		c.chunk = []int{0, 1, 3, 64}[rng.IntN(4)]
 	}
 	return c
 }

@@ -216,52 +216,56 @@ extern "C" __global__ void goep_ep_spin(int64_t ns)
 // 0, row entTok[j] of x (rowBytes) to row row of the rows area of peer
 // entDest[j] (peerBase[entDest[j]]) and, when w is not null, the K weights
 // w[entTok[j]*K:] to the peer's weights area (peerBase + wOff) at row*K.
-// Blocks: grid.x = entries, grid.y chunks of the row's units.
+// Blocks: grid.x blocks take chunks of chunk consecutive entries in turn
+// (block b: chunks b, b + grid.x, ...), grid.y chunks of the row's units.
 extern "C" __global__ void goep_ep_push(const uint8_t *x, const float *w, const int32_t *entTok,
 					const int32_t *entDest, const int32_t *entRow,
 					int64_t entries, uint8_t *const *peerBase, int64_t rowBytes,
-					int64_t wOff, int32_t topk, int32_t unit)
+					int64_t wOff, int32_t topk, int32_t unit, int64_t chunk)
 {
-	int64_t j = blockIdx.x;
-	if (j >= entries) {
-		return;
-	}
-	int32_t row = entRow[j];
-	if (row < 0) {
-		return;
-	}
-	int64_t t = entTok[j];
-	uint8_t *base = peerBase[entDest[j]];
-	copy_units(base + row * rowBytes, x + t * rowBytes, rowBytes / unit, unit);
-	if (w != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
-		float *pw = (float *)(base + wOff);
-		pw[(int64_t)row * topk + threadIdx.x] = w[t * topk + threadIdx.x];
+	for (int64_t c = (int64_t)blockIdx.x * chunk; c < entries; c += (int64_t)gridDim.x * chunk) {
+		int64_t end = c + chunk < entries ? c + chunk : entries;
+		for (int64_t j = c; j < end; j++) {
+			int32_t row = entRow[j];
+			if (row < 0) {
+				continue;
+			}
+			int64_t t = entTok[j];
+			uint8_t *base = peerBase[entDest[j]];
+			copy_units(base + (int64_t)row * rowBytes, x + t * rowBytes, rowBytes / unit, unit);
+			if (w != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
+				float *pw = (float *)(base + wOff);
+				pw[(int64_t)row * topk + threadIdx.x] = w[t * topk + threadIdx.x];
+			}
+		}
 	}
 }
 
 // goep_ep_scatter copies, for every row i < rows with dst = dstRow[i] >= 0,
 // row i of z (rowBytes) to row dst of the rows area of peer dstRank[i]
 // (peerBase[dstRank[i]]) and, when zw is not null, zw[i*K:(i+1)*K] to the
-// peer's weights area (peerBase + wOff) at dst*K. Blocks: grid.x = rows,
-// grid.y chunks of the row's units.
+// peer's weights area (peerBase + wOff) at dst*K. Blocks: grid.x blocks
+// take chunks of chunk consecutive rows in turn, grid.y chunks of the
+// row's units.
 extern "C" __global__ void goep_ep_scatter(const uint8_t *z, const float *zw,
 					   const int32_t *dstRank, const int32_t *dstRow,
 					   int64_t rows, uint8_t *const *peerBase, int64_t rowBytes,
-					   int64_t wOff, int32_t topk, int32_t unit)
+					   int64_t wOff, int32_t topk, int32_t unit, int64_t chunk)
 {
-	int64_t i = blockIdx.x;
-	if (i >= rows) {
-		return;
-	}
-	int32_t dst = dstRow[i];
-	if (dst < 0) {
-		return;
-	}
-	uint8_t *base = peerBase[dstRank[i]];
-	copy_units(base + (int64_t)dst * rowBytes, z + i * rowBytes, rowBytes / unit, unit);
-	if (zw != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
-		float *pw = (float *)(base + wOff);
-		pw[(int64_t)dst * topk + threadIdx.x] = zw[i * topk + threadIdx.x];
+	for (int64_t c = (int64_t)blockIdx.x * chunk; c < rows; c += (int64_t)gridDim.x * chunk) {
+		int64_t end = c + chunk < rows ? c + chunk : rows;
+		for (int64_t i = c; i < end; i++) {
+			int32_t dst = dstRow[i];
+			if (dst < 0) {
+				continue;
+			}
+			uint8_t *base = peerBase[dstRank[i]];
+			copy_units(base + (int64_t)dst * rowBytes, z + i * rowBytes, rowBytes / unit, unit);
+			if (zw != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
+				float *pw = (float *)(base + wOff);
+				pw[(int64_t)dst * topk + threadIdx.x] = zw[i * topk + threadIdx.x];
+			}
+		}
 	}
 }
 
