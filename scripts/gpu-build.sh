@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds, on a machine without a GPU, every binary that the GPU checks
+# (scripts/gpu-run.sh) run on a GPU host, into .gpu/ (git-ignored):
+#
+#	.gpu/internal-cuda.test  go test -c -tags cuda      ./internal/cuda
+#	.gpu/device.test         go test -c -tags cuda      ./device
+#	.gpu/permute.test        go test -c -tags cuda      ./permute
+#	.gpu/executor.test       go test -c -tags cuda      ./executor
+#	.gpu/executor-ucx.test   go test -c -tags cuda,ucx  ./executor
+#	.gpu/bench.test          go test -c -tags cuda      ./internal/bench
+#	.gpu/eprun               go build   -tags cuda,ucx  ./cmd/eprun
+#	.gpu/gpu-run.sh          a copy of scripts/gpu-run.sh
+#
+# Symbols are stripped (-s -w) so that the folder fits the device tool's
+# 64 MiB carry limit. The GPU host needs no Go: it runs the binaries (CUDA driver, Open MPI
+# and UCX libraries of the same sonames as here). Needs what
+# scripts/cuda-check.sh installs (CUDA 11.8 headers, the stub libcuda.so)
+# and libucx-dev. Then, on the GPU host, from the repository root:
+#
+#	bash .gpu/gpu-run.sh [GROUP...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export PATH="/usr/local/go/bin:$PATH"
+stubs=/usr/lib/x86_64-linux-gnu/stubs
+export CGO_LDFLAGS="-L$stubs ${CGO_LDFLAGS:-}"
+
+log() { printf '== %s\n' "$*" >&2; }
+
+# quiet drops the warnings that go-nvml's cgo preamble prints on every
+# build; anything else (errors) passes.
+quiet() { grep -v -e 'warning:' -e 'nvml' -e '^#' -e 'note:' -e '^\s*|' -e '^\s*[0-9]* |' || true; }
+
+mkdir -p .gpu
+build() {
+	local out=$1 tags=$2 pkg=$3
+	log "$out ($tags) $pkg"
+	go test -c -tags "$tags" -ldflags='-s -w' -o ".gpu/$out" "$pkg" 2>&1 | quiet
+	[ -x ".gpu/$out" ] || { echo "scripts/gpu-build.sh: building .gpu/$out failed" >&2; exit 1; }
+}
+rm -f .gpu/*.test .gpu/eprun
+build internal-cuda.test cuda ./internal/cuda
+build device.test cuda ./device
+build permute.test cuda ./permute
+build executor.test cuda ./executor
+build executor-ucx.test cuda,ucx ./executor
+build bench.test cuda ./internal/bench
+log "eprun (cuda,ucx)"
+go build -buildvcs=true -tags cuda,ucx -ldflags='-s -w' -o .gpu/eprun ./cmd/eprun 2>&1 | quiet
+[ -x .gpu/eprun ] || { echo "scripts/gpu-build.sh: building .gpu/eprun failed" >&2; exit 1; }
+cp scripts/gpu-run.sh .gpu/gpu-run.sh
+du -sh .gpu >&2
+log "built; run them on a GPU host with: bash .gpu/gpu-run.sh [GROUP...]"

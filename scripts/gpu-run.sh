@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Runs the GPU checks on a GPU host, over the binaries that
+# scripts/gpu-build.sh built into .gpu/ (no Go needed there). From the
+# repository root:
+#
+#	bash .gpu/gpu-run.sh [GROUP...]     (default: tests memcheck bench)
+#
+# Groups:
+#
+#	tests     every -gpu test: internal/cuda, device, permute, internal/bench,
+#	          executor (TestCUDA*: 1, 2, 4 processes, graphs, faults, issue
+#	          756, interop, several domains in-process) and executor over
+#	          UCX (TestCUDADomainsProcesses, shared memory and TCP)
+#	memcheck  compute-sanitizer memcheck of the executor's one-domain and
+#	          several-domain tests and of the permute tests, racecheck of
+#	          the permute tests
+#	bench     permute vs device copy, TestCUDABenchmark (4 goroutine
+#	          ranks), eprun bench on the DeepSeek-V3 decode and prefill
+#	          shapes and a sweep of the tuning knobs
+#
+# Each step's whole output goes to $OUT/<step>.log ($OUT: the device
+# tool's output folder, else ./gpu-out); stdout gets one line per step
+# (PASS or FAIL, seconds) and the tail of a failing step's log. The exit
+# status is the number of failed steps (0: all passed). GOEP_TIMEOUT is 20 s
+# unless set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export GOEP_TIMEOUT=${GOEP_TIMEOUT:-20s}
+export NCCL_NVLS_ENABLE=0
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+bin=.gpu
+failed=0
+
+# step NAME SECONDS CMD... runs CMD with a deadline, its output in
+# $out/NAME.log.
+step() {
+	local name=$1 secs=$2
+	shift 2
+	local start=$SECONDS
+	timeout --kill-after=10 "$secs" "$@" >"$out/$name.log" 2>&1
+	local rc=$?
+	local took=$((SECONDS - start))
+	if [ $rc = 0 ]; then
+		printf 'PASS %-28s %4ds\n' "$name" "$took"
+	else
+		failed=$((failed + 1))
+		[ $rc = 124 ] && echo "(timed out after ${secs}s)" >>"$out/$name.log"
+		printf 'FAIL %-28s %4ds  rc=%d  log: %s/%s.log\n' "$name" "$took" "$rc" "$out" "$name"
+		tail -n 25 "$out/$name.log" | sed 's/^/    /'
+	fi
+}
+
+# sanitize NAME SECONDS TOOL CMD... is step under compute-sanitizer; a
+# report with errors fails the step even when the test passed.
+sanitize() {
+	local name=$1 secs=$2 tool=$3
+	shift 3
+	step "$name" "$secs" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+		--show-backtrace device "$@"
+}
+
+tests() {
+	step internal-cuda 120 $bin/internal-cuda.test -gpu -test.v
+	step device 120 $bin/device.test -gpu -test.v
+	step permute 180 $bin/permute.test -gpu -test.v
+	step bench 180 $bin/bench.test -gpu -test.run CUDA -test.v
+	step executor-domains 120 $bin/executor.test -gpu -test.run 'TestCUDADomains$' -test.v
+	step executor-cuda 420 $bin/executor.test -gpu -test.run 'TestCUDA' -test.skip 'TestCUDA(Benchmark|Domains)' -test.v
+	step executor-ucx-shm 180 $bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsProcesses/shm=true' -test.v
+	# The GPU host's UCX has no atomics over TCP in its v2 protocols.
+	step executor-ucx-tcp 180 env UCX_PROTO_ENABLE=n $bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsProcesses/shm=false' -test.v
+}
+
+memcheck() {
+	sanitize memcheck-one-domain 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=4' -test.v
+	sanitize memcheck-domains 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=(2|1)' -test.v
+	sanitize memcheck-graph 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDA(Graph|Issue756|Interop)' -test.v
+	sanitize memcheck-permute 300 memcheck $bin/permute.test -gpu -test.v
+	sanitize racecheck-permute 300 racecheck $bin/permute.test -gpu -test.v
+}
+
+bench() {
+	step bench-permute 300 $bin/permute.test -gpu -test.run '^$' -test.bench CUDA -test.benchtime 50x -test.v
+	step bench-executor 300 $bin/executor.test -gpu -gpu.bench -test.run 'TestCUDABenchmark/goroutines' -test.v
+	step eprun-decode 300 $bin/eprun bench deepseek-v3-decode --backend cuda --ranks 4 -q --json "$out/decode.json"
+	step eprun-prefill 300 $bin/eprun bench deepseek-v3-prefill --backend cuda --ranks 4 -q --json "$out/prefill.json"
+	step eprun-knobs 300 $bin/eprun bench deepseek-v3-decode --backend cuda --ranks 4 -q \
+		--sms 0,8,32 --chunk-rows 0,4 --json "$out/knobs.json"
+}
+
+groups=("$@")
+[ ${#groups[@]} = 0 ] && groups=(tests memcheck bench)
+nvidia-smi -L 2>&1 | head -n 8
+for g in "${groups[@]}"; do
+	case $g in
+	tests | memcheck | bench) echo "# $g"; "$g" ;;
+	*) echo "gpu-run.sh: unknown group $g (want tests, memcheck or bench)" >&2; exit 2 ;;
+	esac
+done
+echo "# $failed step(s) failed; logs in $out"
+exit $failed
