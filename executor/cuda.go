@@ -14,6 +14,7 @@ import (
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/nvlink"
 	"github.com/goep/goep/permute"
+	"go.uber.org/zap"
 )
 
 // The CUDA data path. The layout is computed on the host exactly as on the
@@ -166,6 +167,18 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.
 			err = errors.Join(err, s.Close())
 		}
 		return nil, fmt.Errorf("executor: CUDA path: %w", err)
+	}
+	if ce := e.log.Check(zap.DebugLevel, "GPU windows"); ce != nil {
+		// Every region's address on every rank of the domain, as this rank
+		// maps it (to read sanitizer reports against).
+		addrs := make([][]string, numRegions)
+		for i := range numRegions {
+			for p := range R {
+				addrs[i] = append(addrs[i], fmt.Sprintf("%#x", g.win.Peers[i][p].DevicePtr()))
+			}
+		}
+		ce.Write(zap.Int("rank", e.rank), zap.Int("local", me), zap.Ints("bytes", sizes),
+			zap.Any("flags", addrs[regionFlags]), zap.Any("recv", addrs[regionRecv]), zap.Any("comb", addrs[regionComb]))
 	}
 	lerr := g.load(ctx)
 	if lerr == nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
 	"github.com/goep/goep/launcher"
+	"go.uber.org/zap"
 )
 
 // The multi-process tests re-execute this test binary as the ranks of a
@@ -96,7 +97,7 @@ func mpInputs(seed uint64, r int, cfg executor.Config, dt device.DType) (idx []i
 // of every output, by name.
 func mpPipeline(ctx context.Context, g comm.Group, b device.Backend, seed uint64) (map[string]string, error) {
 	cfg, dt := mpCase(seed, g.Size())
-	e, err := executor.New(ctx, g, b, cfg)
+	e, err := executor.New(ctx, g, b, cfg, executor.WithLogger(testLogger()))
 	if err != nil {
 		return nil, err
 	}
@@ -183,6 +184,20 @@ func mpPipeline(ctx context.Context, g comm.Group, b device.Backend, seed uint64
 		digests[name] = fmt.Sprintf("%v%v %s", t.DType(), t.Shape(), hex.EncodeToString(sum[:8]))
 	}
 	return digests, nil
+}
+
+// testLogger is a debug logger on stderr when GOEP_LOG_LEVEL=debug (to
+// read, say, a sanitizer's report against the engines' GPU windows), else
+// none.
+func testLogger() *zap.Logger {
+	if os.Getenv("GOEP_LOG_LEVEL") != "debug" {
+		return zap.NewNop()
+	}
+	l, err := zap.NewDevelopment()
+	if err != nil {
+		return zap.NewNop()
+	}
+	return l
 }
 
 var mpSeeds = []uint64{1, 2, 3, 4, 5, 6}
