@@ -39,9 +39,10 @@ var AllCalls = []string{CallDispatch, CallCombine, CallDispatchPermute, CallUnpe
 var KnownCalls = append(slices.Clone(AllCalls), CallDispatchCombine)
 
 // Config is one benchmark run: the engine shape and the sweep. Mode, TopK,
-// DType, Hidden and Tokens may list several values (YAML: a scalar or a
-// list); every combination is a case (Cases gives their order), each case
-// runs on engines of its own, and every case times every call in Calls.
+// DType, Hidden, SMs, ChunkRows and Tokens may list several values (YAML:
+// a scalar or a list); every combination is a case (Cases gives their
+// order), each case runs on engines of its own, and every case times every
+// call in Calls.
 type Config struct {
 	// Backend is where the engines run: "host" (default; "" means host) or
 	// "cuda" (build tag cuda; each rank on GPU GOEP_DEVICE, default 0).
@@ -62,6 +63,16 @@ type Config struct {
 	Tokens Ints `yaml:"tokens" json:"tokens"`
 	// DType is the activation dtype, bf16 or fp32 (one or more values).
 	DType Strings `yaml:"dtype" json:"dtype"`
+	// SMs and ChunkRows are the engine's tuning knobs, executor.Config.SMs
+	// and executor.Config.ChunkRows (one or more values each; default 0,
+	// the engine's default). SMs bounds the parallelism of the row copies
+	// between ranks: on the cuda backend the thread blocks of the push and
+	// scatter kernels, on the host the goroutines a rank copies with (0: no
+	// bound). ChunkRows is the rows a block (cuda) or a work item (host)
+	// copies at a time (0: the engine's default). Outputs are the same, bit
+	// for bit, for every value; only the time changes.
+	SMs       Ints `yaml:"sms" json:"sms"`
+	ChunkRows Ints `yaml:"chunk_rows" json:"chunk_rows"`
 	// Iters is the timed iterations per call; Warmup the untimed ones
 	// before them.
 	Iters  int `yaml:"iters" json:"iters"`
@@ -95,20 +106,22 @@ func (c Config) RoutingSpec() RoutingSpec { return RoutingSpec{Kind: c.Routing, 
 // Defaults is what a field left out of a YAML config gets.
 func Defaults() Config {
 	return Config{
-		Backend: BackendHost,
-		Ranks:   8,
-		Experts: 64,
-		TopK:    Ints{8},
-		Hidden:  Ints{2048},
-		Tokens:  Ints{512},
-		DType:   Strings{"bf16"},
-		Iters:   20,
-		Warmup:  3,
-		Mode:    Strings{ModeBlocking},
-		Pad:     1,
-		Seed:    1,
-		Calls:   slices.Clone(AllCalls),
-		Routing: RoutingUniform,
+		Backend:   BackendHost,
+		Ranks:     8,
+		Experts:   64,
+		TopK:      Ints{8},
+		Hidden:    Ints{2048},
+		Tokens:    Ints{512},
+		DType:     Strings{"bf16"},
+		SMs:       Ints{0},
+		ChunkRows: Ints{0},
+		Iters:     20,
+		Warmup:    3,
+		Mode:      Strings{ModeBlocking},
+		Pad:       1,
+		Seed:      1,
+		Calls:     slices.Clone(AllCalls),
+		Routing:   RoutingUniform,
 	}
 }
 
@@ -163,6 +176,10 @@ func (c Config) Validate() error {
 		return errors.New("tokens is empty")
 	case len(c.DType) == 0:
 		return errors.New("dtype is empty")
+	case len(c.SMs) == 0:
+		return errors.New("sms is empty (0: the engine's default, no bound)")
+	case len(c.ChunkRows) == 0:
+		return errors.New("chunk_rows is empty (0: the engine's default)")
 	case c.Iters <= 0:
 		return fmt.Errorf("iters is %d; need at least 1", c.Iters)
 	case c.Warmup < 0:
@@ -194,6 +211,16 @@ func (c Config) Validate() error {
 	for _, t := range c.Tokens {
 		if t < 0 {
 			return fmt.Errorf("tokens %d: cannot be negative", t)
+		}
+	}
+	for _, n := range c.SMs {
+		if n < 0 {
+			return fmt.Errorf("sms %d: cannot be negative (0: no bound)", n)
+		}
+	}
+	for _, n := range c.ChunkRows {
+		if n < 0 {
+			return fmt.Errorf("chunk_rows %d: cannot be negative (0: the engine's default)", n)
 		}
 	}
 	for _, d := range c.DType {
@@ -248,14 +275,30 @@ type Case struct {
 	TopK           int
 	Tokens, Hidden int
 	DType          device.DType
+	// SMs and ChunkRows are the engine's tuning knobs (0: its default).
+	SMs, ChunkRows int
+}
+
+// knobs is " sms=N chunk_rows=N" for the knobs not at their default (0),
+// to append to a case's name in an error.
+func (c Case) knobs() string {
+	s := ""
+	if c.SMs != 0 {
+		s += fmt.Sprintf(" sms=%d", c.SMs)
+	}
+	if c.ChunkRows != 0 {
+		s += fmt.Sprintf(" chunk_rows=%d", c.ChunkRows)
+	}
+	return s
 }
 
 // Cases expands the sweep, each list in the order given, nested from the
-// outermost: mode, then topk, then dtype, then hidden, then tokens (the
-// innermost, so that the cases of one curve of bandwidth against tokens
-// are adjacent). For mode [blocking, capacity] and topk [2, 4]: blocking
-// topk 2, blocking topk 4, capacity topk 2, capacity topk 4, each with
-// every dtype, hidden and tokens.
+// outermost: mode, then topk, then dtype, then hidden, then sms, then
+// chunk_rows, then tokens (the innermost, so that the cases of one curve
+// of bandwidth against tokens are adjacent). For mode [blocking, capacity]
+// and topk [2, 4]: blocking topk 2, blocking topk 4, capacity topk 2,
+// capacity topk 4, each with every dtype, hidden, sms, chunk_rows and
+// tokens.
 func (c Config) Cases() []Case {
 	var out []Case
 	for _, m := range c.Mode {
@@ -263,8 +306,12 @@ func (c Config) Cases() []Case {
 			for _, d := range c.DType {
 				dt, _ := parseDType(d)
 				for _, h := range c.Hidden {
-					for _, t := range c.Tokens {
-						out = append(out, Case{Mode: m, TopK: k, Tokens: t, Hidden: h, DType: dt})
+					for _, sms := range c.SMs {
+						for _, chunk := range c.ChunkRows {
+							for _, t := range c.Tokens {
+								out = append(out, Case{Mode: m, TopK: k, Tokens: t, Hidden: h, DType: dt, SMs: sms, ChunkRows: chunk})
+							}
+						}
 					}
 				}
 			}

@@ -47,6 +47,13 @@ func TestConfigErrors(t *testing.T) {
 		{"iters: 0\n", "iters is 0"},
 		{"pad: 0\n", "pad is 0"},
 		{"ranks: 8\nranks_per_domain: 3\n", "does not divide"},
+		{"sms: -1\n", "sms -1: cannot be negative"},
+		{"sms: [4, -2]\n", "sms -2: cannot be negative"},
+		{"sms: []\n", "sms is empty"},
+		{"sms: [two]\n", "cannot unmarshal"},
+		{"chunk_rows: -8\n", "chunk_rows -8: cannot be negative"},
+		{"chunk_rows: [0, 16, -1]\n", "chunk_rows -1: cannot be negative"},
+		{"chunk_rows: []\n", "chunk_rows is empty"},
 	} {
 		c, err := ParseConfig(strings.NewReader(tc.yaml))
 		if err == nil {
@@ -105,6 +112,60 @@ func TestCasesOrder(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("cases\n%v\nwant\n%v", got, want)
+	}
+}
+
+// TestCasesOrderKnobs: sms and chunk_rows nest after hidden and before
+// tokens (which stays innermost), each in the order given; left out they
+// are the engine's default, 0, and add no cases.
+func TestCasesOrderKnobs(t *testing.T) {
+	c := Defaults()
+	if n := len(c.Cases()); n != 1 || c.Cases()[0].SMs != 0 || c.Cases()[0].ChunkRows != 0 {
+		t.Errorf("defaults: %+v, want one case with both knobs 0", c.Cases())
+	}
+	c.Mode, c.TopK, c.DType = Strings{ModeCapacity, ModeBlocking}, Ints{4}, Strings{"bf16"}
+	c.Hidden, c.SMs, c.ChunkRows, c.Tokens = Ints{16, 32}, Ints{2, 0}, Ints{0, 8}, Ints{8, 0}
+	var got []string
+	for _, k := range c.Cases() {
+		got = append(got, fmt.Sprintf("%s/%d/%v/%d/sms%d/chunk%d/%d", k.Mode, k.TopK, k.DType, k.Hidden, k.SMs, k.ChunkRows, k.Tokens))
+	}
+	var want []string
+	for _, m := range []string{"capacity", "blocking"} {
+		for _, h := range []int{16, 32} {
+			want = append(want,
+				fmt.Sprintf("%s/4/bf16/%d/sms2/chunk0/8", m, h), fmt.Sprintf("%s/4/bf16/%d/sms2/chunk0/0", m, h),
+				fmt.Sprintf("%s/4/bf16/%d/sms2/chunk8/8", m, h), fmt.Sprintf("%s/4/bf16/%d/sms2/chunk8/0", m, h),
+				fmt.Sprintf("%s/4/bf16/%d/sms0/chunk0/8", m, h), fmt.Sprintf("%s/4/bf16/%d/sms0/chunk0/0", m, h),
+				fmt.Sprintf("%s/4/bf16/%d/sms0/chunk8/8", m, h), fmt.Sprintf("%s/4/bf16/%d/sms0/chunk8/0", m, h),
+			)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("cases\n%v\nwant\n%v", got, want)
+	}
+}
+
+// TestParseConfigKnobs: sms and chunk_rows are a scalar or a list, and
+// default to [0] when left out.
+func TestParseConfigKnobs(t *testing.T) {
+	for _, tc := range []struct {
+		yaml       string
+		sms, chunk Ints
+	}{
+		{"ranks: 8\n", Ints{0}, Ints{0}},
+		{"sms: 8\nchunk_rows: 4\n", Ints{8}, Ints{4}},
+		{"sms: [1, 2]\nchunk_rows: [0, 16]\n", Ints{1, 2}, Ints{0, 16}},
+	} {
+		c, err := ParseConfig(strings.NewReader(tc.yaml))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if !slices.Equal(c.SMs, tc.sms) || !slices.Equal(c.ChunkRows, tc.chunk) {
+			t.Errorf("%q: sms %v chunk_rows %v, want %v %v", tc.yaml, []int(c.SMs), []int(c.ChunkRows), []int(tc.sms), []int(tc.chunk))
+		}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%q: %v", tc.yaml, err)
+		}
 	}
 }
 

@@ -298,7 +298,7 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Resul
 		}
 		rows, err := rs.run(ctx, res.Timing)
 		if err != nil {
-			return res, fmt.Errorf("mode=%s topk=%d tokens=%d hidden=%d dtype=%v: %w", c.Mode, c.TopK, c.Tokens, c.Hidden, c.DType, err)
+			return res, fmt.Errorf("mode=%s topk=%d tokens=%d hidden=%d dtype=%v%s: %w", c.Mode, c.TopK, c.Tokens, c.Hidden, c.DType, c.knobs(), err)
 		}
 		res.Rows = append(res.Rows, rows...)
 	}
@@ -383,6 +383,8 @@ func newRankState(cfg Config, c Case, rank int) (*rankState, error) {
 		MaxTokensPerRank: maxT,
 		RanksPerDomain:   cfg.RanksPerDomain,
 		PadMultiple:      cfg.Pad,
+		SMs:              c.SMs,
+		ChunkRows:        c.ChunkRows,
 	}
 	if c.Mode == ModeCapacity {
 		// The worst case of this case's top-k: each rank receives at most

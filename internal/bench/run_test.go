@@ -188,13 +188,15 @@ func TestRunTopKModeSweep(t *testing.T) {
 	}
 }
 
-// TestCaseEngineConfig: every case's engine has the case's top-k and mode,
-// and capacities left at 0 are the worst case of that case's top-k (so a
-// larger top-k later in the sweep never overflows the first one's).
+// TestCaseEngineConfig: every case's engine has the case's top-k, mode and
+// tuning knobs, and capacities left at 0 are the worst case of that case's
+// top-k (so a larger top-k later in the sweep never overflows the first
+// one's).
 func TestCaseEngineConfig(t *testing.T) {
 	c := Defaults()
 	c.Ranks, c.Experts, c.Tokens, c.Pad = 4, 16, Ints{8, 24}, 3 // 4 local experts
 	c.TopK, c.Mode = Ints{2, 6}, Strings{ModeBlocking, ModeCapacity}
+	c.SMs, c.ChunkRows = Ints{0, 3}, Ints{5, 0}
 	for _, explicit := range []bool{false, true} {
 		if explicit {
 			c.MaxRecvTokens, c.MaxPermutedTokens = 100, 500
@@ -208,6 +210,9 @@ func TestCaseEngineConfig(t *testing.T) {
 			what := fmt.Sprintf("explicit %v, %s topk %d tokens %d", explicit, k.Mode, k.TopK, k.Tokens)
 			if e.TopK != k.TopK || rs.world.TopK != k.TopK || e.MaxTokensPerRank != 24 {
 				t.Errorf("%s: engine topk %d, world topk %d, max tokens %d", what, e.TopK, rs.world.TopK, e.MaxTokensPerRank)
+			}
+			if e.SMs != k.SMs || e.ChunkRows != k.ChunkRows {
+				t.Errorf("%s sms %d chunk_rows %d: engine SMs %d, ChunkRows %d", what, k.SMs, k.ChunkRows, e.SMs, e.ChunkRows)
 			}
 			recv, perm := 0, 0
 			if k.Mode == ModeCapacity {
