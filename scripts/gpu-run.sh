@@ -78,7 +78,9 @@ memcheck() {
 	sanitize memcheck-one-domain 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=4' -test.v
 	# GOEP_LOG_LEVEL=debug: every engine logs its domain's window
 	# addresses ("GPU windows"), to read a report's addresses against.
-	sanitize memcheck-domains 300 memcheck env GOEP_LOG_LEVEL=debug $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=(2|1)' -test.v
+	export GOEP_LOG_LEVEL=debug
+	sanitize memcheck-domains 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=(2|1)' -test.v
+	unset GOEP_LOG_LEVEL
 	sanitize memcheck-graph 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDA(Graph|Issue756|Interop)' -test.v
 	sanitize memcheck-permute 300 memcheck $bin/permute.test -gpu -test.v
 	sanitize racecheck-permute 300 racecheck $bin/permute.test -gpu -test.v
