@@ -92,11 +92,12 @@ type Config struct {
 	// for every value. eprun bench sweeps them (--sms, --chunk-rows).
 	//
 	// SMs bounds that parallelism: on the CUDA backend, the thread blocks
-	// the push and scatter kernels launch (each block then loops over its
-	// chunks, so SMs = n keeps the copies on at most n SMs and leaves the
-	// rest to concurrent compute); on the host backend, the goroutines a
-	// rank uses for its copies and sums. 0: no bound (CUDA: one block per
-	// chunk; host: GOMAXPROCS).
+	// the push and scatter kernels launch in all (each block then copies
+	// whole rows, looping over its chunks, so SMs = n keeps the copies on
+	// at most n SMs and leaves the rest to concurrent compute); on the
+	// host backend, the goroutines a rank uses for its copies and sums.
+	// 0: no bound (CUDA: one block per chunk and per 256 16-byte units of
+	// a row; host: GOMAXPROCS).
 	SMs int
 	// ChunkRows is the number of consecutive rows a block (CUDA) or a
 	// goroutine's work item (host, taken in turn from a shared counter)

@@ -350,15 +350,20 @@ func rowShape(items, units, minThreads int) (grid, block [3]uint32, err error) {
 
 // commShape is the launch shape of the push and scatter kernels under the
 // tuning knobs: rowShape's, with grid.x the chunks of Config.ChunkRows
-// items (default 1), at most Config.SMs of them; the blocks loop over the
-// chunks.
+// items (default 1). With Config.SMs = n > 0 the grid is at most n blocks
+// in all (grid.x <= n, grid.y 1: each block copies whole rows), so the
+// copies occupy at most n SMs; the blocks loop over the chunks.
 func (g *gpuEngine) commShape(items, units int) (grid, block [3]uint32, chunk int64, err error) {
 	c := max(g.e.cfg.ChunkRows, 1)
 	blocks := (items + c - 1) / c
-	if sms := g.e.cfg.SMs; sms > 0 {
+	sms := g.e.cfg.SMs
+	if sms > 0 {
 		blocks = min(blocks, sms)
 	}
 	grid, block, err = rowShape(blocks, units, g.K)
+	if sms > 0 {
+		grid[1] = 1
+	}
 	return grid, block, int64(c), err
 }
 
