@@ -73,3 +73,52 @@ func TestBenchDomains(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchDomainsFromEnv: with ranks_per_domain left 0 in the config and
+// GOEP_RANKS_PER_DOMAIN=2, the engines run in two domains of 2; the table's
+// header, the CSV and every JSON row say the D they ran with, not the
+// config's 0 (which the header once printed as "1 domain").
+func TestBenchDomainsFromEnv(t *testing.T) {
+	t.Setenv("GOEP_RANKS_PER_DOMAIN", "2")
+	dir := t.TempDir()
+	jsonPath, csvPath := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.csv")
+	code, stdout, stderr := eprun(t, append(slices.Clone(tiny), "--calls", "dispatch,combine", "--json", jsonPath, "--csv", csvPath)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "# ranks 4 (2 domains of 2)") || !strings.Contains(stdout, "# check: OK") {
+		t.Errorf("table header or footer:\n%s", stdout)
+	}
+
+	data, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec bench.Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Config.RanksPerDomain != 0 || len(rec.Rows) != 2 {
+		t.Fatalf("config ranks_per_domain %d, %d rows; want 0 (left to the engine) and 2 rows", rec.Config.RanksPerDomain, len(rec.Rows))
+	}
+	for _, r := range rec.Rows {
+		if r.RanksPerDomain != 2 {
+			t.Errorf("%s: ranks_per_domain %d, want 2", r.Call, r.RanksPerDomain)
+		}
+	}
+
+	f, err := os.Open(csvPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := csv.NewReader(f).ReadAll()
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("CSV: %v, %d records", err, len(recs))
+	}
+	for _, row := range recs[1:] {
+		if d := row[slices.Index(bench.CSVColumns, "ranks_per_domain")]; d != "2" {
+			t.Errorf("CSV row %v: ranks_per_domain %s, want 2", row, d)
+		}
+	}
+}

@@ -36,11 +36,13 @@ func WriteCSV(w io.Writer, rec Record) error {
 		return ""
 	}
 	itoa := strconv.Itoa
-	d := c.RanksPerDomain
-	if d == 0 {
-		d, _ = c.domainSize()
-	}
 	for _, r := range rec.Rows {
+		// The D the engine ran with (a record written before rows had it:
+		// the config's).
+		d := r.RanksPerDomain
+		if d <= 0 {
+			d = rec.ranksPerDomain()
+		}
 		a2aUS, a2aGBps, vs := "", "", ""
 		if r.A2A != nil {
 			a2aUS, a2aGBps, vs = f(r.A2A.Median, 3), f(r.A2AGBps, 4), f(r.A2ASpeedup, 4)

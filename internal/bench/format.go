@@ -75,7 +75,7 @@ func WriteTable(w io.Writer, rec Record) error {
 		fmt.Fprintf(&b, "# %s\n", s)
 	}
 	domains := "1 domain"
-	if d := c.RanksPerDomain; d > 0 && d < c.Ranks {
+	if d := rec.ranksPerDomain(); d > 0 && d < c.Ranks {
 		domains = fmt.Sprintf("%d domains of %d", c.Ranks/d, d)
 	}
 	fmt.Fprintf(&b, "# ranks %d (%s)  experts %d  topk %d  mode %s  pad %d  iters %d (+%d warm-up)  seed %d  routing %s\n",
@@ -148,6 +148,26 @@ func WriteTable(w io.Writer, rec Record) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// ranksPerDomain is the run's D: the one the engines ran with (the
+// rows'), else, with no rows (or rows of records written before
+// Row.RanksPerDomain), the config's, else GOEP_RANKS_PER_DOMAIN, else all
+// ranks. The config's is 0 when it left D to the engine, which may have
+// detected several domains.
+func (rec *Record) ranksPerDomain() int {
+	for _, r := range rec.Rows {
+		if r.RanksPerDomain > 0 {
+			return r.RanksPerDomain
+		}
+	}
+	if d := rec.Config.RanksPerDomain; d > 0 {
+		return d
+	}
+	if d, err := rec.Config.domainSize(); err == nil {
+		return d
+	}
+	return rec.Config.Ranks
 }
 
 // rdmaLines is the footer's line per case with several domains: the bytes

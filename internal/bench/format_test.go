@@ -2,6 +2,9 @@ package bench
 
 import (
 	"bytes"
+	"encoding/csv"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -148,5 +151,47 @@ func TestRDMALinesSweep(t *testing.T) {
 	}
 	if n := strings.Count(got, "\n"); n != 3 {
 		t.Errorf("%d rdma lines, want 3:\n%s", n, got)
+	}
+}
+
+// TestDomainsOfRows: the table's header and the CSV give the D the engine
+// ran with (the rows'), not the config's 0, which left D to the engine
+// (here it found two domains of 2, as one host per domain would); with no
+// rows, the config's.
+func TestDomainsOfRows(t *testing.T) {
+	// Unset for this test (t.Setenv restores it after): D comes from the
+	// rows, never from the environment.
+	t.Setenv("GOEP_RANKS_PER_DOMAIN", "")
+	os.Unsetenv("GOEP_RANKS_PER_DOMAIN")
+	c := Defaults()
+	c.Ranks, c.RanksPerDomain = 4, 0
+	rows := []Row{{Call: CallDispatch, Ranks: 4, Tokens: 32, Hidden: 64, TopK: 2, DType: "bf16", Mode: ModeBlocking, RanksPerDomain: 2}}
+	var b bytes.Buffer
+	if err := WriteTable(&b, Record{Config: c, Rows: rows}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "# ranks 4 (2 domains of 2)  ") {
+		t.Errorf("table header does not give the engine's D:\n%s", b.String())
+	}
+	b.Reset()
+	if err := WriteCSV(&b, Record{Config: c, Rows: rows}); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := csv.NewReader(&b).ReadAll()
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("CSV: %v, %d records", err, len(recs))
+	}
+	if d := recs[1][slices.Index(CSVColumns, "ranks_per_domain")]; d != "2" {
+		t.Errorf("CSV ranks_per_domain %s, want the engine's 2", d)
+	}
+
+	// No rows: the config's D.
+	c.RanksPerDomain = 2
+	b.Reset()
+	if err := WriteTable(&b, Record{Config: c}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "# ranks 4 (2 domains of 2)  ") {
+		t.Errorf("no rows: table header does not give the config's D:\n%s", b.String())
 	}
 }

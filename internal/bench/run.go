@@ -41,6 +41,14 @@ type Row struct {
 	DType   string `json:"dtype"`
 	Mode    string `json:"mode"`
 	Pad     int    `json:"pad"`
+	// SMs and ChunkRows are the case's tuning knobs (0: the engine's
+	// default).
+	SMs       int `json:"sms"`
+	ChunkRows int `json:"chunk_rows"`
+	// RanksPerDomain is the D the engine ran with: the config's, else
+	// GOEP_RANKS_PER_DOMAIN, else what New detected (one domain per host).
+	// 0 in records written before the field.
+	RanksPerDomain int `json:"ranks_per_domain"`
 
 	// Time is over the timed iterations, each taken as Result.Timing says:
 	// in-process, from the first rank entering the call to the last
@@ -514,6 +522,7 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 			Call: call, Ranks: rs.cfg.Ranks, Experts: rs.cfg.Experts,
 			Tokens: rs.c.Tokens, Hidden: rs.c.Hidden, TopK: rs.c.TopK,
 			DType: rs.c.DType.String(), Mode: rs.c.Mode, Pad: rs.cfg.Pad,
+			SMs: rs.c.SMs, ChunkRows: rs.c.ChunkRows, RanksPerDomain: w.RanksPerDomain,
 			Time: Summarize(it), IterUS: it,
 			RankMaxTime: Summarize(rm),
 			RecvRows:    recvRows, NVLBytes: trips * nvl,
