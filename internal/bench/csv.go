@@ -9,14 +9,16 @@ import (
 // CSVColumns is the header of WriteCSV: the table's columns (#wrong as
 // wrong), then the config's fields (mode: the row's, as topk is) and
 // where it ran, then the RDMA byte counts of the JSON record
-// (Row.RDMACrossBytes, Row.RDMAFlatBytes; empty with one domain). New
-// columns go at the end.
+// (Row.RDMACrossBytes, Row.RDMAFlatBytes; empty with one domain), then
+// the row's tuning knobs (Row.SMs, Row.ChunkRows; 0: the engine's
+// default). New columns go at the end: consumers index by position.
 var CSVColumns = []string{
 	"call", "tokens", "hidden", "topk", "dtype", "time_us", "p99_us", "nvl_GBps", "rdma_GBps",
 	"baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "wrong",
 	"ranks", "ranks_per_domain", "experts", "mode", "pad", "iters", "warmup", "seed", "routing", "zipf_s",
 	"launcher", "processes", "timing", "commit", "backend",
 	"rdma_cross_bytes_per_rank", "rdma_flat_bytes_per_rank",
+	"sms", "chunk_rows",
 }
 
 // WriteCSV writes one row per (call, case) with CSVColumns. A value the
@@ -71,6 +73,7 @@ func WriteCSV(w io.Writer, rec Record) error {
 			strconv.FormatUint(c.Seed, 10), routing, zipf,
 			rec.Launcher, itoa(rec.Processes), rec.Timing, rec.Env.Commit, backend,
 			pos(r.RDMACrossBytes, -1), pos(r.RDMAFlatBytes, -1),
+			itoa(r.SMs), itoa(r.ChunkRows),
 		}
 		if err := cw.Write(row); err != nil {
 			return err

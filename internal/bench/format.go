@@ -78,24 +78,43 @@ func WriteTable(w io.Writer, rec Record) error {
 	if d := rec.ranksPerDomain(); d > 0 && d < c.Ranks {
 		domains = fmt.Sprintf("%d domains of %d", c.Ranks/d, d)
 	}
-	fmt.Fprintf(&b, "# ranks %d (%s)  experts %d  topk %d  mode %s  pad %d  iters %d (+%d warm-up)  seed %d  routing %s\n",
-		c.Ranks, domains, c.Experts, c.TopK, c.Mode, c.Pad, c.Iters, c.Warmup, c.Seed, c.RoutingSpec())
+	// The tuning knobs only when not the engine's default (0).
+	knobs := ""
+	if !allZero(c.SMs) {
+		knobs += fmt.Sprintf("  sms %v", c.SMs)
+	}
+	if !allZero(c.ChunkRows) {
+		knobs += fmt.Sprintf("  chunk_rows %v", c.ChunkRows)
+	}
+	fmt.Fprintf(&b, "# ranks %d (%s)  experts %d  topk %d  mode %s  pad %d  iters %d (+%d warm-up)  seed %d  routing %s%s\n",
+		c.Ranks, domains, c.Experts, c.TopK, c.Mode, c.Pad, c.Iters, c.Warmup, c.Seed, c.RoutingSpec(), knobs)
 	if rec.Launcher != "" {
 		fmt.Fprintf(&b, "# launcher %s  processes %d  group %s  timing %s  a2a over %s\n", rec.Launcher, rec.Processes, orDash(rec.Group), orDash(rec.Timing), orDash(rec.BaselineA2ATransport))
 	}
 	b.WriteString("#\n")
 
 	// A mode column only when the rows have several modes (a sweep over
-	// mode): otherwise the header line names the one mode.
-	modes := sweeps(rec.Rows).mode
+	// mode): otherwise the header line names the one mode. The same for
+	// the tuning knobs, sms and chunk (rows).
+	sw := sweeps(rec.Rows)
 	modeCol := func(s string) string {
-		if !modes {
+		if !sw.mode {
 			return ""
 		}
 		return fmt.Sprintf(" %-8s", s)
 	}
-	fmt.Fprintf(&b, "# %-17s %7s %7s %5s %5s%s %11s %11s %9s %9s %13s %6s %11s %9s %7s %7s\n",
-		"call", "tokens", "hidden", "topk", "dtype", modeCol("mode"), "time_us", "p99_us", "nvl_GBps", "rdma_GBps", "baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "#wrong")
+	knobCols := func(sms, chunk string) string {
+		s := ""
+		if sw.sms {
+			s += fmt.Sprintf(" %5s", sms)
+		}
+		if sw.chunk {
+			s += fmt.Sprintf(" %6s", chunk)
+		}
+		return s
+	}
+	fmt.Fprintf(&b, "# %-17s %7s %7s %5s %5s%s%s %11s %11s %9s %9s %13s %6s %11s %9s %7s %7s\n",
+		"call", "tokens", "hidden", "topk", "dtype", modeCol("mode"), knobCols("sms", "chunk"), "time_us", "p99_us", "nvl_GBps", "rdma_GBps", "baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "#wrong")
 	for _, r := range rec.Rows {
 		rdma := "-"
 		if r.RDMAGBps > 0 {
@@ -109,8 +128,8 @@ func WriteTable(w io.Writer, rec Record) error {
 		if r.A2A != nil {
 			a2aUS, a2aGBps, vs = fmt.Sprintf("%.1f", r.A2A.Median), fmt.Sprintf("%.2f", r.A2AGBps), fmt.Sprintf("%.2f", r.A2ASpeedup)
 		}
-		fmt.Fprintf(&b, "  %-17s %7d %7d %5d %5s%s %11.1f %11.1f %9.2f %9s %13s %6s %11s %9s %7s %7d\n",
-			r.Call, r.Tokens, r.Hidden, r.TopK, r.DType, modeCol(r.Mode), r.Time.Median, r.Time.P99, r.NVLGBps, rdma, base, ratio, a2aUS, a2aGBps, vs, r.Wrong+r.A2AWrong)
+		fmt.Fprintf(&b, "  %-17s %7d %7d %5d %5s%s%s %11.1f %11.1f %9.2f %9s %13s %6s %11s %9s %7s %7d\n",
+			r.Call, r.Tokens, r.Hidden, r.TopK, r.DType, modeCol(r.Mode), knobCols(strconv.Itoa(r.SMs), strconv.Itoa(r.ChunkRows)), r.Time.Median, r.Time.P99, r.NVLGBps, rdma, base, ratio, a2aUS, a2aGBps, vs, r.Wrong+r.A2AWrong)
 	}
 	b.WriteString("#\n")
 	b.WriteString(rec.CheckLine())
@@ -175,14 +194,22 @@ func (rec *Record) ranksPerDomain() int {
 // token once per remote domain (Row.RDMACrossBytes), beside what
 // rdma_GBps counts (Row.RDMABytes, the own domain included) and what the
 // flat scheme, every token to every remote rank, would send
-// (Row.RDMAFlatBytes). "" with one domain.
+// (Row.RDMAFlatBytes). "" with one domain. Cases that differ only in the
+// tuning knobs send the same bytes: one line for them all.
 func rdmaLines(rows []Row) string {
 	var b strings.Builder
 	sw := sweeps(rows)
-	for i, r := range rows {
-		if r.RDMABytes <= 0 || (i > 0 && sameCase(r, rows[i-1])) {
+	type bytesCase struct {
+		tokens, hidden, topk int
+		dtype, mode          string
+	}
+	seen := map[bytesCase]bool{}
+	for _, r := range rows {
+		k := bytesCase{r.Tokens, r.Hidden, r.TopK, r.DType, r.Mode}
+		if r.RDMABytes <= 0 || seen[k] {
 			continue
 		}
+		seen[k] = true
 		trips := float64(callTrips(r.Call))
 		design, cross, flat := r.RDMABytes/trips, r.RDMACrossBytes/trips, r.RDMAFlatBytes/trips
 		fmt.Fprintf(&b, "# rdma tokens %d hidden %d %s", r.Tokens, r.Hidden, r.DType)
@@ -248,8 +275,8 @@ func orDash(s string) string {
 }
 
 // swept says which of a case's fields other than tokens take several
-// values over rows.
-type swept struct{ hidden, topk, dtype, mode bool }
+// values over rows (sms: Row.SMs, chunk: Row.ChunkRows).
+type swept struct{ hidden, topk, dtype, mode, sms, chunk bool }
 
 func sweeps(rows []Row) swept {
 	var s swept
@@ -258,12 +285,26 @@ func sweeps(rows []Row) swept {
 		s.topk = s.topk || r.TopK != rows[0].TopK
 		s.dtype = s.dtype || r.DType != rows[0].DType
 		s.mode = s.mode || r.Mode != rows[0].Mode
+		s.sms = s.sms || r.SMs != rows[0].SMs
+		s.chunk = s.chunk || r.ChunkRows != rows[0].ChunkRows
 	}
 	return s
 }
 
+// allZero reports whether every value of v is 0 (the tuning knobs'
+// default).
+func allZero(v Ints) bool {
+	for _, x := range v {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // label names r's case among rows: its tokens, and each other field of
-// the case that the rows sweep ("tokens 256, topk 4, capacity").
+// the case that the rows sweep ("tokens 256, topk 4, capacity, sms 2,
+// chunk 16").
 func (s swept) label(r *Row) string {
 	l := fmt.Sprintf("tokens %d", r.Tokens)
 	if s.hidden {
@@ -277,6 +318,12 @@ func (s swept) label(r *Row) string {
 	}
 	if s.mode {
 		l += ", " + r.Mode
+	}
+	if s.sms {
+		l += fmt.Sprintf(", sms %d", r.SMs)
+	}
+	if s.chunk {
+		l += fmt.Sprintf(", chunk %d", r.ChunkRows)
 	}
 	return l
 }
@@ -324,7 +371,9 @@ func benchName(call string) string {
 // reads: one line per call and case, plus the baseline of each case, with
 // ns/op the median iteration time and MB/s the NVLink bandwidth. Names are
 // Benchmark<Call>/ranks=R/tokens=T/hidden=H/topk=K/dtype=D/routing=KIND
-// (plus /zipf_s=S for zipf)-GOMAXPROCS. The mode is a configuration line,
+// (plus /zipf_s=S for zipf; then /sms=N and /chunk=N, each only when the
+// rows sweep that knob or its value is not the default 0, so that the
+// names of runs without the knobs stay as they were)-GOMAXPROCS. The mode is a configuration line,
 // "mode: blocking", which holds for the results after it: a sweep over
 // modes repeats it before the first row of each new mode, so that
 // benchstat (whose default tables are per configuration) never pools a
@@ -353,9 +402,17 @@ func WriteGoBench(w io.Writer, rec Record) error {
 	if rec.Config.Routing == RoutingZipf {
 		routing += "/zipf_s=" + strconv.FormatFloat(rec.Config.ZipfS, 'g', -1, 64)
 	}
+	sw := sweeps(rec.Rows)
 	line := func(name string, r Row, s Stats, gbps float64) {
-		fmt.Fprintf(&b, "Benchmark%s/ranks=%d/tokens=%d/hidden=%d/topk=%d/dtype=%s%s-%d\t%d\t%.0f ns/op\t%.2f MB/s\t%.0f p99-ns/op\n",
-			name, r.Ranks, r.Tokens, r.Hidden, r.TopK, r.DType, routing, e.GOMAXPROCS, s.N, s.Median*1e3, gbps*1e3, s.P99*1e3)
+		knobs := ""
+		if sw.sms || r.SMs != 0 {
+			knobs += fmt.Sprintf("/sms=%d", r.SMs)
+		}
+		if sw.chunk || r.ChunkRows != 0 {
+			knobs += fmt.Sprintf("/chunk=%d", r.ChunkRows)
+		}
+		fmt.Fprintf(&b, "Benchmark%s/ranks=%d/tokens=%d/hidden=%d/topk=%d/dtype=%s%s%s-%d\t%d\t%.0f ns/op\t%.2f MB/s\t%.0f p99-ns/op\n",
+			name, r.Ranks, r.Tokens, r.Hidden, r.TopK, r.DType, routing, knobs, e.GOMAXPROCS, s.N, s.Median*1e3, gbps*1e3, s.P99*1e3)
 	}
 	for i, r := range rec.Rows {
 		if r.Mode != mode {
@@ -376,5 +433,6 @@ func WriteGoBench(w io.Writer, rec Record) error {
 
 // sameCase reports whether two rows are of one case of the sweep.
 func sameCase(a, b Row) bool {
-	return a.Tokens == b.Tokens && a.Hidden == b.Hidden && a.DType == b.DType && a.TopK == b.TopK && a.Mode == b.Mode
+	return a.Tokens == b.Tokens && a.Hidden == b.Hidden && a.DType == b.DType && a.TopK == b.TopK && a.Mode == b.Mode &&
+		a.SMs == b.SMs && a.ChunkRows == b.ChunkRows
 }

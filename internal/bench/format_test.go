@@ -195,3 +195,130 @@ func TestDomainsOfRows(t *testing.T) {
 		t.Errorf("no rows: table header does not give the config's D:\n%s", b.String())
 	}
 }
+
+// TestOutputsSweepKnobs: rows of a sweep over the tuning knobs are told
+// apart in the table (an sms and a chunk column, only then), the footer's
+// labels, the CSV's last two columns and the gobench names; a single
+// value that is not the default is named in the header line and the
+// gobench names, the default nowhere (names stay as they were).
+func TestOutputsSweepKnobs(t *testing.T) {
+	row := func(sms, chunk int) Row {
+		return Row{Call: CallDispatch, Ranks: 4, Tokens: 32, Hidden: 64, TopK: 2, DType: "bf16", Mode: ModeBlocking, SMs: sms, ChunkRows: chunk,
+			Time: Stats{N: 2, Median: 10 + float64(sms+chunk)}, NVLGBps: float64(1 + sms + chunk), Baseline: Stats{N: 2, Median: 1}, BaselineGBps: 1, Ratio: float64(1 + sms + chunk),
+			RDMABytes: 256, RDMAGBps: 1, RanksPerDomain: 2}
+	}
+	c := Defaults()
+	c.Ranks, c.TopK, c.SMs, c.ChunkRows = 4, Ints{2}, Ints{1, 2}, Ints{0, 8}
+	swept := Record{Config: c, Rows: []Row{row(1, 0), row(1, 8), row(2, 0), row(2, 8)}}
+	c1 := Defaults()
+	c1.Ranks, c1.TopK, c1.SMs, c1.ChunkRows = 4, Ints{2}, Ints{8}, Ints{4}
+	single := Record{Config: c1, Rows: []Row{row(8, 4)}}
+	c0 := Defaults()
+	c0.Ranks, c0.TopK = 4, Ints{2}
+	plain := Record{Config: c0, Rows: []Row{row(0, 0)}}
+
+	table := func(rec Record) string {
+		var b bytes.Buffer
+		if err := WriteTable(&b, rec); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	columns := func(s string) []string {
+		for _, l := range strings.Split(s, "\n") {
+			if strings.HasPrefix(l, "# call") {
+				return strings.Fields(l)[1:]
+			}
+		}
+		return nil
+	}
+
+	got := table(swept)
+	if cols := columns(got); len(cols) != 17 || cols[5] != "sms" || cols[6] != "chunk" {
+		t.Errorf("swept: columns %v, want sms and chunk after dtype", cols)
+	}
+	for _, want := range []string{
+		"  routing uniform  sms 1,2  chunk_rows 0,8\n",
+		"\n  dispatch               32      64     2  bf16     1      8        19.0",
+		"\n  dispatch               32      64     2  bf16     2      0        12.0",
+		"min 2.00 (dispatch, tokens 32, sms 1, chunk 0), geomean ",
+		"max 11.00 (dispatch, tokens 32, sms 2, chunk 8)",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("swept table lacks %q:\n%s", want, got)
+		}
+	}
+	// The knobs do not change the bytes: one rdma line for the four cases.
+	if n := strings.Count(got, "\n# rdma "); n != 1 {
+		t.Errorf("%d rdma lines, want 1:\n%s", n, got)
+	}
+
+	for name, tc := range map[string]struct {
+		rec    Record
+		header string // "": the header line names no knob
+	}{"single": {single, "  routing uniform  sms 8  chunk_rows 4\n"}, "default": {plain, ""}} {
+		got := table(tc.rec)
+		if cols := columns(got); len(cols) != 15 || slices.Contains(cols, "sms") || slices.Contains(cols, "chunk") {
+			t.Errorf("%s: columns %v, want 15 and no knob", name, cols)
+		}
+		if tc.header != "" && !strings.Contains(got, tc.header) {
+			t.Errorf("%s: header lacks %q:\n%s", name, tc.header, got)
+		}
+		if tc.header == "" && (strings.Contains(got, "sms") || strings.Contains(got, "chunk")) {
+			t.Errorf("%s: the table names a knob at its default:\n%s", name, got)
+		}
+	}
+
+	var b bytes.Buffer
+	if err := WriteCSV(&b, swept); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := csv.NewReader(&b).ReadAll()
+	if err != nil || len(recs) != 5 {
+		t.Fatalf("CSV: %v, %d records", err, len(recs))
+	}
+	n := len(CSVColumns)
+	if h := recs[0]; h[n-2] != "sms" || h[n-1] != "chunk_rows" || h[n-3] != "rdma_flat_bytes_per_rank" {
+		t.Errorf("CSV header %v: want sms, chunk_rows at the end, after the columns of before", h)
+	}
+	var cells []string
+	for _, r := range recs[1:] {
+		cells = append(cells, r[n-2]+"/"+r[n-1])
+	}
+	if want := []string{"1/0", "1/8", "2/0", "2/8"}; !slices.Equal(cells, want) {
+		t.Errorf("CSV sms/chunk_rows %v, want %v", cells, want)
+	}
+
+	names := func(rec Record) []string {
+		var b bytes.Buffer
+		if err := WriteGoBench(&b, rec); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, l := range strings.Split(b.String(), "\n") {
+			if strings.HasPrefix(l, "Benchmark") {
+				out = append(out, strings.Fields(l)[0])
+			}
+		}
+		return out
+	}
+	const base = "/ranks=4/tokens=32/hidden=64/topk=2/dtype=bf16/routing=uniform"
+	var want []string
+	for _, k := range []string{"/sms=1/chunk=0", "/sms=1/chunk=8", "/sms=2/chunk=0", "/sms=2/chunk=8"} {
+		want = append(want, "BenchmarkDispatch"+base+k+"-0", "BenchmarkBaseline"+base+k+"-0")
+	}
+	if got := names(swept); !slices.Equal(got, want) {
+		t.Errorf("swept gobench names\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if got, want := names(single), []string{"BenchmarkDispatch" + base + "/sms=8/chunk=4-0", "BenchmarkBaseline" + base + "/sms=8/chunk=4-0"}; !slices.Equal(got, want) {
+		t.Errorf("single gobench names %v, want %v", got, want)
+	}
+	if got, want := names(plain), []string{"BenchmarkDispatch" + base + "-0", "BenchmarkBaseline" + base + "-0"}; !slices.Equal(got, want) {
+		t.Errorf("default gobench names %v, want %v (as before the knobs)", got, want)
+	}
+	// One knob swept, the other at its default: only the swept one named.
+	half := Record{Config: c, Rows: []Row{row(1, 0), row(2, 0)}}
+	if got := names(half); len(got) != 4 || !strings.HasSuffix(got[0], "/routing=uniform/sms=1-0") {
+		t.Errorf("sms swept, chunk 0: names %v, want /sms=1 and no chunk", got)
+	}
+}
