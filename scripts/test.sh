@@ -100,10 +100,12 @@ log "go test -tags mpi -run MultiProcess ./executor (under mpirun)"
 go test -tags mpi -count=1 -run MultiProcess ./executor
 
 # The UCX transport: the binding over loopback (shared memory and TCP in
-# one process), then rdma across processes (launcher.Spawn) over TCP and
-# shared memory, with a rank killed and a timeout.
-log "go test -tags ucx ./internal/ucx ./rdma"
+# one process) and its device list, then rdma across processes
+# (launcher.Spawn) over TCP and shared memory, with a rank killed and a
+# timeout; eprun topo's rdma section from a ucx build.
+log "go test -tags ucx ./internal/ucx ./rdma; -run Topo ./cmd/eprun"
 go test -tags ucx -count=1 ./internal/ucx ./rdma
+go test -tags ucx -count=1 -run Topo ./cmd/eprun
 
 # The hierarchical engine across processes: 2 emulated domains x 2 and
 # x 4 ranks, the rail over UCX on TCP and on shared memory, launched like

@@ -9,12 +9,14 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/goep/goep/internal/ucx"
 	"github.com/goep/goep/launcher"
 )
 
@@ -31,6 +33,7 @@ type topoReport struct {
 	NUMA     []numaNode `json:"numa_nodes"`
 	NUMAErr  string     `json:"numa_error,omitempty"`
 	GPUs     gpuReport  `json:"gpus"`
+	RDMA     rdmaReport `json:"rdma"`
 	Launcher struct {
 		Kind      string `json:"kind"`
 		Rank      int    `json:"rank"`
@@ -75,6 +78,52 @@ type gpuDev struct {
 	FabricState   string `json:"fabric_state,omitempty"`
 }
 
+// rdmaReport is what UCX offers for the rail between domains: its
+// transport resources, the RDMA-capable network devices among them, and
+// whether it can move GPU memory. Error says why it said nothing (a binary
+// built without -tags ucx).
+type rdmaReport struct {
+	UCXVersion string       `json:"ucx_version,omitempty"`
+	Devices    []ucx.Device `json:"devices"`
+	// RDMADevices are the devices with an RDMA transport (InfiniBand or
+	// RoCE verbs), each once, in UCX's order.
+	RDMADevices []string `json:"rdma_devices"`
+	// GPUTransports are the transports that move GPU memory (cuda_copy,
+	// cuda_ipc, gdr_copy, ...), each once.
+	GPUTransports []string `json:"gpu_transports"`
+	// Skipped counts the memory domains UCX could not open (a component
+	// whose driver or hardware is absent).
+	Skipped int    `json:"skipped_memory_domains,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// ucxDevices fills the report from ucx.Devices.
+func ucxDevices() rdmaReport {
+	rep := rdmaReport{Devices: []ucx.Device{}, RDMADevices: []string{}, GPUTransports: []string{}}
+	devs, skipped, err := ucx.Devices()
+	if err != nil {
+		rep.Error = err.Error()
+		return rep
+	}
+	rep = rdmaFrom(devs, skipped)
+	rep.UCXVersion, _ = ucx.Version()
+	return rep
+}
+
+// rdmaFrom is the report of UCX's resources devs.
+func rdmaFrom(devs []ucx.Device, skipped int) rdmaReport {
+	rep := rdmaReport{Devices: devs, RDMADevices: []string{}, GPUTransports: []string{}, Skipped: skipped}
+	for _, d := range devs {
+		if d.RDMA() && !slices.Contains(rep.RDMADevices, d.Device) {
+			rep.RDMADevices = append(rep.RDMADevices, d.Device)
+		}
+		if d.GPU() && !slices.Contains(rep.GPUTransports, d.Transport) {
+			rep.GPUTransports = append(rep.GPUTransports, d.Transport)
+		}
+	}
+	return rep
+}
+
 // domainLayout is the domain split goep would choose: D =
 // GOEP_RANKS_PER_DOMAIN, else the ranks of one host (as executor.New
 // detects when RanksPerDomain is 0).
@@ -96,10 +145,12 @@ func newTopo(stdout io.Writer) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "topo",
-		Short: "Show what goep sees: CPUs and NUMA nodes, GPUs and NVLink, the launcher, the domain layout",
+		Short: "Show what goep sees: CPUs and NUMA nodes, GPUs and NVLink, UCX's RDMA devices, the launcher, the domain layout",
 		Long: `Show what goep sees on this machine and in this process's environment: the CPUs and NUMA nodes
 (from /sys/devices/system/node), the GPUs with their NVLinks and NVLink fabric clique where
-NVML answers, the launcher's environment (launcher.Detect), GOEP_RANKS_PER_DOMAIN, and the
+NVML answers, UCX's transports and devices (the rail between domains: which are RDMA-capable,
+whether UCX can move GPU memory; a binary built with -tags ucx), the launcher's environment
+(launcher.Detect), GOEP_RANKS_PER_DOMAIN, and the
 NVLink-domain layout goep would choose for the world (D = GOEP_RANKS_PER_DOMAIN, else the
 ranks of one host, which must be consecutive) and why.
 
@@ -146,6 +197,7 @@ func collectTopo(ranks int) (topoReport, error) {
 		rep.NUMAErr = err.Error()
 	}
 	rep.GPUs = nvmlGPUs()
+	rep.RDMA = ucxDevices()
 
 	env, err := launcher.Detect()
 	rep.Launcher.Kind, rep.Launcher.Rank, rep.Launcher.Size = env.Kind, env.Rank, env.Size
@@ -272,6 +324,44 @@ func numaNodes(dir string) ([]numaNode, error) {
 	return out, nil
 }
 
+// writeRDMA prints the rdma section: UCX's transports per device, then
+// what they mean for the rail between domains.
+func writeRDMA(b *strings.Builder, r rdmaReport) {
+	b.WriteString("#\n# rdma (UCX, the rail between domains)\n")
+	if r.Error != "" {
+		fmt.Fprintf(b, "  no UCX: %s\n", r.Error)
+		return
+	}
+	fmt.Fprintf(b, "  %-24s %s, %d transport resources\n", "ucx", dash(r.UCXVersion), len(r.Devices))
+	// One line per device, its transports in UCX's order.
+	var order []string
+	tls := map[string][]string{}
+	types := map[string]string{}
+	for _, d := range r.Devices {
+		if _, ok := tls[d.Device]; !ok {
+			order = append(order, d.Device)
+			types[d.Device] = d.Type
+		}
+		tls[d.Device] = append(tls[d.Device], d.Transport)
+	}
+	for _, dev := range order {
+		fmt.Fprintf(b, "  %-24s %s (%s)\n", "device "+dev, strings.Join(tls[dev], ", "), types[dev])
+	}
+	if len(r.RDMADevices) > 0 {
+		fmt.Fprintf(b, "  %-24s %s\n", "rdma devices", strings.Join(r.RDMADevices, ", "))
+	} else {
+		fmt.Fprintf(b, "  %-24s none (no InfiniBand/RoCE verbs transport): the rail between hosts would run over TCP\n", "rdma devices")
+	}
+	if len(r.GPUTransports) > 0 {
+		fmt.Fprintf(b, "  %-24s %s (UCX can move GPU memory; goep still stages the rail's rows through pinned host memory)\n", "gpu memory", strings.Join(r.GPUTransports, ", "))
+	} else {
+		fmt.Fprintf(b, "  %-24s no (no CUDA transport in this UCX): on the CUDA backend the rail's rows are staged through pinned host memory\n", "gpu memory")
+	}
+	if r.Skipped > 0 {
+		fmt.Fprintf(b, "  note: %d memory domain(s) would not open (a driver or device is missing)\n", r.Skipped)
+	}
+}
+
 func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
 
 // writeTopo prints the text report.
@@ -316,6 +406,7 @@ func writeTopo(w io.Writer, rep topoReport) error {
 			fmt.Fprintf(&b, "  %-24s %s\n", "  fabric", d.FabricState)
 		}
 	}
+	writeRDMA(&b, rep.RDMA)
 	b.WriteString("#\n# launcher\n")
 	if e := rep.Launcher; e.Error != "" {
 		fmt.Fprintf(&b, "  %-24s INVALID: %s\n", "environment", e.Error)

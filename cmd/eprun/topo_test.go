@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/goep/goep/internal/ucx"
 )
 
 func TestTopo(t *testing.T) {
@@ -17,6 +20,11 @@ func TestTopo(t *testing.T) {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("report lacks %q:\n%s", want, stdout)
 		}
+	}
+	// Either UCX answered (a binary built with -tags ucx), or the report
+	// says why not.
+	if ucx.Compiled != strings.Contains(stdout, "rdma devices") || ucx.Compiled == strings.Contains(stdout, "no UCX: ") {
+		t.Errorf("ucx compiled %v, but the rdma section says otherwise:\n%s", ucx.Compiled, stdout)
 	}
 	// Either NVML answered, or the report says why not.
 	if !strings.Contains(stdout, "no NVML: no GPU visible") && !strings.Contains(stdout, "driver") {
@@ -84,5 +92,41 @@ func TestNUMANodes(t *testing.T) {
 	}
 	if _, err := numaNodes(t.TempDir()); err == nil {
 		t.Error("an empty directory gave no error")
+	}
+}
+
+// TestTopoRDMA: the rdma section of a cluster node (what UCX lists on a
+// node with a ConnectX HCA and CUDA support) and of a machine with only TCP.
+func TestTopoRDMA(t *testing.T) {
+	node := []ucx.Device{
+		{Component: "self", MD: "self", Transport: "self", Device: "memory0", Type: "self"},
+		{Component: "tcp", MD: "tcp", Transport: "tcp", Device: "eth0", Type: "net"},
+		{Component: "ib", MD: "mlx5_0", Transport: "rc_mlx5", Device: "mlx5_0:1", Type: "net"},
+		{Component: "ib", MD: "mlx5_0", Transport: "dc_mlx5", Device: "mlx5_0:1", Type: "net"},
+		{Component: "ib", MD: "mlx5_1", Transport: "rc_mlx5", Device: "mlx5_1:1", Type: "net"},
+		{Component: "cuda_cpy", MD: "cuda_cpy", Transport: "cuda_copy", Device: "cuda", Type: "acc"},
+		{Component: "cuda_ipc", MD: "cuda_ipc", Transport: "cuda_ipc", Device: "cuda", Type: "acc"},
+	}
+	for _, c := range []struct {
+		name string
+		devs []ucx.Device
+		want []string
+		rdma []string
+	}{
+		{"cluster node", node, []string{"device mlx5_0:1           rc_mlx5, dc_mlx5 (net)", "rdma devices             mlx5_0:1, mlx5_1:1", "gpu memory               cuda_copy, cuda_ipc"}, []string{"mlx5_0:1", "mlx5_1:1"}},
+		{"tcp only", node[:2], []string{"device eth0               tcp (net)", "rdma devices             none", "would run over TCP", "gpu memory               no"}, []string{}},
+	} {
+		rep := rdmaFrom(c.devs, 0)
+		if !slices.Equal(rep.RDMADevices, c.rdma) {
+			t.Errorf("%s: rdma devices %q, want %q", c.name, rep.RDMADevices, c.rdma)
+		}
+		var b strings.Builder
+		writeRDMA(&b, rep)
+		flat := strings.Join(strings.Fields(b.String()), " ")
+		for _, w := range c.want {
+			if !strings.Contains(flat, strings.Join(strings.Fields(w), " ")) {
+				t.Errorf("%s: report lacks %q:\n%s", c.name, w, b.String())
+			}
+		}
 	}
 }

@@ -24,3 +24,8 @@ func (c *Context) Close() error { return nil }
 func Version() (string, error) {
 	return "", fmt.Errorf("ucx: version: %w", ErrNotCompiled)
 }
+
+// Devices fails with an error wrapping ErrNotCompiled.
+func Devices() ([]Device, int, error) {
+	return nil, 0, fmt.Errorf("ucx: devices: %w", ErrNotCompiled)
+}

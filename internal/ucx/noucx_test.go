@@ -16,4 +16,7 @@ func TestNotCompiled(t *testing.T) {
 	if _, err := Version(); !errors.Is(err, ErrNotCompiled) {
 		t.Fatalf("Version: %v", err)
 	}
+	if _, _, err := Devices(); !errors.Is(err, ErrNotCompiled) {
+		t.Fatalf("Devices: %v", err)
+	}
 }

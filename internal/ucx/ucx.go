@@ -4,9 +4,11 @@ package ucx
 
 /*
 #cgo pkg-config: ucx
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 
 // The UCS_PTR_* helpers are macros.
 static int goep_ptr_is_err(ucs_status_ptr_t p) { return UCS_PTR_IS_ERR(p); }
@@ -126,6 +128,88 @@ static ucs_status_ptr_t goep_worker_flush(ucp_worker_h w) {
 	memset(&p, 0, sizeof p);
 	return ucp_worker_flush_nbx(w, &p);
 }
+
+// goep_tl is one transport resource of goep_devices.
+typedef struct {
+	char component[UCT_COMPONENT_NAME_MAX];
+	char md[UCT_MD_NAME_MAX];
+	char tl[UCT_TL_NAME_MAX];
+	char dev[UCT_DEVICE_NAME_MAX];
+	int type;
+} goep_tl;
+
+// goep_devices lists every transport resource of every memory domain of
+// every UCT component into out (up to cap; *n gets the number found, which
+// may exceed cap). A memory domain that fails to open is skipped (a
+// component whose driver is absent); *skipped counts them.
+static ucs_status_t goep_devices(goep_tl *out, int cap, int *n, int *skipped) {
+	uct_component_h *comps;
+	unsigned ncomps;
+	*n = 0;
+	*skipped = 0;
+	ucs_status_t st = uct_query_components(&comps, &ncomps);
+	if (st != UCS_OK) {
+		return st;
+	}
+	for (unsigned c = 0; c < ncomps; c++) {
+		uct_component_attr_t attr;
+		memset(&attr, 0, sizeof attr);
+		attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME | UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
+		if (uct_component_query(comps[c], &attr) != UCS_OK) {
+			(*skipped)++;
+			continue;
+		}
+		uct_md_resource_desc_t *mds = calloc(attr.md_resource_count + 1, sizeof *mds);
+		if (mds == NULL) {
+			uct_release_component_list(comps);
+			return UCS_ERR_NO_MEMORY;
+		}
+		attr.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
+		attr.md_resources = mds;
+		if (uct_component_query(comps[c], &attr) != UCS_OK) {
+			free(mds);
+			(*skipped)++;
+			continue;
+		}
+		for (unsigned m = 0; m < attr.md_resource_count; m++) {
+			uct_md_config_t *cfg;
+			uct_md_h md;
+			if (uct_md_config_read(comps[c], NULL, NULL, &cfg) != UCS_OK) {
+				(*skipped)++;
+				continue;
+			}
+			st = uct_md_open(comps[c], mds[m].md_name, cfg, &md);
+			uct_config_release(cfg);
+			if (st != UCS_OK) {
+				(*skipped)++;
+				continue;
+			}
+			uct_tl_resource_desc_t *tls;
+			unsigned ntls;
+			if (uct_md_query_tl_resources(md, &tls, &ntls) != UCS_OK) {
+				uct_md_close(md);
+				(*skipped)++;
+				continue;
+			}
+			for (unsigned t = 0; t < ntls; t++, (*n)++) {
+				if (*n >= cap) {
+					continue;
+				}
+				goep_tl *o = &out[*n];
+				snprintf(o->component, sizeof o->component, "%s", attr.name);
+				snprintf(o->md, sizeof o->md, "%s", mds[m].md_name);
+				snprintf(o->tl, sizeof o->tl, "%s", tls[t].tl_name);
+				snprintf(o->dev, sizeof o->dev, "%s", tls[t].dev_name);
+				o->type = (int)tls[t].dev_type;
+			}
+			uct_release_tl_resource_list(tls);
+			uct_md_close(md);
+		}
+		free(mds);
+	}
+	uct_release_component_list(comps);
+	return UCS_OK;
+}
 */
 import "C"
 
@@ -155,6 +239,34 @@ func Version() (string, error) {
 	var major, minor, release C.uint
 	C.ucp_get_version(&major, &minor, &release)
 	return fmt.Sprintf("%d.%d.%d", major, minor, release), nil
+}
+
+// Devices lists the transport resources UCX finds on this machine (every
+// memory domain of every UCT component; `ucx_info -d` shows the same), in
+// UCX's order. skipped counts the memory domains that would not open (a
+// component whose driver or hardware is absent).
+func Devices() (devs []Device, skipped int, err error) {
+	for capacity := 64; ; capacity *= 4 {
+		buf := make([]C.goep_tl, capacity)
+		var n, sk C.int
+		if err := status("uct_query_components", C.goep_devices(&buf[0], C.int(capacity), &n, &sk)); err != nil {
+			return nil, 0, err
+		}
+		if int(n) > capacity {
+			continue
+		}
+		types := map[C.int]string{C.UCT_DEVICE_TYPE_NET: "net", C.UCT_DEVICE_TYPE_SHM: "shm",
+			C.UCT_DEVICE_TYPE_ACC: "acc", C.UCT_DEVICE_TYPE_SELF: "self"}
+		for _, r := range buf[:n] {
+			typ, ok := types[r._type]
+			if !ok {
+				typ = fmt.Sprintf("type %d", int(r._type))
+			}
+			devs = append(devs, Device{Component: C.GoString(&r.component[0]), MD: C.GoString(&r.md[0]),
+				Transport: C.GoString(&r.tl[0]), Device: C.GoString(&r.dev[0]), Type: typ})
+		}
+		return devs, int(sk), nil
+	}
 }
 
 // Context is a UCX application context (ucp_context_h): the transports and

@@ -394,3 +394,32 @@ func TestMemAlloc(t *testing.T) {
 		})
 	}
 }
+
+// TestDevices lists the machine's UCX resources: every machine has the
+// loop-back transport and shared memory; the tests' TCP transport runs on
+// lo, which is a network device but not an RDMA one.
+func TestDevices(t *testing.T) {
+	devs, skipped, err := Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d resources (%d memory domains skipped)", len(devs), skipped)
+	var self, shm, tcpLo bool
+	for _, d := range devs {
+		t.Logf("%-10s %-10s %-12s %-12s %s rdma=%v gpu=%v", d.Component, d.MD, d.Transport, d.Device, d.Type, d.RDMA(), d.GPU())
+		if d.Component == "" || d.MD == "" || d.Transport == "" || d.Device == "" {
+			t.Errorf("incomplete resource %+v", d)
+		}
+		self = self || d.Transport == "self" && d.Type == "self"
+		shm = shm || d.Type == "shm"
+		if d.Transport == "tcp" && d.Device == "lo" {
+			tcpLo = true
+			if d.Type != "net" || d.RDMA() {
+				t.Errorf("tcp on lo: %+v, rdma %v; want a net device, not RDMA", d, d.RDMA())
+			}
+		}
+	}
+	if !self || !shm || !tcpLo {
+		t.Errorf("self %v, shared memory %v, tcp on lo %v; want all three", self, shm, tcpLo)
+	}
+}
