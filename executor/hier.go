@@ -97,7 +97,9 @@ func getRailHead(b []byte) railHead {
 	for i := range h.sig {
 		h.sig[i] = le.Uint64(b[8+8*i:])
 	}
-	n := min(int(le.Uint64(b[48:])), railMsgMax)
+	// A length beyond the message area (or a negative count) is a
+	// corrupt header; the count is checked by railRound.
+	n := min(le.Uint64(b[48:]), railMsgMax)
 	h.msg = string(b[64 : 64+n])
 	return h
 }
@@ -309,6 +311,11 @@ func (e *Engine) railRound(op uint64, sg [4]uint64, status error, fill func(n in
 		if ph.op != op || ph.sig != [3]uint64{sg[0], sg[1], sg[2]} {
 			return recv, fmt.Errorf("executor: rail: rank %d runs operation %s %v, rank %d runs %s %v: %w",
 				e.rank, opNames[op], sg[:3], h.global(n), opNames[ph.op], ph.sig, ErrPeerMismatch)
+		}
+		// A slot holds at most MaxTokensPerRank tokens or rows.
+		if ph.count < 0 || ph.count > e.cfg.MaxTokensPerRank {
+			return recv, fmt.Errorf("executor: rail: rank %d sent a slot of %d rows, outside [0, MaxTokensPerRank %d]: %w",
+				h.global(n), ph.count, e.cfg.MaxTokensPerRank, ErrPeerMismatch)
 		}
 	}
 	return recv, nil

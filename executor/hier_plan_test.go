@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -198,6 +199,25 @@ func checkHierPlan(t *testing.T, cfg Config, routing [][]int32, R, D, W int) {
 			if want := int32(-1); ex >= 0 && p.slotDom[s] != ex/int32(lay.NumLocalExperts)/int32(D) || ex < 0 && p.slotDom[s] != want {
 				t.Fatalf("rank %d slot %d: slotDom %d for expert %d", r, s, p.slotDom[s], ex)
 			}
+		}
+	}
+}
+
+// TestRailHeadCorrupt: a header whose message length or count is garbage
+// (a peer's memory corrupted) decodes without a panic; railRound then
+// rejects the count.
+func TestRailHeadCorrupt(t *testing.T) {
+	b := make([]byte, railHeader)
+	putRailHead(b, railHead{op: opDispatch, status: 2, count: 7, msg: "bad input on rank 3"})
+	if h := getRailHead(b); h.op != opDispatch || h.count != 7 || h.msg != "bad input on rank 3" {
+		t.Fatalf("round trip: %+v", h)
+	}
+	for _, n := range []uint64{1 << 63, ^uint64(0), railHeader} {
+		binary.LittleEndian.PutUint64(b[48:], n)
+		binary.LittleEndian.PutUint64(b[40:], n)
+		h := getRailHead(b)
+		if len(h.msg) > railMsgMax {
+			t.Errorf("length %#x: message of %d bytes, more than %d", n, len(h.msg), railMsgMax)
 		}
 	}
 }
