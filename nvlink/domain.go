@@ -265,7 +265,8 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	for p := range d.peers {
 		ph := hdr(d.peers[p])
 		if ph.status != StatusOK {
-			failure = &PeerError{Rank: d.global[p], Status: ph.status, Msg: string(ph.msg[:ph.msgLen])}
+			// A length past the message array is a corrupt header.
+			failure = &PeerError{Rank: d.global[p], Status: ph.status, Msg: string(ph.msg[:min(ph.msgLen, msgCap)])}
 			break
 		}
 	}
