@@ -27,7 +27,8 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 	// The engine may have detected D (one domain per host) where the
 	// config and GOEP_RANKS_PER_DOMAIN say nothing: the checks of combine
 	// (partials per domain) and the RDMA byte counts follow the engine's.
-	w.RanksPerDomain = e.Config().RanksPerDomain
+	st.ran = e.Config()
+	w.RanksPerDomain = st.ran.RanksPerDomain
 	if st.clock, err = newClock(e); err != nil {
 		return err
 	}

@@ -42,7 +42,7 @@ type Row struct {
 	Mode    string `json:"mode"`
 	Pad     int    `json:"pad"`
 	// SMs and ChunkRows are the case's tuning knobs (0: the engine's
-	// default).
+	// default), as the engine's Config gave them back after New.
 	SMs       int `json:"sms"`
 	ChunkRows int `json:"chunk_rows"`
 	// RanksPerDomain is the D the engine ran with: the config's, else
@@ -347,6 +347,7 @@ type rankState struct {
 	rank  int
 	world *World
 	ecfg  executor.Config
+	ran   executor.Config // the engine's, after New (set by rankMain)
 
 	g, ctl    comm.Group // the engine's (and the a2a baseline's), the harness's
 	backend   device.Backend
@@ -522,7 +523,7 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 			Call: call, Ranks: rs.cfg.Ranks, Experts: rs.cfg.Experts,
 			Tokens: rs.c.Tokens, Hidden: rs.c.Hidden, TopK: rs.c.TopK,
 			DType: rs.c.DType.String(), Mode: rs.c.Mode, Pad: rs.cfg.Pad,
-			SMs: rs.c.SMs, ChunkRows: rs.c.ChunkRows, RanksPerDomain: w.RanksPerDomain,
+			SMs: rs.ran.SMs, ChunkRows: rs.ran.ChunkRows, RanksPerDomain: w.RanksPerDomain,
 			Time: Summarize(it), IterUS: it,
 			RankMaxTime: Summarize(rm),
 			RecvRows:    recvRows, NVLBytes: trips * nvl,
