@@ -31,6 +31,8 @@ type benchFlags struct {
 	topk              []int
 	experts           int
 	dtype             []string
+	sms               []int
+	chunkRows         []int
 	iters             int
 	warmup            int
 	mode              []string
@@ -73,10 +75,20 @@ group: MPI_Alltoallv under MPI, the TCP exchange under eprun launch.
 
 CONFIG is a YAML file, or the name of an embedded config (` + strings.Join(embeddedNames(), ", ") + `);
 without one the embedded default runs. Flags override the config's fields. Mode, topk, dtype,
-hidden and tokens take comma-separated lists to sweep (--topk 4,8 --mode blocking,capacity);
-every combination is a case, run on engines of its own, in that order: mode outermost, tokens
-innermost. In capacity mode, max-recv-tokens and max-permuted-tokens left at 0 are the worst
-case of each case (its top-k, the sweep's largest tokens).`,
+hidden, sms, chunk-rows and tokens take comma-separated lists to sweep (--topk 4,8 --mode
+blocking,capacity --sms 0,8); every combination is a case, run on engines of its own, in that
+order: mode outermost, tokens innermost. In capacity mode, max-recv-tokens and
+max-permuted-tokens left at 0 are the worst case of each case (its top-k, the sweep's largest
+tokens).
+
+--sms and --chunk-rows are the engine's tuning knobs (executor.Config.SMs, ChunkRows): how the
+row copies between ranks spread over the hardware. On the cuda backend, --sms bounds the thread
+blocks of the push and scatter kernels (so the copies keep to at most that many SMs) and
+--chunk-rows is the rows each block copies at a time; on the host backend, --sms bounds the
+goroutines a rank copies with and --chunk-rows is the rows of each work item. 0 (the default)
+is the engine's default: no bound (cuda: a block per chunk; host: GOMAXPROCS goroutines), and
+one row per block (cuda) or one contiguous range per goroutine (host). Outputs are the same,
+bit for bit, for every value; only the time changes. A swept knob gets a column in the table.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
@@ -107,6 +119,8 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.IntSliceVar(&f.topk, "topk", nil, "expert slots per token K (comma-separated list to sweep)")
 	fl.IntVar(&f.experts, "experts", 0, "experts E (a multiple of ranks)")
 	fl.StringSliceVar(&f.dtype, "dtype", nil, "activation dtype: bf16 or fp32 (comma-separated list to sweep)")
+	fl.IntSliceVar(&f.sms, "sms", nil, "tuning knob: most thread blocks of the push/scatter kernels (cuda), most goroutines of a rank's copies (host); 0: no bound (comma-separated list to sweep; results identical, only time changes)")
+	fl.IntSliceVar(&f.chunkRows, "chunk-rows", nil, "tuning knob: rows per block (cuda) or per work item (host); 0: the engine's default (comma-separated list to sweep; results identical, only time changes)")
 	fl.IntVar(&f.iters, "iters", 0, "timed iterations per call")
 	fl.IntVar(&f.warmup, "warmup", 0, "untimed warm-up iterations per call")
 	fl.StringSliceVar(&f.mode, "mode", nil, "blocking or capacity (comma-separated list to sweep)")
@@ -182,6 +196,12 @@ func (f benchFlags) apply(cmd *cobra.Command, c *bench.Config) {
 	}
 	if set("dtype") {
 		c.DType = f.dtype
+	}
+	if set("sms") {
+		c.SMs = f.sms
+	}
+	if set("chunk-rows") {
+		c.ChunkRows = f.chunkRows
 	}
 	if set("iters") {
 		c.Iters = f.iters

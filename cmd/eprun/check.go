@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -68,8 +69,16 @@ func writeCheck(w io.Writer, rec bench.Record) error {
 		fmt.Fprintf(&b, "# %s\n", s)
 	}
 	// Every swept field prints as its flag takes it: 64,128.
-	fmt.Fprintf(&b, "# ranks %d  experts %d  topk %v  hidden %v  tokens %v  dtype %v  mode %v  pad %d  iters %d  seed %d\n",
-		c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.DType, c.Mode, c.Pad, c.Iters, c.Seed)
+	// The tuning knobs only when not the engine's default (0).
+	knobs := ""
+	if slices.ContainsFunc(c.SMs, func(n int) bool { return n != 0 }) {
+		knobs += fmt.Sprintf("  sms %v", c.SMs)
+	}
+	if slices.ContainsFunc(c.ChunkRows, func(n int) bool { return n != 0 }) {
+		knobs += fmt.Sprintf("  chunk_rows %v", c.ChunkRows)
+	}
+	fmt.Fprintf(&b, "# ranks %d  experts %d  topk %v  hidden %v  tokens %v  dtype %v  mode %v  pad %d  iters %d  seed %d%s\n",
+		c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.DType, c.Mode, c.Pad, c.Iters, c.Seed, knobs)
 	fmt.Fprintf(&b, "# launcher %s  processes %d  group %s\n#\n", rec.Launcher, rec.Processes, dash(rec.Group))
 	fmt.Fprintf(&b, "# %-17s %6s %13s %8s\n", "call", "cases", "rows_checked", "#wrong")
 	type sum struct{ cases, rows, wrong int }
