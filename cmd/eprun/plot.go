@@ -38,8 +38,9 @@ func newPlot(stdout io.Writer) *cobra.Command {
 		Long: `Plot one or more eprun bench --json records: bandwidth (nvl_GBps, GB/s) and latency (time_us,
 median, µs) against tokens per rank, one line per call, in two panels side by side. The
 baselines of the same run are dashed: the a2a baseline of each call in the call's colour, the
-plain copy in grey. A sweep over several hidden sizes or dtypes gets a line per (call, hidden,
-dtype); several files get their file name in the legend.
+plain copy in grey. A sweep over several hidden sizes, dtypes, top-k, modes or tuning knobs
+(sms, chunk rows) gets a line per call and case, the legend naming the case (the knobs only
+when swept); several files get their file name in the legend.
 
 The output format follows -o's extension: .png (default), .svg or .pdf; without -o the plot
 goes beside the first record, RESULTS.png.`,
@@ -136,14 +137,18 @@ func plotSeries(runs []plotRun) (all []*series, xs []int, positive bool) {
 	type group struct {
 		run, hidden, topk int
 		dtype, mode       string
+		sms, chunk        int
 	}
 	var groups []group
+	var smsSwept, chunkSwept bool // over all runs' rows
 	for i, r := range runs {
 		for _, row := range r.rec.Rows {
-			g := group{i, row.Hidden, row.TopK, row.DType, row.Mode}
+			g := group{i, row.Hidden, row.TopK, row.DType, row.Mode, row.SMs, row.ChunkRows}
 			if !slices.Contains(groups, g) {
 				groups = append(groups, g)
 			}
+			smsSwept = smsSwept || g.sms != groups[0].sms
+			chunkSwept = chunkSwept || g.chunk != groups[0].chunk
 		}
 	}
 	var calls []string
@@ -165,6 +170,12 @@ func plotSeries(runs []plotRun) (all []*series, xs []int, positive bool) {
 		}
 		if len(groups) > len(runs) || len(groups) > 1 && len(runs) == 1 {
 			label += fmt.Sprintf(" H=%d %s top%d %s", g.hidden, g.dtype, g.topk, g.mode)
+			if smsSwept {
+				label += fmt.Sprintf(" sms=%d", g.sms)
+			}
+			if chunkSwept {
+				label += fmt.Sprintf(" chunk=%d", g.chunk)
+			}
 		}
 		s := &series{label: label, colour: colour, dashed: dashed}
 		byKey[k] = s
@@ -174,7 +185,7 @@ func plotSeries(runs []plotRun) (all []*series, xs []int, positive bool) {
 	positive = true
 	for gi, g := range groups {
 		for _, row := range runs[g.run].rec.Rows {
-			if row.Hidden != g.hidden || row.DType != g.dtype || row.TopK != g.topk || row.Mode != g.mode {
+			if row.Hidden != g.hidden || row.DType != g.dtype || row.TopK != g.topk || row.Mode != g.mode || row.SMs != g.sms || row.ChunkRows != g.chunk {
 				continue
 			}
 			x := float64(row.Tokens)

@@ -132,3 +132,54 @@ func TestPlotSweepGroups(t *testing.T) {
 		t.Errorf("%d lines, want %d (4 cases x %d calls)", lines, want, len(calls))
 	}
 }
+
+// TestPlotSweepKnobs: a sweep over the tuning knobs gives a line per call
+// and knob value, each with its own tokens, labelled with the knobs that
+// the rows sweep and only those.
+func TestPlotSweepKnobs(t *testing.T) {
+	rows := func(knobs ...[2]int) []bench.Row {
+		var out []bench.Row
+		for _, k := range knobs {
+			for _, tok := range []int{8, 16} {
+				for _, call := range []string{bench.CallDispatch, bench.CallCombine} {
+					out = append(out, bench.Row{Call: call, Tokens: tok, Hidden: 64, TopK: 2, DType: "bf16", Mode: bench.ModeBlocking,
+						SMs: k[0], ChunkRows: k[1], Time: bench.Stats{N: 2, Median: float64(tok)}, NVLGBps: 1})
+				}
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name        string
+		rows        []bench.Row
+		lines       int
+		sms, chunk  bool // labelled with
+		wantInLabel []string
+	}{
+		{"both", rows([2]int{1, 0}, [2]int{1, 8}, [2]int{2, 0}, [2]int{2, 8}), 8, true, true, []string{" sms=2 chunk=8"}},
+		{"sms", rows([2]int{0, 4}, [2]int{3, 4}), 4, true, false, []string{" sms=3"}},
+		{"none", rows([2]int{0, 0}), 2, false, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			all, xs, _ := plotSeries([]plotRun{{"knobs", bench.Record{Rows: tc.rows}}})
+			if len(all) != tc.lines || len(xs) != 2 {
+				t.Fatalf("%d lines over %d token counts, want %d over 2", len(all), len(xs), tc.lines)
+			}
+			var labels []string
+			for _, s := range all {
+				labels = append(labels, s.label)
+				if len(s.bw) != 2 {
+					t.Errorf("line %q has %d points, want 2 (one per token count)", s.label, len(s.bw))
+				}
+				if strings.Contains(s.label, " sms=") != tc.sms || strings.Contains(s.label, " chunk=") != tc.chunk {
+					t.Errorf("line %q: want sms named %v, chunk named %v", s.label, tc.sms, tc.chunk)
+				}
+			}
+			for _, w := range tc.wantInLabel {
+				if !strings.Contains(strings.Join(labels, "|"), w) {
+					t.Errorf("no label with %q among %q", w, labels)
+				}
+			}
+		})
+	}
+}
