@@ -239,8 +239,27 @@ func (c Config) Validate() error {
 	if _, err := c.domainSize(); err != nil {
 		return err
 	}
+	// Sizes the engine would refuse (its indices are int32 on the device)
+	// and sweeps too long to run, caught before anything is allocated.
+	if big := slices.Max([]int{c.Ranks, c.Experts, slices.Max(c.Hidden), slices.Max(c.Tokens),
+		c.Pad, c.MaxRecvTokens, c.MaxPermutedTokens}); big > maxSize {
+		return fmt.Errorf("a size is %d, more than %d (ranks, experts, hidden, tokens, pad and the capacities must fit int32 indices)", big, maxSize)
+	}
+	cases := 1
+	for _, n := range []int{len(c.Mode), len(c.TopK), len(c.DType), len(c.Hidden), len(c.SMs), len(c.ChunkRows), len(c.Tokens)} {
+		if cases *= n; cases > maxCases {
+			return fmt.Errorf("the sweep has more than %d cases (mode x topk x dtype x hidden x sms x chunk_rows x tokens); split it into several runs", maxCases)
+		}
+	}
 	return nil
 }
+
+// maxSize bounds every size of a config (executor.Config's bound);
+// maxCases the cases of one sweep.
+const (
+	maxSize  = 1 << 30
+	maxCases = 10000
+)
 
 func parseDType(s string) (device.DType, error) {
 	dt, err := device.ParseDType(s)
