@@ -242,8 +242,8 @@ func (c Config) Validate() error {
 	// Sizes the engine would refuse (its indices are int32 on the device)
 	// and sweeps too long to run, caught before anything is allocated.
 	if big := slices.Max([]int{c.Ranks, c.Experts, slices.Max(c.Hidden), slices.Max(c.Tokens),
-		c.Pad, c.MaxRecvTokens, c.MaxPermutedTokens}); big > maxSize {
-		return fmt.Errorf("a size is %d, more than %d (ranks, experts, hidden, tokens, pad and the capacities must fit int32 indices)", big, maxSize)
+		c.Pad, c.MaxRecvTokens, c.MaxPermutedTokens, slices.Max(c.SMs), slices.Max(c.ChunkRows)}); big > maxSize {
+		return fmt.Errorf("a size is %d, more than %d (ranks, experts, hidden, tokens, pad, the capacities, sms and chunk_rows must fit int32 indices)", big, maxSize)
 	}
 	cases := 1
 	for _, n := range []int{len(c.Mode), len(c.TopK), len(c.DType), len(c.Hidden), len(c.SMs), len(c.ChunkRows), len(c.Tokens)} {

@@ -56,6 +56,7 @@ func TestConfigErrors(t *testing.T) {
 		{"chunk_rows: []\n", "chunk_rows is empty"},
 		{"tokens: 2000000000\n", "a size is 2000000000"},
 		{"hidden: [8, 1073741825]\n", "a size is 1073741825"},
+		{"chunk_rows: [8, 1073741825]\n", "a size is 1073741825"},
 		{"tokens: [1,2,3,4,5,6,7,8,9,10]\nhidden: [1,2,3,4,5,6,7,8,9,10]\nsms: [0,1,2,3,4,5,6,7,8,9]\nchunk_rows: [0,1,2,3,4,5,6,7,8,9]\ndtype: [bf16, fp32]\n", "more than 10000 cases"},
 	} {
 		c, err := ParseConfig(strings.NewReader(tc.yaml))
