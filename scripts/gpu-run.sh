@@ -3,7 +3,7 @@
 # scripts/gpu-build.sh built into .gpu/ (no Go needed there). From the
 # repository root:
 #
-#	bash .gpu/gpu-run.sh [GROUP...]     (default: tests memcheck bench)
+#	bash .gpu/gpu-run.sh [GROUP...]     (default: tests memcheck bench experiments)
 #
 # Groups:
 #
@@ -17,6 +17,9 @@
 #	bench     permute vs device copy, TestCUDABenchmark (4 goroutine
 #	          ranks), eprun bench on the DeepSeek-V3 decode and prefill
 #	          shapes and a sweep of the tuning knobs
+#	experiments  standalone CUDA experiments compiled there with the
+#	          host's nvcc (scripts/experiments: permute with bulk TMA
+#	          copies, which Debian's nvcc 11.8 cannot build)
 #
 # Each step's whole output goes to $OUT/<step>.log ($OUT: the device
 # tool's output folder, else ./gpu-out); stdout gets one line per step
@@ -95,13 +98,18 @@ bench() {
 		--sms 0,8,32 --chunk-rows 0,4 --json "$out/knobs.json"
 }
 
+experiments() {
+	step build-permute-tma 180 nvcc -O3 -std=c++17 -arch=sm_90 -o "$out/permute_tma" scripts/experiments/permute_tma.cu
+	step permute-tma 120 "$out/permute_tma"
+}
+
 groups=("$@")
-[ ${#groups[@]} = 0 ] && groups=(tests memcheck bench)
+[ ${#groups[@]} = 0 ] && groups=(tests memcheck bench experiments)
 nvidia-smi -L 2>&1 | head -n 8
 for g in "${groups[@]}"; do
 	case $g in
-	tests | memcheck | bench) echo "# $g"; "$g" ;;
-	*) echo "gpu-run.sh: unknown group $g (want tests, memcheck or bench)" >&2; exit 2 ;;
+	tests | memcheck | bench | experiments) echo "# $g"; "$g" ;;
+	*) echo "gpu-run.sh: unknown group $g (want tests, memcheck, bench or experiments)" >&2; exit 2 ;;
 	esac
 done
 echo "# $failed step(s) failed; logs in $out"

@@ -1,0 +1,340 @@
+// permute_tma: what would bulk (TMA) copies buy the permute kernel?
+//
+// Issue 4's goal is a permute at >= 0.9 of a device-to-device copy; the
+// kernels built from permute/kernels/permute.cu (PTX for compute_90 by
+// Debian's nvcc 11.8, which CI regenerates) reach 0.81 (bf16) on an H200.
+// Bulk asynchronous copies (cp.async.bulk, PTX ISA 8.0) need a newer nvcc,
+// so this standalone experiment is compiled on the GPU host, never by CI:
+//
+//	nvcc -O3 -arch=sm_90 -o permute_tma scripts/experiments/permute_tma.cu
+//	./permute_tma [tokens hidden topk experts]     (default 4096 7168 8 64)
+//
+// It builds the routing of permute's BenchmarkCUDA (each token picks topk
+// distinct experts of 64 at random; positions expert-major, no padding),
+// times each variant with CUDA events (median of 30 after 5 warm-up runs)
+// with the same traffic definition (copy: 2 x P rows; permute: tokens + P
+// rows read and written, P = tokens x topk), checks every output row, and
+// prints GB/s and the ratio to the copy:
+//
+//	copy          cudaMemcpyAsync of the P rows
+//	gather        one block per output row, 16-byte loads and stores
+//	scatter       one block per token: each 16-byte unit loaded once,
+//	              stored topk times
+//	tma           persistent blocks, one elected thread: a bulk load of the
+//	              token's row into shared memory (mbarrier), topk bulk
+//	              stores from it; two buffers, so the next row's load
+//	              overlaps this row's stores
+//
+// bf16 only (the dtype below the goal); rows are hidden x 2 bytes, a
+// multiple of 16 as bulk copies need.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#define CHECK(x)                                                                             \
+	do {                                                                                 \
+		cudaError_t e_ = (x);                                                        \
+		if (e_ != cudaSuccess) {                                                     \
+			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,           \
+				cudaGetErrorString(e_));                                     \
+			exit(1);                                                             \
+		}                                                                            \
+	} while (0)
+
+// gather: out[p] = x[src[p]], one block per output row.
+__global__ void gather(uint4 *out, const uint4 *x, const int32_t *src, int64_t p, int64_t units)
+{
+	int64_t r = blockIdx.x;
+	if (r >= p) {
+		return;
+	}
+	const uint4 *s = x + (int64_t)src[r] * units;
+	uint4 *d = out + r * units;
+	for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+		d[u] = s[u];
+	}
+}
+
+// scatter: out[pos[i*k+j]] = x[i] for j < k, one block per token.
+__global__ void scatter(uint4 *out, const uint4 *x, const int32_t *pos, int64_t n, int32_t k,
+			int64_t units)
+{
+	int64_t i = blockIdx.x;
+	if (i >= n) {
+		return;
+	}
+	const uint4 *s = x + i * units;
+	for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+		uint4 v = s[u];
+		for (int32_t j = 0; j < k; j++) {
+			out[(int64_t)pos[i * k + j] * units + u] = v;
+		}
+	}
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t smem(const void *p)
+{
+	return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar)
+{
+	asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(smem(bar)));
+}
+
+__device__ __forceinline__ void mbar_expect(uint64_t *bar, uint32_t bytes)
+{
+	asm volatile("{\n\t.reg .b64 st;\n\t"
+		     "mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}" ::"r"(smem(bar)),
+		     "r"(bytes)
+		     : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+	asm volatile("{\n\t.reg .pred done;\n"
+		     "WAIT_%=:\n\t"
+		     "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+		     "@!done bra WAIT_%=;\n\t}" ::"r"(smem(bar)),
+		     "r"(parity)
+		     : "memory");
+}
+
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+			     smem(dst)),
+		     "l"(src), "r"(bytes), "r"(smem(bar))
+		     : "memory");
+}
+
+__device__ __forceinline__ void bulk_store(void *dst, const void *src, uint32_t bytes)
+{
+	asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem(src)),
+		     "r"(bytes)
+		     : "memory");
+}
+#endif
+
+// tma: persistent blocks; thread 0 loads token rows into two shared
+// buffers in turn and stores each k times with bulk copies.
+__global__ void tma(uint8_t *out, const uint8_t *x, const int32_t *pos, int64_t n, int32_t k,
+		    uint32_t rowBytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	extern __shared__ __align__(128) uint8_t buf[];
+	__shared__ __align__(8) uint64_t bar[2];
+	if (threadIdx.x != 0) {
+		return;
+	}
+	mbar_init(&bar[0]);
+	mbar_init(&bar[1]);
+	asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+	asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+	int64_t i = blockIdx.x;
+	if (i < n) {
+		mbar_expect(&bar[0], rowBytes);
+		bulk_load(buf, x + i * rowBytes, rowBytes, &bar[0]);
+	}
+	for (int64_t j = 0; i < n; j++, i += gridDim.x) {
+		int b = j & 1;
+		int64_t next = i + gridDim.x;
+		if (next < n) {
+			// The other buffer was the source of the previous row's
+			// stores: they must have read it before it is refilled.
+			asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+			mbar_expect(&bar[b ^ 1], rowBytes);
+			bulk_load(buf + (b ^ 1) * rowBytes, x + next * rowBytes, rowBytes, &bar[b ^ 1]);
+		}
+		mbar_wait(&bar[b], (j >> 1) & 1);
+		for (int32_t c = 0; c < k; c++) {
+			bulk_store(out + (int64_t)pos[i * k + c] * rowBytes, buf + b * rowBytes, rowBytes);
+		}
+		asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+	}
+	asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+
+// check counts the output rows that differ from their source row.
+__global__ void check(const uint4 *out, const uint4 *x, const int32_t *src, int64_t p, int64_t units,
+		      unsigned long long *wrong)
+{
+	int64_t r = blockIdx.x;
+	if (r >= p) {
+		return;
+	}
+	__shared__ int bad;
+	if (threadIdx.x == 0) {
+		bad = 0;
+	}
+	__syncthreads();
+	const uint4 *s = x + (int64_t)src[r] * units, *d = out + r * units;
+	for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+		uint4 a = s[u], b = d[u];
+		if (a.x != b.x || a.y != b.y || a.z != b.z || a.w != b.w) {
+			bad = 1;
+		}
+	}
+	__syncthreads();
+	if (threadIdx.x == 0 && bad) {
+		atomicAdd(wrong, 1ULL);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	int64_t tokens = 4096, hidden = 7168;
+	int k = 8, experts = 64;
+	if (argc == 5) {
+		tokens = atoll(argv[1]);
+		hidden = atoll(argv[2]);
+		k = atoi(argv[3]);
+		experts = atoi(argv[4]);
+	} else if (argc != 1) {
+		fprintf(stderr, "usage: %s [tokens hidden topk experts]\n", argv[0]);
+		return 2;
+	}
+	const int64_t rowBytes = hidden * 2, units = rowBytes / 16;
+	if (rowBytes % 16 != 0 || k < 1 || k > experts || tokens < 1) {
+		fprintf(stderr, "need hidden a multiple of 8 and 1 <= topk <= experts\n");
+		return 2;
+	}
+	// Routing and expert-major positions, as permute's BenchmarkCUDA.
+	std::mt19937_64 rng(7);
+	std::vector<int32_t> slot(tokens * k), counts(experts, 0);
+	std::vector<int> perm(experts);
+	for (int64_t i = 0; i < tokens; i++) {
+		for (int e = 0; e < experts; e++) {
+			perm[e] = e;
+		}
+		std::shuffle(perm.begin(), perm.end(), rng);
+		for (int j = 0; j < k; j++) {
+			slot[i * k + j] = perm[j];
+			counts[perm[j]]++;
+		}
+	}
+	std::vector<int32_t> offsets(experts + 1, 0), seen(experts, 0), pos(tokens * k);
+	for (int e = 0; e < experts; e++) {
+		offsets[e + 1] = offsets[e] + counts[e];
+	}
+	const int64_t P = offsets[experts];
+	std::vector<int32_t> src(P);
+	for (int64_t s = 0; s < tokens * k; s++) {
+		int e = slot[s];
+		pos[s] = offsets[e] + seen[e]++;
+		src[pos[s]] = (int32_t)(s / k);
+	}
+
+	int dev = 0, sms = 0;
+	CHECK(cudaSetDevice(dev));
+	CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+	cudaDeviceProp prop;
+	CHECK(cudaGetDeviceProperties(&prop, dev));
+	uint8_t *x, *out, *y;
+	int32_t *dpos, *dsrc;
+	unsigned long long *wrong;
+	CHECK(cudaMalloc(&x, tokens * rowBytes));
+	CHECK(cudaMalloc(&out, P * rowBytes));
+	CHECK(cudaMalloc(&y, P * rowBytes));
+	CHECK(cudaMalloc(&dpos, pos.size() * 4));
+	CHECK(cudaMalloc(&dsrc, src.size() * 4));
+	CHECK(cudaMalloc(&wrong, 8));
+	CHECK(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+	CHECK(cudaMemcpy(dsrc, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
+	{
+		std::vector<uint16_t> hx(tokens * hidden);
+		for (size_t i = 0; i < hx.size(); i++) {
+			hx[i] = (uint16_t)(0x3c00 + (i * 2654435761u >> 20) % 512); // distinct rows
+		}
+		CHECK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+	}
+	CHECK(cudaMemset(y, 0x3c, P * rowBytes));
+
+	const int tmaBlocksPerSM = std::max(1, std::min(16, (int)(prop.sharedMemPerMultiprocessor / (2 * rowBytes + 1024))));
+	const size_t tmaSmem = 2 * rowBytes;
+	if (tmaSmem > 48 * 1024) {
+		CHECK(cudaFuncSetAttribute(tma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tmaSmem));
+	}
+
+	cudaStream_t s;
+	CHECK(cudaStreamCreate(&s));
+	cudaEvent_t e0, e1;
+	CHECK(cudaEventCreate(&e0));
+	CHECK(cudaEventCreate(&e1));
+
+	struct variant {
+		const char *name;
+		double bytes; // traffic per run
+		bool permutes;
+		void (*run)(cudaStream_t);
+	};
+	static uint8_t *sx, *sout, *sy;
+	static int32_t *spos, *ssrc;
+	static int64_t sP, sT, sUnits, sRow;
+	static int sk, sGrid;
+	static size_t sSmem;
+	sx = x, sout = out, sy = y, spos = dpos, ssrc = dsrc, sP = P, sT = tokens, sUnits = units, sRow = rowBytes;
+	sk = k, sGrid = sms * tmaBlocksPerSM, sSmem = tmaSmem;
+	const double permBytes = (double)(tokens + P) * rowBytes;
+	variant vs[] = {
+		{"copy", 2.0 * P * rowBytes, false,
+		 [](cudaStream_t s) { CHECK(cudaMemcpyAsync(sout, sy, sP * sRow, cudaMemcpyDeviceToDevice, s)); }},
+		{"gather", permBytes, true,
+		 [](cudaStream_t s) {
+			 gather<<<sP, 256, 0, s>>>((uint4 *)sout, (const uint4 *)sx, ssrc, sP, sUnits);
+		 }},
+		{"scatter", permBytes, true,
+		 [](cudaStream_t s) {
+			 scatter<<<sT, 256, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits);
+		 }},
+		{"tma", permBytes, true,
+		 [](cudaStream_t s) { tma<<<sGrid, 32, sSmem, s>>>(sout, sx, spos, sT, sk, (uint32_t)sRow); }},
+	};
+	printf("# permute_tma: %s, %d SMs; tokens %lld hidden %lld topk %d experts %d; P = %lld rows of %lld bytes\n",
+	       prop.name, sms, (long long)tokens, (long long)hidden, k, experts, (long long)P, (long long)rowBytes);
+	printf("# tma: %d blocks (%d per SM), %zu bytes of shared memory each\n", sGrid, tmaBlocksPerSM, tmaSmem);
+	printf("# %-10s %10s %10s %8s %8s\n", "variant", "median_us", "GBps", "ratio", "wrong");
+	double copyGBps = 0;
+	int failed = 0;
+	for (auto &v : vs) {
+		CHECK(cudaMemsetAsync(out, 0, P * rowBytes, s));
+		const int warmup = 5, iters = 30;
+		std::vector<float> ms;
+		for (int it = 0; it < warmup + iters; it++) {
+			CHECK(cudaEventRecord(e0, s));
+			v.run(s);
+			CHECK(cudaGetLastError());
+			CHECK(cudaEventRecord(e1, s));
+			CHECK(cudaEventSynchronize(e1));
+			float t;
+			CHECK(cudaEventElapsedTime(&t, e0, e1));
+			if (it >= warmup) {
+				ms.push_back(t);
+			}
+		}
+		std::sort(ms.begin(), ms.end());
+		double med = ms[ms.size() / 2] * 1e-3;
+		double gbps = v.bytes / med / 1e9;
+		if (!v.permutes) {
+			copyGBps = gbps;
+		}
+		unsigned long long bad = 0;
+		if (v.permutes) {
+			CHECK(cudaMemsetAsync(wrong, 0, 8, s));
+			check<<<P, 256, 0, s>>>((const uint4 *)out, (const uint4 *)x, dsrc, P, units, wrong);
+			CHECK(cudaMemcpyAsync(&bad, wrong, 8, cudaMemcpyDeviceToHost, s));
+			CHECK(cudaStreamSynchronize(s));
+			failed += bad != 0;
+		}
+		printf("  %-10s %10.1f %10.1f %8.2f %8llu\n", v.name, med * 1e6, gbps, copyGBps > 0 ? gbps / copyGBps : 0.0,
+		       bad);
+	}
+	printf("# %s\n", failed ? "WRONG rows: see the wrong column" : "check: every permuted row equals its source row");
+	return failed ? 1 : 0;
+}
