@@ -97,12 +97,15 @@ __device__ __forceinline__ void mbar_expect(uint64_t *bar, uint32_t bytes)
 
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
 {
-	asm volatile("{\n\t.reg .pred done;\n"
-		     "WAIT_%=:\n\t"
-		     "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-		     "@!done bra WAIT_%=;\n\t}" ::"r"(smem(bar)),
-		     "r"(parity)
-		     : "memory");
+	uint32_t done;
+	do {
+		asm volatile("{\n\t.reg .pred p;\n\t"
+			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+			     "selp.u32 %0, 1, 0, p;\n\t}"
+			     : "=r"(done)
+			     : "r"(smem(bar)), "r"(parity)
+			     : "memory");
+	} while (!done);
 }
 
 __device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
