@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/csv"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,14 +32,7 @@ func TestBenchDomains(t *testing.T) {
 		t.Errorf("%d rdma lines, want 1 (one case):\n%s", n, stdout)
 	}
 
-	data, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec bench.Record
-	if err := json.Unmarshal(data, &rec); err != nil {
-		t.Fatal(err)
-	}
+	rec := readRecord(t, jsonPath)
 	if len(rec.Rows) != 2 {
 		t.Fatalf("%d rows, want 2", len(rec.Rows))
 	}
@@ -90,14 +82,7 @@ func TestBenchDomainsFromEnv(t *testing.T) {
 		t.Errorf("table header or footer:\n%s", stdout)
 	}
 
-	data, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec bench.Record
-	if err := json.Unmarshal(data, &rec); err != nil {
-		t.Fatal(err)
-	}
+	rec := readRecord(t, jsonPath)
 	if rec.Config.RanksPerDomain != 0 || len(rec.Rows) != 2 {
 		t.Fatalf("config ranks_per_domain %d, %d rows; want 0 (left to the engine) and 2 rows", rec.Config.RanksPerDomain, len(rec.Rows))
 	}

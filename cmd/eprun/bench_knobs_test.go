@@ -2,15 +2,12 @@ package main
 
 import (
 	"encoding/csv"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/spf13/cobra"
 
 	"github.com/goep/goep/internal/bench"
 )
@@ -35,17 +32,7 @@ func TestBenchFlagsKnobs(t *testing.T) {
 		{cfg, []string{"--chunk-rows", "2", "--chunk-rows", "3"}, bench.Ints{1, 4}, bench.Ints{2, 3}},
 		{cfg, []string{"--sms", "0"}, bench.Ints{0}, bench.Ints{16}},
 	} {
-		var f benchFlags
-		cmd := &cobra.Command{}
-		f.register(cmd)
-		if err := cmd.ParseFlags(tc.args); err != nil {
-			t.Fatalf("%v: %v", tc.args, err)
-		}
-		c, err := loadConfig(tc.config)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.apply(cmd, &c)
+		c := configWithFlags(t, tc.config, tc.args)
 		if !slices.Equal(c.SMs, tc.sms) || !slices.Equal(c.ChunkRows, tc.chunk) {
 			t.Errorf("%s %v: sms %v chunk_rows %v, want %v %v", filepath.Base(tc.config), tc.args, []int(c.SMs), []int(c.ChunkRows), []int(tc.sms), []int(tc.chunk))
 		}
@@ -79,14 +66,7 @@ func TestBenchSweepKnobs(t *testing.T) {
 	}
 
 	// The JSON record.
-	data, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec bench.Record
-	if err := json.Unmarshal(data, &rec); err != nil {
-		t.Fatal(err)
-	}
+	rec := readRecord(t, jsonPath)
 	if !slices.Equal(rec.Config.SMs, bench.Ints{1, 2}) || !slices.Equal(rec.Config.ChunkRows, bench.Ints{0, 8}) {
 		t.Errorf("config sms %v chunk_rows %v", []int(rec.Config.SMs), []int(rec.Config.ChunkRows))
 	}

@@ -44,17 +44,7 @@ func TestBenchFlagsTopKMode(t *testing.T) {
 		{list, []string{"--topk", "2"}, bench.Ints{2}, bench.Strings{"capacity", "blocking"}},
 		{scalar, []string{"--mode", "blocking,capacity"}, bench.Ints{3}, bench.Strings{"blocking", "capacity"}},
 	} {
-		var f benchFlags
-		cmd := &cobra.Command{}
-		f.register(cmd)
-		if err := cmd.ParseFlags(tc.args); err != nil {
-			t.Fatalf("%v: %v", tc.args, err)
-		}
-		c, err := loadConfig(tc.config)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.apply(cmd, &c)
+		c := configWithFlags(t, tc.config, tc.args)
 		if !slices.Equal(c.TopK, tc.topk) || !slices.Equal(c.Mode, tc.mode) {
 			t.Errorf("%s %v: topk %v mode %v, want %v %v", filepath.Base(tc.config), tc.args, []int(c.TopK), []string(c.Mode), []int(tc.topk), []string(tc.mode))
 		}
@@ -134,14 +124,7 @@ func TestBenchSweepTopKMode(t *testing.T) {
 	}
 
 	// The JSON record.
-	data, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec bench.Record
-	if err := json.Unmarshal(data, &rec); err != nil {
-		t.Fatal(err)
-	}
+	rec := readRecord(t, jsonPath)
 	if !slices.Equal(rec.Config.TopK, bench.Ints{2, 4}) || !slices.Equal(rec.Config.Mode, bench.Strings{"blocking", "capacity"}) {
 		t.Errorf("config topk %v mode %v", []int(rec.Config.TopK), []string(rec.Config.Mode))
 	}
@@ -235,4 +218,36 @@ func TestCheckSweepTopKMode(t *testing.T) {
 			t.Errorf("row %q: want call, 4 cases, rows, 0 wrong", l)
 		}
 	}
+}
+
+// configWithFlags is the config eprun bench would run: config (a file or
+// embedded name, "" for the default) with the bench flags args applied.
+func configWithFlags(t *testing.T, config string, args []string) bench.Config {
+	t.Helper()
+	var f benchFlags
+	cmd := &cobra.Command{}
+	f.register(cmd)
+	if err := cmd.ParseFlags(args); err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	c, err := loadConfig(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.apply(cmd, &c)
+	return c
+}
+
+// readRecord reads the JSON record eprun bench --json wrote to path.
+func readRecord(t *testing.T, path string) bench.Record {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec bench.Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatalf("JSON record %s does not parse: %v", path, err)
+	}
+	return rec
 }

@@ -1,13 +1,9 @@
 package main
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/goep/goep/internal/bench"
 )
 
 // TestEveryConfigReduced runs every embedded config end to end at a
@@ -36,14 +32,7 @@ func TestEveryConfigReduced(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("%v: exit %d: %s\n%s", args, code, stderr, stdout)
 			}
-			data, err := os.ReadFile(out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var rec bench.Record
-			if err := json.Unmarshal(data, &rec); err != nil {
-				t.Fatal(err)
-			}
+			rec := readRecord(t, out)
 			if rec.Wrong != 0 || rec.CheckedRows == 0 || len(rec.Rows) == 0 || rec.Error != "" {
 				t.Errorf("%d rows, %d of %d wrong, error %q", len(rec.Rows), rec.Wrong, rec.CheckedRows, rec.Error)
 			}

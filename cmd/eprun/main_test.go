@@ -100,14 +100,7 @@ func TestBenchJSON(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec bench.Record
-	if err := json.Unmarshal(data, &rec); err != nil {
-		t.Fatalf("JSON does not parse: %v", err)
-	}
+	rec := readRecord(t, path)
 	if rec.Env.Backend != "host" || rec.Env.GoVersion == "" || rec.Env.GOMAXPROCS < 1 || rec.Env.GoepVersion == "" {
 		t.Errorf("env %+v", rec.Env)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,14 +54,7 @@ func TestLaunchedWorld(t *testing.T) {
 	if err != nil {
 		t.Fatalf("eprun launch -n 3 -- eprun bench tiny: %v\n%s", err, out)
 	}
-	data, err := os.ReadFile(js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec bench.Record
-	if err := json.Unmarshal(data, &rec); err != nil {
-		t.Fatalf("JSON does not parse: %v", err)
-	}
+	rec := readRecord(t, js)
 	if rec.Config.Ranks != 3 || rec.Processes != 3 || rec.Launcher != "torchrun" || rec.Timing != bench.TimingRankMax || rec.BaselineA2ATransport != "tcp" {
 		t.Errorf("ranks %d, processes %d, launcher %q, timing %q, a2a transport %q; want 3, 3, torchrun, rank_max, tcp",
 			rec.Config.Ranks, rec.Processes, rec.Launcher, rec.Timing, rec.BaselineA2ATransport)
