@@ -212,61 +212,56 @@ extern "C" __global__ void goep_ep_spin(int64_t ns)
 	}
 }
 
-// goep_ep_push copies, for every entry j < entries with row = entRow[j] >=
-// 0, row entTok[j] of x (rowBytes) to row row of the rows area of peer
-// entDest[j] (peerBase[entDest[j]]) and, when w is not null, the K weights
-// w[entTok[j]*K:] to the peer's weights area (peerBase + wOff) at row*K.
-// Blocks: grid.x blocks take chunks of chunk consecutive entries in turn
-// (block b: chunks b, b + grid.x, ...), grid.y chunks of the row's units.
-extern "C" __global__ void goep_ep_push(const uint8_t *x, const float *w, const int32_t *entTok,
-					const int32_t *entDest, const int32_t *entRow,
-					int64_t entries, uint8_t *const *peerBase, int64_t rowBytes,
-					int64_t wOff, int32_t topk, int32_t unit, int64_t chunk)
+// put_rows is goep_ep_push and goep_ep_scatter: for every item j < items
+// with row = dstRow[j] >= 0, row s = srcRow[j] (j when srcRow is null) of
+// x (rowBytes) goes to row row of the rows area of peer dstPeer[j]
+// (peerBase[dstPeer[j]]) and, when w is not null, w[s*K:(s+1)*K] to the
+// peer's weights area (peerBase + wOff) at row*K. Blocks: grid.x blocks
+// take chunks of chunk consecutive items in turn (block b: chunks b, b +
+// grid.x, ...), grid.y chunks of the row's units.
+__device__ __forceinline__ void put_rows(const uint8_t *x, const float *w, const int32_t *srcRow,
+					 const int32_t *dstPeer, const int32_t *dstRow, int64_t items,
+					 uint8_t *const *peerBase, int64_t rowBytes, int64_t wOff,
+					 int32_t topk, int32_t unit, int64_t chunk)
 {
-	for (int64_t c = (int64_t)blockIdx.x * chunk; c < entries; c += (int64_t)gridDim.x * chunk) {
-		int64_t end = c + chunk < entries ? c + chunk : entries;
+	for (int64_t c = (int64_t)blockIdx.x * chunk; c < items; c += (int64_t)gridDim.x * chunk) {
+		int64_t end = c + chunk < items ? c + chunk : items;
 		for (int64_t j = c; j < end; j++) {
-			int32_t row = entRow[j];
+			int32_t row = dstRow[j];
 			if (row < 0) {
 				continue;
 			}
-			int64_t t = entTok[j];
-			uint8_t *base = peerBase[entDest[j]];
-			copy_units(base + (int64_t)row * rowBytes, x + t * rowBytes, rowBytes / unit, unit);
+			int64_t s = srcRow != nullptr ? (int64_t)srcRow[j] : j;
+			uint8_t *base = peerBase[dstPeer[j]];
+			copy_units(base + (int64_t)row * rowBytes, x + s * rowBytes, rowBytes / unit, unit);
 			if (w != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
 				float *pw = (float *)(base + wOff);
-				pw[(int64_t)row * topk + threadIdx.x] = w[t * topk + threadIdx.x];
+				pw[(int64_t)row * topk + threadIdx.x] = w[s * topk + threadIdx.x];
 			}
 		}
 	}
 }
 
-// goep_ep_scatter copies, for every row i < rows with dst = dstRow[i] >= 0,
-// row i of z (rowBytes) to row dst of the rows area of peer dstRank[i]
-// (peerBase[dstRank[i]]) and, when zw is not null, zw[i*K:(i+1)*K] to the
-// peer's weights area (peerBase + wOff) at dst*K. Blocks: grid.x blocks
-// take chunks of chunk consecutive rows in turn, grid.y chunks of the
-// row's units.
+// goep_ep_push is dispatch's push: entry j (token entTok[j]'s copy for its
+// destination entDest[j], at row entRow[j] of that destination's receive
+// window, -1: none) as put_rows.
+extern "C" __global__ void goep_ep_push(const uint8_t *x, const float *w, const int32_t *entTok,
+					const int32_t *entDest, const int32_t *entRow,
+					int64_t entries, uint8_t *const *peerBase, int64_t rowBytes,
+					int64_t wOff, int32_t topk, int32_t unit, int64_t chunk)
+{
+	put_rows(x, w, entTok, entDest, entRow, entries, peerBase, rowBytes, wOff, topk, unit, chunk);
+}
+
+// goep_ep_scatter is combine's scatter: received row i of z (and zw) goes
+// back to row dstRow[i] (-1: none) of the combine window of dstRank[i], as
+// put_rows.
 extern "C" __global__ void goep_ep_scatter(const uint8_t *z, const float *zw,
 					   const int32_t *dstRank, const int32_t *dstRow,
 					   int64_t rows, uint8_t *const *peerBase, int64_t rowBytes,
 					   int64_t wOff, int32_t topk, int32_t unit, int64_t chunk)
 {
-	for (int64_t c = (int64_t)blockIdx.x * chunk; c < rows; c += (int64_t)gridDim.x * chunk) {
-		int64_t end = c + chunk < rows ? c + chunk : rows;
-		for (int64_t i = c; i < end; i++) {
-			int32_t dst = dstRow[i];
-			if (dst < 0) {
-				continue;
-			}
-			uint8_t *base = peerBase[dstRank[i]];
-			copy_units(base + (int64_t)dst * rowBytes, z + i * rowBytes, rowBytes / unit, unit);
-			if (zw != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
-				float *pw = (float *)(base + wOff);
-				pw[(int64_t)dst * topk + threadIdx.x] = zw[i * topk + threadIdx.x];
-			}
-		}
-	}
+	put_rows(z, zw, nullptr, dstRank, dstRow, rows, peerBase, rowBytes, wOff, topk, unit, chunk);
 }
 
 // goep_ep_copy_out writes the received rows to a call's outputs: with n =
