@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +24,10 @@ import (
 	"github.com/goep/goep/executor"
 )
 
-var gpuFlag = flag.Bool("gpu", false, "run the CUDA tests (needs a GPU)")
+var (
+	gpuFlag   = flag.Bool("gpu", false, "run the CUDA tests (needs a GPU)")
+	gpuSpread = flag.Int("gpu.spread", 0, "TestCUDAMultiProcess: put each process on its own GPU (process r on GPU r, up to this many GPUs; worlds of 1, 2, 4 and 8 that fit) instead of sharing GPU 0")
+)
 
 func needGPU(t *testing.T) *device.CUDA {
 	t.Helper()
@@ -49,17 +53,27 @@ func needGPU(t *testing.T) *device.CUDA {
 // multi-process cases: blocking and capacity with drops, bf16 and fp32,
 // padded and not, ragged and empty ranks). Every launch checks that its
 // pointers are device memory (GOEP_DEBUG_POINTERS).
+//
+// With -gpu.spread G (a multi-GPU host) every process has its own GPU
+// (GOEP_DEVICE = its local rank, as launcher.Bootstrap sets it), so the
+// windows are mapped across GPUs and the pushes cross NVLink; the worlds
+// are those of 1, 2, 4 and 8 processes that fit in G GPUs.
 func TestCUDAMultiProcess(t *testing.T) {
 	needGPU(t)
-	for _, n := range []int{1, 2, 4} {
+	worlds, env := []int{1, 2, 4}, []string{"GOEP_MP_BACKEND=cuda", "GOEP_DEBUG_POINTERS=1"}
+	if *gpuSpread > 0 {
+		worlds = slices.DeleteFunc([]int{1, 2, 4, 8}, func(n int) bool { return n > *gpuSpread })
+		env = append(env, "GOEP_MP_GPU=local")
+	}
+	for _, n := range worlds {
 		hows := []string{"spawn"}
-		if n == 4 {
+		if n >= 4 {
 			hows = append(hows, "mpirun")
 		}
 		want := inProcessDigestsN(t, n)
 		for _, how := range hows {
 			t.Run(fmt.Sprintf("ranks=%d/%s", n, how), func(t *testing.T) {
-				got, lerr, log := runWorldN(t, how, "cases", n, 4*time.Minute, "GOEP_MP_BACKEND=cuda", "GOEP_DEBUG_POINTERS=1")
+				got, lerr, log := runWorldN(t, how, "cases", n, 4*time.Minute, env...)
 				compareDigests(t, want, reportedDigests(t, got, lerr, log), "on CUDA", "on the host")
 			})
 		}

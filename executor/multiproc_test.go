@@ -233,9 +233,17 @@ func TestMultiProcessChild(t *testing.T) {
 	start := time.Now()
 	var b device.Backend = device.NewHost()
 	if os.Getenv("GOEP_MP_BACKEND") == "cuda" {
-		cb, err := device.NewCUDA(0)
+		dev := 0
+		if os.Getenv("GOEP_MP_GPU") == "local" {
+			// One GPU per process: Bootstrap set GOEP_DEVICE to the
+			// local rank.
+			if dev, err = strconv.Atoi(os.Getenv("GOEP_DEVICE")); err != nil {
+				t.Fatalf("rank %d: GOEP_DEVICE: %v", env.Rank, err)
+			}
+		}
+		cb, err := device.NewCUDA(dev)
 		if err != nil {
-			t.Fatalf("rank %d: %v", env.Rank, err)
+			t.Fatalf("rank %d: GPU %d: %v", env.Rank, dev, err)
 		}
 		defer cb.Close()
 		b = cb

@@ -9,7 +9,8 @@
 #	.gpu/executor-ucx.test   go test -c -tags cuda,ucx  ./executor
 #	.gpu/bench.test          go test -c -tags cuda      ./internal/bench
 #	.gpu/eprun               go build   -tags cuda,ucx  ./cmd/eprun
-#	.gpu/gpu-run.sh          a copy of scripts/gpu-run.sh
+#	.gpu/gpu-run.sh          a copy of scripts/gpu-run.sh (one GPU)
+#	.gpu/multigpu-run.sh     a copy of scripts/multigpu-run.sh (issue 7)
 #
 # Symbols are stripped (-s -w) so that the folder fits the device tool's
 # 64 MiB carry limit. The GPU host needs no Go: it runs the binaries (CUDA driver, Open MPI
@@ -17,7 +18,8 @@
 # scripts/cuda-check.sh installs (CUDA 11.8 headers, the stub libcuda.so)
 # and libucx-dev. Then, on the GPU host, from the repository root:
 #
-#	bash .gpu/gpu-run.sh [GROUP...]
+#	bash .gpu/gpu-run.sh [GROUP...]      (one GPU)
+#	bash .gpu/multigpu-run.sh [GPUS]     (several GPUs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,6 +50,6 @@ build bench.test cuda ./internal/bench
 log "eprun (cuda,ucx)"
 go build -buildvcs=true -tags cuda,ucx -ldflags='-s -w' -o .gpu/eprun ./cmd/eprun 2>&1 | quiet
 [ -x .gpu/eprun ] || { echo "scripts/gpu-build.sh: building .gpu/eprun failed" >&2; exit 1; }
-cp scripts/gpu-run.sh .gpu/gpu-run.sh
+cp scripts/gpu-run.sh scripts/multigpu-run.sh .gpu/
 du -sh .gpu >&2
 log "built; run them on a GPU host with: bash .gpu/gpu-run.sh [GROUP...]"
