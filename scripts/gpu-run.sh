@@ -7,7 +7,7 @@
 #
 # Groups:
 #
-#	tests     every -gpu test: internal/cuda, device, permute, internal/bench,
+#	tests     eprun topo (GPUs, NVLink, UCX devices), every -gpu test: internal/cuda, device, permute, internal/bench,
 #	          executor (TestCUDA*: 1, 2, 4 processes, graphs, faults, issue
 #	          756, interop, several domains in-process) and executor over
 #	          UCX (TestCUDADomainsProcesses, shared memory and TCP)
@@ -66,6 +66,9 @@ sanitize() {
 }
 
 tests() {
+	# What the host offers (NVML, UCX's transports: RDMA devices, CUDA
+	# support), for the notes.
+	step topo 60 $bin/eprun topo
 	step internal-cuda 120 $bin/internal-cuda.test -gpu -test.v
 	step device 120 $bin/device.test -gpu -test.v
 	step permute 180 $bin/permute.test -gpu -test.v
