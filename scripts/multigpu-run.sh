@@ -12,6 +12,8 @@
 #	   (4096 tokens) shapes at EP = G: every call, the fused calls and the
 #	   chained pair, bf16, blocking and capacity mode, under eprun launch
 #	   and under mpirun
+#	5. (after 4) scripts/multigpu_report.py: every goep row against the peer
+#	   copy and NCCL, and issue 7's goals, as text and Markdown
 #	4. the NCCL baseline (scripts/a2a_baseline.py: all_to_all_single plus a
 #	   permute) at the same shapes, with its D2D copy and the GPU 0 -> 1
 #	   peer copy (the NVLink ceiling), in the same session
@@ -73,5 +75,8 @@ done
 step nccl-a2a 900 $bin/eprun launch -n "$gpus" -- python3 scripts/a2a_baseline.py \
 	--tokens 128,4096 --hidden 7168 --experts 256 --topk 8 --dtype bf16 --json "$out/nccl-a2a.json"
 
+# Issue 7's table: goep against the peer copy and NCCL.
+python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json" | tee "$out/report.txt"
+python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json" --markdown >"$out/report.md"
 echo "# $failed step(s) failed; logs and JSON in $out"
 exit $failed
