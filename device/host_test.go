@@ -268,3 +268,31 @@ func TestFreeRacesClose(t *testing.T) {
 		h.Close()
 	}
 }
+
+// TestForScratch: every index once, a scratch value per worker made at most
+// once and never used by two ranges at the same time.
+func TestForScratch(t *testing.T) {
+	for _, p := range []Parallel{{}, {Workers: 1}, {Workers: 3, Chunk: 1}, {Chunk: 4}} {
+		type scratch struct{ busy atomic.Bool }
+		var made atomic.Int32
+		hits := make([]int32, 500)
+		ForScratch(p, len(hits), 7, func() *scratch { made.Add(1); return &scratch{} }, func(s *scratch, lo, hi int) {
+			if !s.busy.CompareAndSwap(false, true) {
+				t.Errorf("%+v: a scratch value used by two ranges at once", p)
+			}
+			for i := lo; i < hi; i++ {
+				atomic.AddInt32(&hits[i], 1)
+			}
+			time.Sleep(50 * time.Microsecond)
+			s.busy.Store(false)
+		})
+		for i, h := range hits {
+			if h != 1 {
+				t.Fatalf("%+v: index %d visited %d times", p, i, h)
+			}
+		}
+		if w := p.workers(len(hits), 7); int(made.Load()) > w {
+			t.Errorf("%+v: %d scratch values for %d workers", p, made.Load(), w)
+		}
+	}
+}

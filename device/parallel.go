@@ -32,51 +32,79 @@ type Parallel struct {
 // returned. fn's ranges are disjoint and cover [0, n); a range that would
 // need only one worker runs on the caller's goroutine.
 func (p Parallel) For(n, grain int, fn func(lo, hi int)) {
+	p.forWorkers(n, grain, func(_, lo, hi int) { fn(lo, hi) })
+}
+
+// ForScratch is p.For with a scratch value per worker (buffers a loop
+// reuses from range to range): newScratch runs at most once per worker,
+// before its first range, so small chunks do not allocate per chunk.
+func ForScratch[S any](p Parallel, n, grain int, newScratch func() S, fn func(s S, lo, hi int)) {
+	scratch := make([]S, p.workers(n, grain))
+	made := make([]bool, len(scratch))
+	p.forWorkers(n, grain, func(w, lo, hi int) {
+		if !made[w] {
+			scratch[w], made[w] = newScratch(), true
+		}
+		fn(scratch[w], lo, hi)
+	})
+}
+
+// workers is the number of workers forWorkers uses for n items (at least
+// 1).
+func (p Parallel) workers(n, grain int) int {
+	w := runtime.GOMAXPROCS(0)
+	if p.Workers > 0 {
+		w = p.Workers
+	}
+	per := max(grain, 1)
+	if p.Chunk > 0 {
+		per = p.Chunk
+	}
+	return max(1, min(w, (n+per-1)/per))
+}
+
+// forWorkers runs fn(w, lo, hi) over [0, n), w the index of the worker
+// (0 is the caller's goroutine).
+func (p Parallel) forWorkers(n, grain int, fn func(w, lo, hi int)) {
 	if n <= 0 {
 		return
 	}
-	workers := runtime.GOMAXPROCS(0)
-	if p.Workers > 0 {
-		workers = p.Workers
-	}
+	workers := p.workers(n, grain)
 	if p.Chunk > 0 {
 		p.dynamic(n, workers, fn)
 		return
 	}
-	grain = max(grain, 1)
-	workers = min(workers, (n+grain-1)/grain)
 	if workers <= 1 {
-		fn(0, n)
+		fn(0, 0, n)
 		return
 	}
 	var wg sync.WaitGroup
 	chunk := (n + workers - 1) / workers
-	for lo := chunk; lo < n; lo += chunk {
-		wg.Go(func() { fn(lo, min(lo+chunk, n)) })
+	for w, lo := 1, chunk; lo < n; w, lo = w+1, lo+chunk {
+		wg.Go(func() { fn(w, lo, min(lo+chunk, n)) })
 	}
-	fn(0, min(chunk, n))
+	fn(0, 0, min(chunk, n))
 	wg.Wait()
 }
 
-// dynamic runs fn over chunks of p.Chunk items that up to workers
-// goroutines (the caller's one of them) take in turn.
-func (p Parallel) dynamic(n, workers int, fn func(lo, hi int)) {
+// dynamic runs fn over chunks of p.Chunk items that workers goroutines
+// (the caller's one of them, worker 0) take in turn.
+func (p Parallel) dynamic(n, workers int, fn func(w, lo, hi int)) {
 	c := p.Chunk
-	workers = min(workers, (n+c-1)/c)
 	var next atomic.Int64
-	work := func() {
+	work := func(w int) {
 		for {
 			lo := int(next.Add(int64(c))) - c
 			if lo >= n {
 				return
 			}
-			fn(lo, min(lo+c, n))
+			fn(w, lo, min(lo+c, n))
 		}
 	}
 	var wg sync.WaitGroup
-	for range workers - 1 {
-		wg.Go(work)
+	for w := 1; w < workers; w++ {
+		wg.Go(func() { work(w) })
 	}
-	work()
+	work(0)
 	wg.Wait()
 }

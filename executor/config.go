@@ -89,7 +89,9 @@ type Config struct {
 	// the hardware (CUDA: the push of dispatch's rows into the receivers'
 	// windows and combine's scatter back; host: the loops that read peers'
 	// buffers, with combine's sums); results are the same, bit for bit,
-	// for every value. eprun bench sweeps them (--sms, --chunk-rows).
+	// for every value. Like every field they must be equal on all ranks
+	// (New compares the configs). eprun bench sweeps them (--sms,
+	// --chunk-rows).
 	//
 	// SMs bounds that parallelism: on the CUDA backend, the thread blocks
 	// the push and scatter kernels launch in all (each block then copies

@@ -469,6 +469,7 @@ func (e *Engine) hierCombine(lay *Layout, c nvlink.Call, dt device.DType, out []
 	sizes := make([][3]int, hr.M)
 	gw, weighted := f32(gwt), gwt != nil // gw is empty when T = 0
 	err := e.exchange(c, func(peers [][]*device.Buffer) error {
+		newTermer := func() *termer { return e.newTermer(lay, peers, dt, u) }
 		// Partials of the rail peers' tokens, rounded to the dtype, into
 		// the send slots.
 		for n := range hr.M {
@@ -479,8 +480,7 @@ func (e *Engine) hierCombine(lay *Layout, c nvlink.Call, dt device.DType, out []
 			toks := side.DomainTokens(nil, hr.domain, hr.D)
 			s := send[n*hr.slot:]
 			area, rows := f32s(s[railHeader:railHeader+hr.area]), s[railHeader+hr.area:]
-			e.par().For(len(toks), 16, func(lo, hi int) {
-				c := e.newTermer(lay, peers, dt, u)
+			device.ForScratch(e.par(), len(toks), 16, newTermer, func(c *termer, lo, hi int) {
 				for i := lo; i < hi; i++ {
 					t := int(toks[i])
 					permute.SumRows(dt, rows[i*rb:(i+1)*rb], c.collect(side, t, hr.domain), nil)
@@ -499,8 +499,7 @@ func (e *Engine) hierCombine(lay *Layout, c nvlink.Call, dt device.DType, out []
 		// This rank's own partials (fp32, not rounded) and the weight
 		// gradients of slots in this domain.
 		pf := f32s(partial)
-		e.par().For(T, 16, func(lo, hi int) {
-			c := e.newTermer(lay, peers, dt, u)
+		device.ForScratch(e.par(), T, 16, newTermer, func(c *termer, lo, hi int) {
 			for t := lo; t < hi; t++ {
 				terms := c.collect(&lay.SendSide, t, hr.domain)
 				own[t] = len(terms) > 0
@@ -542,8 +541,8 @@ func (e *Engine) hierCombine(lay *Layout, c nvlink.Call, dt device.DType, out []
 			remote[n*T+int(t)] = int32(i)
 		}
 	}
-	e.par().For(T, 16, func(lo, hi int) {
-		acc := make([]float32, H)
+	newAcc := func() []float32 { return make([]float32, H) }
+	device.ForScratch(e.par(), T, 16, newAcc, func(acc []float32, lo, hi int) {
 		for t := lo; t < hi; t++ {
 			first := true
 			for n := range hr.M {

@@ -204,8 +204,8 @@ func checkHierPlan(t *testing.T, cfg Config, routing [][]int32, R, D, W int) {
 }
 
 // TestRailHeadCorrupt: a header whose message length or count is garbage
-// (a peer's memory corrupted) decodes without a panic; railRound then
-// rejects the count.
+// (a peer's memory corrupted) decodes without a panic (railRound's check
+// of the count is not exercised here).
 func TestRailHeadCorrupt(t *testing.T) {
 	b := make([]byte, railHeader)
 	putRailHead(b, railHead{op: opDispatch, status: 2, count: 7, msg: "bad input on rank 3"})

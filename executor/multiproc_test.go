@@ -354,7 +354,12 @@ func runWorld(t *testing.T, how, mode string, timeout time.Duration) ([]mpResult
 func runWorldN(t *testing.T, how, mode string, n int, timeout time.Duration, extraEnv ...string) ([]mpResult, error, string) {
 	t.Helper()
 	dir := t.TempDir()
-	env := append([]string{"GOEP_MP_MODE=" + mode, "GOEP_MP_OUT=" + dir, "GOEP_TIMEOUT=20s"}, extraEnv...)
+	// The children inherit this process's environment (a sanitizer's
+	// variables that follow child processes, GOEP_LOG_LEVEL, a longer
+	// GOEP_TIMEOUT); GOEP_TIMEOUT is 20 s unless set.
+	env := append([]string{"GOEP_TIMEOUT=20s"}, os.Environ()...)
+	env = append(env, "GOEP_MP_MODE="+mode, "GOEP_MP_OUT="+dir)
+	env = append(env, extraEnv...)
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
 	args := []string{os.Args[0], "-test.run", "^TestMultiProcessChild$", "-test.timeout", "2m"}
@@ -383,11 +388,14 @@ func runWorldN(t *testing.T, how, mode string, n int, timeout time.Duration, ext
 		env = append(env, "GOEP_MASTER_ADDR=127.0.0.1", "GOEP_MASTER_PORT="+strconv.Itoa(freePort(t)),
 			"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 		margs := []string{"--allow-run-as-root", "--oversubscribe", "-np", strconv.Itoa(n)}
-		for _, kv := range env {
+		// Open MPI forwards the variables named by -x: those of this
+		// test (mpirun itself sees the whole environment).
+		for _, kv := range append([]string{"GOEP_TIMEOUT=", "GOEP_MP_MODE=", "GOEP_MP_OUT="}, extraEnv...) {
 			margs = append(margs, "-x", strings.SplitN(kv, "=", 2)[0])
 		}
+		margs = append(margs, "-x", "GOEP_MASTER_ADDR", "-x", "GOEP_MASTER_PORT", "-x", "OMPI_ALLOW_RUN_AS_ROOT", "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
 		cmd := exec.CommandContext(ctx, mpirun, append(margs, args...)...)
-		cmd.Env = append(os.Environ(), env...)
+		cmd.Env = env
 		cmd.Stdout, cmd.Stderr = &out, &out
 		lerr = cmd.Run()
 	}

@@ -307,8 +307,8 @@ func (e *Engine) sum(lay *Layout, c nvlink.Call, dt device.DType, out []byte, gw
 	gw := f32(gwt)
 	return e.exchange(c, func(peers [][]*device.Buffer) error {
 		rb := e.cfg.Hidden * dt.Size()
-		e.par().For(lay.NumTokens, 16, func(lo, hi int) {
-			c := e.newTermer(lay, peers, dt, u)
+		newTermer := func() *termer { return e.newTermer(lay, peers, dt, u) }
+		device.ForScratch(e.par(), lay.NumTokens, 16, newTermer, func(c *termer, lo, hi int) {
 			for t := lo; t < hi; t++ {
 				permute.SumRows(dt, out[t*rb:(t+1)*rb], c.collect(&lay.SendSide, t, -1), nil)
 			}

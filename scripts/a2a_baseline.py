@@ -74,11 +74,25 @@ def parse_args():
 
 
 def row_values(src, tok, hidden, dtype, device):
-    """Rows that encode (source rank, token, column), exact in bf16:
-    multiples of 1/8 below 32."""
-    h = torch.arange(hidden, device=device)
-    v = (src * 131 + tok.unsqueeze(1) * 7 + h.unsqueeze(0)) % 251
-    return (v.to(torch.float32) / 8).to(dtype)
+    """Rows that say where they come from, exact in bf16: column 0 is the
+    source rank, columns 1 and 2 the token (mod 256 and / 256), the others
+    a hash of (source, token, column) as multiples of 1/8 below 32, so no
+    two rows of one run are equal (tokens below 65536, hidden >= 3)."""
+    tok = tok.unsqueeze(1)
+    src = src.reshape(-1, 1) if torch.is_tensor(src) else torch.full_like(tok, src)
+    h = torch.arange(hidden, device=device).unsqueeze(0)
+    v = ((src * 131 + tok * 7 + h) % 251).to(torch.float32) / 8
+    ids = torch.cat([src, tok % 256, tok // 256], dim=1).to(torch.float32)
+    n = min(3, hidden)
+    v[:, :n] = ids[:, :n]
+    return v.to(dtype)
+
+
+def routing(seed, rank, T, E, K):
+    """Rank's top-k routing, [T, K] distinct experts (any rank can draw any
+    rank's, which the checks use)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + rank * 7919 + T)
+    return torch.rand(T, E, generator=g).topk(K, dim=1).indices
 
 
 def a2a(out, inp, out_splits, in_splits):
@@ -139,8 +153,7 @@ class Case:
         L = E // R
         self.T, self.H, self.K, self.L, self.R = T, H, K, L, R
         self.device, self.dtype = device, dtype
-        g = torch.Generator().manual_seed(a.seed * 1_000_003 + rank * 7919 + T)
-        idx = torch.rand(T, E, generator=g).topk(K, dim=1).indices.to(device)  # distinct experts
+        idx = routing(a.seed, rank, T, E, K).to(device)
         dest = idx // L
         tok = torch.arange(T, device=device)
         self.x = row_values(rank, tok, H, dtype, device)
@@ -174,6 +187,23 @@ class Case:
         # receive order) with a slot for it.
         perm = [torch.nonzero((self.recv_slots == l).any(dim=1)).flatten() for l in range(L)]
         self.perm_rows = torch.cat(perm) if perm else torch.zeros(0, dtype=torch.int64, device=device)
+        # What this rank must receive, from every rank's routing drawn
+        # here (not from the layout's exchange): rows of (source, token)
+        # in receive order, and the expert-major order of their copies.
+        want_src, want_tok, want_slots = [], [], []
+        for s in range(R):
+            d = routing(a.seed, s, T, E, K)
+            m = (d // L == rank).any(dim=1)
+            want_tok.append(torch.nonzero(m).flatten())
+            want_src.append(torch.full((int(m.sum()),), s, dtype=torch.int64))
+            want_slots.append(torch.where(d[m] // L == rank, d[m] - rank * L, torch.full_like(d[m], -1)))
+        self.want_src = torch.cat(want_src).to(device)
+        self.want_tok = torch.cat(want_tok).to(device)
+        ws = torch.cat(want_slots).to(device)
+        self.want_perm = torch.cat([torch.nonzero((ws == l).any(dim=1)).flatten() for l in range(L)])
+        # Each token's copies on each rank (unpermute-combine sums them).
+        self.copies = torch.stack([(dest == d).sum(dim=1) for d in range(R)], dim=1).to(torch.float32) \
+            if T else torch.zeros(0, R, device=device)
         # Buffers of the timed calls.
         self.send_x = torch.empty(len(self.send_tok), H, dtype=dtype, device=device)
         self.recv_x = torch.empty(N, H, dtype=dtype, device=device)
@@ -223,29 +253,29 @@ class Case:
     def wrong(self, call):
         H, dev = self.H, self.device
         if call in ("dispatch", "dispatch-permute"):
-            want = row_values(self.recv_src.unsqueeze(1), self.recv_tok, H, self.dtype, dev) if self.N else self.recv_x
-            bad = int((self.recv_x != want).any(dim=1).sum()) if self.N else 0
-            if call == "dispatch-permute" and len(self.perm_rows):
-                bad += int((self.perm_x != want[self.perm_rows]).any(dim=1).sum())
+            if self.N != len(self.want_tok):
+                return max(self.N, len(self.want_tok))  # the wrong rows came
+            want = row_values(self.want_src, self.want_tok, H, self.dtype, dev)
+            bad = int((self.recv_x != want).any(dim=1).sum())
+            if call == "dispatch-permute":
+                if len(self.perm_rows) != len(self.want_perm):
+                    return bad + max(len(self.perm_rows), len(self.want_perm))
+                bad += int((self.perm_x != want[self.want_perm]).any(dim=1).sum())
             return bad
         # combine: each token comes back once per destination rank, as
-        # sent (combine), or (unpermute-combine) as the fp32 sum of its
-        # row's permuted copies there, rounded to the dtype; the source
-        # sums them in fp32 and rounds once. The values are small multiples
-        # of 1/8, so every fp32 sum is exact.
+        # sent (combine), or (unpermute-combine) as the fp32 sum of its c
+        # permuted copies there, rounded to the dtype; the source sums them
+        # in fp32 and rounds once. The values are small, so every fp32 sum
+        # and product here is exact.
         if not self.T:
             return 0
         base = row_values(dist.get_rank(), torch.arange(self.T, device=dev), H, torch.float32, dev)
         if call == "combine":
             want = (base * self.n_dest.to(torch.float32).unsqueeze(1)).to(self.dtype)
         else:
-            copies = torch.zeros(self.N, dtype=torch.float32, device=dev)
-            copies.index_add_(0, self.perm_rows, torch.ones(len(self.perm_rows), device=dev))
-            back = torch.empty(len(self.send_tok), dtype=torch.float32, device=dev)
-            dist.all_to_all_single(back, copies, self.send_counts, self.recv_counts)
-            rows = (base[self.send_tok] * back.unsqueeze(1)).to(self.dtype).to(torch.float32)
             acc = torch.zeros(self.T, H, dtype=torch.float32, device=dev)
-            acc.index_add_(0, self.send_tok, rows)
+            for d in range(self.R):
+                acc += (base * self.copies[:, d:d + 1]).to(self.dtype).to(torch.float32)
             want = acc.to(self.dtype)
         return int((self.out != want).any(dim=1).sum())
 

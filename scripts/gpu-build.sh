@@ -30,15 +30,19 @@ export CGO_LDFLAGS="-L$stubs ${CGO_LDFLAGS:-}"
 log() { printf '== %s\n' "$*" >&2; }
 
 # quiet drops the warnings that go-nvml's cgo preamble prints on every
-# build; anything else (errors) passes.
+# build of a package that succeeded (a failed build prints everything).
 quiet() { grep -v -e 'warning:' -e 'nvml' -e '^#' -e 'note:' -e '^\s*|' -e '^\s*[0-9]* |' || true; }
 
 mkdir -p .gpu
 build() {
 	local out=$1 tags=$2 pkg=$3
 	log "$out ($tags) $pkg"
-	go test -c -tags "$tags" -ldflags='-s -w' -o ".gpu/$out" "$pkg" 2>&1 | quiet
-	[ -x ".gpu/$out" ] || { echo "scripts/gpu-build.sh: building .gpu/$out failed" >&2; exit 1; }
+	if ! go test -c -tags "$tags" -ldflags='-s -w' -o ".gpu/$out" "$pkg" >/tmp/gpu-build.$$ 2>&1; then
+		cat /tmp/gpu-build.$$ >&2
+		echo "scripts/gpu-build.sh: building .gpu/$out failed" >&2
+		exit 1
+	fi
+	quiet </tmp/gpu-build.$$
 }
 rm -f .gpu/*.test .gpu/eprun
 build internal-cuda.test cuda ./internal/cuda
@@ -48,8 +52,13 @@ build executor.test cuda ./executor
 build executor-ucx.test cuda,ucx ./executor
 build bench.test cuda ./internal/bench
 log "eprun (cuda,ucx)"
-go build -buildvcs=true -tags cuda,ucx -ldflags='-s -w' -o .gpu/eprun ./cmd/eprun 2>&1 | quiet
-[ -x .gpu/eprun ] || { echo "scripts/gpu-build.sh: building .gpu/eprun failed" >&2; exit 1; }
+if ! go build -buildvcs=true -tags cuda,ucx -ldflags='-s -w' -o .gpu/eprun ./cmd/eprun >/tmp/gpu-build.$$ 2>&1; then
+	cat /tmp/gpu-build.$$ >&2
+	echo "scripts/gpu-build.sh: building .gpu/eprun failed" >&2
+	exit 1
+fi
+quiet </tmp/gpu-build.$$
+rm -f /tmp/gpu-build.$$
 cp scripts/gpu-run.sh scripts/multigpu-run.sh .gpu/
 du -sh .gpu >&2
 log "built; run them on a GPU host with: bash .gpu/gpu-run.sh [GROUP...]"

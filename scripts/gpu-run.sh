@@ -61,7 +61,8 @@ step() {
 sanitize() {
 	local name=$1 secs=$2 tool=$3
 	shift 3
-	step "$name" "$secs" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+	# The sanitizer slows kernels (and so the ranks' waits) many times.
+	GOEP_TIMEOUT=${GOEP_SANITIZER_TIMEOUT:-120s} step "$name" "$secs" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
 		--show-backtrace device "$@"
 }
 
@@ -84,9 +85,10 @@ memcheck() {
 	sanitize memcheck-one-domain 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=4' -test.v
 	# GOEP_LOG_LEVEL=debug: every engine logs its domain's window
 	# addresses ("GPU windows"), to read a report's addresses against.
+	local level=${GOEP_LOG_LEVEL-}
 	export GOEP_LOG_LEVEL=debug
 	sanitize memcheck-domains 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=(2|1)' -test.v
-	unset GOEP_LOG_LEVEL
+	if [ -n "$level" ]; then export GOEP_LOG_LEVEL=$level; else unset GOEP_LOG_LEVEL; fi
 	sanitize memcheck-graph 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDA(Graph|Issue756|Interop)' -test.v
 	sanitize memcheck-permute 300 memcheck $bin/permute.test -gpu -test.v
 	sanitize racecheck-permute 300 racecheck $bin/permute.test -gpu -test.v

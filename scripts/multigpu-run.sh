@@ -12,11 +12,11 @@
 #	   (4096 tokens) shapes at EP = G: every call, the fused calls and the
 #	   chained pair, bf16, blocking and capacity mode, under eprun launch
 #	   and under mpirun
-#	5. (after 4) scripts/multigpu_report.py: every goep row against the peer
-#	   copy and NCCL, and issue 7's goals, as text and Markdown
 #	4. the NCCL baseline (scripts/a2a_baseline.py: all_to_all_single plus a
 #	   permute) at the same shapes, with its D2D copy and the GPU 0 -> 1
 #	   peer copy (the NVLink ceiling), in the same session
+#	5. scripts/multigpu_report.py: every goep row against the peer copy and
+#	   NCCL, and issue 7's goals, as text and Markdown
 #
 # Each step's output goes to $OUT/<step>.log and its JSON to $OUT
 # ($OUT: the device tool's output folder, else ./multigpu-out); stdout gets
@@ -58,7 +58,7 @@ nvidia-smi -L | head -n 16
 echo "# $gpus GPUs, one process each"
 
 step property 900 $bin/executor.test -gpu -gpu.spread "$gpus" -test.run 'TestCUDAMultiProcess' -test.v
-step memcheck-2gpu 900 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 99 --print-limit 20 \
+GOEP_TIMEOUT=120s step memcheck-2gpu 900 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 99 --print-limit 20 \
 	$bin/executor.test -gpu -gpu.spread 2 -test.run 'TestCUDAMultiProcess/ranks=2/spawn' -test.v
 
 calls=dispatch,combine,dispatch-permute,unpermute-combine,dispatch-combine
@@ -76,7 +76,8 @@ step nccl-a2a 900 $bin/eprun launch -n "$gpus" -- python3 scripts/a2a_baseline.p
 	--tokens 128,4096 --hidden 7168 --experts 256 --topk 8 --dtype bf16 --json "$out/nccl-a2a.json"
 
 # Issue 7's table: goep against the peer copy and NCCL.
-python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json" | tee "$out/report.txt"
-python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json" --markdown >"$out/report.md"
+step report 60 python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json"
+cat "$out/report.log"
+python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json" --markdown >"$out/report.md" 2>&1
 echo "# $failed step(s) failed; logs and JSON in $out"
 exit $failed

@@ -112,6 +112,9 @@ func ucxDevices() rdmaReport {
 
 // rdmaFrom is the report of UCX's resources devs.
 func rdmaFrom(devs []ucx.Device, skipped int) rdmaReport {
+	if devs == nil {
+		devs = []ucx.Device{} // "devices": [] in the JSON
+	}
 	rep := rdmaReport{Devices: devs, RDMADevices: []string{}, GPUTransports: []string{}, Skipped: skipped}
 	for _, d := range devs {
 		if d.RDMA() && !slices.Contains(rep.RDMADevices, d.Device) {
