@@ -91,8 +91,8 @@ type rdmaReport struct {
 	// GPUTransports are the transports that move GPU memory (cuda_copy,
 	// cuda_ipc, gdr_copy, ...), each once.
 	GPUTransports []string `json:"gpu_transports"`
-	// Skipped counts the memory domains UCX could not open (a component
-	// whose driver or hardware is absent).
+	// Skipped counts the UCX components and memory domains that did not
+	// answer (their driver or hardware is absent).
 	Skipped int    `json:"skipped_memory_domains,omitempty"`
 	Error   string `json:"error,omitempty"`
 }
@@ -361,7 +361,7 @@ func writeRDMA(b *strings.Builder, r rdmaReport) {
 		fmt.Fprintf(b, "  %-24s no (no CUDA transport in this UCX): on the CUDA backend the rail's rows are staged through pinned host memory\n", "gpu memory")
 	}
 	if r.Skipped > 0 {
-		fmt.Fprintf(b, "  note: %d memory domain(s) would not open (a driver or device is missing)\n", r.Skipped)
+		fmt.Fprintf(b, "  note: %d UCX component(s) or memory domain(s) did not answer (a driver or device is missing)\n", r.Skipped)
 	}
 }
 

@@ -140,8 +140,9 @@ typedef struct {
 
 // goep_devices lists every transport resource of every memory domain of
 // every UCT component into out (up to cap; *n gets the number found, which
-// may exceed cap). A memory domain that fails to open is skipped (a
-// component whose driver is absent); *skipped counts them.
+// may exceed cap). A component that does not answer its query, or a
+// memory domain that fails to open or list its resources, is skipped (its
+// driver or hardware is absent); *skipped counts them.
 static ucs_status_t goep_devices(goep_tl *out, int cap, int *n, int *skipped) {
 	uct_component_h *comps;
 	unsigned ncomps;
@@ -243,8 +244,8 @@ func Version() (string, error) {
 
 // Devices lists the transport resources UCX finds on this machine (every
 // memory domain of every UCT component; `ucx_info -d` shows the same), in
-// UCX's order. skipped counts the memory domains that would not open (a
-// component whose driver or hardware is absent).
+// UCX's order. skipped counts the components and memory domains that did
+// not answer (their driver or hardware is absent).
 func Devices() (devs []Device, skipped int, err error) {
 	for capacity := 64; ; capacity *= 4 {
 		buf := make([]C.goep_tl, capacity)
