@@ -30,7 +30,7 @@ func TestCUDADomains(t *testing.T) {
 			var wg sync.WaitGroup
 			for r := range 4 {
 				wg.Go(func() {
-					for _, seed := range mpSeeds {
+					for _, seed := range seeds() {
 						dg, err := mpPipeline(t.Context(), gs[r], b, seed)
 						if err != nil {
 							errs[r] = fmt.Errorf("seed %d: %w", seed, err)

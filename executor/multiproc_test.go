@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -202,6 +203,17 @@ func testLogger() *zap.Logger {
 
 var mpSeeds = []uint64{1, 2, 3, 4, 5, 6}
 
+var mpSeed = flag.Uint64("mp.seed", 0, "run only this seed of the multi-process and CUDA-domain cases (0: all; e.g. 4 under a sanitizer)")
+
+// seeds are the cases' seeds this run: mpSeeds, or the one -mp.seed names
+// (passed on to the child processes).
+func seeds() []uint64 {
+	if *mpSeed != 0 {
+		return []uint64{*mpSeed}
+	}
+	return mpSeeds
+}
+
 // extraModes are child modes defined by other test files (the CUDA
 // tests), each returning digests like the "cases" mode.
 var extraModes = map[string]func(context.Context, comm.Group, device.Backend) ([]map[string]string, error){}
@@ -250,7 +262,7 @@ func TestMultiProcessChild(t *testing.T) {
 	}
 	switch mode {
 	case "cases":
-		for _, seed := range mpSeeds {
+		for _, seed := range seeds() {
 			d, err := mpPipeline(ctx, g, b, seed)
 			if err != nil {
 				res.Err = fmt.Sprintf("seed %d: %v", seed, err)
@@ -363,6 +375,9 @@ func runWorldN(t *testing.T, how, mode string, n int, timeout time.Duration, ext
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
 	args := []string{os.Args[0], "-test.run", "^TestMultiProcessChild$", "-test.timeout", "2m"}
+	if *mpSeed != 0 {
+		args = append(args, fmt.Sprintf("-mp.seed=%d", *mpSeed))
+	}
 	var out bytes.Buffer
 	var lerr error
 	switch how {
@@ -428,7 +443,7 @@ func inProcessDigestsN(t *testing.T, n int) [][]map[string]string {
 	errs := make([]error, n)
 	for r := range n {
 		wg.Go(func() {
-			for _, seed := range mpSeeds {
+			for _, seed := range seeds() {
 				d, err := mpPipeline(t.Context(), gs[r], b, seed)
 				if err != nil {
 					errs[r] = err
@@ -536,10 +551,10 @@ func reportedDigests(t *testing.T, got []mpResult, lerr error, log string) [][]m
 func compareDigests(t *testing.T, want, got [][]map[string]string, gotIs, wantIs string) {
 	t.Helper()
 	for r := range want {
-		if len(got[r]) != len(mpSeeds) {
-			t.Fatalf("rank %d reported %d cases, want %d", r, len(got[r]), len(mpSeeds))
+		if len(got[r]) != len(seeds()) {
+			t.Fatalf("rank %d reported %d cases, want %d", r, len(got[r]), len(seeds()))
 		}
-		for i, seed := range mpSeeds {
+		for i, seed := range seeds() {
 			checked := 0
 			for name, w := range want[r][i] {
 				checked++
