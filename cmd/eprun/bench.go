@@ -393,6 +393,9 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 	prog.finish()
 	rec := bench.NewRecord(envRec, cfg, res, runErr)
 	rec.Launcher, rec.Processes, rec.Group = launch, procs, group
+	if f.jsonOut != "" && rank0 {
+		rec.Topology = topoJSON(cfg.Ranks)
+	}
 
 	out := stdout
 	if f.jsonOut == "-" {

@@ -97,7 +97,27 @@ func TestBenchJSONSchema(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &rec); err != nil {
 		t.Fatalf("--json - is not one JSON object: %v\n%s", err, stdout)
 	}
+	// The topology's contents depend on the machine (GPUs, NUMA nodes,
+	// UCX devices; eprun topo's own test checks them): the golden lists
+	// the sections every machine has.
+	topo, ok := rec["topology"].(map[string]any)
+	if !ok {
+		t.Fatalf("no topology object in the record")
+	}
+	var sections []string
+	for _, k := range []string{"host", "num_cpu", "numa_nodes", "gpus", "rdma", "launcher", "layout"} {
+		if _, ok := topo[k]; !ok {
+			t.Errorf("topology lacks %q: %v", k, topo)
+		}
+		sections = append(sections, k)
+	}
+	// The layout is the run's world.
+	if l, ok := topo["layout"].(map[string]any); !ok || l["ranks"] != rec["config"].(map[string]any)["ranks"] {
+		t.Errorf("topology layout %v, want the run's %v ranks", topo["layout"], rec["config"].(map[string]any)["ranks"])
+	}
+	delete(rec, "topology")
 	schema := schemaOf("", rec).(map[string]any)
+	schema["topology"] = sections
 	env, ok := schema["env"].(map[string]any)
 	if !ok {
 		t.Fatalf("no env object in %v", schema)

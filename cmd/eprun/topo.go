@@ -187,6 +187,19 @@ Exits 1 if the launcher's environment or GOEP_RANKS_PER_DOMAIN is invalid, after
 	return cmd
 }
 
+// topoJSON is the topo report of this process for a world of ranks (the
+// launcher's when there is one), as JSON for a bench record. Invalid
+// settings are in the report's error fields; bench has already refused
+// them if they mattered.
+func topoJSON(ranks int) json.RawMessage {
+	rep, _ := collectTopo(ranks)
+	data, err := json.Marshal(rep)
+	if err != nil {
+		return nil
+	}
+	return data
+}
+
 // collectTopo gathers the report; problems are invalid settings it found.
 func collectTopo(ranks int) (topoReport, error) {
 	var rep topoReport

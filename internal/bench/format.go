@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -36,6 +37,11 @@ type Record struct {
 	Wrong       int `json:"wrong"`
 	// Error is set when the run stopped early; Rows has what completed.
 	Error string `json:"error,omitempty"`
+	// Topology is what `eprun topo --json` reports on the rank that wrote
+	// the record (CPUs and NUMA nodes, GPUs with their NVLinks and fabric
+	// clique, UCX's devices, the launcher, the domain layout); eprun sets
+	// it, other callers may leave it empty.
+	Topology json.RawMessage `json:"topology,omitempty"`
 }
 
 // NewRecord assembles a record from a (possibly partial) result.
