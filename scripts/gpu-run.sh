@@ -27,7 +27,7 @@
 # status is the number of failed steps (0: all passed). GOEP_TIMEOUT is 20 s
 # unless set.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 out=${OUT:-gpu-out}
 mkdir -p "$out"

@@ -23,7 +23,7 @@
 # one PASS/FAIL line per step. NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1
 # and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are set (no NVLink multicast).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 out=${OUT:-multigpu-out}
 mkdir -p "$out"
