@@ -372,7 +372,7 @@ def main():
             if rank == 0:
                 print(f"  {call:<18} {T:>7} {t['median']:>10.1f} {t['p99']:>10.1f} {gbps:>8.2f} "
                       f"{copy_gbps:>9.2f} {gbps / copy_gbps if copy_gbps else 0:>6.2f} {wrong:>6}", flush=True)
-        del c
+        c = None  # free the case's buffers before the next one is built
     peer = peer_copy(64 << 20, a.iters, a.warmup) if rank == 0 else None
     bad = sum(r["wrong"] for r in rows)
     if rank == 0:
