@@ -11,6 +11,7 @@
 #	.gpu/eprun               go build   -tags cuda,ucx  ./cmd/eprun
 #	.gpu/gpu-run.sh          a copy of scripts/gpu-run.sh (one GPU)
 #	.gpu/multigpu-run.sh     a copy of scripts/multigpu-run.sh (issue 7)
+#	.gpu/steps.sh            a copy of scripts/steps.sh, which both source
 #
 # Symbols are stripped (-s -w) so that the folder fits the device tool's
 # 64 MiB carry limit. The GPU host needs no Go: it runs the binaries (CUDA driver, Open MPI
@@ -59,6 +60,6 @@ if ! go build -buildvcs=true -tags cuda,ucx -ldflags='-s -w' -o .gpu/eprun ./cmd
 fi
 quiet </tmp/gpu-build.$$
 rm -f /tmp/gpu-build.$$
-cp scripts/gpu-run.sh scripts/multigpu-run.sh .gpu/
+cp scripts/gpu-run.sh scripts/multigpu-run.sh scripts/steps.sh .gpu/
 du -sh .gpu >&2
 log "built; run them on a GPU host with: bash .gpu/gpu-run.sh [GROUP...]"

@@ -27,7 +27,10 @@
 # status is the number of failed steps (0: all passed). GOEP_TIMEOUT is 20 s
 # unless set.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
+here=$(dirname "$0")
+# shellcheck source=scripts/steps.sh
+source "$here/steps.sh"
+cd "$here/.." || exit 2
 
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -37,24 +40,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 bin=.gpu
 failed=0
 
-# step NAME SECONDS CMD... runs CMD with a deadline, its output in
-# $out/NAME.log.
-step() {
-	local name=$1 secs=$2
-	shift 2
-	local start=$SECONDS
-	timeout --kill-after=10 "$secs" "$@" >"$out/$name.log" 2>&1
-	local rc=$?
-	local took=$((SECONDS - start))
-	if [ $rc = 0 ]; then
-		printf 'PASS %-28s %4ds\n' "$name" "$took"
-	else
-		failed=$((failed + 1))
-		[ $rc = 124 ] && echo "(timed out after ${secs}s)" >>"$out/$name.log"
-		printf 'FAIL %-28s %4ds  rc=%d  log: %s/%s.log\n' "$name" "$took" "$rc" "$out" "$name"
-		tail -n 25 "$out/$name.log" | sed 's/^/    /'
-	fi
-}
 
 # sanitize NAME SECONDS TOOL CMD... is step under compute-sanitizer; a
 # report with errors fails the step even when the test passed.

@@ -23,7 +23,10 @@
 # one PASS/FAIL line per step. NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1
 # and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are set (no NVLink multicast).
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
+here=$(dirname "$0")
+# shellcheck source=scripts/steps.sh
+source "$here/steps.sh"
+cd "$here/.." || exit 2
 
 out=${OUT:-multigpu-out}
 mkdir -p "$out"
@@ -38,20 +41,6 @@ if ! [ "$gpus" -ge 2 ] 2>/dev/null; then
 fi
 failed=0
 
-step() {
-	local name=$1 secs=$2
-	shift 2
-	local start=$SECONDS
-	timeout --kill-after=10 "$secs" "$@" >"$out/$name.log" 2>&1
-	local rc=$?
-	if [ $rc = 0 ]; then
-		printf 'PASS %-32s %4ds\n' "$name" "$((SECONDS - start))"
-	else
-		failed=$((failed + 1))
-		printf 'FAIL %-32s %4ds  rc=%d  log: %s/%s.log\n' "$name" "$((SECONDS - start))" "$rc" "$out" "$name"
-		tail -n 25 "$out/$name.log" | sed 's/^/    /'
-	fi
-}
 
 nvidia-smi topo -m >"$out/topo.txt" 2>&1
 nvidia-smi -L | head -n 16
