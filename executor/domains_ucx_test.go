@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 )
@@ -56,21 +55,7 @@ func TestMultiProcessDomainsKill(t *testing.T) {
 		t.Run(tr, func(t *testing.T) {
 			got, lerr, log := runWorldN(t, "spawn", "kill", 4, time.Minute,
 				"GOEP_RANKS_PER_DOMAIN=2", "GOEP_RDMA_SHARED_MEMORY="+strconv.FormatBool(tr == "shm"))
-			if lerr == nil || !strings.Contains(lerr.Error(), "rank 2") {
-				t.Errorf("launcher error %v, want one naming rank 2\n%s", lerr, log)
-			}
-			for r := range 4 {
-				if r == 2 {
-					continue
-				}
-				if !namesRank2.MatchString(got[r].Err) {
-					t.Errorf("rank %d: %q, want an error naming rank 2\n%s", r, got[r].Err, log)
-				}
-				t.Logf("rank %d after %v: %s", r, got[r].Elapsed, got[r].Err)
-				if got[r].Elapsed > 20*time.Second {
-					t.Errorf("rank %d took %v, past GOEP_TIMEOUT", r, got[r].Elapsed)
-				}
-			}
+			checkKilled(t, got, lerr, log)
 		})
 	}
 }

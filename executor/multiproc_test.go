@@ -484,20 +484,15 @@ func TestMultiProcess(t *testing.T) {
 // slower one (seen in CI: "lost rank(s) [0 2]").
 var namesRank2 = regexp.MustCompile(`rank\(s\) \[(\d+ )*2( \d+)*\]`)
 
-// TestMultiProcessKill kills rank 2 in the middle of a dispatch: every other
-// rank must return an error naming it well within GOEP_TIMEOUT, the
-// launcher must fail naming it, and nothing may be left in /dev/shm.
-func TestMultiProcessKill(t *testing.T) {
-	if os.Getenv("GOEP_MP_MODE") != "" {
-		t.Skip("child")
-	}
-	shmBefore, _ := os.ReadDir("/dev/shm")
-	start := time.Now()
-	got, lerr, log := runWorld(t, "spawn", "kill", time.Minute)
+// checkKilled checks a world in which rank 2 was killed: the launcher's
+// error names rank 2, and every other rank failed with an error naming it
+// well within GOEP_TIMEOUT (20 s).
+func checkKilled(t *testing.T, got []mpResult, lerr error, log string) {
+	t.Helper()
 	if lerr == nil || !strings.Contains(lerr.Error(), "rank 2") {
 		t.Errorf("launcher error %v, want one naming rank 2\n%s", lerr, log)
 	}
-	for r := range mpRanks {
+	for r := range got {
 		if r == 2 {
 			continue
 		}
@@ -509,6 +504,19 @@ func TestMultiProcessKill(t *testing.T) {
 			t.Errorf("rank %d took %v, past GOEP_TIMEOUT", r, got[r].Elapsed)
 		}
 	}
+}
+
+// TestMultiProcessKill kills rank 2 in the middle of a dispatch: every other
+// rank must return an error naming it well within GOEP_TIMEOUT, the
+// launcher must fail naming it, and nothing may be left in /dev/shm.
+func TestMultiProcessKill(t *testing.T) {
+	if os.Getenv("GOEP_MP_MODE") != "" {
+		t.Skip("child")
+	}
+	shmBefore, _ := os.ReadDir("/dev/shm")
+	start := time.Now()
+	got, lerr, log := runWorld(t, "spawn", "kill", time.Minute)
+	checkKilled(t, got, lerr, log)
 	t.Logf("world torn down in %v", time.Since(start))
 	shmAfter, _ := os.ReadDir("/dev/shm")
 	if len(shmAfter) > len(shmBefore) {

@@ -73,10 +73,35 @@ func registryEntry(key uint64) ([]*localTransport, bool) {
 	return ts, ok
 }
 
-// payload is the self-checking word at byte offset off of what src sends
+// ChunkWord is the self-checking word at byte offset off of what src sends
 // to dst at epoch e.
-func payload(src, dst int, e uint64, off int) uint64 {
+func ChunkWord(src, dst int, e uint64, off int) uint64 {
 	return uint64(src)<<56 | uint64(dst)<<48 | (e&0xffff)<<32 | uint64(off)
+}
+
+// FillChunks writes rank me's self-describing chunk for every one of the
+// ranks into send (chunk bytes each, at dst*chunk) for epoch e; the
+// all-to-all tests of both transports use it (exported for rdma_test).
+func FillChunks(send []byte, me, ranks, chunk int, e uint64) {
+	for p := range ranks {
+		for off := 0; off < chunk; off += 8 {
+			binary.LittleEndian.PutUint64(send[p*chunk+off:], ChunkWord(me, p, e, off))
+		}
+	}
+}
+
+// CheckChunks checks that recv holds, at src*chunk, the chunk every one of
+// the ranks put to rank me at epoch e (FillChunks).
+func CheckChunks(recv []byte, me, ranks, chunk int, e uint64) error {
+	for s := range ranks {
+		for off := 0; off < chunk; off += 8 {
+			if got, want := binary.LittleEndian.Uint64(recv[s*chunk+off:]), ChunkWord(s, me, e, off); got != want {
+				return fmt.Errorf("epoch %d: word %d of rank %d's chunk is %#x, want %#x (src %d dst %d epoch %d off %d)",
+					e, off, s, got, want, got>>56, got>>48&0xff, got>>32&0xffff, got&0xffffffff)
+			}
+		}
+	}
+	return nil
 }
 
 // TestLocalAllToAll: 4 goroutine ranks, several epochs; every rank puts a
@@ -95,12 +120,7 @@ func TestLocalAllToAll(t *testing.T) {
 				me := tr.Rank()
 				all := []int{0, 1, 2, 3}
 				for e := uint64(1); e <= 6; e++ {
-					send := tr.SendBuffer()
-					for p := range R {
-						for off := 0; off < chunk; off += 8 {
-							binary.LittleEndian.PutUint64(send[p*chunk+off:], payload(me, p, e, off))
-						}
-					}
+					FillChunks(tr.SendBuffer(), me, R, chunk, e)
 					// Odd epochs put whole chunks with the signal; even ones
 					// split them in two puts and signal separately.
 					var eg errgroup.Group
@@ -130,13 +150,8 @@ func TestLocalAllToAll(t *testing.T) {
 						return fmt.Errorf("epoch %d: %w", e, err)
 					}
 					recv := tr.RecvBuffer()
-					for s := range R {
-						for off := 0; off < chunk; off += 8 {
-							if got, want := binary.LittleEndian.Uint64(recv[s*chunk+off:]), payload(s, me, e, off); got != want {
-								return fmt.Errorf("epoch %d: word %d of rank %d's chunk is %#x, want %#x (src %d dst %d epoch %d off %d)",
-									e, off, s, got, want, got>>56, got>>48&0xff, got>>32&0xffff, got&0xffffffff)
-							}
-						}
+					if err := CheckChunks(recv, me, R, chunk, e); err != nil {
+						return err
 					}
 					for i, b := range recv[R*chunk:] {
 						if b != 0 {

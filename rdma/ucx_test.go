@@ -42,12 +42,6 @@ func transportConfig(t testing.TB, name string, send, recv int) rdma.Config {
 	return cfg
 }
 
-// word is the self-checking payload: the 8-byte word at byte offset off of
-// what src sends to dst at epoch e.
-func word(src, dst int, e uint64, off int) uint64 {
-	return uint64(src)<<56 | uint64(dst)<<48 | (e&0xffff)<<32 | uint64(off)
-}
-
 // allToAll runs epochs first..last of a full exchange: every rank puts chunk bytes to
 // every rank (itself included) at offset rank*chunk, signals the epoch,
 // waits for everyone's signal and checks every byte it received.
@@ -58,12 +52,7 @@ func allToAll(ctx context.Context, g comm.Group, tr rdma.Transport, chunk int, f
 		all[i] = i
 	}
 	for e := first; e <= last; e++ {
-		send := tr.SendBuffer()
-		for p := range R {
-			for off := 0; off < chunk; off += 8 {
-				binary.LittleEndian.PutUint64(send[p*chunk+off:], word(me, p, e, off))
-			}
-		}
+		rdma.FillChunks(tr.SendBuffer(), me, R, chunk, e)
 		// Odd epochs put whole chunks with the signal; even ones split the
 		// chunk in two puts and signal separately, to check that a
 		// signal-only descriptor is ordered after the puts before it.
@@ -87,14 +76,8 @@ func allToAll(ctx context.Context, g comm.Group, tr rdma.Transport, chunk int, f
 		if err := tr.WaitAll(ctx, all, e); err != nil {
 			return fmt.Errorf("epoch %d: %w", e, err)
 		}
-		recv := tr.RecvBuffer()
-		for s := range R {
-			for off := 0; off < chunk; off += 8 {
-				if got, want := binary.LittleEndian.Uint64(recv[s*chunk+off:]), word(s, me, e, off); got != want {
-					return fmt.Errorf("epoch %d: word %d of rank %d's chunk is %#x, want %#x (src %d dst %d epoch %d off %d)",
-						e, off, s, got, want, got>>56, got>>48&0xff, got>>32&0xffff, got&0xffffffff)
-				}
-			}
+		if err := rdma.CheckChunks(tr.RecvBuffer(), me, R, chunk, e); err != nil {
+			return err
 		}
 		// The send region is reused and peers overwrite the receive region
 		// at the next epoch: flush, and wait until everyone has checked.
@@ -357,7 +340,7 @@ func bench(ctx context.Context, g comm.Group, tr rdma.Transport, iters int) (flo
 	send := tr.SendBuffer()
 	for half := range 2 {
 		for off := 0; off < n; off += 8 {
-			binary.LittleEndian.PutUint64(send[half*n+off:], word(0, 1, uint64(half), off))
+			binary.LittleEndian.PutUint64(send[half*n+off:], rdma.ChunkWord(0, 1, uint64(half), off))
 		}
 	}
 	if err := g.Barrier(ctx); err != nil {
@@ -375,7 +358,7 @@ func bench(ctx context.Context, g comm.Group, tr rdma.Transport, iters int) (flo
 				if err := tr.Flush(ctx); err != nil {
 					return 0, err
 				}
-				binary.LittleEndian.PutUint64(send[h*n:], word(0, 1, uint64(iters), 0))
+				binary.LittleEndian.PutUint64(send[h*n:], rdma.ChunkWord(0, 1, uint64(iters), 0))
 			}
 			if err := tr.Put(ctx, rdma.Work{Peer: 1, LocalOff: h * n, RemoteOff: h * n, Bytes: n, Epoch: uint64(i)}); err != nil {
 				return 0, err
@@ -394,9 +377,9 @@ func bench(ctx context.Context, g comm.Group, tr rdma.Transport, iters int) (flo
 		h := iters % 2
 		recv := tr.RecvBuffer()
 		for off := 0; off < n; off += 8 {
-			want := word(0, 1, uint64(h), off)
+			want := rdma.ChunkWord(0, 1, uint64(h), off)
 			if off == 0 {
-				want = word(0, 1, uint64(iters), 0)
+				want = rdma.ChunkWord(0, 1, uint64(iters), 0)
 			}
 			if got := binary.LittleEndian.Uint64(recv[h*n+off:]); got != want {
 				return 0, fmt.Errorf("word %d of the last put is %#x, want %#x", off, got, want)
