@@ -90,6 +90,23 @@ func FillChunks(send []byte, me, ranks, chunk int, e uint64) {
 	}
 }
 
+// ChunkWorks are the descriptors that put rank me's chunk for p (at
+// p*chunk of the send region) to me*chunk of p's receive region at epoch
+// e: one put with the signal at odd epochs; at even ones two puts (split
+// at an 8-byte boundary) and a signal-only descriptor, which must be
+// ordered after them.
+func ChunkWorks(me, p, chunk int, e uint64) []Work {
+	if e%2 == 1 {
+		return []Work{{Peer: p, LocalOff: p * chunk, RemoteOff: me * chunk, Bytes: chunk, Epoch: e}}
+	}
+	h := chunk / 2 &^ 7
+	return []Work{
+		{Peer: p, LocalOff: p * chunk, RemoteOff: me * chunk, Bytes: h},
+		{Peer: p, LocalOff: p*chunk + h, RemoteOff: me*chunk + h, Bytes: chunk - h},
+		{Peer: p, Epoch: e},
+	}
+}
+
 // CheckChunks checks that recv holds, at src*chunk, the chunk every one of
 // the ranks put to rank me at epoch e (FillChunks).
 func CheckChunks(recv []byte, me, ranks, chunk int, e uint64) error {
@@ -126,16 +143,7 @@ func TestLocalAllToAll(t *testing.T) {
 					var eg errgroup.Group
 					for p := range R {
 						eg.Go(func() error {
-							ws := []Work{{Peer: p, LocalOff: p * chunk, RemoteOff: me * chunk, Bytes: chunk, Epoch: e}}
-							if e%2 == 0 {
-								h := chunk / 2
-								ws = []Work{
-									{Peer: p, LocalOff: p * chunk, RemoteOff: me * chunk, Bytes: h},
-									{Peer: p, LocalOff: p*chunk + h, RemoteOff: me*chunk + h, Bytes: chunk - h},
-									{Peer: p, Epoch: e},
-								}
-							}
-							for _, w := range ws {
+							for _, w := range ChunkWorks(me, p, chunk, e) {
 								if err := tr.Put(ctx, w); err != nil {
 									return fmt.Errorf("epoch %d: %w", e, err)
 								}

@@ -58,16 +58,7 @@ func allToAll(ctx context.Context, g comm.Group, tr rdma.Transport, chunk int, f
 		// signal-only descriptor is ordered after the puts before it.
 		for i := range R {
 			p := (me + i) % R
-			ws := []rdma.Work{{Peer: p, LocalOff: p * chunk, RemoteOff: me * chunk, Bytes: chunk, Epoch: e}}
-			if e%2 == 0 {
-				h := chunk / 2 &^ 7
-				ws = []rdma.Work{
-					{Peer: p, LocalOff: p * chunk, RemoteOff: me * chunk, Bytes: h},
-					{Peer: p, LocalOff: p*chunk + h, RemoteOff: me*chunk + h, Bytes: chunk - h},
-					{Peer: p, Epoch: e},
-				}
-			}
-			for _, w := range ws {
+			for _, w := range rdma.ChunkWorks(me, p, chunk, e) {
 				if err := tr.Put(ctx, w); err != nil {
 					return fmt.Errorf("epoch %d: %w", e, err)
 				}
