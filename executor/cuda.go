@@ -455,116 +455,77 @@ func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, s
 // tables builds and uploads a handle's device tables.
 func (g *gpuEngine) tables(ctx context.Context, h *Handle, lay *Layout, routing [][]int32, old *gpuTables) (*gpuTables, error) {
 	e := g.e
-	T, K, W, L := lay.NumTokens, g.K, g.W, e.local
+	T, K, W := lay.NumTokens, g.K, g.W
 	rowCap := h.recvRows
-	n := e.validRecv(lay, e.rank)
-	sizes := []int{T * W, T * W, T * W, T * K, rowCap, rowCap, rowCap * K, rowCap * K}
+	var host []int32
+	var ht *gpuHierTables
+	if g.hier == nil {
+		host = buildTables(lay, e.cfg, routing, W, rowCap)
+	} else {
+		var parts [][]int32
+		host, parts = newTables(T, K, W, rowCap)
+		var err error
+		if ht, err = g.hierTables(ctx, lay, routing, parts[0], parts[1], parts[2], parts[3], parts[4], parts[5]); err != nil {
+			return old, err
+		}
+		copyRecvMaps(lay, e.validRecv(lay, e.rank), parts[6], parts[7])
+	}
+	return g.uploadTables(ctx, host, tableSizes(T, K, W, rowCap), e.validRecv(lay, e.rank), ht, old)
+}
+
+// uploadTables uploads a handle's tables host (parts of the given sizes,
+// n valid received rows) and its hierarchical tables ht: into old's memory
+// for a Relayout (same sizes, same addresses), else into new device
+// memory.
+func (g *gpuEngine) uploadTables(ctx context.Context, host []int32, sizes []int, n int, ht *gpuHierTables, old *gpuTables) (*gpuTables, error) {
+	t := old
+	if t == nil {
+		var err error
+		if t, err = g.newTables(sizes); err != nil {
+			ht.close()
+			return nil, err
+		}
+	} else if t.all.Len() != max(len(host), 1) {
+		ht.close()
+		return old, fmt.Errorf("executor: relayout: tables of %d entries, the handle has %d", len(host), t.all.Len())
+	}
+	if err := g.s.UploadBuffer(ctx, t.all.Buffer(), device.EncodeInt32(host)); err != nil {
+		ht.close()
+		if old == nil {
+			t.close()
+		}
+		return old, g.e.noteFailure(err)
+	}
+	t.n = n
+	if old != nil {
+		old.hier.close()
+	}
+	t.hier = ht
+	return t, nil
+}
+
+// newTables allocates tables of the given parts' sizes (tableSizes): one
+// Int32 tensor and a view per part.
+func (g *gpuEngine) newTables(sizes []int) (*gpuTables, error) {
 	total := 0
 	for _, s := range sizes {
 		total += s
 	}
-	host := make([]int32, total)
-	for i := range host {
-		host[i] = -1
-	}
-	part := func(i int) []int32 {
-		o := 0
-		for _, s := range sizes[:i] {
-			o += s
-		}
-		return host[o : o+sizes[i]]
-	}
-	entTok, entDest, entRow, slotEnt := part(0), part(1), part(2), part(3)
-	recvSrc, recvEnt, recvIdx, pos := part(4), part(5), part(6), part(7)
-	var ht *gpuHierTables
-	if g.hier != nil {
-		var err error
-		if ht, err = g.hierTables(ctx, lay, routing, entTok, entDest, entRow, slotEnt, recvSrc, recvEnt); err != nil {
-			return old, err
-		}
-		for i := range n {
-			copy(recvIdx[i*K:(i+1)*K], lay.RecvIdx[i*K:(i+1)*K])
-			copy(pos[i*K:(i+1)*K], lay.Pos[i*K:(i+1)*K])
-		}
-		T = 0 // the one-domain tables below are replaced
-		n = 0
-	}
-	for t := range T {
-		for j := lay.SendOffsets[t]; j < lay.SendOffsets[t+1]; j++ {
-			c := int(j - lay.SendOffsets[t])
-			ent := t*W + c
-			d, row := int(lay.SendDest[j]), int(lay.SendRow[j])
-			entTok[ent], entDest[ent] = int32(t), int32(d)
-			if row < e.validRecv(lay, d) {
-				entRow[ent] = int32(row)
-			}
-		}
-		for k := range K {
-			if lay.SlotRow[t*K+k] < 0 {
-				continue
-			}
-			d := int(lay.SlotExpert[t*K+k]) / L
-			for j := lay.SendOffsets[t]; j < lay.SendOffsets[t+1]; j++ {
-				if int(lay.SendDest[j]) == d && int(lay.SendRow[j]) < e.validRecv(lay, d) {
-					slotEnt[t*K+k] = int32(t*W + int(j-lay.SendOffsets[t]))
-				}
-			}
-		}
-	}
-	for i := range n {
-		s, t := int(lay.RecvSrcRank[i]), int(lay.RecvSrcToken[i])
-		recvSrc[i] = int32(s)
-		// This rank's index among token t's destinations (ascending).
-		c := 0
-		seen := make(map[int]bool, K)
-		for _, x := range routing[s][t*K : (t+1)*K] {
-			if x < 0 {
-				continue
-			}
-			if d := int(x) / L; d < e.rank && !seen[d] {
-				seen[d] = true
-				c++
-			}
-		}
-		recvEnt[i] = int32(t*W + c)
-		copy(recvIdx[i*K:(i+1)*K], lay.RecvIdx[i*K:(i+1)*K])
-		copy(pos[i*K:(i+1)*K], lay.Pos[i*K:(i+1)*K])
-	}
-	if old != nil {
-		if old.all.Len() != max(total, 1) {
-			return old, fmt.Errorf("executor: relayout: tables of %d entries, the handle has %d", total, old.all.Len())
-		}
-		if err := g.s.UploadBuffer(ctx, old.all.Buffer(), device.EncodeInt32(host)); err != nil {
-			ht.close()
-			return old, e.noteFailure(err)
-		}
-		old.n = e.validRecv(lay, e.rank)
-		old.hier.close()
-		old.hier = ht
-		return old, nil
-	}
 	all, err := device.NewTensor(g.s, device.Int32, max(total, 1))
 	if err != nil {
-		ht.close()
 		return nil, err
-	}
-	if err := g.s.UploadBuffer(ctx, all.Buffer(), device.EncodeInt32(host)); err != nil {
-		all.Close()
-		ht.close()
-		return nil, e.noteFailure(err)
 	}
 	views := make([]*device.Buffer, len(sizes))
 	o := 0
 	for i, s := range sizes {
 		if views[i], err = all.Buffer().View(4*o, 4*s); err != nil {
 			all.Close()
-			ht.close()
 			return nil, err
 		}
 		o += s
 	}
 	return &gpuTables{all: all, entTok: views[0], entDest: views[1], entRow: views[2], slotEnt: views[3],
-		recvSrc: views[4], recvEnt: views[5], recvIdx: views[6], pos: views[7], n: e.validRecv(lay, e.rank), hier: ht}, nil
+		recvSrc: views[4], recvEnt: views[5], recvIdx: views[6], pos: views[7]}, nil
 }
 
 // ready checks a handle on the host before its GPU work is enqueued: under
