@@ -112,14 +112,24 @@ func checkRouting(rank int, idx []int32, topK, numExperts, maxTokens int) error 
 		row := idx[t*topK : (t+1)*topK]
 		for k, e := range row {
 			if e < -1 || int(e) >= numExperts {
-				return &RoutingError{Rank: rank, Token: t, Slot: k, Msg: fmt.Sprintf("expert %d out of range [-1, %d)", e, numExperts)}
+				return &RoutingError{Rank: rank, Token: t, Slot: k, Msg: rangeMsg(e, numExperts)}
 			}
 			if e >= 0 && slices.Contains(row[:k], e) {
-				return &RoutingError{Rank: rank, Token: t, Slot: k, Msg: fmt.Sprintf("expert %d repeated (already in slot %d)", e, slices.Index(row, e))}
+				return &RoutingError{Rank: rank, Token: t, Slot: k, Msg: repeatMsg(e, slices.Index(row, e))}
 			}
 		}
 	}
 	return nil
+}
+
+// rangeMsg and repeatMsg are the messages of a RoutingError for an expert
+// id out of range and for a repeated one (the host and GPU layouts').
+func rangeMsg(e int32, numExperts int) string {
+	return fmt.Sprintf("expert %d out of range [-1, %d)", e, numExperts)
+}
+
+func repeatMsg(e int32, prev int) string {
+	return fmt.Sprintf("expert %d repeated (already in slot %d)", e, prev)
 }
 
 func padUp(n, m int) int { return (n + m - 1) / m * m }

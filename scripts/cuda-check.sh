@@ -13,7 +13,8 @@
 #
 # and checks that the PTX files match their CUDA sources (go generate runs
 # nvcc again; the PTX must not change): internal/cuda/testdata/kernels.ptx
-# permute/kernels/permute.ptx and executor/kernels/ep.ptx at least.
+# permute/kernels/permute.ptx, executor/kernels/ep.ptx and
+# executor/kernels/layout.ptx at least.
 #
 # The tests skip, with the reason, when cuInit fails or no GPU is present.
 # Linking uses the driver stub (libcuda.so in Debian's stubs directory); on a
@@ -135,7 +136,7 @@ go test -c -tags cuda -o "$tmp/executor.test" ./executor
 # directives that mention it) and compare with what was there before.
 log "PTX matches its CUDA source (go generate, diff)"
 mapfile -t ptx < <(find . -name '*.ptx' -not -path './.git/*' -not -path './.gpu/*' | sort)
-for want in ./internal/cuda/testdata/kernels.ptx ./permute/kernels/permute.ptx ./executor/kernels/ep.ptx; do
+for want in ./internal/cuda/testdata/kernels.ptx ./permute/kernels/permute.ptx ./executor/kernels/ep.ptx ./executor/kernels/layout.ptx; do
 	if ! printf '%s\n' "${ptx[@]}" | grep -qxF "$want"; then
 		echo "scripts/cuda-check.sh: $want is missing (run go generate)" >&2
 		exit 1

@@ -24,7 +24,7 @@ var allowed = map[string][]string{
 	"cmd/eprun":          {"launcher", "executor", "configs", "comm", "device", "internal/bench", "internal/ucx"},
 	"internal/bench":     {"executor", "comm", "device", "permute", "internal/reference"},
 	"launcher":           {"comm"},
-	"executor":           {"comm", "nvlink", "rdma", "permute", "device"},
+	"executor":           {"comm", "nvlink", "rdma", "permute", "device", "internal/gpulayout"},
 	"nvlink":             {"comm", "device", "internal/cuda"},
 	"rdma":               {"comm", "device", "internal/ucx"},
 	"permute":            {"device"},
@@ -36,9 +36,10 @@ var allowed = map[string][]string{
 	"internal/cuda":      {},
 	"internal/mpi":       {},
 	"internal/ucx":       {},
+	"internal/gpulayout": {},
 }
 
-var cgoAllowed = []string{"internal/cuda", "internal/mpi", "internal/ucx"}
+var cgoAllowed = []string{"internal/cuda", "internal/mpi", "internal/ucx", "internal/gpulayout"}
 
 func TestImportGraph(t *testing.T) {
 	root, err := filepath.Abs("../..")

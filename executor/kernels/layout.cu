@@ -1,0 +1,73 @@
+// The layout kernels of package executor: the layout of one NVLink domain
+// computed on the GPU from every rank's routing in this rank's route
+// window. go generate ./executor builds them:
+//
+//	nvcc -ptx -arch=compute_90 -o layout.ptx layout.cu (../../permute/kernels/gen.sh)
+//
+// Each kernel runs the per-thread code of layout.h (read there what each
+// computes and the launch sequence); package internal/gpulayout runs the
+// same code on the host in tests. Every pointer is device memory; sizes
+// arrive by value (DESIGN.md invariant 1).
+#include "layout.h"
+
+#define DIMS layout_dims_of(R, me, K, L, maxT, pad, ch, maxRecv, T, rowCap)
+#define DIM_PARAMS                                                                                       \
+	int64_t R, int64_t me, int64_t K, int64_t L, int64_t maxT, int64_t pad, int64_t ch, int64_t maxRecv, \
+		int64_t T, int64_t rowCap
+
+static __device__ __forceinline__ int64_t thread_index()
+{
+	return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+// goep_layout_count: threads R*maxT (layout_count).
+extern "C" __global__ void goep_layout_count(const int32_t *rt, const int32_t *nt, int32_t *ws, uint64_t *errKey,
+					     DIM_PARAMS)
+{
+	struct layout_dims d = DIMS;
+	int64_t i = thread_index();
+	if (i < d.R * d.maxT) {
+		layout_count(&d, rt, nt, ws, errKey, i);
+	}
+}
+
+// goep_layout_scan: one block, its phases apart (layout_scan_a, _b, _c).
+extern "C" __global__ void goep_layout_scan(const int32_t *rt, int32_t *ws, const uint64_t *errKey, DIM_PARAMS)
+{
+	struct layout_dims d = DIMS;
+	layout_scan_a(&d, ws, threadIdx.x, blockDim.x);
+	__syncthreads();
+	layout_scan_b(&d, ws, threadIdx.x, blockDim.x);
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		layout_scan_c(&d, rt, ws, errKey);
+	}
+}
+
+// goep_layout_colcount: threads cols*chunks (layout_colcount).
+extern "C" __global__ void goep_layout_colcount(const int32_t *rt, const int32_t *nt, int32_t *ws, DIM_PARAMS)
+{
+	struct layout_dims d = DIMS;
+	int64_t i = thread_index();
+	if (i < layout_cols(&d) * layout_chunks(&d)) {
+		layout_colcount(&d, rt, nt, ws, i);
+	}
+}
+
+// goep_layout_colscan: threads cols (layout_colscan).
+extern "C" __global__ void goep_layout_colscan(int32_t *ws, DIM_PARAMS)
+{
+	struct layout_dims d = DIMS;
+	layout_colscan(&d, ws, thread_index());
+}
+
+// goep_layout_colwrite: threads cols*chunks (layout_colwrite).
+extern "C" __global__ void goep_layout_colwrite(const int32_t *rt, const int32_t *nt, const int32_t *ws, int32_t *tb,
+						DIM_PARAMS)
+{
+	struct layout_dims d = DIMS;
+	int64_t i = thread_index();
+	if (i < layout_cols(&d) * layout_chunks(&d)) {
+		layout_colwrite(&d, rt, nt, ws, tb, i);
+	}
+}
