@@ -48,6 +48,7 @@ const (
 	regionFlags = iota // arrived[R], done[R], status, epoch counter (uint64), missing[R] (int32)
 	regionRecv         // dispatch: rows [recvCap, H] at the call's row bytes, then weights [recvCap, K] fp32
 	regionComb         // combine: rows [MaxTokensPerRank*W, H], then weights [MaxTokensPerRank*W, K] fp32
+	regionRoute        // layout: routing [R*MaxTokensPerRank*K] int32, then token counts [R] int32 (layout_cuda.go)
 	numRegions
 )
 
@@ -89,6 +90,10 @@ type gpuEngine struct {
 	// hier is the GPU side of the hierarchical algorithm (nil with one
 	// domain; hier_cuda.go).
 	hier *gpuHier
+	// lk are the layout kernels (one domain only; layout_cuda.go), and
+	// hostLayout makes layout run on the host all the same (tests).
+	lk         *gpuLayout
+	hostLayout bool
 }
 
 // gpuTables are a handle's layout tables in device memory (one Int32
@@ -160,7 +165,11 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.
 	}
 	rowMax := g.H * 4 // fp32, the widest dtype
 	g.recvWOff, g.combWOff = g.recvCap*rowMax, g.combRows*rowMax
-	sizes := []int{flagsSize(R), g.recvWOff + g.recvCap*g.K*4, g.combWOff + g.combRows*g.K*4}
+	routeSize := 8 // with several domains the layout runs on the host
+	if e.hier == nil {
+		routeSize = 4 * R * (cfg.MaxTokensPerRank*g.K + 1)
+	}
+	sizes := []int{flagsSize(R), g.recvWOff + g.recvCap*g.K*4, g.combWOff + g.combRows*g.K*4, routeSize}
 	g.win, err = nvlink.MapGPU(ctx, group, s, sizes)
 	if err != nil {
 		if g.ownStream {
@@ -178,7 +187,8 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.
 			}
 		}
 		ce.Write(zap.Int("rank", e.rank), zap.Int("local", me), zap.Ints("bytes", sizes),
-			zap.Any("flags", addrs[regionFlags]), zap.Any("recv", addrs[regionRecv]), zap.Any("comb", addrs[regionComb]))
+			zap.Any("flags", addrs[regionFlags]), zap.Any("recv", addrs[regionRecv]), zap.Any("comb", addrs[regionComb]),
+			zap.Any("route", addrs[regionRoute]))
 	}
 	lerr := g.load(ctx)
 	if lerr == nil {
@@ -195,6 +205,9 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.
 	}
 	if lerr == nil && e.hier != nil {
 		g.hier, lerr = newGPUHier(ctx, g)
+	}
+	if lerr == nil && e.hier == nil {
+		g.lk, lerr = newGPULayout(g)
 	}
 	// Every rank learns whether every rank is ready, so none is left
 	// waiting in its first call.
@@ -387,9 +400,13 @@ func unitOf(rowBytes int, bufs ...*device.Buffer) int32 {
 	return 1
 }
 
-// layout runs the layout on the host and uploads the handle's tables (in
-// place for a Relayout: same sizes, same addresses).
+// layout runs the layout of idx into h: on the GPU in one domain
+// (layout_cuda.go), else on the host, uploading the handle's tables. A
+// Relayout keeps the handle's tables (same sizes, same addresses).
 func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, sig [4]uint64) error {
+	if g.layoutOnGPU() {
+		return g.deviceLayout(ctx, h, idx)
+	}
 	e, cfg := g.e, g.e.cfg
 	raw, err := g.s.DownloadBuffer(ctx, idx.Buffer())
 	if err != nil {
@@ -428,6 +445,18 @@ func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, s
 	if err := e.stream.Synchronize(ctx); err != nil {
 		return e.noteFailure(err)
 	}
+	if err := g.useLayout(ctx, h, lay); err != nil {
+		return err
+	}
+	h.gpu, err = g.tables(ctx, h, lay, routing, h.gpu)
+	return err
+}
+
+// useLayout makes lay (its counts, at least) the handle's layout: its
+// output sizes, its device counts and, under OverflowError, the capacity
+// error Synchronize will report.
+func (g *gpuEngine) useLayout(ctx context.Context, h *Handle, lay *Layout) error {
+	e, cfg := g.e, g.e.cfg
 	h.lay = lay
 	if cfg.Mode == Capacity {
 		h.recvRows, h.permRows = cfg.MaxRecvTokens, cfg.MaxPermutedTokens
@@ -448,8 +477,7 @@ func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, s
 			g.pending = err
 		}
 	}
-	h.gpu, err = g.tables(ctx, h, lay, routing, h.gpu)
-	return err
+	return nil
 }
 
 // tables builds and uploads a handle's device tables.
@@ -868,30 +896,39 @@ func (g *gpuEngine) synchronize(ctx context.Context) error {
 	if err := g.s.Synchronize(ctx); err != nil {
 		return err
 	}
+	if err := g.waitStatus(ctx); err != nil {
+		return err
+	}
+	err := g.pending
+	g.pending = nil
+	return err
+}
+
+// waitStatus reports what the waits found (the caller has synchronized):
+// nil, or the first failure. A failure other than a timeout leaves the
+// ranks in step (every call advanced every epoch), so the status is
+// cleared for the next call.
+func (g *gpuEngine) waitStatus(ctx context.Context) error {
 	status := g.ownView(regionFlags, g.statusOff(), 8)
 	raw, err := g.s.DownloadBuffer(ctx, status)
 	if err != nil {
 		return err
 	}
-	if raw[0] != 0 {
-		missing := g.ownView(regionFlags, g.missingOff(), 4*g.R)
-		m, err := g.s.DownloadBuffer(ctx, missing)
-		if err != nil {
-			return err
-		}
-		err = g.statusError(m)
-		if !errors.Is(err, ErrTimeout) {
-			// The ranks are still in step (every call advanced every
-			// epoch): clear the status and go on.
-			err = errors.Join(err, g.s.UploadBuffer(ctx, status, make([]byte, 8)), g.s.UploadBuffer(ctx, missing, make([]byte, 4*g.R)))
-		}
+	if raw[0] == 0 {
+		return nil
+	}
+	missing := g.ownView(regionFlags, g.missingOff(), 4*g.R)
+	m, err := g.s.DownloadBuffer(ctx, missing)
+	if err != nil {
 		return err
 	}
-	err, g.pending = g.pending, nil
+	err = g.statusError(m)
+	if !errors.Is(err, ErrTimeout) {
+		err = errors.Join(err, g.s.UploadBuffer(ctx, status, make([]byte, 8)), g.s.UploadBuffer(ctx, missing, make([]byte, 4*g.R)))
+	}
 	return err
 }
 
-// statusError decodes missing[R] after a failed wait.
 func (g *gpuEngine) statusError(raw []byte) error {
 	var timedOut, mismatched, rejected []int
 	for p := range g.R {
@@ -927,6 +964,7 @@ func (g *gpuEngine) close() error {
 		g.s.Free(g.peers)
 	}
 	g.hier.close(g)
+	errs = append(errs, g.lk.close(g))
 	if g.pk != nil {
 		errs = append(errs, g.pk.Close())
 	}

@@ -396,8 +396,10 @@ func TestCUDAGraph(t *testing.T) {
 
 func init() { extraModes["gpu-faults"] = gpuFaults }
 
-// gpuFaults runs, on every rank: a dispatch whose input rank 1 rejects on
-// the host; a good dispatch (the engine must be usable again); then a
+// gpuFaults runs, on every rank: a layout whose input rank 1 rejects on
+// the host, a layout of routing with an expert out of range on rank 1
+// (found on the GPU by every rank), a dispatch whose input rank 1 rejects
+// on the host; a good dispatch (the engine must be usable again); then a
 // dispatch that rank 1 joins only after the others' 2 s deadline. It
 // reports what each step returned.
 func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
@@ -412,11 +414,12 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 	ti, err1 := e.NewTensor(device.Int32, 16, 2)
 	xt, err2 := e.NewTensor(device.BF16, 16, 64)
 	bad, err3 := e.NewTensor(device.BF16, 16, 32)
-	if err := errors.Join(err1, err2, err3, device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, xt, x)); err != nil {
-		return nil, err
-	}
-	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
-	if err != nil {
+	badIdx, err4 := e.NewTensor(device.Int32, 16, 3)
+	wrong := slices.Clone(idx)
+	wrong[1] = int32(cfg.NumExperts) // token 0, slot 1
+	tw, err5 := e.NewTensor(device.Int32, 16, 2)
+	if err := errors.Join(err1, err2, err3, err4, err5, device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, xt, x),
+		device.Upload(ctx, tw, device.EncodeInt32(wrong))); err != nil {
 		return nil, err
 	}
 	str := func(err error) string {
@@ -426,6 +429,18 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 		return err.Error()
 	}
 	res := map[string]string{}
+	li, ri := ti, ti
+	if g.Rank() == 1 {
+		li, ri = badIdx, tw
+	}
+	_, err = e.Layout(ctx, executor.LayoutInput{TopkIdx: li})
+	res["layout.reject"] = str(err)
+	_, err = e.Layout(ctx, executor.LayoutInput{TopkIdx: ri})
+	res["layout.routing"] = str(err)
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err != nil {
+		return nil, err
+	}
 	in := xt
 	if g.Rank() == 1 {
 		in = bad
@@ -461,6 +476,16 @@ func TestCUDAFaults(t *testing.T) {
 		}
 		d := res.Digests[0]
 		t.Logf("rank %d: %v", r, d)
+		if r == 1 {
+			if !strings.Contains(d["layout.reject"], "TopkIdx") {
+				t.Errorf("rank 1 layout with a bad TopkIdx: %q, want a shape error", d["layout.reject"])
+			}
+		} else if !strings.Contains(d["layout.reject"], "rank(s) [1] rejected") {
+			t.Errorf("rank %d layout after rank 1 rejected its input: %q, want an error naming rank 1", r, d["layout.reject"])
+		}
+		if want := fmt.Sprintf("routing of rank 1, token 0, slot 1: expert %d out of range", 4*len(got)); !strings.Contains(d["layout.routing"], want) {
+			t.Errorf("rank %d layout of a bad routing on rank 1: %q, want %q", r, d["layout.routing"], want)
+		}
 		if r == 1 {
 			if !strings.Contains(d["reject.call"], "shape") {
 				t.Errorf("rank 1 dispatch with a bad X: %q, want a shape error", d["reject.call"])

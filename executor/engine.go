@@ -294,7 +294,7 @@ func (e *Engine) reject(op uint64, cause error) error {
 	if e.usable() != nil {
 		return cause // the engine takes no calls; there is no exchange to join
 	}
-	if e.gpu != nil && op != opLayout {
+	if e.gpu != nil && (op != opLayout || e.gpu.layoutOnGPU()) {
 		if e.hier != nil {
 			e.gpu.hierReject(op, cause)
 			return cause

@@ -27,6 +27,7 @@ func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, s
 	return ErrUnsupported
 }
 func (g *gpuEngine) reject()                               {}
+func (g *gpuEngine) layoutOnGPU() bool                     { return false }
 func (g *gpuEngine) hierReject(uint64, error)              {}
 func (g *gpuEngine) synchronize(ctx context.Context) error { return ErrUnsupported }
 func (g *gpuEngine) close() error                          { return nil }

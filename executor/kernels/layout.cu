@@ -71,3 +71,20 @@ extern "C" __global__ void goep_layout_colwrite(const int32_t *rt, const int32_t
 		layout_colwrite(&d, rt, nt, ws, tb, i);
 	}
 }
+
+// goep_layout_put is the routing exchange: this rank's routing idx (T
+// tokens of K slots) goes to slot me of every domain rank's route window
+// (peerRoute[p], p < R: [R*maxT*K] int32 routing, then [R] int32 token
+// counts), and T to its token count. Threads R*T*K (at least R).
+extern "C" __global__ void goep_layout_put(const int32_t *idx, int32_t *const *peerRoute, int64_t R, int64_t me,
+					   int64_t maxT, int64_t K, int64_t T)
+{
+	int64_t i = thread_index(), n = T * K;
+	if (i < R * n) {
+		int64_t p = i / n, j = i % n;
+		peerRoute[p][me * maxT * K + j] = idx[j];
+	}
+	if (i < R) {
+		peerRoute[i][R * maxT * K + me] = (int32_t)T;
+	}
+}

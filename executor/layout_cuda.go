@@ -1,0 +1,219 @@
+//go:build cuda && cgo
+
+package executor
+
+import (
+	"context"
+	_ "embed"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/internal/gpulayout"
+)
+
+// The layout on the GPU, in one NVLink domain (DESIGN.md section 2, issue
+// 4): the routing never leaves the device. A layout is a collective call
+// on the domain's flags like a dispatch:
+//
+//  1. wait for every peer's done of the previous call;
+//  2. goep_layout_put stores this rank's routing and token count into
+//     every peer's route window, then arrived is signalled and awaited
+//     (op opLayout; a peer that rejected its input fails the call);
+//  3. the count and scan kernels (kernels/layout.h) validate every rank's
+//     routing and compute the world counts and this rank's summary, which
+//     the host downloads (the one wait on the host: blocking mode sizes
+//     its outputs with it, and both modes apply the capacity policy);
+//  4. the column kernels write the handle's tables in device memory (in
+//     place for a Relayout), then done is signalled.
+//
+// The tables and counts are exactly those of ComputeLayout (the host
+// layout, which runs instead with several domains): TestLayoutKernels
+// checks the kernels' code against it on the host, TestCUDALayoutKernels
+// on the GPU.
+
+//go:embed kernels/layout.ptx
+var layoutPTX []byte
+
+// gpuLayout are the layout kernels and their workspace.
+type gpuLayout struct {
+	mod                                      *device.Module
+	put, count, scan, colcount, colscan, col *device.Kernel
+	ws, errKey                               *device.Buffer
+}
+
+func newGPULayout(g *gpuEngine) (*gpuLayout, error) {
+	lk := &gpuLayout{}
+	var err error
+	if lk.mod, err = g.b.LoadModule(layoutPTX); err != nil {
+		return nil, err
+	}
+	for _, k := range []struct {
+		dst  **device.Kernel
+		name string
+	}{
+		{&lk.put, "goep_layout_put"}, {&lk.count, "goep_layout_count"}, {&lk.scan, "goep_layout_scan"},
+		{&lk.colcount, "goep_layout_colcount"}, {&lk.colscan, "goep_layout_colscan"}, {&lk.col, "goep_layout_colwrite"},
+	} {
+		if *k.dst, err = lk.mod.Kernel(k.name); err != nil {
+			return nil, errors.Join(err, lk.close(g))
+		}
+	}
+	d := layoutDims(g.e.cfg, g.R, g.me, 0, 0)
+	if err := d.Check(); err != nil {
+		return nil, errors.Join(fmt.Errorf("executor: GPU layout: %w", err), lk.close(g))
+	}
+	if lk.ws, err = g.s.Alloc(4 * d.WorkspaceInts()); err != nil {
+		return nil, errors.Join(err, lk.close(g))
+	}
+	if lk.errKey, err = g.s.Alloc(8); err != nil {
+		return nil, errors.Join(err, lk.close(g))
+	}
+	return lk, nil
+}
+
+func (lk *gpuLayout) close(g *gpuEngine) error {
+	if lk == nil {
+		return nil
+	}
+	g.s.Free(lk.ws)
+	g.s.Free(lk.errKey)
+	if lk.mod != nil {
+		return lk.mod.Close()
+	}
+	return nil
+}
+
+// layoutOnGPU reports whether layouts run on the GPU (and so join the
+// domain's flags, a rejected one too).
+func (g *gpuEngine) layoutOnGPU() bool { return g.lk != nil && !g.hostLayout }
+
+// threads is a launch of n threads (at least one block) in blocks of 256.
+func threads(n int) (grid, block [3]uint32, err error) {
+	blocks := (max(n, 1) + 255) / 256
+	if blocks > 1<<31-1 {
+		return grid, block, fmt.Errorf("executor: GPU layout: %d threads in one launch", n)
+	}
+	return [3]uint32{uint32(blocks), 1, 1}, [3]uint32{256, 1, 1}, nil
+}
+
+// launchN launches k over n threads with the pointers ptrs, then the dims.
+func (g *gpuEngine) launchN(k *device.Kernel, n int, d gpulayout.Dims, ptrs ...any) error {
+	grid, block, err := threads(n)
+	if err != nil {
+		return err
+	}
+	return g.s.Launch(k, grid, block, 0, append(ptrs, d.Args()...)...)
+}
+
+// deviceLayout runs the layout of idx into h on the GPU (see above).
+func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Tensor) error {
+	cfg, lk := g.e.cfg, g.lk
+	T, K := idx.Rows(), g.K
+	d := layoutDims(cfg, g.R, g.me, T, 0)
+	route := g.win.Own[regionRoute]
+	nt, err := route.View(4*g.R*cfg.MaxTokensPerRank*K, 4*g.R)
+	if err != nil {
+		return err
+	}
+	grid, block, err := threads(g.R * max(T*K, 1))
+	if err != nil {
+		return err
+	}
+	// 1-2: the routing exchange.
+	if err := g.begin(); err != nil {
+		return err
+	}
+	if err := g.s.Launch(lk.put, grid, block, 0, idx, g.peerTable(regionRoute),
+		int64(g.R), int64(g.me), int64(cfg.MaxTokensPerRank), int64(K), int64(T)); err != nil {
+		return err
+	}
+	if err := g.arrive(uint32(opLayout)); err != nil {
+		return err
+	}
+	// 3: counts and summary.
+	scanThreads := min(1024, roundUp(g.R*d.L, 32))
+	err = errors.Join(g.s.Memset(lk.ws, 0, lk.ws.Size(), 0), g.s.Memset(lk.errKey, 0, 8, 0xff),
+		g.launchN(lk.count, g.R*cfg.MaxTokensPerRank, d, route, nt, lk.ws, lk.errKey),
+		g.s.Launch(lk.scan, [3]uint32{1, 1, 1}, [3]uint32{uint32(scanThreads), 1, 1}, 0,
+			append([]any{route, lk.ws, lk.errKey}, d.Args()...)...))
+	var lay *Layout
+	if err == nil {
+		lay, err = g.layoutSummary(ctx, d)
+	}
+	// 4: the tables (not after a failure: a Relayout keeps its old ones).
+	if err == nil {
+		err = g.useLayout(ctx, h, lay)
+	}
+	if err == nil {
+		err = g.deviceTables(h, lay, d)
+	}
+	// Done, whatever happened: the peers' next call waits for it.
+	if ferr := g.finish(uint32(opLayout)); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+// layoutSummary waits for the layout's summary and reads it: the exchange's
+// failure (a peer's timeout or rejection), the routing error, or the
+// counts.
+func (g *gpuEngine) layoutSummary(ctx context.Context, d gpulayout.Dims) (*Layout, error) {
+	off, n := d.Summary()
+	view, err := g.lk.ws.View(4*off, 4*n)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := g.s.DownloadBuffer(ctx, view)
+	if err != nil {
+		return nil, g.e.noteFailure(err)
+	}
+	if err := g.waitStatus(ctx); err != nil {
+		return nil, g.e.noteFailure(err)
+	}
+	sum := make([]int32, n)
+	for i := range sum {
+		sum[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
+	}
+	return summaryLayout(sum, d, g.e.cfg)
+}
+
+// deviceTables enqueues the column kernels that write h's tables (new
+// ones, or a Relayout's in place).
+func (g *gpuEngine) deviceTables(h *Handle, lay *Layout, base gpulayout.Dims) error {
+	d := base
+	d.T, d.RowCap = lay.NumTokens, h.recvRows
+	if err := d.Check(); err != nil {
+		return fmt.Errorf("executor: GPU layout: %w", err)
+	}
+	sizes := tableSizes(d.T, g.K, g.W, d.RowCap)
+	t := h.gpu
+	if t == nil {
+		var err error
+		if t, err = g.newTables(sizes); err != nil {
+			return err
+		}
+	} else if t.all.Len() != max(d.TableInts(), 1) {
+		return fmt.Errorf("executor: relayout: tables of %d entries, the handle has %d", d.TableInts(), t.all.Len())
+	}
+	route := g.win.Own[regionRoute]
+	nt, err := route.View(4*g.R*d.MaxT*d.K, 4*g.R)
+	if err != nil {
+		return err
+	}
+	cells := d.Columns() * d.Chunks()
+	err = errors.Join(g.s.Memset(t.all.Buffer(), 0, t.all.Buffer().Size(), 0xff),
+		g.launchN(g.lk.colcount, cells, d, route, nt, g.lk.ws),
+		g.launchN(g.lk.colscan, d.Columns(), d, g.lk.ws),
+		g.launchN(g.lk.col, cells, d, route, nt, g.lk.ws, t.all))
+	if err != nil {
+		if h.gpu == nil {
+			t.close()
+		}
+		return err
+	}
+	t.n = g.e.validRecv(lay, g.e.rank)
+	h.gpu = t
+	return nil
+}
