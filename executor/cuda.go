@@ -165,8 +165,11 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.
 	}
 	rowMax := g.H * 4 // fp32, the widest dtype
 	g.recvWOff, g.combWOff = g.recvCap*rowMax, g.combRows*rowMax
-	routeSize := 8 // with several domains the layout runs on the host
-	if e.hier == nil {
+	// The layout runs on the GPU in one domain, when its buffers stay
+	// within int32 offsets (else on the host, as with several domains).
+	gpuLayout := e.hier == nil && layoutDims(cfg, R, me, 0, 0).Check() == nil
+	routeSize := 8
+	if gpuLayout {
 		routeSize = 4 * R * (cfg.MaxTokensPerRank*g.K + 1)
 	}
 	sizes := []int{flagsSize(R), g.recvWOff + g.recvCap*g.K*4, g.combWOff + g.combRows*g.K*4, routeSize}
@@ -206,7 +209,7 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.
 	if lerr == nil && e.hier != nil {
 		g.hier, lerr = newGPUHier(ctx, g)
 	}
-	if lerr == nil && e.hier == nil {
+	if lerr == nil && gpuLayout {
 		g.lk, lerr = newGPULayout(g)
 	}
 	// Every rank learns whether every rank is ready, so none is left
