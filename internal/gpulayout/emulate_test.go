@@ -20,7 +20,7 @@ func TestDimsCheck(t *testing.T) {
 		"chunk":   func(d *Dims) { d.Chunk = 0 },
 		"T":       func(d *Dims) { d.T = 129 },
 		"rowCap":  func(d *Dims) { d.RowCap = -1 },
-		"routing": func(d *Dims) { d.R, d.MaxT, d.K = 1024, 1 << 20, 8 },
+		"routing": func(d *Dims) { d.R, d.MaxT, d.K = 1024, 1<<20, 8 },
 		"tables":  func(d *Dims) { d.T, d.MaxT, d.K, d.RowCap = 1<<27, 1<<27, 16, 1 },
 	} {
 		d := ok
