@@ -166,8 +166,9 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.
 	rowMax := g.H * 4 // fp32, the widest dtype
 	g.recvWOff, g.combWOff = g.recvCap*rowMax, g.combRows*rowMax
 	// The layout runs on the GPU in one domain, when its buffers stay
-	// within int32 offsets (else on the host, as with several domains).
-	gpuLayout := e.hier == nil && layoutDims(cfg, R, me, 0, 0).Check() == nil
+	// within int32 offsets at the largest sizes (else on the host, as
+	// with several domains; the same choice on every rank).
+	gpuLayout := e.hier == nil && layoutDims(cfg, R, me, cfg.MaxTokensPerRank, g.recvCap).Check() == nil
 	routeSize := 8
 	if gpuLayout {
 		routeSize = 4 * R * (cfg.MaxTokensPerRank*g.K + 1)

@@ -119,37 +119,58 @@ func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Ten
 	if err != nil {
 		return err
 	}
-	// 1-2: the routing exchange.
+	// A failure of earlier work that no Synchronize has reported yet (a
+	// peer's rejected dispatch, say) fails this layout on every rank:
+	// this rank joins it as a rank that rejected its input. Otherwise the
+	// status left set would end this rank's waits at once while its peers
+	// go on.
+	if err := g.s.Synchronize(ctx); err != nil {
+		return g.e.noteFailure(err)
+	}
+	if err := g.waitStatus(ctx); err != nil {
+		if fatal(err) {
+			return g.e.noteFailure(err)
+		}
+		g.reject()
+		return err
+	}
+	// 1-2: the routing exchange. Once the first wait is enqueued, every
+	// step of the protocol is enqueued whatever fails, so that the peers'
+	// epochs stay in step with this rank's.
 	if err := g.begin(); err != nil {
 		return err
 	}
-	if err := g.s.Launch(lk.put, grid, block, 0, idx, g.peerTable(regionRoute),
-		int64(g.R), int64(g.me), int64(cfg.MaxTokensPerRank), int64(K), int64(T)); err != nil {
-		return err
-	}
-	if err := g.arrive(uint32(opLayout)); err != nil {
-		return err
-	}
+	err = errors.Join(g.s.Launch(lk.put, grid, block, 0, idx, g.peerTable(regionRoute),
+		int64(g.R), int64(g.me), int64(cfg.MaxTokensPerRank), int64(K), int64(T)),
+		g.arrive(uint32(opLayout)))
 	// 3: counts and summary.
-	scanThreads := min(1024, roundUp(g.R*d.L, 32))
-	err = errors.Join(g.s.Memset(lk.ws, 0, lk.ws.Size(), 0), g.s.Memset(lk.errKey, 0, 8, 0xff),
-		g.launchN(lk.count, g.R*cfg.MaxTokensPerRank, d, route, nt, lk.ws, lk.errKey),
-		g.s.Launch(lk.scan, [3]uint32{1, 1, 1}, [3]uint32{uint32(scanThreads), 1, 1}, 0,
-			append([]any{route, lk.ws, lk.errKey}, d.Args()...)...))
+	if err == nil {
+		scanThreads := min(1024, roundUp(g.R*d.L, 32))
+		err = errors.Join(g.s.Memset(lk.ws, 0, lk.ws.Size(), 0), g.s.Memset(lk.errKey, 0, 8, 0xff),
+			g.launchN(lk.count, g.R*cfg.MaxTokensPerRank, d, route, nt, lk.ws, lk.errKey),
+			g.s.Launch(lk.scan, [3]uint32{1, 1, 1}, [3]uint32{uint32(scanThreads), 1, 1}, 0,
+				append([]any{route, lk.ws, lk.errKey}, d.Args()...)...))
+	}
 	var lay *Layout
 	if err == nil {
 		lay, err = g.layoutSummary(ctx, d)
 	}
-	// 4: the tables (not after a failure: a Relayout keeps its old ones).
-	if err == nil {
-		err = g.useLayout(ctx, h, lay)
-	}
+	// 4: the tables, then the handle takes the layout (after a failure a
+	// Relayout keeps its old tables and counts).
+	fresh := h.gpu == nil
 	if err == nil {
 		err = g.deviceTables(h, lay, d)
+	}
+	if err == nil {
+		err = g.useLayout(ctx, h, lay)
 	}
 	// Done, whatever happened: the peers' next call waits for it.
 	if ferr := g.finish(uint32(opLayout)); err == nil {
 		err = ferr
+	}
+	if err != nil && fresh && h.gpu != nil {
+		h.gpu.close()
+		h.gpu = nil
 	}
 	return err
 }
@@ -178,11 +199,15 @@ func (g *gpuEngine) layoutSummary(ctx context.Context, d gpulayout.Dims) (*Layou
 }
 
 // deviceTables enqueues the column kernels that write h's tables (new
-// ones, or a Relayout's in place).
+// ones, or a Relayout's in place) for lay: its receive rows are the
+// handle's (RecvCount, or MaxRecvTokens in capacity mode).
 func (g *gpuEngine) deviceTables(h *Handle, lay *Layout, base gpulayout.Dims) error {
 	d := base
-	d.T, d.RowCap = lay.NumTokens, h.recvRows
-	if err := d.Check(); err != nil {
+	d.T, d.RowCap = lay.NumTokens, lay.RecvCount
+	if g.e.cfg.Mode == Capacity {
+		d.RowCap = g.e.cfg.MaxRecvTokens
+	}
+	if err := d.Check(); err != nil { // not at these sizes: New checked the largest
 		return fmt.Errorf("executor: GPU layout: %w", err)
 	}
 	sizes := tableSizes(d.T, g.K, g.W, d.RowCap)

@@ -77,9 +77,16 @@ func (c *layoutCase) regen(R int, seed uint64) {
 		c.routing = append(c.routing, genLayoutRouting(rng, rng.IntN(c.cfg.MaxTokensPerRank+1), c.cfg.NumExperts, c.cfg.TopK))
 	}
 	if seed%4 == 3 {
+		// A fault: an expert out of range, or one repeated in a token.
 		s := rng.IntN(R)
 		if idx := c.routing[s]; len(idx) > 0 {
-			idx[rng.IntN(len(idx))] = int32(c.cfg.NumExperts + rng.IntN(3))
+			i, K := rng.IntN(len(idx)), c.cfg.TopK
+			if seed%8 == 3 || K == 1 {
+				idx[i] = int32(c.cfg.NumExperts + rng.IntN(3))
+			} else {
+				t := i / K
+				idx[t*K], idx[t*K+1] = 0, 0
+			}
 		}
 	}
 }
