@@ -399,9 +399,10 @@ func init() { extraModes["gpu-faults"] = gpuFaults }
 // gpuFaults runs, on every rank: a layout whose input rank 1 rejects on
 // the host, a layout of routing with an expert out of range on rank 1
 // (found on the GPU by every rank), a dispatch whose input rank 1 rejects
-// on the host; a good dispatch (the engine must be usable again); then a
-// dispatch that rank 1 joins only after the others' 2 s deadline. It
-// reports what each step returned.
+// on the host; a good dispatch (the engine must be usable again); such a
+// rejected dispatch again, followed at once by a layout (which every rank
+// must fail) and a good dispatch; then a dispatch that rank 1 joins only
+// after the others' 2 s deadline. It reports what each step returned.
 func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
 	R := g.Size()
 	cfg := executor.Config{NumExperts: 4 * R, TopK: 2, Hidden: 64, MaxTokensPerRank: 16, Timeout: 2 * time.Second}
@@ -450,6 +451,19 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 	res["reject.sync"] = str(e.Synchronize(ctx))
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
 	res["after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	// A layout right after a rejected dispatch, before any Synchronize:
+	// every rank fails it (none may go on with a handle its peers lack).
+	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: in})
+	if g.Rank() != 1 && err != nil {
+		return nil, err
+	}
+	h2, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err == nil {
+		h2.Close()
+	}
+	res["stale.layout"] = str(err)
+	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+	res["stale.after"] = str(errors.Join(err, e.Synchronize(ctx)))
 	if g.Rank() == 1 {
 		time.Sleep(4 * time.Second)
 	}
@@ -497,6 +511,12 @@ func TestCUDAFaults(t *testing.T) {
 			if !strings.Contains(d["timeout"], "timed out") || !strings.Contains(d["timeout"], "[1]") {
 				t.Errorf("rank %d waiting for a late rank 1: %q, want a timeout naming rank 1", r, d["timeout"])
 			}
+		}
+		if want := map[bool]string{true: "rank(s) [0 2] rejected", false: "rank(s) [1] rejected"}[r == 1]; !strings.Contains(d["stale.layout"], want) {
+			t.Errorf("rank %d layout after an unreported rejection: %q, want an error with %q", r, d["stale.layout"], want)
+		}
+		if d["stale.after"] != "nil" {
+			t.Errorf("rank %d: dispatch after the failed layout: %s", r, d["stale.after"])
 		}
 		if d["after"] != "nil" {
 			t.Errorf("rank %d: dispatch after the rejected one: %s", r, d["after"])
