@@ -17,6 +17,8 @@ import (
 // 4): the routing never leaves the device. A layout is a collective call
 // on the domain's flags like a dispatch:
 //
+//  0. an earlier failure's status, not yet reported, moves aside (for the
+//     next Synchronize), so that it cannot end this layout's waits;
 //  1. wait for every peer's done of the previous call;
 //  2. goep_layout_put stores this rank's routing and token count into
 //     every peer's route window, then arrived is signalled and awaited
@@ -42,6 +44,9 @@ type gpuLayout struct {
 	mod                                      *device.Module
 	put, count, scan, colcount, colscan, col *device.Kernel
 	ws, errKey                               *device.Buffer
+	// prior is a copy of the flags region's status, epoch counter and
+	// missing words as a layout found them.
+	prior *device.Buffer
 }
 
 func newGPULayout(g *gpuEngine) (*gpuLayout, error) {
@@ -68,6 +73,9 @@ func newGPULayout(g *gpuEngine) (*gpuLayout, error) {
 	if lk.errKey, err = g.s.Alloc(8); err != nil {
 		return nil, errors.Join(err, lk.close(g))
 	}
+	if lk.prior, err = g.s.Alloc(g.missingOff() + 4*g.R - g.statusOff()); err != nil {
+		return nil, errors.Join(err, lk.close(g))
+	}
 	return lk, nil
 }
 
@@ -77,6 +85,7 @@ func (lk *gpuLayout) close(g *gpuEngine) error {
 	}
 	g.s.Free(lk.ws)
 	g.s.Free(lk.errKey)
+	g.s.Free(lk.prior)
 	if lk.mod != nil {
 		return lk.mod.Close()
 	}
@@ -120,18 +129,13 @@ func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Ten
 		return err
 	}
 	// A failure of earlier work that no Synchronize has reported yet (a
-	// peer's rejected dispatch, say) fails this layout on every rank:
-	// this rank joins it as a rank that rejected its input. Otherwise the
-	// status left set would end this rank's waits at once while its peers
-	// go on.
-	if err := g.s.Synchronize(ctx); err != nil {
-		return g.e.noteFailure(err)
-	}
-	if err := g.waitStatus(ctx); err != nil {
-		if fatal(err) {
-			return g.e.noteFailure(err)
-		}
-		g.reject()
+	// peer's rejected dispatch, say) would end this layout's waits at once
+	// on this rank only: its status moves aside first (a device copy, then
+	// the status is cleared), and Synchronize reports it later, as it
+	// would have without this layout.
+	flags := g.win.Own[regionFlags]
+	if err := errors.Join(g.s.Copy(lk.prior, 0, flags, g.statusOff(), lk.prior.Size()),
+		g.s.Memset(flags, g.statusOff(), 8, 0), g.s.Memset(flags, g.missingOff(), 4*g.R, 0)); err != nil {
 		return err
 	}
 	// 1-2: the routing exchange. Once the first wait is enqueued, every
@@ -190,6 +194,14 @@ func (g *gpuEngine) layoutSummary(ctx context.Context, d gpulayout.Dims) (*Layou
 	}
 	if err := g.waitStatus(ctx); err != nil {
 		return nil, g.e.noteFailure(err)
+	}
+	prior, err := g.s.DownloadBuffer(ctx, g.lk.prior)
+	if err != nil {
+		return nil, g.e.noteFailure(err)
+	}
+	if prior[0] != 0 && g.pending == nil {
+		// The earlier failure, for the next Synchronize.
+		g.pending = g.statusError(prior[g.missingOff()-g.statusOff():])
 	}
 	sum := make([]int32, n)
 	for i := range sum {

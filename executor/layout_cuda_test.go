@@ -40,8 +40,9 @@ func gpuHere(t *testing.T) *device.CUDA {
 // tables in device memory against buildTables of ComputeLayout, the counts
 // against the host layout's and a routing at fault against ComputeLayout's
 // error, bit for bit; in capacity mode also a Relayout into the same
-// tables. With -test.v it then times a DeepSeek-V3-sized layout (4 ranks,
-// 4096 tokens, 256 experts, top-8) on the GPU and on the host.
+// tables. With -gpu.bench it then times DeepSeek-V3-sized layouts (256
+// experts, top-8, 128 and 4096 tokens per rank) on the GPU and on the
+// host.
 func TestCUDALayoutKernels(t *testing.T) {
 	b := gpuHere(t)
 	for _, R := range []int{1, 3, 4} {
@@ -53,7 +54,7 @@ func TestCUDALayoutKernels(t *testing.T) {
 			})
 		}
 	}
-	if testing.Verbose() {
+	if f := flag.Lookup("gpu.bench"); f != nil && f.Value.String() == "true" {
 		timeLayouts(t, b)
 	}
 }
@@ -213,12 +214,12 @@ func checkDeviceLayout(ctx context.Context, e *Engine, h *Handle, want *Layout, 
 }
 
 // timeLayouts logs the median Layout time (host wall clock: the layout
-// waits for its summary) of a DeepSeek-V3 decode/prefill-sized world on
-// the GPU and on the host, 4 goroutine ranks sharing the GPU.
+// waits for its summary) of DeepSeek-V3 decode/prefill-sized worlds (1 and
+// 4 goroutine ranks sharing the GPU) on the GPU and on the host.
 func timeLayouts(t *testing.T, b *device.CUDA) {
-	for _, T := range []int{128, 4096} {
+	for _, c := range []struct{ R, T int }{{1, 128}, {4, 128}, {4, 4096}} {
 		for _, host := range []bool{false, true} {
-			R, E, K := 4, 256, 8
+			R, T, E, K := c.R, c.T, 256, 8
 			cfg := Config{NumExperts: E, TopK: K, Hidden: 16, MaxTokensPerRank: T, Timeout: 20 * time.Second}
 			gs := comm.NewLocal(R)
 			times := make([][]time.Duration, R)

@@ -12,11 +12,13 @@
 #	          756, interop, several domains in-process) and executor over
 #	          UCX (TestCUDADomainsProcesses, shared memory and TCP)
 #	memcheck  compute-sanitizer memcheck of the executor's one-domain and
-#	          several-domain tests and of the permute tests, racecheck of
-#	          the permute tests
+#	          several-domain tests (goroutine ranks, and processes), graph,
+#	          issue-756 and interop tests and of the permute tests,
+#	          racecheck of the permute tests
 #	bench     permute vs device copy, TestCUDABenchmark (4 goroutine
-#	          ranks), eprun bench on the DeepSeek-V3 decode and prefill
-#	          shapes and a sweep of the tuning knobs
+#	          ranks), layout times on the GPU and the host
+#	          (TestCUDALayoutKernels), eprun bench on the DeepSeek-V3 decode
+#	          and prefill shapes and a sweep of the tuning knobs
 #	experiments  standalone CUDA experiments compiled there with the
 #	          host's nvcc (scripts/experiments: permute with bulk TMA
 #	          copies, which Debian's nvcc 11.8 cannot build)
@@ -47,8 +49,9 @@ sanitize() {
 	local name=$1 secs=$2 tool=$3
 	shift 3
 	# The sanitizer slows kernels (and so the ranks' waits) many times.
+	# shellcheck disable=SC2086 # SANITIZER_FLAGS holds several flags
 	GOEP_TIMEOUT=${GOEP_SANITIZER_TIMEOUT:-120s} step "$name" "$secs" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit "${PRINT_LIMIT:-20}" \
-		--show-backtrace device "$@"
+		--show-backtrace device ${SANITIZER_FLAGS:-} "$@"
 }
 
 tests() {
@@ -77,15 +80,24 @@ memcheck() {
 	# every error printed.
 	PRINT_LIMIT=0 sanitize memcheck-domains-seed4 300 memcheck $bin/executor.test -gpu -mp.seed=4 \
 		-test.run 'TestCUDADomains$/D=2' -test.v
+	# The same worlds as processes (UCX over shared memory), every child
+	# checked: each rank's windows are then its own allocations and the
+	# peers' IPC mappings, not addresses shared within one process.
+	SANITIZER_FLAGS="--target-processes all" sanitize memcheck-domains-processes 300 memcheck \
+		$bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsProcesses/shm=true' -test.v
 	if [ -n "$level" ]; then export GOEP_LOG_LEVEL=$level; else unset GOEP_LOG_LEVEL; fi
-	sanitize memcheck-graph 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDA(Graph|Issue756|Interop)' -test.v
+	sanitize memcheck-graph 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDA(Graph|Issue756|LayoutKernels)' -test.v
+	# TestCUDAInterop hands the engine a host address on purpose: the
+	# refusal under test is cuPointerGetAttribute's CUDA_ERROR_INVALID_VALUE,
+	# which memcheck would report as an API error.
+	SANITIZER_FLAGS="--report-api-errors no" sanitize memcheck-interop 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDAInterop' -test.v
 	sanitize memcheck-permute 300 memcheck $bin/permute.test -gpu -test.v
 	sanitize racecheck-permute 300 racecheck $bin/permute.test -gpu -test.v
 }
 
 bench() {
 	step bench-permute 300 $bin/permute.test -gpu -test.run '^$' -test.bench CUDA -test.benchtime 50x -test.v
-	step bench-executor 300 $bin/executor.test -gpu -gpu.bench -test.run 'TestCUDABenchmark/goroutines' -test.v
+	step bench-executor 300 $bin/executor.test -gpu -gpu.bench -test.run 'TestCUDABenchmark/goroutines|TestCUDALayoutKernels' -test.v
 	step eprun-decode 300 $bin/eprun bench deepseek-v3-decode --backend cuda --ranks 4 -q --json "$out/decode.json"
 	step eprun-prefill 300 $bin/eprun bench deepseek-v3-prefill --backend cuda --ranks 4 -q --json "$out/prefill.json"
 	step eprun-knobs 300 $bin/eprun bench deepseek-v3-decode --backend cuda --ranks 4 -q \
