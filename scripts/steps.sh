@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2154 # out and failed are the caller's
 # Sourced by gpu-run.sh and multigpu-run.sh (and copied next to them by
 # gpu-build.sh): step NAME SECONDS CMD... runs CMD with a deadline, its
 # output in $out/NAME.log, prints one PASS or FAIL line (a failure with the
