@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/internal/gpulayout"
@@ -47,6 +48,10 @@ type gpuLayout struct {
 	// prior is a copy of the flags region's status, epoch counter and
 	// missing words as a layout found them.
 	prior *device.Buffer
+	// phases are the host times of the last layout from its start to: the
+	// exchange and count kernels enqueued, the summary read, the tables
+	// enqueued, the counts uploaded (for the timing test).
+	phases [4]time.Duration
 }
 
 func newGPULayout(g *gpuEngine) (*gpuLayout, error) {
@@ -117,6 +122,8 @@ func (g *gpuEngine) launchN(k *device.Kernel, n int, d gpulayout.Dims, ptrs ...a
 // deviceLayout runs the layout of idx into h on the GPU (see above).
 func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Tensor) error {
 	cfg, lk := g.e.cfg, g.lk
+	start := time.Now()
+	lk.phases = [4]time.Duration{}
 	T, K := idx.Rows(), g.K
 	d := layoutDims(cfg, g.R, g.me, T, 0)
 	route := g.win.Own[regionRoute]
@@ -155,19 +162,23 @@ func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Ten
 			g.s.Launch(lk.scan, [3]uint32{1, 1, 1}, [3]uint32{uint32(scanThreads), 1, 1}, 0,
 				append([]any{route, lk.ws, lk.errKey}, d.Args()...)...))
 	}
+	lk.phases[0] = time.Since(start)
 	var lay *Layout
 	if err == nil {
 		lay, err = g.layoutSummary(ctx, d)
 	}
+	lk.phases[1] = time.Since(start)
 	// 4: the tables, then the handle takes the layout (after a failure a
 	// Relayout keeps its old tables and counts).
 	fresh := h.gpu == nil
 	if err == nil {
 		err = g.deviceTables(h, lay, d)
 	}
+	lk.phases[2] = time.Since(start)
 	if err == nil {
 		err = g.useLayout(ctx, h, lay)
 	}
+	lk.phases[3] = time.Since(start)
 	// Done, whatever happened: the peers' next call waits for it.
 	if ferr := g.finish(uint32(opLayout)); err == nil {
 		err = ferr

@@ -224,10 +224,15 @@ func timeLayouts(t *testing.T, b *device.CUDA) {
 			gs := comm.NewLocal(R)
 			times := make([][]time.Duration, R)
 			errs := make([]error, R)
+			var phases [4]time.Duration
 			var wg sync.WaitGroup
 			for r := range R {
 				wg.Go(func() {
-					times[r], errs[r] = timeLayoutRank(t.Context(), gs[r], b, cfg, host)
+					var p [4]time.Duration
+					times[r], p, errs[r] = timeLayoutRank(t.Context(), gs[r], b, cfg, host)
+					if r == 0 {
+						phases = p
+					}
 				})
 			}
 			wg.Wait()
@@ -248,14 +253,17 @@ func timeLayouts(t *testing.T, b *device.CUDA) {
 			}
 			t.Logf("layout on the %s: %d ranks, %d tokens each, %d experts, top-%d: median %v (of %d, p90 %v)",
 				where, R, T, E, K, its[len(its)/2], len(its), its[len(its)*9/10])
+			if !host {
+				t.Logf("  rank 0's last GPU layout: enqueued %v, summary read %v, tables enqueued %v, counts uploaded %v", phases[0], phases[1], phases[2], phases[3])
+			}
 		}
 	}
 }
 
-func timeLayoutRank(ctx context.Context, g comm.Group, b *device.CUDA, cfg Config, host bool) ([]time.Duration, error) {
+func timeLayoutRank(ctx context.Context, g comm.Group, b *device.CUDA, cfg Config, host bool) (out []time.Duration, phases [4]time.Duration, err error) {
 	e, err := New(ctx, g, b, cfg)
 	if err != nil {
-		return nil, err
+		return nil, phases, err
 	}
 	defer e.Close()
 	e.gpu.hostLayout = host
@@ -263,7 +271,7 @@ func timeLayoutRank(ctx context.Context, g comm.Group, b *device.CUDA, cfg Confi
 	T, K := cfg.MaxTokensPerRank, cfg.TopK
 	idx, err := e.NewTensor(device.Int32, T, K)
 	if err != nil {
-		return nil, err
+		return nil, phases, err
 	}
 	defer idx.Close()
 	routing := make([]int32, 0, T*K)
@@ -271,29 +279,31 @@ func timeLayoutRank(ctx context.Context, g comm.Group, b *device.CUDA, cfg Confi
 		routing = append(routing, genUniqueRow(rng, cfg.NumExperts, K)...)
 	}
 	if err := device.Upload(ctx, idx, device.EncodeInt32(routing)); err != nil {
-		return nil, err
+		return nil, phases, err
 	}
-	var out []time.Duration
 	for i := range 25 {
 		if err := e.Synchronize(ctx); err != nil {
-			return nil, err
+			return nil, phases, err
 		}
 		start := time.Now()
 		h, err := e.Layout(ctx, LayoutInput{TopkIdx: idx})
 		if err != nil {
-			return nil, err
+			return nil, phases, err
 		}
 		if err := e.Synchronize(ctx); err != nil {
-			return nil, err
+			return nil, phases, err
 		}
 		if i >= 5 { // warm-up
 			out = append(out, time.Since(start))
 		}
 		if err := h.Close(); err != nil {
-			return nil, err
+			return nil, phases, err
 		}
 	}
-	return out, nil
+	if !host {
+		phases = e.gpu.lk.phases
+	}
+	return out, phases, nil
 }
 
 func genUniqueRow(rng *rand.Rand, E, K int) []int32 {

@@ -169,6 +169,11 @@ func mpPipeline(ctx context.Context, g comm.Group, b device.Backend, seed uint64
 		ub, err = e.UnpermuteBackward(ctx, h, executor.UnpermuteBackwardInput{GradOut: u, Y: p.X, RecvWeights: d.RecvWeights})
 		out["unpermute-backward.y"], out["unpermute-backward.w"] = ub.GradY, ub.GradWeights
 	}
+	if err == nil {
+		// A GPU wait that failed (a timeout, say) leaves garbage in the
+		// outputs; only Synchronize says so.
+		err = e.Synchronize(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -70,6 +70,13 @@ tests() {
 }
 
 memcheck() {
+	# One domain of 2 and 4 processes sharing the GPU (the GPU layout,
+	# IPC-mapped windows), every child checked.
+	SANITIZER_FLAGS="--target-processes all" sanitize memcheck-multiprocess 300 memcheck \
+		$bin/executor.test -gpu -test.run 'TestCUDAMultiProcess/ranks=(2|4)/spawn' -test.v
+	# Goroutine ranks: the sanitizer serializes kernels, so a rank's wait
+	# kernel can hold the GPU while the peer it waits for cannot run; such
+	# runs may end in GPU wait timeouts (reported, not wrong results).
 	sanitize memcheck-one-domain 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=4' -test.v
 	# GOEP_LOG_LEVEL=debug: every engine logs its domain's window
 	# addresses ("GPU windows"), to read a report's addresses against.
