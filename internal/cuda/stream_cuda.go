@@ -99,32 +99,6 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 	return nil
 }
 
-// poll calls query until it reports done or fails, sleeping between calls
-// from 4 µs doubling to 256 µs, until ctx is done.
-func poll(ctx context.Context, query func() (bool, error)) error {
-	const first, most = 4 * time.Microsecond, 256 * time.Microsecond
-	wait := first
-	var t *time.Timer
-	for {
-		done, err := query()
-		if err != nil || done {
-			return err
-		}
-		if t == nil {
-			t = time.NewTimer(wait)
-			defer t.Stop()
-		} else {
-			t.Reset(wait)
-		}
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-t.C:
-		}
-		wait = min(2*wait, most)
-	}
-}
-
 // Close destroys the stream (cuStreamDestroy). Work already enqueued still
 // completes; the driver releases the stream afterwards. A second Close
 // returns nil.
