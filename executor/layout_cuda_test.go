@@ -75,7 +75,7 @@ func (c *layoutCase) regen(R int, seed uint64) {
 	}
 	c.routing = nil
 	for range R {
-		c.routing = append(c.routing, genLayoutRouting(rng, rng.IntN(c.cfg.MaxTokensPerRank+1), c.cfg.NumExperts, c.cfg.TopK))
+		c.routing = append(c.routing, genLayoutRouting(rng, rng.IntN(c.cfg.MaxTokensPerRank+1), c.cfg.NumExperts, c.cfg.TopK, nil))
 	}
 	if seed%4 == 3 {
 		// A fault: an expert out of range, or one repeated in a token.
@@ -90,23 +90,6 @@ func (c *layoutCase) regen(R int, seed uint64) {
 			}
 		}
 	}
-}
-
-func genLayoutRouting(rng *rand.Rand, T, E, K int) []int32 {
-	idx := make([]int32, T*K)
-	for t := range T {
-		row := idx[t*K : (t+1)*K]
-		for k := range row {
-			row[k] = -1
-			if rng.IntN(6) == 0 {
-				continue
-			}
-			if e := int32(rng.IntN(E)); !slices.Contains(row, e) {
-				row[k] = e
-			}
-		}
-	}
-	return idx
 }
 
 // runLayoutWorld runs c's layout on every rank (a Relayout too in
@@ -175,7 +158,7 @@ func layoutRank(ctx context.Context, g comm.Group, b *device.CUDA, cfg Config, c
 		rng := rand.New(rand.NewPCG(uint64(round), 99))
 		next := make([][]int32, len(routing))
 		for s := range routing {
-			next[s] = genLayoutRouting(rng, len(routing[s])/cfg.TopK, cfg.NumExperts, cfg.TopK)
+			next[s] = genLayoutRouting(rng, len(routing[s])/cfg.TopK, cfg.NumExperts, cfg.TopK, nil)
 		}
 		routing = next
 	}

@@ -60,28 +60,7 @@ func genLayoutCase(seed uint64) *layoutCase {
 	}
 	hot := rng.Perm(E)[:1+rng.IntN(E)]
 	for range R {
-		T := rng.IntN(maxT + 1)
-		idx := make([]int32, T*K)
-		for t := range T {
-			row := idx[t*K : (t+1)*K]
-			for k := range row {
-				row[k] = -1
-				if rng.IntN(5) == 0 {
-					continue
-				}
-				for try := 0; try < 8; try++ {
-					e := int32(hot[rng.IntN(len(hot))])
-					if rng.IntN(3) == 0 {
-						e = int32(rng.IntN(E))
-					}
-					if !slices.Contains(row, e) {
-						row[k] = e
-						break
-					}
-				}
-			}
-		}
-		c.routing = append(c.routing, idx)
+		c.routing = append(c.routing, genLayoutRouting(rng, rng.IntN(maxT+1), E, K, hot))
 	}
 	if seed%8 == 3 {
 		// A fault in some rank's routing (or none, when it has no tokens).
@@ -100,6 +79,34 @@ func genLayoutCase(seed uint64) *layoutCase {
 		}
 	}
 	return c
+}
+
+// genLayoutRouting draws T tokens of K slots over E experts: a fifth of
+// the slots empty, the others distinct experts, two thirds of them drawn
+// from hot when it is not nil (so that tokens pick several experts of one
+// rank).
+func genLayoutRouting(rng *rand.Rand, T, E, K int, hot []int) []int32 {
+	idx := make([]int32, T*K)
+	for t := range T {
+		row := idx[t*K : (t+1)*K]
+		for k := range row {
+			row[k] = -1
+			if rng.IntN(5) == 0 {
+				continue
+			}
+			for try := 0; try < 8; try++ {
+				e := int32(rng.IntN(E))
+				if hot != nil && rng.IntN(3) != 0 {
+					e = int32(hot[rng.IntN(len(hot))])
+				}
+				if !slices.Contains(row, e) {
+					row[k] = e
+					break
+				}
+			}
+		}
+	}
+	return idx
 }
 
 // check compares the emulated kernels with the host layout for rank me.
