@@ -24,7 +24,7 @@ import (
 //  2. goep_layout_put stores this rank's routing and token count into
 //     every peer's route window, then arrived is signalled and awaited
 //     (op opLayout; a peer that rejected its input fails the call);
-//  3. the count and scan kernels (kernels/layout.h) validate every rank's
+//  3. the count and scan kernels (internal/gpulayout/layout.h) validate every rank's
 //     routing and compute the world counts and this rank's summary, which
 //     the host downloads (the one wait on the host: blocking mode sizes
 //     its outputs with it, and both modes apply the capacity policy);

@@ -9,7 +9,7 @@ import (
 	"github.com/goep/goep/internal/gpulayout"
 )
 
-// The layout on the GPU (kernels/layout.h, run by layout_cuda.go in one
+// The layout on the GPU (internal/gpulayout/layout.h, run by layout_cuda.go in one
 // NVLink domain): the kernels write the handle's tables straight into
 // device memory, and the host downloads only their summary, which
 // summaryLayout reads. This file is the host side that does not need

@@ -56,7 +56,8 @@ func genLayoutCase(seed uint64) *layoutCase {
 	c.cfg = Config{NumExperts: E, TopK: K, MaxTokensPerRank: maxT, PadMultiple: 1 + rng.IntN(3), RanksPerDomain: R}
 	if rng.IntN(2) == 0 {
 		c.cfg.Mode = Capacity
-		c.cfg.MaxRecvTokens = rng.IntN(R*maxT + 1)
+		// Often below a rank's rows, so that rows are dropped.
+		c.cfg.MaxRecvTokens = rng.IntN(2*maxT + 1)
 	}
 	hot := rng.Perm(E)[:1+rng.IntN(E)]
 	for range R {

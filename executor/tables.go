@@ -6,7 +6,7 @@ import "slices"
 // gpuTables), as one int32 array: entTok, entDest, entRow [T*W], slotEnt
 // [T*K], recvSrc, recvEnt [rowCap], recvIdx, pos [rowCap*K], -1 where
 // nothing is written. Entry e = t*W + c is local token t's c-th
-// destination (ascending). The GPU layout kernels (kernels/layout.h) write
+// destination (ascending). The GPU layout kernels (internal/gpulayout/layout.h) write
 // the same array; buildTables is their reference and the host layout's
 // path.
 

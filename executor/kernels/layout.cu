@@ -4,11 +4,11 @@
 //
 //	nvcc -ptx -arch=compute_90 -o layout.ptx layout.cu (../../permute/kernels/gen.sh)
 //
-// Each kernel runs the per-thread code of layout.h (read there what each
+// Each kernel runs the per-thread code of internal/gpulayout/layout.h (read there what each
 // computes and the launch sequence); package internal/gpulayout runs the
 // same code on the host in tests. Every pointer is device memory; sizes
 // arrive by value (DESIGN.md invariant 1).
-#include "layout.h"
+#include "../../internal/gpulayout/layout.h"
 
 #define DIMS layout_dims_of(R, me, K, L, maxT, pad, ch, maxRecv, T, rowCap)
 #define DIM_PARAMS                                                                                       \

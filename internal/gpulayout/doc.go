@@ -1,5 +1,6 @@
-// Package gpulayout is the host side of executor's layout kernels
-// (executor/kernels/layout.h and layout.cu): their sizes (Dims, read from
+// Package gpulayout is the host side of executor's layout kernels: their
+// per-thread C code (layout.h, here so that the Go build tracks it;
+// executor/kernels/layout.cu includes it), their sizes (Dims, read from
 // the header itself so that the host and the kernels cannot disagree) and
 // an emulation that runs their per-thread code, plain C, on the host:
 // EmulateLayout executes every thread of every launch one after another,

@@ -3,7 +3,6 @@
 package gpulayout
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../executor/kernels
 #include "layout.h"
 
 static struct layout_dims dims(int64_t R, int64_t me, int64_t K, int64_t L, int64_t maxT, int64_t pad,
