@@ -461,12 +461,6 @@ func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, s
 // error Synchronize will report.
 func (g *gpuEngine) useLayout(ctx context.Context, h *Handle, lay *Layout) error {
 	e, cfg := g.e, g.e.cfg
-	h.lay = lay
-	if cfg.Mode == Capacity {
-		h.recvRows, h.permRows = cfg.MaxRecvTokens, cfg.MaxPermutedTokens
-	} else {
-		h.recvRows, h.permRows = lay.RecvCount, lay.PermutedCount
-	}
 	counts := make([]int32, countsHeader+e.local)
 	counts[countRecv], counts[countPermuted] = int32(lay.RecvCount), int32(lay.PermutedCount)
 	copy(counts[countsHeader:], lay.TokensPerExpert)
@@ -475,6 +469,12 @@ func (g *gpuEngine) useLayout(ctx context.Context, h *Handle, lay *Layout) error
 	}
 	if err := g.s.UploadBuffer(ctx, h.counts.Buffer(), device.EncodeInt32(counts)); err != nil {
 		return e.noteFailure(err)
+	}
+	h.lay = lay
+	if cfg.Mode == Capacity {
+		h.recvRows, h.permRows = cfg.MaxRecvTokens, cfg.MaxPermutedTokens
+	} else {
+		h.recvRows, h.permRows = lay.RecvCount, lay.PermutedCount
 	}
 	if cfg.Mode == Capacity && cfg.Overflow == OverflowError {
 		if err := capacityCheck(lay, cfg); err != nil && g.pending == nil {
@@ -933,6 +933,8 @@ func (g *gpuEngine) waitStatus(ctx context.Context) error {
 	return err
 }
 
+// statusError decodes missing[R] (raw) after a failed wait: the ranks
+// that timed out, rejected their input or ran another call.
 func (g *gpuEngine) statusError(raw []byte) error {
 	var timedOut, mismatched, rejected []int
 	for p := range g.R {

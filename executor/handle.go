@@ -90,7 +90,7 @@ func (e *Engine) Layout(ctx context.Context, in LayoutInput) (*Handle, error) {
 	}
 	counts, err := e.NewTensor(device.Int32, countsHeader+e.local)
 	if err != nil {
-		return nil, err
+		return nil, e.reject(opLayout, err) // the peers must not wait for this rank
 	}
 	h := &Handle{e: e, id: e.handles, numTokens: idx.Rows(), counts: counts}
 	if e.gpu != nil {

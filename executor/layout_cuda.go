@@ -26,8 +26,9 @@ import (
 //     (op opLayout; a peer that rejected its input fails the call);
 //  3. the count and scan kernels (internal/gpulayout/layout.h) validate every rank's
 //     routing and compute the world counts and this rank's summary, which
-//     the host downloads (the one wait on the host: blocking mode sizes
-//     its outputs with it, and both modes apply the capacity policy);
+//     the host downloads (the host waits here: blocking mode sizes its
+//     outputs with the summary, and both modes apply the capacity policy;
+//     the counts tensor's upload after the tables waits once more);
 //  4. the column kernels write the handle's tables in device memory (in
 //     place for a Relayout), then done is signalled.
 //
@@ -42,9 +43,9 @@ var layoutPTX []byte
 
 // gpuLayout are the layout kernels and their workspace.
 type gpuLayout struct {
-	mod                                      *device.Module
-	put, count, scan, colcount, colscan, col *device.Kernel
-	ws, errKey                               *device.Buffer
+	mod                                           *device.Module
+	put, count, scan, colcount, colscan, colwrite *device.Kernel
+	ws, errKey                                    *device.Buffer
 	// prior is a copy of the flags region's status, epoch counter and
 	// missing words as a layout found them.
 	prior *device.Buffer
@@ -65,7 +66,7 @@ func newGPULayout(g *gpuEngine) (*gpuLayout, error) {
 		name string
 	}{
 		{&lk.put, "goep_layout_put"}, {&lk.count, "goep_layout_count"}, {&lk.scan, "goep_layout_scan"},
-		{&lk.colcount, "goep_layout_colcount"}, {&lk.colscan, "goep_layout_colscan"}, {&lk.col, "goep_layout_colwrite"},
+		{&lk.colcount, "goep_layout_colcount"}, {&lk.colscan, "goep_layout_colscan"}, {&lk.colwrite, "goep_layout_colwrite"},
 	} {
 		if *k.dst, err = lk.mod.Kernel(k.name); err != nil {
 			return nil, errors.Join(err, lk.close(g))
@@ -101,8 +102,8 @@ func (lk *gpuLayout) close(g *gpuEngine) error {
 // domain's flags, a rejected one too).
 func (g *gpuEngine) layoutOnGPU() bool { return g.lk != nil && !g.hostLayout }
 
-// threads is a launch of n threads (at least one block) in blocks of 256.
-func threads(n int) (grid, block [3]uint32, err error) {
+// threadShape is a launch of n threads (at least one block) in blocks of 256.
+func threadShape(n int) (grid, block [3]uint32, err error) {
 	blocks := (max(n, 1) + 255) / 256
 	if blocks > 1<<31-1 {
 		return grid, block, fmt.Errorf("executor: GPU layout: %d threads in one launch", n)
@@ -112,7 +113,7 @@ func threads(n int) (grid, block [3]uint32, err error) {
 
 // launchN launches k over n threads with the pointers ptrs, then the dims.
 func (g *gpuEngine) launchN(k *device.Kernel, n int, d gpulayout.Dims, ptrs ...any) error {
-	grid, block, err := threads(n)
+	grid, block, err := threadShape(n)
 	if err != nil {
 		return err
 	}
@@ -129,10 +130,12 @@ func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Ten
 	route := g.win.Own[regionRoute]
 	nt, err := route.View(4*g.R*cfg.MaxTokensPerRank*K, 4*g.R)
 	if err != nil {
+		g.reject()
 		return err
 	}
-	grid, block, err := threads(g.R * max(T*K, 1))
+	grid, block, err := threadShape(g.R * max(T*K, 1))
 	if err != nil {
+		g.reject()
 		return err
 	}
 	// A failure of earlier work that no Synchronize has reported yet (a
@@ -140,9 +143,12 @@ func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Ten
 	// on this rank only: its status moves aside first (a device copy, then
 	// the status is cleared), and Synchronize reports it later, as it
 	// would have without this layout.
+	// (A timeout moves aside too: this layout's waits then run for real
+	// and fail on their own if the ranks are out of step.)
 	flags := g.win.Own[regionFlags]
 	if err := errors.Join(g.s.Copy(lk.prior, 0, flags, g.statusOff(), lk.prior.Size()),
 		g.s.Memset(flags, g.statusOff(), 8, 0), g.s.Memset(flags, g.missingOff(), 4*g.R, 0)); err != nil {
+		g.reject()
 		return err
 	}
 	// 1-2: the routing exchange. Once the first wait is enqueued, every
@@ -168,8 +174,9 @@ func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Ten
 		lay, err = g.layoutSummary(ctx, d)
 	}
 	lk.phases[1] = time.Since(start)
-	// 4: the tables, then the handle takes the layout (after a failure a
-	// Relayout keeps its old tables and counts).
+	// 4: the tables, then the handle takes the layout. After a failure
+	// before the tables' kernels a Relayout keeps its old tables and
+	// counts; once they are enqueued the tables are the new layout's.
 	fresh := h.gpu == nil
 	if err == nil {
 		err = g.deviceTables(h, lay, d)
@@ -203,16 +210,17 @@ func (g *gpuEngine) layoutSummary(ctx context.Context, d gpulayout.Dims) (*Layou
 	if err != nil {
 		return nil, g.e.noteFailure(err)
 	}
-	if err := g.waitStatus(ctx); err != nil {
-		return nil, g.e.noteFailure(err)
-	}
+	// The earlier failure moved aside, for the next Synchronize, whatever
+	// this layout found.
 	prior, err := g.s.DownloadBuffer(ctx, g.lk.prior)
 	if err != nil {
 		return nil, g.e.noteFailure(err)
 	}
-	if prior[0] != 0 && g.pending == nil {
-		// The earlier failure, for the next Synchronize.
-		g.pending = g.statusError(prior[g.missingOff()-g.statusOff():])
+	if prior[0] != 0 {
+		g.pending = errors.Join(g.pending, g.statusError(prior[g.missingOff()-g.statusOff():]))
+	}
+	if err := g.waitStatus(ctx); err != nil {
+		return nil, g.e.noteFailure(err)
 	}
 	sum := make([]int32, n)
 	for i := range sum {
@@ -252,7 +260,7 @@ func (g *gpuEngine) deviceTables(h *Handle, lay *Layout, base gpulayout.Dims) er
 	err = errors.Join(g.s.Memset(t.all.Buffer(), 0, t.all.Buffer().Size(), 0xff),
 		g.launchN(g.lk.colcount, cells, d, route, nt, g.lk.ws),
 		g.launchN(g.lk.colscan, d.Columns(), d, g.lk.ws),
-		g.launchN(g.lk.col, cells, d, route, nt, g.lk.ws, t.all))
+		g.launchN(g.lk.colwrite, cells, d, route, nt, g.lk.ws, t.all))
 	if err != nil {
 		if h.gpu == nil {
 			t.close()

@@ -44,8 +44,10 @@ func (c *layoutCase) String() string {
 }
 
 // genLayoutCase draws a world: 1-6 ranks, 1-4 experts each, up to 20
-// tokens per rank, hot experts, empty slots, and in one case of eight a
-// fault (an expert out of range or repeated) somewhere.
+// tokens per rank, hot experts, empty slots, and in one case of eight an
+// attempt at a fault (an expert out of range, or one copied onto another
+// slot of its token: no fault when the draw copies a slot onto itself or
+// the rank has no tokens).
 func genLayoutCase(seed uint64) *layoutCase {
 	rng := rand.New(rand.NewPCG(seed, 0x1a70))
 	R, L := 1+rng.IntN(6), 1+rng.IntN(4)

@@ -107,10 +107,12 @@ func (d Dims) Summary() (off, n int) {
 // TableInts is the int32s of the tables.
 func (d Dims) TableInts() int { return int(C.d_tb_size(d.c())) }
 
-// Columns and Chunks are the column kernels' extent: Columns*Chunks
-// threads for colcount and colwrite, Columns for colscan.
+// Columns is the column kernels' columns: colscan runs a thread per
+// column, colcount and colwrite one per column and chunk.
 func (d Dims) Columns() int { return int(C.d_cols(d.c())) }
-func (d Dims) Chunks() int  { return int(C.d_chunks(d.c())) }
+
+// Chunks is the chunks of Chunk tokens per column (of MaxT tokens).
+func (d Dims) Chunks() int { return int(C.d_chunks(d.c())) }
 
 // Summary word indices (layout.h).
 const (
