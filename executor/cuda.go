@@ -510,16 +510,10 @@ func (g *gpuEngine) tables(ctx context.Context, h *Handle, lay *Layout, routing 
 // for a Relayout (same sizes, same addresses), else into new device
 // memory.
 func (g *gpuEngine) uploadTables(ctx context.Context, host []int32, sizes []int, n int, ht *gpuHierTables, old *gpuTables) (*gpuTables, error) {
-	t := old
-	if t == nil {
-		var err error
-		if t, err = g.newTables(sizes); err != nil {
-			ht.close()
-			return nil, err
-		}
-	} else if t.all.Len() != max(len(host), 1) {
+	t, err := g.tablesFor(old, sizes)
+	if err != nil {
 		ht.close()
-		return old, fmt.Errorf("executor: relayout: tables of %d entries, the handle has %d", len(host), t.all.Len())
+		return old, err
 	}
 	if err := g.s.UploadBuffer(ctx, t.all.Buffer(), device.EncodeInt32(host)); err != nil {
 		ht.close()
@@ -534,6 +528,23 @@ func (g *gpuEngine) uploadTables(ctx context.Context, host []int32, sizes []int,
 	}
 	t.hier = ht
 	return t, nil
+}
+
+// tablesFor returns the tables to write a layout of the given parts'
+// sizes into: old's for a Relayout (old not nil; same sizes), else new
+// ones.
+func (g *gpuEngine) tablesFor(old *gpuTables, sizes []int) (*gpuTables, error) {
+	if old == nil {
+		return g.newTables(sizes)
+	}
+	total := 0
+	for _, s := range sizes {
+		total += s
+	}
+	if old.all.Len() != max(total, 1) {
+		return nil, fmt.Errorf("executor: relayout: tables of %d entries, the handle has %d", total, old.all.Len())
+	}
+	return old, nil
 }
 
 // newTables allocates tables of the given parts' sizes (tableSizes): one

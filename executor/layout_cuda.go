@@ -127,12 +127,7 @@ func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Ten
 	lk.phases = [4]time.Duration{}
 	T, K := idx.Rows(), g.K
 	d := layoutDims(cfg, g.R, g.me, T, 0)
-	route := g.win.Own[regionRoute]
-	nt, err := route.View(4*g.R*cfg.MaxTokensPerRank*K, 4*g.R)
-	if err != nil {
-		g.reject()
-		return err
-	}
+	route, nt := g.routeWindow()
 	grid, block, err := threadShape(g.R * max(T*K, 1))
 	if err != nil {
 		g.reject()
@@ -197,6 +192,13 @@ func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Ten
 	return err
 }
 
+// routeWindow is this rank's route window and, in it, the ranks' token
+// counts (after the routing of R*MaxTokensPerRank*K int32s).
+func (g *gpuEngine) routeWindow() (route, counts *device.Buffer) {
+	route = g.win.Own[regionRoute]
+	return route, g.ownView(regionRoute, 4*g.R*g.e.cfg.MaxTokensPerRank*g.K, 4*g.R)
+}
+
 // layoutSummary waits for the layout's summary and reads it: the exchange's
 // failure (a peer's timeout or rejection), the routing error, or the
 // counts.
@@ -241,21 +243,11 @@ func (g *gpuEngine) deviceTables(h *Handle, lay *Layout, base gpulayout.Dims) er
 	if err := d.Check(); err != nil { // not at these sizes: New checked the largest
 		return fmt.Errorf("executor: GPU layout: %w", err)
 	}
-	sizes := tableSizes(d.T, g.K, g.W, d.RowCap)
-	t := h.gpu
-	if t == nil {
-		var err error
-		if t, err = g.newTables(sizes); err != nil {
-			return err
-		}
-	} else if t.all.Len() != max(d.TableInts(), 1) {
-		return fmt.Errorf("executor: relayout: tables of %d entries, the handle has %d", d.TableInts(), t.all.Len())
-	}
-	route := g.win.Own[regionRoute]
-	nt, err := route.View(4*g.R*d.MaxT*d.K, 4*g.R)
+	t, err := g.tablesFor(h.gpu, tableSizes(d.T, g.K, g.W, d.RowCap))
 	if err != nil {
 		return err
 	}
+	route, nt := g.routeWindow()
 	cells := d.Columns() * d.Chunks()
 	err = errors.Join(g.s.Memset(t.all.Buffer(), 0, t.all.Buffer().Size(), 0xff),
 		g.launchN(g.lk.colcount, cells, d, route, nt, g.lk.ws),
