@@ -33,6 +33,8 @@ type CUDA struct {
 	checkPointers atomic.Bool // SetCheckPointers
 
 	stage stagePool // pinned staging buffers of uploads and downloads
+
+	hostMaps []*HostMapping // live MapHost mappings, guarded by mu
 }
 
 // stagePool keeps the pinned staging buffers of uploads and downloads for
@@ -652,7 +654,7 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 			if err != nil {
 				return s.fail(task, fmt.Errorf("argument %d: pointer check: %w", i, err))
 			}
-			if !dev {
+			if !dev && !s.c.hostMapped(uint64(p)) {
 				return s.fail(task, fmt.Errorf("argument %d: %#x is not device memory (DESIGN invariant 1)", i, uint64(p)))
 			}
 		}

@@ -67,18 +67,28 @@ func (r *Ring) TryPush(w Work) bool {
 			if !r.head.CompareAndSwap(pos, pos+1) {
 				continue
 			}
-			r.word(pos, 1).Store(uint64(w.Peer))
-			r.word(pos, 2).Store(uint64(w.LocalOff))
-			r.word(pos, 3).Store(uint64(w.RemoteOff))
-			r.word(pos, 4).Store(uint64(w.Bytes))
-			r.word(pos, 5).Store(w.Epoch)
-			r.word(pos, 0).Store(pos + 1)
+			r.Store(pos, w)
 			return true
 		case d < 0:
 			return false // full: the consumer has not freed this slot yet
 		}
 		// Another producer claimed pos; look again.
 	}
+}
+
+// Store writes w at position pos the way a Feed's device producer does
+// (the kernel that posts rail descriptors is its CUDA twin): the fields,
+// then the sequence word pos+1, which the consumer's TryPop waits for (a
+// kernel stores it after a system-scope fence). The single producer owns
+// pos (Feed.Next); its slot is free (seq == pos) and the head counter is
+// not used.
+func (r *Ring) Store(pos uint64, w Work) {
+	r.word(pos, 1).Store(uint64(w.Peer))
+	r.word(pos, 2).Store(uint64(w.LocalOff))
+	r.word(pos, 3).Store(uint64(w.RemoteOff))
+	r.word(pos, 4).Store(uint64(w.Bytes))
+	r.word(pos, 5).Store(w.Epoch)
+	r.word(pos, 0).Store(pos + 1)
 }
 
 // Push appends w, waiting while the ring is full until ctx ends.

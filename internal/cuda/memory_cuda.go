@@ -282,3 +282,59 @@ func (d *Device) IsDevicePointer(p DevicePtr) (bool, error) {
 	}
 	return mt == C.CU_MEMORYTYPE_DEVICE, nil
 }
+
+// HostRegistration is host memory the caller owns (mmap'd, never the Go
+// heap: DESIGN invariant 6), page-locked and mapped into the GPU's address
+// space (cuMemHostRegister with CU_MEMHOSTREGISTER_DEVICEMAP and
+// PORTABLE), so that kernels can store into it, for example the rail's send
+// region and descriptor ring, which a host proxy reads.
+type HostRegistration struct {
+	d   *Device
+	p   unsafe.Pointer // nil once unregistered
+	n   int
+	dev DevicePtr
+}
+
+// HostRegister page-locks mem and maps it for the GPU. mem must stay mapped
+// until Unregister, and no queued work may use it after that.
+func (d *Device) HostRegister(mem []byte) (*HostRegistration, error) {
+	if len(mem) == 0 {
+		return nil, fmt.Errorf("cuda: host register: empty range")
+	}
+	p := unsafe.Pointer(unsafe.SliceData(mem))
+	var dev C.CUdeviceptr
+	err := d.Do(func() error {
+		flags := C.uint(C.CU_MEMHOSTREGISTER_DEVICEMAP | C.CU_MEMHOSTREGISTER_PORTABLE)
+		if err := result("cuMemHostRegister", C.cuMemHostRegister(p, C.size_t(len(mem)), flags)); err != nil {
+			return err
+		}
+		if err := result("cuMemHostGetDevicePointer", C.cuMemHostGetDevicePointer(&dev, p, 0)); err != nil {
+			return errors.Join(err, result("cuMemHostUnregister", C.cuMemHostUnregister(p)))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cuda: host register %d bytes at %p: %w", len(mem), p, err)
+	}
+	return &HostRegistration{d: d, p: p, n: len(mem), dev: DevicePtr(dev)}, nil
+}
+
+// DevicePtr is the registered memory's address as kernels see it.
+func (h *HostRegistration) DevicePtr() DevicePtr { return h.dev }
+
+// Len is the registered size in bytes.
+func (h *HostRegistration) Len() int { return h.n }
+
+// Unregister unpins and unmaps the memory (cuMemHostUnregister); the
+// caller has synchronized the streams whose work used it. A second call
+// returns nil.
+func (h *HostRegistration) Unregister() error {
+	return h.d.Do(func() error {
+		if h.p == nil {
+			return nil
+		}
+		err := result("cuMemHostUnregister", C.cuMemHostUnregister(h.p))
+		h.p = nil
+		return err
+	})
+}
