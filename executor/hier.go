@@ -242,46 +242,48 @@ func (h *hierarchy) railErr(err error) error {
 // complete on every rank (all signals sent and waited for), unless it is
 // fatal (a timeout or a lost peer).
 func (e *Engine) railRound(op uint64, sg [4]uint64, status error, fill func(n int, area, rows []byte) (count, areaBytes, rowBytes int)) (recv func(n int) []byte, err error) {
+	return e.railExchange(op, sg, status, fill, nil)
+}
+
+// railSender posts this rank's slots of rail round ep from the device
+// (the CUDA backend's GPU-fed rail, hier_cuda.go): it writes the headers,
+// enqueues the kernels that store the payload into the send region and
+// the descriptors into the rail's feed, and returns the feed's drain, which
+// the round calls before its flush. An error means nothing was posted:
+// the round then sends the failure instead.
+type railSender func(ctx context.Context, ep uint64, parity int) (drain func(context.Context) error, err error)
+
+// railExchange is railRound, with this rank's slots posted by send when it
+// is not nil and status is nil.
+func (e *Engine) railExchange(op uint64, sg [4]uint64, status error, fill func(n int, area, rows []byte) (count, areaBytes, rowBytes int), send railSender) (recv func(n int) []byte, err error) {
 	h := e.hier
 	h.epoch++
 	ep := h.epoch
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
-	send := h.rail.SendBuffer()
 	parity := int(ep % 2)
 	var peers []int
 	for n := range h.M {
-		if n == h.domain {
-			continue
+		if n != h.domain {
+			peers = append(peers, n)
 		}
-		peers = append(peers, n)
-		s := send[n*h.slot : (n+1)*h.slot]
-		head := railHead{op: op, sig: [3]uint64{sg[0], sg[1], sg[2]}}
-		ab, rb := 0, 0
-		if status != nil {
-			head.status, head.msg = nvlink.StatusOf(status), status.Error()
-		} else {
-			head.count, ab, rb = fill(n, s[railHeader:railHeader+h.area], s[railHeader+h.area:])
-		}
-		putRailHead(s, head)
-		remote := (parity*h.M + h.domain) * h.slot
-		first := rdma.Work{Peer: n, LocalOff: n * h.slot, RemoteOff: remote, Bytes: railHeader + ab, Epoch: ep}
-		if rb > 0 {
-			first.Epoch = 0
-		}
-		if err := h.rail.Put(ctx, first); err != nil {
-			return nil, e.railFatal(err)
-		}
-		if rb > 0 {
-			off := railHeader + h.area
-			w := rdma.Work{Peer: n, LocalOff: n*h.slot + off, RemoteOff: remote + off, Bytes: rb, Epoch: ep}
-			if err := h.rail.Put(ctx, w); err != nil {
-				return nil, e.railFatal(err)
-			}
+	}
+	var drain func(context.Context) error
+	if status == nil && send != nil {
+		drain, status = send(ctx, ep, parity)
+	}
+	if drain == nil {
+		if err := e.railPost(ctx, ep, parity, op, sg, status, fill); err != nil {
+			return nil, err
 		}
 	}
 	if err := h.rail.WaitAll(ctx, peers, ep); err != nil {
 		return nil, e.railFatal(err)
+	}
+	if drain != nil {
+		if err := drain(ctx); err != nil {
+			return nil, e.railFatal(err)
+		}
 	}
 	if err := h.rail.Flush(ctx); err != nil {
 		return nil, e.railFatal(err)
@@ -319,6 +321,45 @@ func (e *Engine) railRound(op uint64, sg [4]uint64, status error, fill func(n in
 		}
 	}
 	return recv, nil
+}
+
+// railPost puts this rank's slots of rail round ep from the host: for
+// every other domain n, the header (the failure when status is set, else
+// fill's payload counts), then the payload, the last put carrying the
+// signal.
+func (e *Engine) railPost(ctx context.Context, ep uint64, parity int, op uint64, sg [4]uint64, status error, fill func(n int, area, rows []byte) (count, areaBytes, rowBytes int)) error {
+	h := e.hier
+	send := h.rail.SendBuffer()
+	for n := range h.M {
+		if n == h.domain {
+			continue
+		}
+		s := send[n*h.slot : (n+1)*h.slot]
+		head := railHead{op: op, sig: [3]uint64{sg[0], sg[1], sg[2]}}
+		ab, rb := 0, 0
+		if status != nil {
+			head.status, head.msg = nvlink.StatusOf(status), status.Error()
+		} else {
+			head.count, ab, rb = fill(n, s[railHeader:railHeader+h.area], s[railHeader+h.area:])
+		}
+		putRailHead(s, head)
+		remote := (parity*h.M + h.domain) * h.slot
+		first := rdma.Work{Peer: n, LocalOff: n * h.slot, RemoteOff: remote, Bytes: railHeader + ab, Epoch: ep}
+		if rb > 0 {
+			first.Epoch = 0
+		}
+		if err := h.rail.Put(ctx, first); err != nil {
+			return e.railFatal(err)
+		}
+		if rb > 0 {
+			off := railHeader + h.area
+			w := rdma.Work{Peer: n, LocalOff: n*h.slot + off, RemoteOff: remote + off, Bytes: rb, Epoch: ep}
+			if err := h.rail.Put(ctx, w); err != nil {
+				return e.railFatal(err)
+			}
+		}
+	}
+	return nil
 }
 
 // railFatal records a transport failure (timeout, lost peer) as fatal.

@@ -19,7 +19,13 @@ type hierPlan struct {
 	// Merge: [T] own domain kept a row of t; [M*T] token t's row in domain
 	// n's partials (-1: none); [T*K] domain of slot k's expert (-1: empty).
 	ownLive, remIdx, slotDom []int32
-	fwdCount                 []int // rows forwarded here from each domain
+	// The rail's send slots, as the GPU fills them: entry j puts token
+	// railTok[j] at row railRow[j] of the slot for domain railDest[j]
+	// (every token of DomainTokens(n), in order, for every other domain n,
+	// dropped rows included: the slot is what dispatchFill writes);
+	// railCount[n] rows in the slot for domain n.
+	railTok, railDest, railRow, railCount []int32
+	fwdCount                             []int // rows forwarded here from each domain
 	ownCount                 []int // this rank's tokens that reach each domain
 }
 
@@ -51,7 +57,7 @@ func planHier(lay *Layout, cfg Config, routing [][]int32, W int) *hierPlan {
 		entTok: filled(T * W), entDest: filled(T * W), entRow: filled(T * W), slotEnt: filled(T * K),
 		fTok: filled(M * maxT * W), fDest: filled(M * maxT * W), fRow: filled(M * maxT * W), fSlot: filled(M * maxT * K),
 		ownLive: make([]int32, T), remIdx: filled(M * T), slotDom: filled(T * K),
-		fwdCount: make([]int, M), ownCount: make([]int, M),
+		railCount: make([]int32, M), fwdCount: make([]int, M), ownCount: make([]int, M),
 	}
 	// fill writes the entries v*W + c of token t of side (tables tok,
 	// dest, row) and the entry of each of its slots whose expert is in
@@ -92,7 +98,11 @@ func planHier(lay *Layout, cfg Config, routing [][]int32, W int) *hierPlan {
 		}
 		own := lay.DomainTokens(nil, n, D)
 		p.ownCount[n] = len(own)
+		p.railCount[n] = int32(len(own))
 		for i, t := range own {
+			p.railTok = append(p.railTok, t)
+			p.railDest = append(p.railDest, int32(n))
+			p.railRow = append(p.railRow, int32(i))
 			if reachesValid(lay, &lay.SendSide, int(t), n, valid) {
 				p.remIdx[n*T+int(t)] = int32(i)
 			}

@@ -1,8 +1,10 @@
 package executor
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -163,9 +165,10 @@ func checkHierPlan(t *testing.T, cfg Config, routing [][]int32, R, D, W int) {
 			}
 		}
 	}
-	// Merge tables.
+	// Merge tables, and the rail's send slots.
 	for r := range R {
 		p, lay := plans[r], lays[r]
+		checkRailSend(t, cfg, lay, p, r)
 		T := lay.NumTokens
 		for n := range M {
 			i := 0
@@ -199,6 +202,50 @@ func checkHierPlan(t *testing.T, cfg Config, routing [][]int32, R, D, W int) {
 			if want := int32(-1); ex >= 0 && p.slotDom[s] != ex/int32(lay.NumLocalExperts)/int32(D) || ex < 0 && p.slotDom[s] != want {
 				t.Fatalf("rank %d slot %d: slotDom %d for expert %d", r, s, p.slotDom[s], ex)
 			}
+		}
+	}
+}
+
+// checkRailSend checks the rail tables of plan p (rank r of lay): what
+// goep_ep_push writes with them into the send slot of every other domain
+// (rows of x and their weights) must be byte for byte what the host's
+// dispatchFill writes there, and railCount the slot's row count.
+func checkRailSend(t *testing.T, cfg Config, lay *Layout, p *hierPlan, r int) {
+	t.Helper()
+	K, maxT, D := cfg.TopK, cfg.MaxTokensPerRank, lay.RanksPerDomain
+	M, T := lay.NumRanks/D, lay.NumTokens
+	const rb = 8
+	xs := make([]byte, T*rb)
+	ws := make([]float32, T*K)
+	for tk := range T {
+		binary.LittleEndian.PutUint64(xs[tk*rb:], uint64(r)<<32|uint64(tk))
+		for k := range K {
+			ws[tk*K+k] = float32(tk*K + k)
+		}
+	}
+	fill := (&Engine{cfg: cfg}).dispatchFill(lay, xs, ws, true, rb)
+	for n := range M {
+		if n == r/D {
+			continue
+		}
+		area, rows := make([]byte, maxT*K*4), make([]byte, maxT*rb)
+		count, _, _ := fill(n, area, rows)
+		garea, grows := make([]byte, maxT*K*4), make([]byte, maxT*rb)
+		for j := range p.railTok {
+			if int(p.railDest[j]) != n {
+				continue
+			}
+			tk, i := int(p.railTok[j]), int(p.railRow[j])
+			copy(grows[i*rb:(i+1)*rb], xs[tk*rb:])
+			for k := range K {
+				binary.LittleEndian.PutUint32(garea[(i*K+k)*4:], math.Float32bits(ws[tk*K+k]))
+			}
+		}
+		if int(p.railCount[n]) != count {
+			t.Fatalf("rank %d domain %d: railCount %d, the host fills %d rows", r, n, p.railCount[n], count)
+		}
+		if !bytes.Equal(grows, rows) || !bytes.Equal(garea, area) {
+			t.Fatalf("rank %d domain %d: the rail tables fill the slot with rows %x weights %x; the host fills %x, %x", r, n, grows, garea, rows, area)
 		}
 	}
 }
