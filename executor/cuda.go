@@ -980,7 +980,7 @@ func (g *gpuEngine) close() error {
 	if g.peers != nil {
 		g.s.Free(g.peers)
 	}
-	g.hier.close(g)
+	errs = append(errs, g.hier.close(g))
 	errs = append(errs, g.lk.close(g))
 	if g.pk != nil {
 		errs = append(errs, g.pk.Close())

@@ -4,29 +4,38 @@ package executor
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/nvlink"
+	"github.com/goep/goep/rdma"
 )
 
 // The hierarchical algorithm on the CUDA backend (D < R). Within the domain
 // the GPU data path is the one-domain one over the domain's windows, with
 // "virtual tokens": this rank's own tokens, then the tokens its rail peers
 // forward to this domain (domain n's f-th at n*MaxTokensPerRank + f).
-// Across domains the rail (rdma, host memory) carries the rows, staged
-// through pinned host memory (CUDA uploads and downloads; the transports
-// here have no GPU memory support), so a call with several domains waits
-// on the host for its GPU work once (dispatch: for x before the rail;
-// combine: for the partials before the rail) and cannot be captured into a
-// CUDA graph.
+// Across domains the rail (rdma, host memory: the transports here have no
+// GPU memory support) carries the rows. The send side of a dispatch is
+// GPU-fed: the rail's send region and the descriptor ring of its feed
+// (rdma.Feed) are mapped for the GPU, goep_ep_push stores the rows and
+// weights straight into the send slots and goep_ep_rail_post writes the
+// descriptors, which the feed's goroutine hands to the transport as soon
+// as they appear. What arrives is uploaded from the receive region, and a
+// combine downloads its partials before its rail round, so a call with
+// several domains still waits on the host (for the peers' rows, or for
+// its own partials) and cannot be captured into a CUDA graph.
+// GOEP_RAIL_HOST_STAGING=1 stages dispatch's rows through a download of x
+// instead (the path before the GPU-fed rail, kept for comparison).
 //
-//   - Dispatch: x and the weights are downloaded, the rail round sends each
-//     other domain the rows of the tokens that reach it (as on the host
-//     backend), the rows received are uploaded into fwdX / fwdW, and the
-//     domain's push runs twice: this rank's tokens from x, the forwarded
-//     ones from fwdX, each to its destinations in this domain. Receive
-//     windows, copy-out and permute are unchanged.
+//   - Dispatch: the rail round sends each other domain the rows of the
+//     tokens that reach it (as on the host backend), the rows received are
+//     uploaded into fwdX / fwdW, and the domain's push runs twice: this
+//     rank's tokens from x, the forwarded ones from fwdX, each to its
+//     destinations in this domain. Receive windows, copy-out and permute
+//     are unchanged.
 //   - Combine: every rank pushes its received rows into the combine window
 //     of the row's source (same domain) or of the forwarder (another
 //     domain); the sum kernel sums this rank's own tokens' entries into an
@@ -39,6 +48,58 @@ type gpuHier struct {
 	fwdX, fwdW      *device.Buffer // [M*maxT] rows of up to H fp32; [M*maxT*K] fp32
 	sumF32          *device.Kernel // goep_ep_sum_bf16_f32
 	merge           [2]*device.Kernel
+	// The GPU-fed rail (nil with GOEP_RAIL_HOST_STAGING): the feed, its
+	// ring and the rail's send region mapped for the GPU, the device
+	// address of every send slot's rows ([M] pointers, goep_ep_push's
+	// peer table), views at those addresses (for unitOf), and the kernel
+	// that writes the descriptors.
+	feed       *rdma.Feed
+	ring, send *device.HostMapping
+	slotRows   *device.Buffer
+	slotViews  []*device.Buffer
+	post       *device.Kernel
+}
+
+// railRingSize is the feed's ring size for M domains: a round writes at
+// most two descriptors per other domain.
+func railRingSize(M int) int {
+	n := 4
+	for n < 2*M {
+		n *= 2
+	}
+	return n
+}
+
+// newRailFeed maps the rail's send region and a feed's ring for the GPU
+// (the GPU-fed rail).
+func (x *gpuHier) newRailFeed(ctx context.Context, g *gpuEngine) error {
+	hr := g.e.hier
+	var err error
+	if x.post, err = g.mod.Kernel("goep_ep_rail_post"); err != nil {
+		return err
+	}
+	if x.feed, err = rdma.NewFeed(hr.rail, railRingSize(x.M)); err != nil {
+		return fmt.Errorf("executor: rail feed: %w", err)
+	}
+	if x.ring, err = g.b.MapHost(x.feed.Memory()); err != nil {
+		return fmt.Errorf("executor: rail feed ring: %w", err)
+	}
+	if x.send, err = g.b.MapHost(hr.rail.SendBuffer()); err != nil {
+		return fmt.Errorf("executor: rail send region: %w", err)
+	}
+	ptrs := make([]byte, 8*x.M)
+	for n := range x.M {
+		v, err := x.send.Buffer().View(n*hr.slot+railHeader+hr.area, hr.slot-railHeader-hr.area)
+		if err != nil {
+			return err
+		}
+		x.slotViews = append(x.slotViews, v)
+		binary.LittleEndian.PutUint64(ptrs[8*n:], v.DevicePtr())
+	}
+	if x.slotRows, err = g.s.Alloc(len(ptrs)); err != nil {
+		return err
+	}
+	return g.s.UploadBuffer(ctx, x.slotRows, ptrs)
 }
 
 func newGPUHier(ctx context.Context, g *gpuEngine) (*gpuHier, error) {
@@ -62,15 +123,36 @@ func newGPUHier(ctx context.Context, g *gpuEngine) (*gpuHier, error) {
 		g.s.Free(x.fwdX)
 		return nil, err
 	}
+	staging, err := boolEnv("GOEP_RAIL_HOST_STAGING")
+	if err == nil && !staging {
+		err = x.newRailFeed(ctx, g)
+	}
+	if err != nil {
+		return nil, errors.Join(err, x.close(g))
+	}
 	return x, nil
 }
 
-func (x *gpuHier) close(g *gpuEngine) {
+// close frees what newGPUHier made; the caller has synchronized the stream
+// (no queued work uses the mappings), and the feed stops before the rail
+// transport closes.
+func (x *gpuHier) close(g *gpuEngine) error {
 	if x == nil {
-		return
+		return nil
 	}
 	g.s.Free(x.fwdX)
 	g.s.Free(x.fwdW)
+	g.s.Free(x.slotRows)
+	var errs []error
+	for _, m := range []*device.HostMapping{x.ring, x.send} {
+		if m != nil {
+			errs = append(errs, m.Close())
+		}
+	}
+	if x.feed != nil {
+		errs = append(errs, x.feed.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // gpuHierTables are the extra tables of a handle with several domains
@@ -87,8 +169,11 @@ type gpuHierTables struct {
 	ownLive                    *device.Buffer // [T]: 1 if a destination in this domain kept the token's row
 	remIdx                     *device.Buffer // [M*T]: token t's row in domain n's partials, -1 if none
 	slotDom                    *device.Buffer // [T*K]: domain of slot k's expert, -1 for an empty slot
-	fwdCount                   []int          // rows forwarded here from each domain
-	ownCount                   []int          // this rank's tokens that reach each domain
+	// The rail's send slots (hierPlan.railTok etc.): railSends entries.
+	railTok, railDest, railRow, railCount *device.Buffer
+	railSends                             int
+	fwdCount                              []int // rows forwarded here from each domain
+	ownCount                              []int // this rank's tokens that reach each domain
 }
 
 func (t *gpuHierTables) close() {
@@ -109,7 +194,7 @@ func (g *gpuEngine) hierTables(ctx context.Context, lay *Layout, routing [][]int
 	copy(slotEnt, p.slotEnt)
 	copy(recvSrc, p.recvSrc)
 	copy(recvEnt, p.recvEnt)
-	parts := [][]int32{p.fTok, p.fDest, p.fRow, p.fSlot, p.ownLive, p.remIdx, p.slotDom}
+	parts := [][]int32{p.fTok, p.fDest, p.fRow, p.fSlot, p.ownLive, p.remIdx, p.slotDom, p.railTok, p.railDest, p.railRow, p.railCount}
 	var host []int32
 	for _, part := range parts {
 		host = append(host, part...)
@@ -132,7 +217,9 @@ func (g *gpuEngine) hierTables(ctx context.Context, lay *Layout, routing [][]int
 		o += len(part)
 	}
 	return &gpuHierTables{all: all, fEntTok: views[0], fEntDest: views[1], fEntRow: views[2], fSlotEnt: views[3],
-		ownLive: views[4], remIdx: views[5], slotDom: views[6], fwdCount: p.fwdCount, ownCount: p.ownCount}, nil
+		ownLive: views[4], remIdx: views[5], slotDom: views[6],
+		railTok: views[7], railDest: views[8], railRow: views[9], railCount: views[10], railSends: len(p.railTok),
+		fwdCount: p.fwdCount, ownCount: p.ownCount}, nil
 }
 
 // railCtx bounds a rail round's host work.
@@ -148,18 +235,26 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, op uint32) error {
 	ctx, cancel := g.railCtx()
 	defer cancel()
 	rb := g.H * x.DType().Size()
-	var xs, ws []byte
-	var err error
-	if xs, err = g.s.DownloadBuffer(ctx, x.Buffer()); err == nil && w != nil {
-		ws, err = g.s.DownloadBuffer(ctx, w.Buffer())
-	}
-	err = e.noteFailure(err)
 	c := nvlink.Call{Op: uint64(op), Sig: sig(h, x.DType(), w != nil)}
-	fill := e.dispatchFill(lay, xs, f32s(ws), w != nil, rb)
-	if err != nil {
-		fill = nil
+	var recv func(n int) []byte
+	var rerr error
+	if hx.feed != nil {
+		recv, rerr = e.railExchange(c.Op, c.Sig, nil, nil, func(ctx context.Context, ep uint64, parity int) (func(context.Context) error, error) {
+			return g.railSend(h, x, w, c, ep, parity)
+		})
+	} else {
+		var xs, ws []byte
+		var err error
+		if xs, err = g.s.DownloadBuffer(ctx, x.Buffer()); err == nil && w != nil {
+			ws, err = g.s.DownloadBuffer(ctx, w.Buffer())
+		}
+		err = e.noteFailure(err)
+		fill := e.dispatchFill(lay, xs, f32s(ws), w != nil, rb)
+		if err != nil {
+			fill = nil
+		}
+		recv, rerr = e.railRound(c.Op, c.Sig, err, fill)
 	}
-	recv, rerr := e.railRound(c.Op, c.Sig, err, fill)
 	if rerr == nil {
 		for n := range hx.M {
 			if n == hx.domain {
@@ -207,6 +302,65 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, op uint32) error {
 		return err
 	}
 	return g.arrive(op)
+}
+
+// railSend is dispatch's rail sender on the GPU-fed rail: it writes the
+// headers of the send slots (host memory), enqueues goep_ep_push of x's
+// rows and w's weights into the slots (the handle's rail tables) and
+// goep_ep_rail_post of the descriptors at the feed's next positions, and
+// announces them. The returned drain waits until the feed has handed them
+// all to the transport; a deadline there is a timeout (the engine fails).
+func (g *gpuEngine) railSend(h *Handle, x, w *device.Tensor, c nvlink.Call, ep uint64, parity int) (func(context.Context) error, error) {
+	e, hx, ht, hr := g.e, g.hier, h.gpu.hier, g.e.hier
+	descs := 0
+	for n := range hx.M {
+		if n != hx.domain {
+			descs++
+			if ht.ownCount[n] > 0 {
+				descs++
+			}
+		}
+	}
+	pos, err := hx.feed.Next(descs)
+	if err != nil {
+		return nil, err
+	}
+	send := hr.rail.SendBuffer()
+	for n := range hx.M {
+		if n != hx.domain {
+			putRailHead(send[n*hr.slot:], railHead{op: c.Op, sig: [3]uint64{c.Sig[0], c.Sig[1], c.Sig[2]}, count: ht.ownCount[n]})
+		}
+	}
+	rb := g.H * x.DType().Size()
+	wb := 0
+	if w != nil {
+		wb = g.K * 4
+	}
+	if ht.railSends > 0 {
+		unit := unitOf(rb, append([]*device.Buffer{x.Buffer()}, hx.slotViews...)...)
+		grid, block, chunk, err := g.commShape(ht.railSends, rb/int(unit))
+		if err != nil {
+			return nil, err
+		}
+		// The weights area precedes the rows in a slot: at -area from them.
+		if err := g.s.Launch(g.push, grid, block, 0, x, buf(w), ht.railTok, ht.railDest, ht.railRow,
+			int64(ht.railSends), hx.slotRows, int64(rb), int64(-hr.area), int32(g.K), unit, chunk); err != nil {
+			return nil, e.noteFailure(err)
+		}
+	}
+	if err := g.s.Launch(hx.post, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, hx.ring.Buffer(), pos, uint64(hx.feed.Size()-1),
+		ht.railCount, int32(hx.M), int32(hx.domain), int64(hr.slot), int64(railHeader), int64(hr.area),
+		int64(rb), int64(wb), int64(parity), ep); err != nil {
+		return nil, e.noteFailure(err)
+	}
+	hx.feed.Expect(descs)
+	return func(ctx context.Context) error {
+		err := hx.feed.Drain(ctx)
+		if err != nil && ctx.Err() != nil {
+			return fmt.Errorf("executor: rail of rank %d: %w: %w", e.rank, ErrTimeout, err)
+		}
+		return err
+	}, nil
 }
 
 // hierCombine is combine with several domains.

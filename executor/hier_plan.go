@@ -25,8 +25,8 @@ type hierPlan struct {
 	// dropped rows included: the slot is what dispatchFill writes);
 	// railCount[n] rows in the slot for domain n.
 	railTok, railDest, railRow, railCount []int32
-	fwdCount                             []int // rows forwarded here from each domain
-	ownCount                 []int // this rank's tokens that reach each domain
+	fwdCount                              []int // rows forwarded here from each domain
+	ownCount                              []int // this rank's tokens that reach each domain
 }
 
 // validRecvOf is the number of valid received rows of rank d: its count,

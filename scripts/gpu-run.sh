@@ -63,6 +63,9 @@ tests() {
 	step permute 180 $bin/permute.test -gpu -test.v
 	step bench 180 $bin/bench.test -gpu -test.run CUDA -test.v
 	step executor-domains 120 $bin/executor.test -gpu -test.run 'TestCUDADomains$' -test.v
+	# The rail's dispatch rows staged through a download of x (the path
+	# before the GPU-fed rail).
+	step executor-domains-staging 120 env GOEP_RAIL_HOST_STAGING=1 $bin/executor.test -gpu -test.run 'TestCUDADomains$' -test.v
 	step executor-cuda 420 $bin/executor.test -gpu -test.run 'TestCUDA' -test.skip 'TestCUDA(Benchmark|Domains)' -test.v
 	step executor-ucx-shm 180 $bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsProcesses/shm=true' -test.v
 	# The GPU host's UCX has no atomics over TCP in its v2 protocols.
@@ -107,6 +110,11 @@ bench() {
 	step bench-executor 300 $bin/executor.test -gpu -gpu.bench -test.run 'TestCUDABenchmark/goroutines|TestCUDALayoutKernels' -test.v
 	step eprun-decode 300 $bin/eprun bench deepseek-v3-decode --backend cuda --ranks 4 -q --json "$out/decode.json"
 	step eprun-prefill 300 $bin/eprun bench deepseek-v3-prefill --backend cuda --ranks 4 -q --json "$out/prefill.json"
+	# Two domains of 2 ranks: the GPU-fed rail, then host staging (its
+	# baseline in the same run).
+	step eprun-domains 300 $bin/eprun bench deepseek-v3-decode --backend cuda --ranks 4 --ranks-per-domain 2 -q --json "$out/domains.json"
+	step eprun-domains-staging 300 env GOEP_RAIL_HOST_STAGING=1 $bin/eprun bench deepseek-v3-decode --backend cuda --ranks 4 --ranks-per-domain 2 -q \
+		--json "$out/domains-staging.json"
 	step eprun-knobs 300 $bin/eprun bench deepseek-v3-decode --backend cuda --ranks 4 -q \
 		--sms 0,8,32 --chunk-rows 0,4 --json "$out/knobs.json"
 }

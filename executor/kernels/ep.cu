@@ -6,7 +6,10 @@
 //
 // Every pointer a kernel receives is device memory: goep's own buffers,
 // peers' buffers mapped through CUDA IPC, or a caller's device tensor
-// (DESIGN.md invariant 1). Counts known on the host arrive by value; in
+// (DESIGN.md invariant 1); the one exception is the rail's send region and
+// descriptor ring with several domains, host memory goep owns (mmap'd by
+// package rdma), mapped for the GPU for the engine's lifetime, which
+// goep_ep_push and goep_ep_rail_post store into. Counts known on the host arrive by value; in
 // capacity mode the kernels read them from the handle's device tables, so
 // a captured graph can be replayed after a new layout.
 //
@@ -262,6 +265,64 @@ extern "C" __global__ void goep_ep_scatter(const uint8_t *z, const float *zw,
 					   int64_t wOff, int32_t topk, int32_t unit, int64_t chunk)
 {
 	put_rows(z, zw, nullptr, dstRank, dstRow, rows, peerBase, rowBytes, wOff, topk, unit, chunk);
+}
+
+// rail_store writes descriptor pos of the rail's feed ring (package rdma's
+// Ring layout, 64-bit words: two 64-byte counter lines, then one 64-byte
+// slot per descriptor: seq, peer, local offset, remote offset, bytes,
+// epoch), as rdma.Ring.Store does: the fields, a system-scope fence, then
+// the sequence word pos+1, which the host proxy's feed polls.
+__device__ __forceinline__ void rail_store(uint64_t *ring, uint64_t pos, uint64_t mask, uint64_t peer,
+					   uint64_t local, uint64_t remote, uint64_t bytes, uint64_t epoch)
+{
+	volatile uint64_t *s = ring + 16 + (pos & mask) * 8;
+	s[1] = peer;
+	s[2] = local;
+	s[3] = remote;
+	s[4] = bytes;
+	s[5] = epoch;
+	__threadfence_system();
+	s[0] = pos + 1;
+}
+
+// goep_ep_rail_post is the device producer of the rail's descriptors
+// (the GPU-fed rail: package rdma's Feed hands them to the transport).
+// The kernels before it on the stream have stored this round's payload
+// into the send region (host memory goep owns, mapped for the GPU; the
+// host wrote the headers). For every other domain n, ascending, it writes
+// what the host's railPost would put: the header and area of send slot n
+// (the signal of epoch with it when the slot has no rows), then the slot's
+// rows with the signal. Slot n is at n*slot of the send region, its rows
+// at header + area in it, counts[n] of them, of rowBytes each, with
+// weightBytes per row in the area; the peer's receive slot for this rank
+// is (parity*domains + domain)*slot. Descriptors go to ring positions
+// pos, pos+1, ... (mask: ring size - 1), whose slots the host has freed.
+// One thread.
+extern "C" __global__ void goep_ep_rail_post(uint64_t *ring, uint64_t pos, uint64_t mask,
+					     const int32_t *counts, int32_t domains, int32_t domain,
+					     int64_t slot, int64_t header, int64_t area, int64_t rowBytes,
+					     int64_t weightBytes, int64_t parity, uint64_t epoch)
+{
+	if (blockIdx.x != 0 || threadIdx.x != 0) {
+		return;
+	}
+	// The payload stored by the kernels before this one reaches the host
+	// before any descriptor that names it.
+	__threadfence_system();
+	int64_t remote = (parity * domains + domain) * slot;
+	for (int32_t n = 0; n < domains; n++) {
+		if (n == domain) {
+			continue;
+		}
+		int64_t rows = (int64_t)counts[n] * rowBytes;
+		int64_t first = header + (int64_t)counts[n] * weightBytes;
+		rail_store(ring, pos++, mask, (uint64_t)n, (uint64_t)(n * slot), (uint64_t)remote,
+			   (uint64_t)first, rows > 0 ? 0 : epoch);
+		if (rows > 0) {
+			rail_store(ring, pos++, mask, (uint64_t)n, (uint64_t)(n * slot + header + area),
+				   (uint64_t)(remote + header + area), (uint64_t)rows, epoch);
+		}
+	}
 }
 
 // goep_ep_copy_out writes the received rows to a call's outputs: with n =
