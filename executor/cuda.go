@@ -10,7 +10,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/nvlink"
 	"github.com/goep/goep/permute"
@@ -50,13 +49,6 @@ const (
 	regionComb         // combine: rows [MaxTokensPerRank*W, H], then weights [MaxTokensPerRank*W, K] fp32
 	regionRoute        // layout: routing [R*MaxTokensPerRank*K] int32, then token counts [R] int32 (layout_cuda.go)
 	numRegions
-)
-
-// Status codes of the wait kernel (missing[p]).
-const (
-	waitTimeout  = 1
-	waitMismatch = 2
-	waitRejected = 3
 )
 
 type gpuEngine struct {
@@ -944,30 +936,13 @@ func (g *gpuEngine) waitStatus(ctx context.Context) error {
 	return err
 }
 
-// statusError decodes missing[R] (raw) after a failed wait: the ranks
-// that timed out, rejected their input or ran another call.
+// statusError decodes missing[R] (raw, int32 codes) after a failed wait.
 func (g *gpuEngine) statusError(raw []byte) error {
-	var timedOut, mismatched, rejected []int
-	for p := range g.R {
-		switch raw[4*p] {
-		case waitTimeout:
-			timedOut = append(timedOut, g.base+p)
-		case waitMismatch:
-			mismatched = append(mismatched, g.base+p)
-		case waitRejected:
-			rejected = append(rejected, g.base+p)
-		}
+	codes := make([]byte, g.R)
+	for p := range codes {
+		codes[p] = raw[4*p]
 	}
-	switch {
-	case len(timedOut) > 0:
-		return &comm.TimeoutError{Op: "executor: GPU wait for peers' flags", Missing: timedOut}
-	case len(rejected) > 0:
-		return fmt.Errorf("executor: rank(s) %v rejected their input to a collective call: %w", rejected, ErrInvalidInput)
-	case len(mismatched) > 0:
-		return fmt.Errorf("executor: rank(s) %v ran another collective call: %w", mismatched, ErrPeerMismatch)
-	default:
-		return errors.New("executor: a GPU wait failed without naming a rank")
-	}
+	return waitError(codes, g.base)
 }
 
 // close frees the windows and kernels; the caller has synchronized and

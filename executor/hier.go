@@ -77,6 +77,10 @@ type railHead struct {
 	status uint64 // nvlink.StatusOK, StatusInvalid or StatusFailed
 	count  int    // rows (tokens in the layout) in the slot
 	msg    string
+	// dev: the sender's GPU waits of this call failed (a GPU-fed header,
+	// goep_ep_rail_post); msg holds their codes, one byte per rank of the
+	// sender's domain (waitError decodes them), and status is not set.
+	dev bool
 }
 
 func putRailHead(b []byte, h railHead) {
@@ -89,11 +93,16 @@ func putRailHead(b []byte, h railHead) {
 	le.PutUint64(b[40:], uint64(h.count))
 	n := copy(b[64:railHeader], h.msg)
 	le.PutUint64(b[48:], uint64(n))
+	dev := uint64(0)
+	if h.dev {
+		dev = 1
+	}
+	le.PutUint64(b[56:], dev)
 }
 
 func getRailHead(b []byte) railHead {
 	le := binary.LittleEndian
-	h := railHead{op: le.Uint64(b[0:]), status: le.Uint64(b[32:]), count: int(le.Uint64(b[40:]))}
+	h := railHead{op: le.Uint64(b[0:]), status: le.Uint64(b[32:]), count: int(le.Uint64(b[40:])), dev: le.Uint64(b[56:]) != 0}
 	for i := range h.sig {
 		h.sig[i] = le.Uint64(b[8+8*i:])
 	}
@@ -298,6 +307,11 @@ func (e *Engine) railExchange(op uint64, sg [4]uint64, status error, fill func(n
 	}
 	for _, n := range peers {
 		ph := getRailHead(recv(n))
+		if ph.dev {
+			// The peer's GPU waits failed: the cause as the peer names it.
+			derr := waitError([]byte(ph.msg), h.global(n)-h.local)
+			ph.status, ph.msg = nvlink.StatusOf(derr), derr.Error()
+		}
 		switch ph.status {
 		case nvlink.StatusOK:
 		case nvlink.StatusFailed:

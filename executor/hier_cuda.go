@@ -123,8 +123,10 @@ func newGPUHier(ctx context.Context, g *gpuEngine) (*gpuHier, error) {
 		g.s.Free(x.fwdX)
 		return nil, err
 	}
+	// A GPU-fed header reports a failed wait with one byte per rank of the
+	// domain in its message area; larger domains stage through the host.
 	staging, err := boolEnv("GOEP_RAIL_HOST_STAGING")
-	if err == nil && !staging {
+	if err == nil && !staging && hr.D <= railMsgMax {
 		err = x.newRailFeed(ctx, g)
 	}
 	if err != nil {
@@ -169,9 +171,11 @@ type gpuHierTables struct {
 	ownLive                    *device.Buffer // [T]: 1 if a destination in this domain kept the token's row
 	remIdx                     *device.Buffer // [M*T]: token t's row in domain n's partials, -1 if none
 	slotDom                    *device.Buffer // [T*K]: domain of slot k's expert, -1 for an empty slot
-	// The rail's send slots (hierPlan.railTok etc.): railSends entries.
+	// The rail's send slots (hierPlan.railTok etc.): railSends entries;
+	// of a combine: partSends entries.
 	railTok, railDest, railRow, railCount *device.Buffer
-	railSends                             int
+	partSrc, partDest, partRow, partCount *device.Buffer
+	railSends, partSends                  int
 	fwdCount                              []int // rows forwarded here from each domain
 	ownCount                              []int // this rank's tokens that reach each domain
 }
@@ -194,7 +198,8 @@ func (g *gpuEngine) hierTables(ctx context.Context, lay *Layout, routing [][]int
 	copy(slotEnt, p.slotEnt)
 	copy(recvSrc, p.recvSrc)
 	copy(recvEnt, p.recvEnt)
-	parts := [][]int32{p.fTok, p.fDest, p.fRow, p.fSlot, p.ownLive, p.remIdx, p.slotDom, p.railTok, p.railDest, p.railRow, p.railCount}
+	parts := [][]int32{p.fTok, p.fDest, p.fRow, p.fSlot, p.ownLive, p.remIdx, p.slotDom, p.railTok, p.railDest, p.railRow, p.railCount,
+		p.partSrc, p.partDest, p.partRow, p.partCount}
 	var host []int32
 	for _, part := range parts {
 		host = append(host, part...)
@@ -219,6 +224,7 @@ func (g *gpuEngine) hierTables(ctx context.Context, lay *Layout, routing [][]int
 	return &gpuHierTables{all: all, fEntTok: views[0], fEntDest: views[1], fEntRow: views[2], fSlotEnt: views[3],
 		ownLive: views[4], remIdx: views[5], slotDom: views[6],
 		railTok: views[7], railDest: views[8], railRow: views[9], railCount: views[10], railSends: len(p.railTok),
+		partSrc: views[11], partDest: views[12], partRow: views[13], partCount: views[14], partSends: len(p.partSrc),
 		fwdCount: p.fwdCount, ownCount: p.ownCount}, nil
 }
 
@@ -240,7 +246,9 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, op uint32) error {
 	var rerr error
 	if hx.feed != nil {
 		recv, rerr = e.railExchange(c.Op, c.Sig, nil, nil, func(ctx context.Context, ep uint64, parity int) (func(context.Context) error, error) {
-			return g.railSend(h, x, w, c, ep, parity)
+			ht := h.gpu.hier
+			return g.railSend(railPayload{src: x.Buffer(), w: buf(w), rowBytes: rb, tok: ht.railTok, dest: ht.railDest, row: ht.railRow,
+				entries: ht.railSends, counts: ht.ownCount, devCounts: ht.railCount}, c, ep, parity)
 		})
 	} else {
 		var xs, ws []byte
@@ -304,19 +312,34 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, op uint32) error {
 	return g.arrive(op)
 }
 
-// railSend is dispatch's rail sender on the GPU-fed rail: it writes the
-// headers of the send slots (host memory), enqueues goep_ep_push of x's
-// rows and w's weights into the slots (the handle's rail tables) and
-// goep_ep_rail_post of the descriptors at the feed's next positions, and
+// railPayload is what one GPU-fed rail round stores into the send slots:
+// entry j < entries takes row tok[j] of src (rowBytes) and, when w is not
+// nil, its TopK weights (fp32) to row row[j] of the slot for domain
+// dest[j]; counts[n] rows go to domain n (devCounts: the same on the
+// device). With status, the slots' headers report this call's failed GPU
+// waits, if any (a combine, whose domain exchange ran first).
+type railPayload struct {
+	src, w         *device.Buffer
+	rowBytes       int
+	tok, dest, row *device.Buffer
+	entries        int
+	counts         []int
+	devCounts      *device.Buffer
+	status         bool
+}
+
+// railSend is a rail round's sender on the GPU-fed rail: it enqueues
+// goep_ep_push of the payload into the send slots and goep_ep_rail_post
+// of the headers and descriptors at the feed's next positions, and
 // announces them. The returned drain waits until the feed has handed them
 // all to the transport; a deadline there is a timeout (the engine fails).
-func (g *gpuEngine) railSend(h *Handle, x, w *device.Tensor, c nvlink.Call, ep uint64, parity int) (func(context.Context) error, error) {
-	e, hx, ht, hr := g.e, g.hier, h.gpu.hier, g.e.hier
+func (g *gpuEngine) railSend(pl railPayload, c nvlink.Call, ep uint64, parity int) (func(context.Context) error, error) {
+	e, hx, hr := g.e, g.hier, g.e.hier
 	descs := 0
 	for n := range hx.M {
 		if n != hx.domain {
 			descs++
-			if ht.ownCount[n] > 0 {
+			if pl.counts[n] > 0 {
 				descs++
 			}
 		}
@@ -325,32 +348,31 @@ func (g *gpuEngine) railSend(h *Handle, x, w *device.Tensor, c nvlink.Call, ep u
 	if err != nil {
 		return nil, err
 	}
-	send := hr.rail.SendBuffer()
-	for n := range hx.M {
-		if n != hx.domain {
-			putRailHead(send[n*hr.slot:], railHead{op: c.Op, sig: [3]uint64{c.Sig[0], c.Sig[1], c.Sig[2]}, count: ht.ownCount[n]})
-		}
-	}
-	rb := g.H * x.DType().Size()
+	rb := pl.rowBytes
 	wb := 0
-	if w != nil {
+	if pl.w != nil {
 		wb = g.K * 4
 	}
-	if ht.railSends > 0 {
-		unit := unitOf(rb, append([]*device.Buffer{x.Buffer()}, hx.slotViews...)...)
-		grid, block, chunk, err := g.commShape(ht.railSends, rb/int(unit))
+	if pl.entries > 0 {
+		unit := unitOf(rb, append([]*device.Buffer{pl.src}, hx.slotViews...)...)
+		grid, block, chunk, err := g.commShape(pl.entries, rb/int(unit))
 		if err != nil {
 			return nil, err
 		}
 		// The weights area precedes the rows in a slot: at -area from them.
-		if err := g.s.Launch(g.push, grid, block, 0, x, buf(w), ht.railTok, ht.railDest, ht.railRow,
-			int64(ht.railSends), hx.slotRows, int64(rb), int64(-hr.area), int32(g.K), unit, chunk); err != nil {
+		if err := g.s.Launch(g.push, grid, block, 0, pl.src, pl.w, pl.tok, pl.dest, pl.row,
+			int64(pl.entries), hx.slotRows, int64(rb), int64(-hr.area), int32(g.K), unit, chunk); err != nil {
 			return nil, e.noteFailure(err)
 		}
 	}
+	var status, missing *device.Buffer
+	if pl.status {
+		status = g.ownView(regionFlags, g.statusOff(), 8)
+		missing = g.ownView(regionFlags, g.missingOff(), 4*g.R)
+	}
 	if err := g.s.Launch(hx.post, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, hx.ring.Buffer(), pos, uint64(hx.feed.Size()-1),
-		ht.railCount, int32(hx.M), int32(hx.domain), int64(hr.slot), int64(railHeader), int64(hr.area),
-		int64(rb), int64(wb), int64(parity), ep); err != nil {
+		hx.send.Buffer(), pl.devCounts, int32(hx.M), int32(hx.domain), int64(hr.slot), int64(railHeader), int64(hr.area),
+		int64(rb), int64(wb), int64(parity), ep, c.Op, c.Sig[0], c.Sig[1], c.Sig[2], status, missing, int32(g.R)); err != nil {
 		return nil, e.noteFailure(err)
 	}
 	hx.feed.Expect(descs)
@@ -436,24 +458,42 @@ func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBac
 	// The partials cross the rail.
 	ctx, cancel := g.railCtx()
 	defer cancel()
-	status := g.synchronize(ctx)
-	var ps, pws []byte
-	if status == nil {
-		ps, status = g.s.DownloadBuffer(ctx, part.Buffer())
-	}
-	if status == nil && zw != nil {
-		pws, status = g.s.DownloadBuffer(ctx, partW.Buffer())
-	}
 	c := nvlink.Call{Op: uint64(op), Sig: sig(h, dt, zw != nil)}
-	recv, rerr := e.railRound(c.Op, c.Sig, status, func(n int, area, rows []byte) (int, int, int) {
-		cnt := ht.fwdCount[n]
-		copy(rows[:cnt*rb], ps[n*maxT*rb:])
-		ab := 0
+	var recv func(n int) []byte
+	var rerr error
+	if hx.feed != nil && g.pending == nil {
+		// GPU-fed: the slots' headers carry this call's GPU wait outcome
+		// to the rail peers; this rank learns it from the synchronize.
+		var pw *device.Buffer
 		if zw != nil {
-			ab = copy(area[:cnt*K*4], pws[n*maxT*K*4:])
+			pw = partW.Buffer()
 		}
-		return cnt, ab, cnt * rb
-	})
+		recv, rerr = e.railExchange(c.Op, c.Sig, nil, nil, func(ctx context.Context, ep uint64, parity int) (func(context.Context) error, error) {
+			return g.railSend(railPayload{src: part.Buffer(), w: pw, rowBytes: rb, tok: ht.partSrc, dest: ht.partDest, row: ht.partRow,
+				entries: ht.partSends, counts: ht.fwdCount, devCounts: ht.partCount, status: true}, c, ep, parity)
+		})
+		if err := g.synchronize(ctx); err != nil {
+			return err
+		}
+	} else {
+		status := g.synchronize(ctx)
+		var ps, pws []byte
+		if status == nil {
+			ps, status = g.s.DownloadBuffer(ctx, part.Buffer())
+		}
+		if status == nil && zw != nil {
+			pws, status = g.s.DownloadBuffer(ctx, partW.Buffer())
+		}
+		recv, rerr = e.railRound(c.Op, c.Sig, status, func(n int, area, rows []byte) (int, int, int) {
+			cnt := ht.fwdCount[n]
+			copy(rows[:cnt*rb], ps[n*maxT*rb:])
+			ab := 0
+			if zw != nil {
+				ab = copy(area[:cnt*K*4], pws[n*maxT*K*4:])
+			}
+			return cnt, ab, cnt * rb
+		})
+	}
 	if rerr != nil {
 		return rerr
 	}

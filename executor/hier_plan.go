@@ -25,6 +25,11 @@ type hierPlan struct {
 	// dropped rows included: the slot is what dispatchFill writes);
 	// railCount[n] rows in the slot for domain n.
 	railTok, railDest, railRow, railCount []int32
+	// The rail's send slots of a combine: entry j puts row partSrc[j] of
+	// the forwarded tokens' partials (domain n's f-th at n*maxT + f) at
+	// row partRow[j] (= f) of the slot for domain partDest[j] (= n);
+	// partCount[n] = fwdCount[n].
+	partSrc, partDest, partRow, partCount []int32
 	fwdCount                              []int // rows forwarded here from each domain
 	ownCount                              []int // this rank's tokens that reach each domain
 }
@@ -57,7 +62,7 @@ func planHier(lay *Layout, cfg Config, routing [][]int32, W int) *hierPlan {
 		entTok: filled(T * W), entDest: filled(T * W), entRow: filled(T * W), slotEnt: filled(T * K),
 		fTok: filled(M * maxT * W), fDest: filled(M * maxT * W), fRow: filled(M * maxT * W), fSlot: filled(M * maxT * K),
 		ownLive: make([]int32, T), remIdx: filled(M * T), slotDom: filled(T * K),
-		railCount: make([]int32, M), fwdCount: make([]int, M), ownCount: make([]int, M),
+		railCount: make([]int32, M), partCount: make([]int32, M), fwdCount: make([]int, M), ownCount: make([]int, M),
 	}
 	// fill writes the entries v*W + c of token t of side (tables tok,
 	// dest, row) and the entry of each of its slots whose expert is in
@@ -92,7 +97,11 @@ func planHier(lay *Layout, cfg Config, routing [][]int32, W int) *hierPlan {
 		side := lay.Rail[n]
 		toks := side.DomainTokens(nil, mine, D)
 		p.fwdCount[n] = len(toks)
+		p.partCount[n] = int32(len(toks))
 		for f, t := range toks {
+			p.partSrc = append(p.partSrc, int32(n*maxT+f))
+			p.partDest = append(p.partDest, int32(n))
+			p.partRow = append(p.partRow, int32(f))
 			v := n*maxT + f
 			fill(side, int(t), v, p.fTok, p.fDest, p.fRow, p.fSlot[v*K:(v+1)*K])
 		}

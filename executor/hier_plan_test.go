@@ -3,9 +3,11 @@ package executor
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -248,6 +250,38 @@ func checkRailSend(t *testing.T, cfg Config, lay *Layout, p *hierPlan, r int) {
 			t.Fatalf("rank %d domain %d: the rail tables fill the slot with rows %x weights %x; the host fills %x, %x", r, n, grows, garea, rows, area)
 		}
 	}
+	// Combine: the partials of the tokens forwarded here go back to their
+	// domain, rows n*maxT + f of the partials (and their weight
+	// gradients) at row f of its slot, as hierCombine's host fill.
+	ps, pws := make([]byte, M*maxT*rb), make([]byte, M*maxT*K*4)
+	for i := range ps {
+		ps[i] = byte(i*7 + r)
+	}
+	for i := range pws {
+		pws[i] = byte(i*5 + r)
+	}
+	for n := range M {
+		if n == r/D {
+			continue
+		}
+		cnt := p.fwdCount[n]
+		rows, area := ps[n*maxT*rb:][:cnt*rb], pws[n*maxT*K*4:][:cnt*K*4]
+		grows, garea := make([]byte, maxT*rb), make([]byte, maxT*K*4)
+		for j := range p.partSrc {
+			if int(p.partDest[j]) != n {
+				continue
+			}
+			src, i := int(p.partSrc[j]), int(p.partRow[j])
+			copy(grows[i*rb:(i+1)*rb], ps[src*rb:])
+			copy(garea[i*K*4:(i+1)*K*4], pws[src*K*4:])
+		}
+		if int(p.partCount[n]) != cnt {
+			t.Fatalf("rank %d domain %d: partCount %d, fwdCount %d", r, n, p.partCount[n], cnt)
+		}
+		if !bytes.Equal(grows[:cnt*rb], rows) || !bytes.Equal(garea[:cnt*K*4], area) {
+			t.Fatalf("rank %d domain %d: the partial tables fill the slot with rows %x weights %x; the host fills %x, %x", r, n, grows, garea, rows, area)
+		}
+	}
 }
 
 // TestRailHeadCorrupt: a header whose message length or count is garbage
@@ -266,5 +300,32 @@ func TestRailHeadCorrupt(t *testing.T) {
 		if len(h.msg) > railMsgMax {
 			t.Errorf("length %#x: message of %d bytes, more than %d", n, len(h.msg), railMsgMax)
 		}
+	}
+}
+
+// TestRailHeadDevice: a header as goep_ep_rail_post writes it after failed
+// GPU waits (word 7 set, one wait code per rank of the sender's domain in
+// the message) decodes to the error the sender's own Synchronize reports,
+// with its global ranks; unknown codes name no rank.
+func TestRailHeadDevice(t *testing.T) {
+	b := make([]byte, railHeader)
+	putRailHead(b, railHead{op: opCombine, count: 3, msg: string([]byte{0, waitRejected, 0, waitMismatch}), dev: true})
+	h := getRailHead(b)
+	if !h.dev || h.status != 0 || h.count != 3 {
+		t.Fatalf("round trip: %+v", h)
+	}
+	err := waitError([]byte(h.msg), 4)
+	if !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), "rank(s) [5] rejected") {
+		t.Fatalf("decoded: %v, want rank 5's rejection", err)
+	}
+	if err := waitError([]byte{0, waitTimeout, waitTimeout}, 8); !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "[9 10]") {
+		t.Fatalf("timeouts: %v, want ErrTimeout naming ranks 9 and 10", err)
+	}
+	if err := waitError([]byte{0, 9}, 0); err == nil || errors.Is(err, ErrTimeout) {
+		t.Fatalf("unknown code: %v", err)
+	}
+	putRailHead(b, railHead{op: opCombine})
+	if getRailHead(b).dev {
+		t.Fatal("a host header reads as a device one")
 	}
 }

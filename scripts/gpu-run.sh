@@ -68,6 +68,8 @@ tests() {
 	step executor-domains-staging 120 env GOEP_RAIL_HOST_STAGING=1 $bin/executor.test -gpu -test.run 'TestCUDADomains$' -test.v
 	step executor-cuda 420 $bin/executor.test -gpu -test.run 'TestCUDA' -test.skip 'TestCUDA(Benchmark|Domains)' -test.v
 	step executor-ucx-shm 180 $bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsProcesses/shm=true' -test.v
+	# A rejected combine reported across domains by GPU-written rail headers.
+	step executor-ucx-faults 180 $bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsFaults' -test.v
 	# The GPU host's UCX has no atomics over TCP in its v2 protocols.
 	step executor-ucx-tcp 180 env UCX_PROTO_ENABLE=n $bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsProcesses/shm=false' -test.v
 }

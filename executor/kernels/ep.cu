@@ -288,26 +288,53 @@ __device__ __forceinline__ void rail_store(uint64_t *ring, uint64_t pos, uint64_
 // goep_ep_rail_post is the device producer of the rail's descriptors
 // (the GPU-fed rail: package rdma's Feed hands them to the transport).
 // The kernels before it on the stream have stored this round's payload
-// into the send region (host memory goep owns, mapped for the GPU; the
-// host wrote the headers). For every other domain n, ascending, it writes
-// what the host's railPost would put: the header and area of send slot n
-// (the signal of epoch with it when the slot has no rows), then the slot's
-// rows with the signal. Slot n is at n*slot of the send region, its rows
-// at header + area in it, counts[n] of them, of rowBytes each, with
-// weightBytes per row in the area; the peer's receive slot for this rank
-// is (parity*domains + domain)*slot. Descriptors go to ring positions
-// pos, pos+1, ... (mask: ring size - 1), whose slots the host has freed.
-// One thread.
+// into the send region send (host memory goep owns, mapped for the GPU).
+// For every other domain n, ascending, it writes slot n's header (at
+// n*slot: op, sig0..2, status 0, counts[n] rows, as the host's
+// putRailHead; when status is not null and *status != 0, the waits of
+// this call failed: word 7 is then 1 and the message holds missing[p] as
+// one byte per rank of the domain, ranks of them, which the receiver
+// decodes), then what the host's railPost would put: the header and area
+// of slot n (the signal of epoch with it when the slot has no rows), then
+// the slot's rows with the signal. The slot's rows are at header + area
+// in it, counts[n] of them, of rowBytes each, with weightBytes per row in
+// the area; the peer's receive slot for this rank is (parity*domains +
+// domain)*slot. Descriptors go to ring positions pos, pos+1, ... (mask:
+// ring size - 1), whose slots the host has freed. One thread.
 extern "C" __global__ void goep_ep_rail_post(uint64_t *ring, uint64_t pos, uint64_t mask,
-					     const int32_t *counts, int32_t domains, int32_t domain,
-					     int64_t slot, int64_t header, int64_t area, int64_t rowBytes,
-					     int64_t weightBytes, int64_t parity, uint64_t epoch)
+					     uint8_t *send, const int32_t *counts, int32_t domains,
+					     int32_t domain, int64_t slot, int64_t header, int64_t area,
+					     int64_t rowBytes, int64_t weightBytes, int64_t parity,
+					     uint64_t epoch, uint64_t op, uint64_t sig0, uint64_t sig1,
+					     uint64_t sig2, const uint64_t *status, const int32_t *missing,
+					     int32_t ranks)
 {
 	if (blockIdx.x != 0 || threadIdx.x != 0) {
 		return;
 	}
-	// The payload stored by the kernels before this one reaches the host
-	// before any descriptor that names it.
+	bool failed = status != nullptr && *(volatile const uint64_t *)status != 0;
+	for (int32_t n = 0; n < domains; n++) {
+		if (n == domain) {
+			continue;
+		}
+		volatile uint64_t *h = (volatile uint64_t *)(send + n * slot);
+		h[0] = op;
+		h[1] = sig0;
+		h[2] = sig1;
+		h[3] = sig2;
+		h[4] = 0;
+		h[5] = (uint64_t)counts[n];
+		h[6] = failed ? (uint64_t)ranks : 0;
+		h[7] = failed ? 1 : 0;
+		if (failed) {
+			volatile uint8_t *msg = send + n * slot + 64;
+			for (int32_t p = 0; p < ranks; p++) {
+				msg[p] = (uint8_t)missing[p];
+			}
+		}
+	}
+	// The payload stored by the kernels before this one, and the headers,
+	// reach the host before any descriptor that names them.
 	__threadfence_system();
 	int64_t remote = (parity * domains + domain) * slot;
 	for (int32_t n = 0; n < domains; n++) {
