@@ -60,7 +60,16 @@ type hierarchy struct {
 	// partial is the fp32 partial sums of this rank's tokens over its own
 	// domain in combine, [T*H] fp32, reused across calls.
 	partial []byte
+	// hostPost, when set (the CUDA backend's GPU-fed rail), runs before
+	// this rank's slots of a round are put from the host: it waits until
+	// no queued GPU copy still reads the receive region, which the peers
+	// may write again once they see this round's signal.
+	hostPost func(ctx context.Context) error
 }
+
+// recvSlotOff is the offset in the receive region of the slot that the
+// rail peer in domain n filled in the last round.
+func (h *hierarchy) recvSlotOff(n int) int { return (int(h.epoch%2)*h.M + n) * h.slot }
 
 // Rail slot: a header, an area of MaxTokensPerRank*TopK 4-byte values
 // (routing in the layout, weights in dispatch, weight gradients in
@@ -282,6 +291,11 @@ func (e *Engine) railExchange(op uint64, sg [4]uint64, status error, fill func(n
 		drain, status = send(ctx, ep, parity)
 	}
 	if drain == nil {
+		if h.hostPost != nil {
+			if err := h.hostPost(ctx); err != nil {
+				status = errors.Join(status, err)
+			}
+		}
 		if err := e.railPost(ctx, ep, parity, op, sg, status, fill); err != nil {
 			return nil, err
 		}

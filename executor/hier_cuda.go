@@ -53,11 +53,12 @@ type gpuHier struct {
 	// address of every send slot's rows ([M] pointers, goep_ep_push's
 	// peer table), views at those addresses (for unitOf), and the kernel
 	// that writes the descriptors.
-	feed       *rdma.Feed
-	ring, send *device.HostMapping
-	slotRows   *device.Buffer
-	slotViews  []*device.Buffer
-	post       *device.Kernel
+	feed             *rdma.Feed
+	ring, send, recv *device.HostMapping
+	recvRead         *device.Event // after the last copy from recv
+	slotRows         *device.Buffer
+	slotViews        []*device.Buffer
+	post             *device.Kernel
 }
 
 // railRingSize is the feed's ring size for M domains: a round writes at
@@ -85,7 +86,20 @@ func (x *gpuHier) newRailFeed(ctx context.Context, g *gpuEngine) error {
 		return fmt.Errorf("executor: rail feed ring: %w", err)
 	}
 	if x.send, err = g.b.MapHost(hr.rail.SendBuffer()); err != nil {
-		return fmt.Errorf("executor: rail send region: %w", err)
+		return fmt.Errorf("executor: rail send region (GOEP_RAIL_HOST_STAGING=1 stages the rail through host copies instead): %w", err)
+	}
+	if x.recv, err = g.b.MapHost(hr.rail.RecvBuffer()); err != nil {
+		return fmt.Errorf("executor: rail receive region (GOEP_RAIL_HOST_STAGING=1 stages the rail through host copies instead): %w", err)
+	}
+	// A rail round posted by the host (a layout, a failure) must not let
+	// peers overwrite a receive slot that a copy on the stream still reads.
+	hr.hostPost = func(ctx context.Context) error {
+		if x.recvRead == nil {
+			return nil
+		}
+		err := x.recvRead.Wait(ctx)
+		x.recvRead = nil
+		return err
 	}
 	ptrs := make([]byte, 8*x.M)
 	for n := range x.M {
@@ -146,7 +160,7 @@ func (x *gpuHier) close(g *gpuEngine) error {
 	g.s.Free(x.fwdW)
 	g.s.Free(x.slotRows)
 	var errs []error
-	for _, m := range []*device.HostMapping{x.ring, x.send} {
+	for _, m := range []*device.HostMapping{x.ring, x.send, x.recv} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}
@@ -278,13 +292,12 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, op uint32) error {
 				continue
 			}
 			dst, _ := hx.fwdX.View(n*hx.maxT*rb, cnt*rb)
-			o := railHeader + e.hier.area
-			if rerr = g.s.UploadBuffer(ctx, dst, slot[o:o+cnt*rb]); rerr != nil {
+			if rerr = g.fromRail(ctx, dst, n, railHeader+e.hier.area, slot); rerr != nil {
 				break
 			}
 			if w != nil {
 				dw, _ := hx.fwdW.View(n*hx.maxT*g.K*4, cnt*g.K*4)
-				if rerr = g.s.UploadBuffer(ctx, dw, slot[railHeader:railHeader+cnt*g.K*4]); rerr != nil {
+				if rerr = g.fromRail(ctx, dw, n, railHeader, slot); rerr != nil {
 					break
 				}
 			}
@@ -310,6 +323,27 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, op uint32) error {
 		return err
 	}
 	return g.arrive(op)
+}
+
+// fromRail fills dst from byte off of slot, the last rail round's receive
+// slot of the peer in domain n: on the GPU-fed rail a copy on the stream
+// from the receive region mapped for the GPU (the stream's later rail
+// posts are ordered after it; a host post waits for it: hierarchy.hostPost),
+// else an upload through pinned staging.
+func (g *gpuEngine) fromRail(ctx context.Context, dst *device.Buffer, n, off int, slot []byte) error {
+	hx, hr := g.hier, g.e.hier
+	if hx.recv == nil {
+		return g.s.UploadBuffer(ctx, dst, slot[off:off+dst.Size()])
+	}
+	if err := g.s.Copy(dst, 0, hx.recv.Buffer(), hr.recvSlotOff(n)+off, dst.Size()); err != nil {
+		return err
+	}
+	ev, err := g.s.Record()
+	if err != nil {
+		return err
+	}
+	hx.recvRead = ev
+	return nil
 }
 
 // railPayload is what one GPU-fed rail round stores into the send slots:
@@ -518,13 +552,12 @@ func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBac
 			return fmt.Errorf("executor: rail: rank %d returned %d partials to domain %d, its layout says %d: %w", e.hier.global(n), got, hx.domain, cnt, ErrPeerMismatch)
 		}
 		dst, _ := rem.Buffer().View(n*maxT*rb, cnt*rb)
-		o := railHeader + e.hier.area
-		if err := g.s.UploadBuffer(ctx, dst, slot[o:o+cnt*rb]); err != nil {
+		if err := g.fromRail(ctx, dst, n, railHeader+e.hier.area, slot); err != nil {
 			return e.noteFailure(err)
 		}
 		if zw != nil {
 			dw, _ := remW.Buffer().View(n*maxT*K*4, cnt*K*4)
-			if err := g.s.UploadBuffer(ctx, dw, slot[railHeader:railHeader+cnt*K*4]); err != nil {
+			if err := g.fromRail(ctx, dw, n, railHeader, slot); err != nil {
 				return e.noteFailure(err)
 			}
 		}
