@@ -607,8 +607,9 @@ func (s *CUDAStream) Copy(dst *Buffer, dstOff int, src *Buffer, srcOff, n int) e
 // passed at their own sizes, as the kernel declares them: int32, uint32,
 // float32 (4 bytes); int64, uint64 (8); *Buffer and *Tensor as their device
 // address (8; a nil one as 0). Other types are refused. Pointers reach the
-// kernel only as buffers of this backend, so a kernel never receives a
-// host address (DESIGN invariant 1); counts go by value. The buffers and
+// kernel only as buffers of this backend, so a kernel never receives host
+// memory goep does not own (DESIGN invariant 1: the only host memory is a
+// HostMapping's, which goep owns and keeps mapped); counts go by value. The buffers and
 // tensors are kept alive until a Synchronize sees the work done.
 func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, args ...any) error {
 	task := "launch " + k.Name()
