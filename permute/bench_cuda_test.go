@@ -19,10 +19,13 @@ import (
 // the median gives the memory traffic in GB/s (bytes read + bytes
 // written: the copy 2 x tokens x topk rows, permute and unpermute
 // (tokens + tokens x topk) rows, weights and positions not counted), and
-// the ratios to the copy's are reported (the goal: >= 0.9). Routing: every
-// token picks topk distinct experts of 64 at random, no padding. Then
-// other launch configurations of permute and unpermute are timed the same
-// way and logged, one line each (-test.v shows them).
+// the ratios to the copy's are reported (the goal: >= 0.9). A permute
+// writes tokens x topk rows and reads tokens rows, so its bound is the
+// write bandwidth, not the copy's mixed read+write: a memset of the
+// permuted tensor, timed the same way, is that bound (permute/write).
+// Routing: every token picks topk distinct experts of 64 at random, no
+// padding. Then other launch configurations of permute and unpermute are
+// timed the same way and logged, one line each (-test.v shows them).
 //
 //	.gpu/permute.test -test.run '^$' -test.bench CUDA -test.benchtime 50x -test.v
 func BenchmarkCUDA(b *testing.B) {
@@ -101,6 +104,10 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 			return k.Permute(s, dt, hidden, px.Buffer(), pw.Buffer(), x.Buffer(), w.Buffer(), m)
 		}},
 		{"unpermute", func() error { return k.Unpermute(s, dt, hidden, out.Buffer(), y.Buffer(), w.Buffer(), m) }},
+		// The write-only bound of a permute: a memset of the permuted
+		// tensor (cuMemsetD8Async), which writes what a permute writes and
+		// reads nothing.
+		{"write", func() error { return s.Memset(dst.Buffer(), 0, p*rb, 0) }},
 	}
 	const warmup, iters = 5, 30
 	timeOp := func(run func() error) time.Duration {
@@ -138,7 +145,8 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 	for _, op := range ops {
 		median[op.name] = timeOp(op.run)
 	}
-	traffic := map[string]float64{"copy": float64(2 * p * rb), "permute": float64((tokens + p) * rb), "unpermute": float64((tokens + p) * rb)}
+	traffic := map[string]float64{"copy": float64(2 * p * rb), "permute": float64((tokens + p) * rb), "unpermute": float64((tokens + p) * rb),
+		"write": float64(p * rb)}
 	gb := func(op string) float64 { return traffic[op] / median[op].Seconds() / 1e9 }
 	// Other launch configurations (no result changes with them; the tests
 	// run the defaults): each timed like the ops above, as a fraction of the
@@ -175,7 +183,13 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 	b.ReportMetric(gb("unpermute"), "unpermute_GB/s")
 	b.ReportMetric(gb("permute")/gb("copy"), "permute/copy")
 	b.ReportMetric(gb("unpermute")/gb("copy"), "unpermute/copy")
+	// permute/write: the write-only memset's time over the permute's, the
+	// fraction of the write bound the permute reaches (it writes the same
+	// bytes and reads tokens rows more).
+	b.ReportMetric(median["write"].Seconds()/median["permute"].Seconds(), "permute/write")
 	b.Logf("%v: medians over %d runs: copy %v (%.0f GB/s), permute %v (%.0f GB/s, %.2f of copy), unpermute %v (%.0f GB/s, %.2f of copy); permuted tensor %d MB",
 		dt, iters, median["copy"], gb("copy"), median["permute"], gb("permute"), gb("permute")/gb("copy"),
 		median["unpermute"], gb("unpermute"), gb("unpermute")/gb("copy"), p*rb>>20)
+	b.Logf("%v: write-only bound: a memset of the permuted tensor takes %v (%.0f GB/s written); the permute reaches %.2f of it (memset time / permute time)",
+		dt, median["write"], gb("write"), median["write"].Seconds()/median["permute"].Seconds())
 }
