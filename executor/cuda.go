@@ -441,7 +441,7 @@ func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, s
 	if err := e.stream.Synchronize(ctx); err != nil {
 		return e.noteFailure(err)
 	}
-	if err := g.useLayout(ctx, h, lay); err != nil {
+	if err := g.useLayout(ctx, h, lay, nil); err != nil {
 		return err
 	}
 	h.gpu, err = g.tables(ctx, h, lay, routing, h.gpu)
@@ -450,17 +450,26 @@ func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, s
 
 // useLayout makes lay (its counts, at least) the handle's layout: its
 // output sizes, its device counts and, under OverflowError, the capacity
-// error Synchronize will report.
-func (g *gpuEngine) useLayout(ctx context.Context, h *Handle, lay *Layout) error {
+// error Synchronize will report. The device counts are uploaded, or, when
+// sum is not nil (the GPU layout's summary, gpulayout.Dims.Summary), copied
+// from it on the stream: no host wait.
+func (g *gpuEngine) useLayout(ctx context.Context, h *Handle, lay *Layout, sum *device.Buffer) error {
 	e, cfg := g.e, g.e.cfg
-	counts := make([]int32, countsHeader+e.local)
-	counts[countRecv], counts[countPermuted] = int32(lay.RecvCount), int32(lay.PermutedCount)
-	copy(counts[countsHeader:], lay.TokensPerExpert)
-	if cfg.Mode == Capacity && (lay.RecvCount > cfg.MaxRecvTokens || lay.PermutedCount > cfg.MaxPermutedTokens) {
-		counts[countOverflow] = 1
-	}
-	if err := g.s.UploadBuffer(ctx, h.counts.Buffer(), device.EncodeInt32(counts)); err != nil {
-		return e.noteFailure(err)
+	overflow := cfg.Mode == Capacity && (lay.RecvCount > cfg.MaxRecvTokens || lay.PermutedCount > cfg.MaxPermutedTokens)
+	if sum != nil {
+		if err := g.countsFromSummary(h.counts.Buffer(), sum, overflow); err != nil {
+			return e.noteFailure(err)
+		}
+	} else {
+		counts := make([]int32, countsHeader+e.local)
+		counts[countRecv], counts[countPermuted] = int32(lay.RecvCount), int32(lay.PermutedCount)
+		copy(counts[countsHeader:], lay.TokensPerExpert)
+		if overflow {
+			counts[countOverflow] = 1
+		}
+		if err := g.s.UploadBuffer(ctx, h.counts.Buffer(), device.EncodeInt32(counts)); err != nil {
+			return e.noteFailure(err)
+		}
 	}
 	h.lay = lay
 	if cfg.Mode == Capacity {
@@ -944,6 +953,10 @@ func (g *gpuEngine) statusError(raw []byte) error {
 	}
 	return waitError(codes, g.base)
 }
+
+// statusBytes is the size of the flags region's status words: status,
+// epoch counter, missing[R].
+func (g *gpuEngine) statusBytes() int { return g.missingOff() + 4*g.R - g.statusOff() }
 
 // close frees the windows and kernels; the caller has synchronized and
 // passed a barrier (no peer uses the windows any more).

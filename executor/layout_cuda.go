@@ -46,12 +46,13 @@ type gpuLayout struct {
 	mod                                           *device.Module
 	put, count, scan, colcount, colscan, colwrite *device.Kernel
 	ws, errKey                                    *device.Buffer
-	// prior is a copy of the flags region's status, epoch counter and
-	// missing words as a layout found them.
-	prior *device.Buffer
+	// back is what a layout reads back, in one download: the summary,
+	// then the flags region's status, epoch counter and missing words as
+	// the layout found them (prior), then as its waits left them.
+	back *device.Buffer
 	// phases are the host times of the last layout from its start to: the
 	// exchange and count kernels enqueued, the summary read, the tables
-	// enqueued, the counts uploaded (for the timing test).
+	// enqueued, the counts written (for the timing test).
 	phases [4]time.Duration
 }
 
@@ -79,7 +80,8 @@ func newGPULayout(g *gpuEngine) (*gpuLayout, error) {
 	if lk.errKey, err = g.s.Alloc(8); err != nil {
 		return nil, errors.Join(err, lk.close(g))
 	}
-	if lk.prior, err = g.s.Alloc(g.missingOff() + 4*g.R - g.statusOff()); err != nil {
+	_, n := d.Summary()
+	if lk.back, err = g.s.Alloc(4*n + 2*g.statusBytes()); err != nil {
 		return nil, errors.Join(err, lk.close(g))
 	}
 	return lk, nil
@@ -91,7 +93,7 @@ func (lk *gpuLayout) close(g *gpuEngine) error {
 	}
 	g.s.Free(lk.ws)
 	g.s.Free(lk.errKey)
-	g.s.Free(lk.prior)
+	g.s.Free(lk.back)
 	if lk.mod != nil {
 		return lk.mod.Close()
 	}
@@ -141,7 +143,9 @@ func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Ten
 	// (A timeout moves aside too: this layout's waits then run for real
 	// and fail on their own if the ranks are out of step.)
 	flags := g.win.Own[regionFlags]
-	if err := errors.Join(g.s.Copy(lk.prior, 0, flags, g.statusOff(), lk.prior.Size()),
+	sumOff, sumN := d.Summary()
+	priorOff := 4 * sumN
+	if err := errors.Join(g.s.Copy(lk.back, priorOff, flags, g.statusOff(), g.statusBytes()),
 		g.s.Memset(flags, g.statusOff(), 8, 0), g.s.Memset(flags, g.missingOff(), 4*g.R, 0)); err != nil {
 		g.reject()
 		return err
@@ -161,12 +165,16 @@ func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Ten
 		err = errors.Join(g.s.Memset(lk.ws, 0, lk.ws.Size(), 0), g.s.Memset(lk.errKey, 0, 8, 0xff),
 			g.launchN(lk.count, g.R*cfg.MaxTokensPerRank, d, route, nt, lk.ws, lk.errKey),
 			g.s.Launch(lk.scan, [3]uint32{1, 1, 1}, [3]uint32{uint32(scanThreads), 1, 1}, 0,
-				append([]any{route, lk.ws, lk.errKey}, d.Args()...)...))
+				append([]any{route, lk.ws, lk.errKey}, d.Args()...)...),
+			// What the host reads back: the summary and the waits' status.
+			g.s.Copy(lk.back, 0, lk.ws, 4*sumOff, 4*sumN),
+			g.s.Copy(lk.back, priorOff+g.statusBytes(), flags, g.statusOff(), g.statusBytes()))
 	}
 	lk.phases[0] = time.Since(start)
 	var lay *Layout
+	var sum *device.Buffer
 	if err == nil {
-		lay, err = g.layoutSummary(ctx, d)
+		sum, lay, err = g.layoutSummary(ctx, d)
 	}
 	lk.phases[1] = time.Since(start)
 	// 4: the tables, then the handle takes the layout. After a failure
@@ -178,7 +186,7 @@ func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Ten
 	}
 	lk.phases[2] = time.Since(start)
 	if err == nil {
-		err = g.useLayout(ctx, h, lay)
+		err = g.useLayout(ctx, h, lay, sum)
 	}
 	lk.phases[3] = time.Since(start)
 	// Done, whatever happened: the peers' next call waits for it.
@@ -199,36 +207,61 @@ func (g *gpuEngine) routeWindow() (route, counts *device.Buffer) {
 	return route, g.ownView(regionRoute, 4*g.R*g.e.cfg.MaxTokensPerRank*g.K, 4*g.R)
 }
 
-// layoutSummary waits for the layout's summary and reads it: the exchange's
-// failure (a peer's timeout or rejection), the routing error, or the
-// counts.
-func (g *gpuEngine) layoutSummary(ctx context.Context, d gpulayout.Dims) (*Layout, error) {
+// layoutSummary waits for the layout's summary and reads it back, with
+// the status words as the layout found them and as its waits left them,
+// in one download: the exchange's failure (a peer's timeout or rejection),
+// the routing error, or the counts. It returns the summary's device view
+// too (valid until the next layout).
+func (g *gpuEngine) layoutSummary(ctx context.Context, d gpulayout.Dims) (*device.Buffer, *Layout, error) {
 	off, n := d.Summary()
 	view, err := g.lk.ws.View(4*off, 4*n)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	raw, err := g.s.DownloadBuffer(ctx, view)
+	raw, err := g.s.DownloadBuffer(ctx, g.lk.back)
 	if err != nil {
-		return nil, g.e.noteFailure(err)
+		return nil, nil, g.e.noteFailure(err)
 	}
+	sb, missing := g.statusBytes(), g.missingOff()-g.statusOff()
+	prior, now := raw[4*n:4*n+sb], raw[4*n+sb:]
 	// The earlier failure moved aside, for the next Synchronize, whatever
 	// this layout found.
-	prior, err := g.s.DownloadBuffer(ctx, g.lk.prior)
-	if err != nil {
-		return nil, g.e.noteFailure(err)
+	if binary.LittleEndian.Uint64(prior) != 0 {
+		g.pending = errors.Join(g.pending, g.statusError(prior[missing:]))
 	}
-	if prior[0] != 0 {
-		g.pending = errors.Join(g.pending, g.statusError(prior[g.missingOff()-g.statusOff():]))
-	}
-	if err := g.waitStatus(ctx); err != nil {
-		return nil, g.e.noteFailure(err)
+	if binary.LittleEndian.Uint64(now) != 0 {
+		// As waitStatus: a failure other than a timeout leaves the ranks in
+		// step, so the status is cleared for the next call.
+		err := g.statusError(now[missing:])
+		if !errors.Is(err, ErrTimeout) {
+			flags := g.win.Own[regionFlags]
+			err = errors.Join(err, g.s.Memset(flags, g.statusOff(), 8, 0), g.s.Memset(flags, g.missingOff(), 4*g.R, 0))
+		}
+		return nil, nil, g.e.noteFailure(err)
 	}
 	sum := make([]int32, n)
 	for i := range sum {
 		sum[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
 	}
-	return summaryLayout(sum, d, g.e.cfg)
+	lay, err := summaryLayout(sum, d, g.e.cfg)
+	return view, lay, err
+}
+
+// countsFromSummary enqueues the writes of a handle's device counts
+// (countRecv, countPermuted, countOverflow, then TokensPerExpert) from the
+// GPU layout's summary sum (gpulayout's words: this rank's RecvCount and
+// PermutedCount at SumRecv and SumPermuted, adjacent and in that order,
+// then from SumHeader the ranks' RecvCounts and PermutedCounts, then this
+// rank's TokensPerExpert); overflow is the host's capacity check.
+func (g *gpuEngine) countsFromSummary(counts, sum *device.Buffer, overflow bool) error {
+	R, L := g.R, g.e.local
+	err := errors.Join(g.s.Copy(counts, 4*countRecv, sum, 4*gpulayout.SumRecv, 8),
+		g.s.Memset(counts, 4*countOverflow, 4*(countsHeader-countOverflow), 0),
+		g.s.Copy(counts, 4*countsHeader, sum, 4*(gpulayout.SumHeader+2*R), 4*L))
+	if err == nil && overflow {
+		err = g.s.Memset(counts, 4*countOverflow, 1, 1) // int32 1, little-endian
+	}
+	return err
 }
 
 // deviceTables enqueues the column kernels that write h's tables (new

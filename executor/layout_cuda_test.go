@@ -193,6 +193,20 @@ func checkDeviceLayout(ctx context.Context, e *Engine, h *Handle, want *Layout, 
 	if h.gpu.n != e.validRecv(want, e.rank) {
 		return fmt.Errorf("valid rows %d, want %d", h.gpu.n, e.validRecv(want, e.rank))
 	}
+	// The device counts (written from the GPU summary on the stream).
+	dc, err := h.Counts(ctx)
+	if err != nil {
+		return err
+	}
+	overflow := cfg.Mode == Capacity && (want.RecvCount > cfg.MaxRecvTokens || want.PermutedCount > cfg.MaxPermutedTokens)
+	wantTPE := make([]int, len(want.TokensPerExpert))
+	for i, n := range want.TokensPerExpert {
+		wantTPE[i] = int(n)
+	}
+	if dc.RecvCount != want.RecvCount || dc.PermutedCount != want.PermutedCount || dc.Overflow != overflow || !slices.Equal(dc.TokensPerExpert, wantTPE) {
+		return fmt.Errorf("device counts %+v, want recv %d permuted %d overflow %v tokens per expert %v",
+			dc, want.RecvCount, want.PermutedCount, overflow, wantTPE)
+	}
 	return nil
 }
 
@@ -200,6 +214,17 @@ func checkDeviceLayout(ctx context.Context, e *Engine, h *Handle, want *Layout, 
 // waits for its summary) of DeepSeek-V3 decode/prefill-sized worlds (1 and
 // 4 goroutine ranks sharing the GPU) on the GPU and on the host.
 func timeLayouts(t *testing.T, b *device.CUDA) {
+	for _, check := range []bool{true, false} {
+		// Pointer checks (GOEP_DEBUG_POINTERS, on in the tests) cost one
+		// driver call per pointer argument of every launch.
+		b.SetCheckPointers(check)
+		t.Logf("pointer checks %v:", check)
+		timeLayoutWorlds(t, b)
+	}
+	b.SetCheckPointers(true)
+}
+
+func timeLayoutWorlds(t *testing.T, b *device.CUDA) {
 	for _, c := range []struct{ R, T int }{{1, 128}, {4, 128}, {4, 4096}} {
 		for _, host := range []bool{false, true} {
 			R, T, E, K := c.R, c.T, 256, 8
@@ -237,7 +262,7 @@ func timeLayouts(t *testing.T, b *device.CUDA) {
 			t.Logf("layout on the %s: %d ranks, %d tokens each, %d experts, top-%d: median %v (of %d, p90 %v)",
 				where, R, T, E, K, its[len(its)/2], len(its), its[len(its)*9/10])
 			if !host {
-				t.Logf("  rank 0's last GPU layout: enqueued %v, summary read %v, tables enqueued %v, counts uploaded %v", phases[0], phases[1], phases[2], phases[3])
+				t.Logf("  rank 0's last GPU layout: enqueued %v, summary read %v, tables enqueued %v, counts written %v", phases[0], phases[1], phases[2], phases[3])
 			}
 		}
 	}

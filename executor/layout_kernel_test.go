@@ -160,3 +160,13 @@ func (c *layoutCase) check(me int) error {
 	}
 	return nil
 }
+
+// TestSummaryCountsOrder: the CUDA layout copies this rank's RecvCount and
+// PermutedCount from the summary into the handle's device counts as one
+// pair (countsFromSummary), so both must be adjacent in the same order.
+func TestSummaryCountsOrder(t *testing.T) {
+	if gpulayout.SumPermuted != gpulayout.SumRecv+1 || countPermuted != countRecv+1 {
+		t.Fatalf("summary words recv %d, permuted %d; device counts recv %d, permuted %d: not one adjacent pair",
+			gpulayout.SumRecv, gpulayout.SumPermuted, countRecv, countPermuted)
+	}
+}
