@@ -8,9 +8,10 @@ import (
 	"github.com/goep/goep/internal/cuda"
 )
 
-// HostMapping is host memory that goep owns (mmap'd by another package: the
-// rail's send region and the descriptor ring its proxy reads) mapped for
-// this backend's kernels. It is the one kind of host memory a kernel may
+// HostMapping is host memory that goep owns (mmap'd by another package, or
+// allocated by its transport: the rail's send and receive regions and the
+// descriptor ring its proxy reads) mapped for this backend's kernels and
+// copies. It is the one kind of host memory a kernel may
 // receive (DESIGN invariant 1 forbids host memory goep does not own): the
 // owner keeps it mapped for the backend's lifetime, and the launch pointer
 // check (SetCheckPointers) accepts addresses inside a live mapping.

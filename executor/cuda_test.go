@@ -412,16 +412,15 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 		return nil, err
 	}
 	defer e.Close()
-	idx, x, _ := graphInputs(5, g.Rank(), cfg, 16)
-	ti, err1 := e.NewTensor(device.Int32, 16, 2)
-	xt, err2 := e.NewTensor(device.BF16, 16, 64)
-	bad, err3 := e.NewTensor(device.BF16, 16, 32)
+	idx, ti, xt, bad, err := faultInputs(ctx, e, 5, g.Rank(), cfg)
+	if err != nil {
+		return nil, err
+	}
 	badIdx, err4 := e.NewTensor(device.Int32, 16, 3)
 	wrong := slices.Clone(idx)
 	wrong[1] = int32(cfg.NumExperts) // token 0, slot 1
 	tw, err5 := e.NewTensor(device.Int32, 16, 2)
-	if err := errors.Join(err1, err2, err3, err4, err5, device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, xt, x),
-		device.Upload(ctx, tw, device.EncodeInt32(wrong))); err != nil {
+	if err := errors.Join(err4, err5, device.Upload(ctx, tw, device.EncodeInt32(wrong))); err != nil {
 		return nil, err
 	}
 	str := func(err error) string {
@@ -474,6 +473,21 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 	res["timeout"] = str(errors.Join(err, e.Synchronize(ctx)))
 	res["timeout.after"] = time.Since(start).Round(100 * time.Millisecond).String()
 	return []map[string]string{res}, nil
+}
+
+// faultInputs are the fault tests' tensors for 16 tokens of cfg (TopK 2,
+// Hidden 64): the routing of graphInputs(seed, rank) and its tensor, x,
+// and an x of the wrong width.
+func faultInputs(ctx context.Context, e *executor.Engine, seed uint64, rank int, cfg executor.Config) (idx []int32, ti, xt, bad *device.Tensor, err error) {
+	idx, x, _ := graphInputs(seed, rank, cfg, 16)
+	ti, err1 := e.NewTensor(device.Int32, 16, 2)
+	xt, err2 := e.NewTensor(device.BF16, 16, 64)
+	bad, err3 := e.NewTensor(device.BF16, 16, 32)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	err = errors.Join(device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, xt, x))
+	return idx, ti, xt, bad, err
 }
 
 // TestCUDAFaults: with 3 processes on the GPU, a rank that rejects its

@@ -5,6 +5,7 @@ package executor_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,22 +21,21 @@ func init() { extraModes["gpu-hier-faults"] = gpuHierFaults }
 // good dispatch and combine; a combine whose input rank 1 rejects (its
 // domain peer, rank 0, finds the rejection in its GPU waits and reports
 // it to its rail peer, rank 2, in the headers its GPU writes: the GPU-fed
-// rail); a dispatch whose input rank 1 rejects; then a good dispatch and
-// combine (the engines must be usable again). It reports what each step
-// returned, with Synchronize.
+// rail); a dispatch whose input rank 1 rejects; a good dispatch and
+// combine (the engines must be usable again); then a combine that rank 1
+// joins only after the 2 s deadline (rank 0's GPU waits time out, and its
+// GPU-written headers tell rank 2). It reports what each step returned,
+// with Synchronize, and whether the rail is GPU-fed.
 func gpuHierFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
 	R := g.Size()
-	cfg := executor.Config{NumExperts: 4 * R, TopK: 2, Hidden: 64, MaxTokensPerRank: 16, RanksPerDomain: 2, Timeout: 20 * time.Second}
+	cfg := executor.Config{NumExperts: 4 * R, TopK: 2, Hidden: 64, MaxTokensPerRank: 16, RanksPerDomain: 2, Timeout: 2 * time.Second}
 	e, err := executor.New(ctx, g, b, cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer e.Close()
-	idx, x, _ := graphInputs(9, g.Rank(), cfg, 16)
-	ti, err1 := e.NewTensor(device.Int32, 16, 2)
-	xt, err2 := e.NewTensor(device.BF16, 16, 64)
-	bad, err3 := e.NewTensor(device.BF16, 16, 32)
-	if err := errors.Join(err1, err2, err3, device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, xt, x)); err != nil {
+	_, ti, xt, bad, err := faultInputs(ctx, e, 9, g.Rank(), cfg)
+	if err != nil {
 		return nil, err
 	}
 	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
@@ -49,7 +49,7 @@ func gpuHierFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 		}
 		return err.Error()
 	}
-	res := map[string]string{}
+	res := map[string]string{"fed": strconv.FormatBool(e.RailFed())}
 	pair := func() error {
 		out, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
 		if err != nil {
@@ -76,50 +76,82 @@ func gpuHierFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: in})
 	res["reject.dispatch"] = str(errors.Join(err, e.Synchronize(ctx)))
 	res["after"] = str(pair())
+	out, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+	if err := errors.Join(err, e.Synchronize(ctx)); err != nil {
+		return nil, err
+	}
+	if g.Rank() == 1 {
+		time.Sleep(3 * time.Second)
+	}
+	_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
+	res["late.combine"] = str(errors.Join(err, e.Synchronize(ctx)))
 	return []map[string]string{res}, nil
 }
 
 // TestCUDADomainsFaults: with 2 domains of 2 processes sharing the GPU (UCX
-// over shared memory), a rank that rejects its combine input fails every
-// rank's combine with an error naming it, including the rank of the other
-// domain that learns it only from the header its rail peer's GPU wrote; a
-// rejected dispatch fails every rank; the engines work again after.
+// over shared memory), on the GPU-fed rail and host-staged: a rank that
+// rejects its combine input fails every rank's combine with an error
+// naming it, including the rank of the other domain that learns it only
+// from its rail peer's header (written by that peer's GPU on the GPU-fed
+// rail); a rejected dispatch fails every rank; the engines work again
+// after; a rank late to a combine is named, as timed out, by its domain
+// peer and, through that peer's header, by the other domain's rank.
 func TestCUDADomainsFaults(t *testing.T) {
 	needGPU(t)
-	got, lerr, log := runWorldN(t, "spawn", "gpu-hier-faults", 4, 2*time.Minute,
-		"GOEP_MP_BACKEND=cuda", "GOEP_RANKS_PER_DOMAIN=2", "GOEP_RDMA_SHARED_MEMORY=true", "GOEP_DEBUG_POINTERS=1")
-	if lerr != nil {
-		t.Fatalf("launcher: %v\n%s", lerr, log)
+	for _, staging := range []bool{false, true} {
+		t.Run("staging="+strconv.FormatBool(staging), func(t *testing.T) {
+			got, lerr, log := runWorldN(t, "spawn", "gpu-hier-faults", 4, 2*time.Minute,
+				"GOEP_MP_BACKEND=cuda", "GOEP_RANKS_PER_DOMAIN=2", "GOEP_RDMA_SHARED_MEMORY=true", "GOEP_DEBUG_POINTERS=1",
+				"GOEP_RAIL_HOST_STAGING="+strconv.FormatBool(staging))
+			if lerr != nil {
+				t.Fatalf("launcher: %v\n%s", lerr, log)
+			}
+			for r, res := range got {
+				if res.Err != "" || len(res.Digests) != 1 {
+					t.Fatalf("rank %d: %q\n%s", r, res.Err, log)
+				}
+				checkHierFaults(t, r, res.Digests[0], staging)
+			}
+		})
 	}
-	for r, res := range got {
-		if res.Err != "" || len(res.Digests) != 1 {
-			t.Fatalf("rank %d: %q\n%s", r, res.Err, log)
+}
+
+func checkHierFaults(t *testing.T, r int, d map[string]string, staging bool) {
+	t.Helper()
+	t.Logf("rank %d: %v", r, d)
+	if want := strconv.FormatBool(!staging); d["fed"] != want {
+		t.Errorf("rank %d: GPU-fed rail %s, want %s", r, d["fed"], want)
+	}
+	if d["good"] != "nil" || d["after"] != "nil" {
+		t.Errorf("rank %d: good calls before and after the faults: %q, %q", r, d["good"], d["after"])
+	}
+	rc, rd, late := d["reject.combine"], d["reject.dispatch"], d["late.combine"]
+	switch r {
+	case 1:
+		if !strings.Contains(rc, "shape") || !strings.Contains(rd, "shape") {
+			t.Errorf("rank 1 combine and dispatch with a bad input: %q, %q; want shape errors", rc, rd)
 		}
-		d := res.Digests[0]
-		t.Logf("rank %d: %v", r, d)
-		if d["good"] != "nil" || d["after"] != "nil" {
-			t.Errorf("rank %d: good calls before and after the faults: %q, %q", r, d["good"], d["after"])
+	case 3: // rank 1's rail peer: rank 1's own failure header
+		if !strings.Contains(rc, "rank 1 reported") {
+			t.Errorf("rank 3 combine after rank 1 rejected its input: %q, want rank 1's report", rc)
 		}
-		rc, rd := d["reject.combine"], d["reject.dispatch"]
-		switch r {
-		case 1:
-			if !strings.Contains(rc, "shape") || !strings.Contains(rd, "shape") {
-				t.Errorf("rank 1 combine and dispatch with a bad input: %q, %q; want shape errors", rc, rd)
-			}
-		case 3: // rank 1's rail peer: rank 1's own failure header
-			if !strings.Contains(rc, "rank 1 reported") {
-				t.Errorf("rank 3 combine after rank 1 rejected its input: %q, want rank 1's report", rc)
-			}
-		default: // rank 0 from its GPU waits, rank 2 from rank 0's GPU-written header
-			if !strings.Contains(rc, "rank(s) [1] rejected") {
-				t.Errorf("rank %d combine after rank 1 rejected its input: %q, want an error naming rank 1", r, rc)
-			}
-			if r == 2 && !strings.Contains(rc, "rank 0 reported") {
-				t.Errorf("rank 2: %q, want it through rank 0's rail header", rc)
-			}
+		// Rank 1's own waits succeed when it comes: rank 3 may get its
+		// partials in time; if not, the error names rank 1.
+		if late != "nil" && !strings.Contains(late, "[1]") && !strings.Contains(late, "rank 1 ") {
+			t.Errorf("rank 3 combine with rank 1 late: %q, want success or rank 1 named", late)
 		}
-		if r != 1 && rd == "nil" {
-			t.Errorf("rank %d dispatch after rank 1 rejected its input: no error", r)
+	default: // rank 0 from its GPU waits, rank 2 from rank 0's header
+		if !strings.Contains(rc, "rank(s) [1] rejected") {
+			t.Errorf("rank %d combine after rank 1 rejected its input: %q, want an error naming rank 1", r, rc)
 		}
+		if !strings.Contains(late, "timed out") || !strings.Contains(late, "[1]") {
+			t.Errorf("rank %d combine with rank 1 late: %q, want a timeout naming rank 1", r, late)
+		}
+		if r == 2 && (!strings.Contains(rc, "rank 0 reported") || !strings.Contains(late, "rank 0 reported")) {
+			t.Errorf("rank 2: %q, %q; want both through rank 0's rail header", rc, late)
+		}
+	}
+	if r != 1 && rd == "nil" {
+		t.Errorf("rank %d dispatch after rank 1 rejected its input: no error", r)
 	}
 }

@@ -114,6 +114,10 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	if cerr == nil {
 		cerr = serr
 	}
+	staging, terr := boolEnv("GOEP_RAIL_HOST_STAGING")
+	if cerr == nil {
+		cerr = terr
+	}
 	if cerr == nil {
 		cerr = cfg.ValidateFor(R)
 	}
@@ -164,6 +168,9 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 		dom, err = nvlink.New(dctx, g, s, global, cfg.Timeout)
 	} else {
 		hier, dom, err = newHierarchy(dctx, g, s, cfg, shm)
+		if hier != nil {
+			hier.staging = staging
+		}
 	}
 	if err != nil {
 		_ = s.Close()
@@ -300,6 +307,14 @@ func (e *Engine) reject(op uint64, cause error) error {
 			return cause
 		}
 		e.gpu.reject()
+		return cause
+	}
+	if e.gpu != nil && e.hier != nil {
+		// A host layout on the CUDA backend with several domains: the GPU
+		// calls run their rail rounds on the caller's goroutine, so this
+		// one does too (a stream task could interleave its epoch with the
+		// next call's).
+		e.hierReject(op, cause)
 		return cause
 	}
 	e.stream.Go("reject "+opNames[op], func() error {

@@ -300,15 +300,20 @@ func TestDetectedDomain(t *testing.T) {
 	}
 }
 
-// TestBadRDMASharedMemory: an invalid GOEP_RDMA_SHARED_MEMORY is an error
-// of New on every rank, before any collective work.
-func TestBadRDMASharedMemory(t *testing.T) {
-	t.Setenv("GOEP_RDMA_SHARED_MEMORY", "maybe")
-	errs := runRanks(t, 4, Config{NumExperts: 4, TopK: 1, Hidden: 4, MaxTokensPerRank: 1, RanksPerDomain: 2}, func(ctx context.Context, e *Engine) error { return nil })
-	for r, err := range errs {
-		if !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), "GOEP_RDMA_SHARED_MEMORY") {
-			t.Errorf("rank %d: %v, want ErrInvalidInput naming GOEP_RDMA_SHARED_MEMORY", r, err)
-		}
+// TestBadRailEnv: an invalid GOEP_RDMA_SHARED_MEMORY or
+// GOEP_RAIL_HOST_STAGING is an error of New on every rank, before any
+// collective work.
+func TestBadRailEnv(t *testing.T) {
+	for _, name := range []string{"GOEP_RDMA_SHARED_MEMORY", "GOEP_RAIL_HOST_STAGING"} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(name, "maybe")
+			errs := runRanks(t, 4, Config{NumExperts: 4, TopK: 1, Hidden: 4, MaxTokensPerRank: 1, RanksPerDomain: 2}, func(ctx context.Context, e *Engine) error { return nil })
+			for r, err := range errs {
+				if !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), name) {
+					t.Errorf("rank %d: %v, want ErrInvalidInput naming %s", r, err, name)
+				}
+			}
+		})
 	}
 }
 

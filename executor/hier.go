@@ -60,6 +60,10 @@ type hierarchy struct {
 	// partial is the fp32 partial sums of this rank's tokens over its own
 	// domain in combine, [T*H] fp32, reused across calls.
 	partial []byte
+	// staging is GOEP_RAIL_HOST_STAGING (read by New with the other
+	// variables): the CUDA backend stages the rail through host copies
+	// instead of feeding it from the GPU.
+	staging bool
 	// hostPost, when set (the CUDA backend's GPU-fed rail), runs before
 	// this rank's slots of a round are put from the host: it waits until
 	// no queued GPU copy still reads the receive region, which the peers
@@ -277,7 +281,15 @@ func (e *Engine) railExchange(op uint64, sg [4]uint64, status error, fill func(n
 	h := e.hier
 	h.epoch++
 	ep := h.epoch
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	// A combine-like call's round follows its domain exchange, whose
+	// failure (a GPU wait's timeout) can take the timeout to show: the
+	// round waits twice as long, so that the failure's report, not this
+	// rank's silence, reaches the rail peers.
+	timeout := e.cfg.Timeout
+	if !dispatchLike(op) {
+		timeout *= 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	parity := int(ep % 2)
 	var peers []int
@@ -676,6 +688,23 @@ func (e *Engine) reaches(lay *Layout, side *SendSide, t, n int) bool {
 
 func f32s(b []byte) []float32 { return permute.Float32s(b) }
 func int32s(b []byte) []int32 { return permute.Int32s(b) }
+
+// partialsFill is the rail round's payload of a combine on the CUDA
+// backend's host-staged path: for each other domain n, the partials of the
+// counts[n] tokens its rail peer forwarded here (rows n*maxT.. of ps, rb
+// bytes each) and, when pws is not nil, their weight gradients (K fp32
+// each).
+func partialsFill(counts []int, ps, pws []byte, maxT, K, rb int) func(n int, area, rows []byte) (int, int, int) {
+	return func(n int, area, rows []byte) (int, int, int) {
+		cnt := counts[n]
+		copy(rows[:cnt*rb], ps[n*maxT*rb:])
+		ab := 0
+		if pws != nil {
+			ab = copy(area[:cnt*K*4], pws[n*maxT*K*4:])
+		}
+		return cnt, ab, cnt * rb
+	}
+}
 
 // dispatchFill is the rail round's payload of a dispatch: for each other
 // domain, the rows (and weights) of this rank's tokens that reach it.

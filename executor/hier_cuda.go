@@ -18,22 +18,23 @@ import (
 // "virtual tokens": this rank's own tokens, then the tokens its rail peers
 // forward to this domain (domain n's f-th at n*MaxTokensPerRank + f).
 // Across domains the rail (rdma, host memory: the transports here have no
-// GPU memory support) carries the rows. The send side of a dispatch is
-// GPU-fed: the rail's send region and the descriptor ring of its feed
-// (rdma.Feed) are mapped for the GPU, goep_ep_push stores the rows and
-// weights straight into the send slots and goep_ep_rail_post writes the
+// GPU memory support) carries the rows, fed by the GPU: the rail's send
+// and receive regions and the descriptor ring of its feed (rdma.Feed) are
+// mapped for the GPU; goep_ep_push stores a round's payload straight into
+// the send slots, goep_ep_rail_post writes the headers and the
 // descriptors, which the feed's goroutine hands to the transport as soon
-// as they appear. What arrives is uploaded from the receive region, and a
-// combine downloads its partials before its rail round, so a call with
-// several domains still waits on the host (for the peers' rows, or for
-// its own partials) and cannot be captured into a CUDA graph.
-// GOEP_RAIL_HOST_STAGING=1 stages dispatch's rows through a download of x
-// instead (the path before the GPU-fed rail, kept for comparison).
+// as they appear, and what arrives is copied on the stream from the
+// receive region (fromRail). A call with several domains still waits on
+// the host for its peers' signals and its own descriptors (and a combine
+// for its own status), so it cannot be captured into a CUDA graph.
+// GOEP_RAIL_HOST_STAGING=1, or a domain of more than railMsgMax ranks,
+// stages the rail through host copies instead (downloads, the host's
+// fill, uploads: the path before the GPU-fed rail).
 //
 //   - Dispatch: the rail round sends each other domain the rows of the
-//     tokens that reach it (as on the host backend), the rows received are
-//     uploaded into fwdX / fwdW, and the domain's push runs twice: this
-//     rank's tokens from x, the forwarded ones from fwdX, each to its
+//     tokens that reach it (as on the host backend), the rows received go
+//     into fwdX / fwdW, and the domain's push runs twice: this rank's
+//     tokens from x, the forwarded ones from fwdX, each to its
 //     destinations in this domain. Receive windows, copy-out and permute
 //     are unchanged.
 //   - Combine: every rank pushes its received rows into the combine window
@@ -48,17 +49,21 @@ type gpuHier struct {
 	fwdX, fwdW      *device.Buffer // [M*maxT] rows of up to H fp32; [M*maxT*K] fp32
 	sumF32          *device.Kernel // goep_ep_sum_bf16_f32
 	merge           [2]*device.Kernel
-	// The GPU-fed rail (nil with GOEP_RAIL_HOST_STAGING): the feed, its
-	// ring and the rail's send region mapped for the GPU, the device
-	// address of every send slot's rows ([M] pointers, goep_ep_push's
-	// peer table), views at those addresses (for unitOf), and the kernel
-	// that writes the descriptors.
+	// The GPU-fed rail (nil when the rail is host-staged): the feed, its
+	// ring and the rail's send and receive regions mapped for the GPU,
+	// the device address of every send slot's rows ([M] pointers,
+	// goep_ep_push's peer table), views at those addresses (for unitOf),
+	// and the kernel that writes the headers and descriptors.
 	feed             *rdma.Feed
 	ring, send, recv *device.HostMapping
-	recvRead         *device.Event // after the last copy from recv
-	slotRows         *device.Buffer
-	slotViews        []*device.Buffer
-	post             *device.Kernel
+	// recvRead follows the last round's copies from recv on the stream;
+	// recvSync: its record failed, a host-posted round synchronizes the
+	// stream instead.
+	recvRead  *device.Event
+	recvSync  bool
+	slotRows  *device.Buffer
+	slotViews []*device.Buffer
+	post      *device.Kernel
 }
 
 // railRingSize is the feed's ring size for M domains: a round writes at
@@ -82,24 +87,34 @@ func (x *gpuHier) newRailFeed(ctx context.Context, g *gpuEngine) error {
 	if x.feed, err = rdma.NewFeed(hr.rail, railRingSize(x.M)); err != nil {
 		return fmt.Errorf("executor: rail feed: %w", err)
 	}
+	const staging = "(GOEP_RAIL_HOST_STAGING=1 stages the rail through host copies instead)"
 	if x.ring, err = g.b.MapHost(x.feed.Memory()); err != nil {
-		return fmt.Errorf("executor: rail feed ring: %w", err)
+		return fmt.Errorf("executor: rail feed ring %s: %w", staging, err)
 	}
 	if x.send, err = g.b.MapHost(hr.rail.SendBuffer()); err != nil {
-		return fmt.Errorf("executor: rail send region (GOEP_RAIL_HOST_STAGING=1 stages the rail through host copies instead): %w", err)
+		return fmt.Errorf("executor: rail send region %s: %w", staging, err)
 	}
 	if x.recv, err = g.b.MapHost(hr.rail.RecvBuffer()); err != nil {
-		return fmt.Errorf("executor: rail receive region (GOEP_RAIL_HOST_STAGING=1 stages the rail through host copies instead): %w", err)
+		return fmt.Errorf("executor: rail receive region %s: %w", staging, err)
 	}
 	// A rail round posted by the host (a layout, a failure) must not let
 	// peers overwrite a receive slot that a copy on the stream still reads.
 	hr.hostPost = func(ctx context.Context) error {
-		if x.recvRead == nil {
-			return nil
+		var err error
+		switch {
+		case x.recvSync:
+			err = g.s.Synchronize(ctx)
+		case x.recvRead != nil:
+			err = x.recvRead.Wait(ctx)
 		}
-		err := x.recvRead.Wait(ctx)
-		x.recvRead = nil
-		return err
+		if err != nil {
+			if ctx.Err() != nil {
+				err = fmt.Errorf("%w: %w", ErrTimeout, err)
+			}
+			return fmt.Errorf("executor: rail of rank %d: wait for the copies from the receive region: %w", g.e.rank, err)
+		}
+		x.recvRead, x.recvSync = nil, false
+		return nil
 	}
 	ptrs := make([]byte, 8*x.M)
 	for n := range x.M {
@@ -139,8 +154,7 @@ func newGPUHier(ctx context.Context, g *gpuEngine) (*gpuHier, error) {
 	}
 	// A GPU-fed header reports a failed wait with one byte per rank of the
 	// domain in its message area; larger domains stage through the host.
-	staging, err := boolEnv("GOEP_RAIL_HOST_STAGING")
-	if err == nil && !staging && hr.D <= railMsgMax {
+	if !hr.staging && hr.D <= railMsgMax {
 		err = x.newRailFeed(ctx, g)
 	}
 	if err != nil {
@@ -242,14 +256,18 @@ func (g *gpuEngine) hierTables(ctx context.Context, lay *Layout, routing [][]int
 		fwdCount: p.fwdCount, ownCount: p.ownCount}, nil
 }
 
-// railCtx bounds a rail round's host work.
+// railCtx bounds the host work of a call with several domains around its
+// rail round (downloads, uploads, the synchronize of a combine): twice the
+// timeout, as such a synchronize waits for GPU waits that give up only
+// after the timeout themselves, and must see their outcome, not its own
+// deadline.
 func (g *gpuEngine) railCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), g.e.cfg.Timeout)
+	return context.WithTimeout(context.Background(), 2*g.e.cfg.Timeout)
 }
 
 // hierPush is pushRows with several domains: the rail round of x's rows
-// (host), the forwarded rows uploaded, then the domain's pushes of own and
-// forwarded rows and the arrive.
+// (GPU-fed, or host-staged), the forwarded rows into fwdX / fwdW, then the
+// domain's pushes of own and forwarded rows and the arrive.
 func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, op uint32) error {
 	e, hx, lay := g.e, g.hier, h.lay
 	ctx, cancel := g.railCtx()
@@ -303,6 +321,9 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, op uint32) error {
 			}
 		}
 	}
+	if err := g.railRead(); rerr == nil {
+		rerr = err
+	}
 	if rerr != nil {
 		// The domain's peers must fail this call too.
 		g.reject()
@@ -327,19 +348,29 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, op uint32) error {
 
 // fromRail fills dst from byte off of slot, the last rail round's receive
 // slot of the peer in domain n: on the GPU-fed rail a copy on the stream
-// from the receive region mapped for the GPU (the stream's later rail
-// posts are ordered after it; a host post waits for it: hierarchy.hostPost),
-// else an upload through pinned staging.
+// from the receive region mapped for the GPU (railRead marks the round's
+// copies), else an upload through pinned staging.
 func (g *gpuEngine) fromRail(ctx context.Context, dst *device.Buffer, n, off int, slot []byte) error {
 	hx, hr := g.hier, g.e.hier
 	if hx.recv == nil {
 		return g.s.UploadBuffer(ctx, dst, slot[off:off+dst.Size()])
 	}
-	if err := g.s.Copy(dst, 0, hx.recv.Buffer(), hr.recvSlotOff(n)+off, dst.Size()); err != nil {
-		return err
+	return g.s.Copy(dst, 0, hx.recv.Buffer(), hr.recvSlotOff(n)+off, dst.Size())
+}
+
+// railRead records, after a round's copies from the receive region (the
+// GPU-fed rail), the event a host-posted round waits for
+// (hierarchy.hostPost); the stream's own later rail posts are ordered
+// after the copies anyway. If the record fails, a host post synchronizes
+// the stream instead.
+func (g *gpuEngine) railRead() error {
+	hx := g.hier
+	if hx.recv == nil {
+		return nil
 	}
 	ev, err := g.s.Record()
 	if err != nil {
+		hx.recvSync = true
 		return err
 	}
 	hx.recvRead = ev
@@ -412,9 +443,16 @@ func (g *gpuEngine) railSend(pl railPayload, c nvlink.Call, ep uint64, parity in
 	hx.feed.Expect(descs)
 	return func(ctx context.Context) error {
 		err := hx.feed.Drain(ctx)
-		if err != nil && ctx.Err() != nil {
-			return fmt.Errorf("executor: rail of rank %d: %w: %w", e.rank, ErrTimeout, err)
+		if err == nil {
+			return nil
 		}
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w: %w", ErrTimeout, err)
+		}
+		// A descriptor that did not reach the transport leaves its peer
+		// without this round's signal (or with a stale header): fatal.
+		err = fmt.Errorf("executor: rail of rank %d: %w", e.rank, err)
+		e.failed.CompareAndSwap(nil, &err)
 		return err
 	}, nil
 }
@@ -506,8 +544,13 @@ func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBac
 			return g.railSend(railPayload{src: part.Buffer(), w: pw, rowBytes: rb, tok: ht.partSrc, dest: ht.partDest, row: ht.partRow,
 				entries: ht.partSends, counts: ht.fwdCount, devCounts: ht.partCount, status: true}, c, ep, parity)
 		})
-		if err := g.synchronize(ctx); err != nil {
-			return err
+		// This rank's own outcome first (as the host-staged path reports
+		// it), with its own deadline: the round's may be spent.
+		sctx, scancel := g.railCtx()
+		serr := g.synchronize(sctx)
+		scancel()
+		if serr != nil {
+			return errors.Join(serr, rerr)
 		}
 	} else {
 		status := g.synchronize(ctx)
@@ -518,15 +561,11 @@ func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBac
 		if status == nil && zw != nil {
 			pws, status = g.s.DownloadBuffer(ctx, partW.Buffer())
 		}
-		recv, rerr = e.railRound(c.Op, c.Sig, status, func(n int, area, rows []byte) (int, int, int) {
-			cnt := ht.fwdCount[n]
-			copy(rows[:cnt*rb], ps[n*maxT*rb:])
-			ab := 0
-			if zw != nil {
-				ab = copy(area[:cnt*K*4], pws[n*maxT*K*4:])
-			}
-			return cnt, ab, cnt * rb
-		})
+		var fill func(n int, area, rows []byte) (int, int, int)
+		if status == nil {
+			fill = partialsFill(ht.fwdCount, ps, pws, maxT, K, rb)
+		}
+		recv, rerr = e.railRound(c.Op, c.Sig, status, fill)
 	}
 	if rerr != nil {
 		return rerr
@@ -553,14 +592,17 @@ func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBac
 		}
 		dst, _ := rem.Buffer().View(n*maxT*rb, cnt*rb)
 		if err := g.fromRail(ctx, dst, n, railHeader+e.hier.area, slot); err != nil {
-			return e.noteFailure(err)
+			return errors.Join(e.noteFailure(err), g.railRead())
 		}
 		if zw != nil {
 			dw, _ := remW.Buffer().View(n*maxT*K*4, cnt*K*4)
 			if err := g.fromRail(ctx, dw, n, railHeader, slot); err != nil {
-				return e.noteFailure(err)
+				return errors.Join(e.noteFailure(err), g.railRead())
 			}
 		}
+	}
+	if err := g.railRead(); err != nil {
+		return e.noteFailure(err)
 	}
 	if T == 0 {
 		return nil

@@ -251,8 +251,7 @@ func checkRailSend(t *testing.T, cfg Config, lay *Layout, p *hierPlan, r int) {
 		}
 	}
 	// Combine: the partials of the tokens forwarded here go back to their
-	// domain, rows n*maxT + f of the partials (and their weight
-	// gradients) at row f of its slot, as hierCombine's host fill.
+	// domain, as the host-staged path's partialsFill puts them.
 	ps, pws := make([]byte, M*maxT*rb), make([]byte, M*maxT*K*4)
 	for i := range ps {
 		ps[i] = byte(i*7 + r)
@@ -260,12 +259,16 @@ func checkRailSend(t *testing.T, cfg Config, lay *Layout, p *hierPlan, r int) {
 	for i := range pws {
 		pws[i] = byte(i*5 + r)
 	}
+	pfill := partialsFill(p.fwdCount, ps, pws, maxT, K, rb)
 	for n := range M {
 		if n == r/D {
 			continue
 		}
-		cnt := p.fwdCount[n]
-		rows, area := ps[n*maxT*rb:][:cnt*rb], pws[n*maxT*K*4:][:cnt*K*4]
+		rows, area := make([]byte, maxT*rb), make([]byte, maxT*K*4)
+		cnt, ab, rbytes := pfill(n, area, rows)
+		if ab != cnt*K*4 || rbytes != cnt*rb {
+			t.Fatalf("rank %d domain %d: the host fill reports %d area and %d row bytes for %d rows", r, n, ab, rbytes, cnt)
+		}
 		grows, garea := make([]byte, maxT*rb), make([]byte, maxT*K*4)
 		for j := range p.partSrc {
 			if int(p.partDest[j]) != n {
@@ -276,9 +279,9 @@ func checkRailSend(t *testing.T, cfg Config, lay *Layout, p *hierPlan, r int) {
 			copy(garea[i*K*4:(i+1)*K*4], pws[src*K*4:])
 		}
 		if int(p.partCount[n]) != cnt {
-			t.Fatalf("rank %d domain %d: partCount %d, fwdCount %d", r, n, p.partCount[n], cnt)
+			t.Fatalf("rank %d domain %d: partCount %d, the host fills %d rows", r, n, p.partCount[n], cnt)
 		}
-		if !bytes.Equal(grows[:cnt*rb], rows) || !bytes.Equal(garea[:cnt*K*4], area) {
+		if !bytes.Equal(grows, rows) || !bytes.Equal(garea, area) {
 			t.Fatalf("rank %d domain %d: the partial tables fill the slot with rows %x weights %x; the host fills %x, %x", r, n, grows, garea, rows, area)
 		}
 	}
@@ -308,11 +311,21 @@ func TestRailHeadCorrupt(t *testing.T) {
 // the message) decodes to the error the sender's own Synchronize reports,
 // with its global ranks; unknown codes name no rank.
 func TestRailHeadDevice(t *testing.T) {
+	// The header word by word as goep_ep_rail_post writes it (ep.cu).
 	b := make([]byte, railHeader)
-	putRailHead(b, railHead{op: opCombine, count: 3, msg: string([]byte{0, waitRejected, 0, waitMismatch}), dev: true})
+	codes := []byte{0, waitRejected, 0, waitMismatch}
+	for i, w := range []uint64{opCombine, 11, 12, 13, 0, 3, uint64(len(codes)), 1} {
+		binary.LittleEndian.PutUint64(b[8*i:], w)
+	}
+	copy(b[64:], codes)
 	h := getRailHead(b)
-	if !h.dev || h.status != 0 || h.count != 3 {
-		t.Fatalf("round trip: %+v", h)
+	if !h.dev || h.status != 0 || h.count != 3 || h.op != opCombine || h.sig != [3]uint64{11, 12, 13} || h.msg != string(codes) {
+		t.Fatalf("decoded: %+v", h)
+	}
+	var round [railHeader]byte
+	putRailHead(round[:], h)
+	if !bytes.Equal(round[:], b) {
+		t.Fatalf("putRailHead writes %x, the kernel %x", round, b)
 	}
 	err := waitError([]byte(h.msg), 4)
 	if !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), "rank(s) [5] rejected") {

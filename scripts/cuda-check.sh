@@ -5,7 +5,7 @@
 # As root on Debian 12 it installs CUDA's headers, the stub libcuda.so and
 # nvcc from Debian's contrib/non-free components (CUDA 11.8), then runs
 #
-#	go vet   -tags cuda ./...
+#	go vet   -tags cuda ./...  (and -tags cuda,ucx)
 #	go build -tags cuda ./...
 #	go test  -tags cuda -count=1 ./internal/cuda/... ./device ./permute ./nvlink
 #	go test  -tags cuda -short ./executor
@@ -113,6 +113,10 @@ log "$(go version)"
 
 log "go vet -tags cuda ./..."
 go vet -tags cuda ./...
+# The CUDA and UCX parts together (the GPU tests across emulated domains,
+# the eprun binary the GPU host runs).
+log "go vet -tags cuda,ucx ./..."
+go vet -tags cuda,ucx ./...
 
 log "go build -tags cuda ./..."
 go build -tags cuda ./...
