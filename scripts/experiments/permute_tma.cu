@@ -1,4 +1,5 @@
-// permute_tma: what would bulk (TMA) copies buy the permute kernel?
+// permute_tma: what would bulk (TMA) copies, or other shapes of the
+// scatter, buy the permute kernel?
 //
 // Issue 4's goal is a permute at >= 0.9 of a device-to-device copy; the
 // kernels built from permute/kernels/permute.cu (PTX for compute_90 by
@@ -20,6 +21,12 @@
 //	gather        one block per output row, 16-byte loads and stores
 //	scatter       one block per token: each 16-byte unit loaded once,
 //	              stored topk times
+//	memset        cudaMemsetAsync of the P rows: the write-only bound
+//	              (its GB/s counts the P rows written)
+//	seqfan        scatter's traffic with each token's k rows consecutive:
+//	              the bound with perfect write locality (not checked)
+//	warpdest      one block per token, warp j writes the row to destination j
+//	rowblock      one block per (token, slot): one row to one destination
 //	tma           persistent blocks, one elected thread: a bulk load of the
 //	              token's row into shared memory (mbarrier), topk bulk
 //	              stores from it; two buffers, so the next row's load
@@ -73,6 +80,56 @@ __global__ void scatter(uint4 *out, const uint4 *x, const int32_t *pos, int64_t 
 		for (int32_t j = 0; j < k; j++) {
 			out[(int64_t)pos[i * k + j] * units + u] = v;
 		}
+	}
+}
+
+// seqfan: the permute's traffic with perfect write locality (token i's row
+// to rows i*k .. i*k+k-1): a bound, not a permute (not checked).
+__global__ void seqfan(uint4 *out, const uint4 *x, int64_t n, int32_t k, int64_t units)
+{
+	int64_t i = blockIdx.x;
+	if (i >= n) {
+		return;
+	}
+	const uint4 *s = x + i * units;
+	for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+		uint4 v = s[u];
+		for (int32_t j = 0; j < k; j++) {
+			out[(i * k + j) * units + u] = v;
+		}
+	}
+}
+
+// warpdest: one block per token, warp j (of k) writes the whole row to
+// destination j (each warp reads the row: from L1/L2 after the first).
+__global__ void warpdest(uint4 *out, const uint4 *x, const int32_t *pos, int64_t n, int32_t k,
+			 int64_t units)
+{
+	int64_t i = blockIdx.x;
+	int32_t j = threadIdx.x / 32;
+	if (i >= n || j >= k) {
+		return;
+	}
+	const uint4 *s = x + i * units;
+	uint4 *d = out + (int64_t)pos[i * k + j] * units;
+	for (int64_t u = threadIdx.x % 32; u < units; u += 32) {
+		d[u] = s[u];
+	}
+}
+
+// rowblock: one block per (token, slot), adjacent blocks for one token:
+// each copies the token's row to one destination.
+__global__ void rowblock(uint4 *out, const uint4 *x, const int32_t *pos, int64_t n, int32_t k,
+			 int64_t units)
+{
+	int64_t b = blockIdx.x;
+	if (b >= n * k) {
+		return;
+	}
+	const uint4 *s = x + (b / k) * units;
+	uint4 *d = out + (int64_t)pos[b] * units;
+	for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+		d[u] = s[u];
 	}
 }
 
@@ -274,7 +331,8 @@ int main(int argc, char **argv)
 	struct variant {
 		const char *name;
 		double bytes; // traffic per run
-		bool permutes;
+		bool permutes; // a permute: its output is checked
+		bool copy;     // the copy the ratios are against
 		void (*run)(cudaStream_t);
 	};
 	static uint8_t *sx, *sout, *sy;
@@ -286,17 +344,31 @@ int main(int argc, char **argv)
 	sk = k, sGrid = sms * tmaBlocksPerSM, sSmem = tmaSmem;
 	const double permBytes = (double)(tokens + P) * rowBytes;
 	variant vs[] = {
-		{"copy", 2.0 * P * rowBytes, false,
+		{"copy", 2.0 * P * rowBytes, false, true,
 		 [](cudaStream_t s) { CHECK(cudaMemcpyAsync(sout, sy, sP * sRow, cudaMemcpyDeviceToDevice, s)); }},
-		{"gather", permBytes, true,
+		// The write-only bound: the permuted tensor's bytes written, none read
+		// (its ratio counts those bytes only).
+		{"memset", 1.0 * P * rowBytes, false, false,
+		 [](cudaStream_t s) { CHECK(cudaMemsetAsync(sout, 0, sP * sRow, s)); }},
+		{"seqfan", permBytes, false, false,
+		 [](cudaStream_t s) { seqfan<<<sT, 256, 0, s>>>((uint4 *)sout, (const uint4 *)sx, sT, sk, sUnits); }},
+		{"gather", permBytes, true, false,
 		 [](cudaStream_t s) {
 			 gather<<<sP, 256, 0, s>>>((uint4 *)sout, (const uint4 *)sx, ssrc, sP, sUnits);
 		 }},
-		{"scatter", permBytes, true,
+		{"scatter", permBytes, true, false,
 		 [](cudaStream_t s) {
 			 scatter<<<sT, 256, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits);
 		 }},
-		{"tma", permBytes, true,
+		{"warpdest", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 warpdest<<<sT, 32 * sk, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits);
+		 }},
+		{"rowblock", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 rowblock<<<sT * sk, 256, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits);
+		 }},
+		{"tma", permBytes, true, false,
 		 [](cudaStream_t s) { tma<<<sGrid, 32, sSmem, s>>>(sout, sx, spos, sT, sk, (uint32_t)sRow); }},
 	};
 	printf("# permute_tma: %s, %d SMs; tokens %lld hidden %lld topk %d experts %d; P = %lld rows of %lld bytes\n",
@@ -324,7 +396,7 @@ int main(int argc, char **argv)
 		std::sort(ms.begin(), ms.end());
 		double med = ms[ms.size() / 2] * 1e-3;
 		double gbps = v.bytes / med / 1e9;
-		if (!v.permutes) {
+		if (v.copy) {
 			copyGBps = gbps;
 		}
 		unsigned long long bad = 0;
