@@ -369,3 +369,45 @@ func TestCUDAView(t *testing.T) {
 	x.Close()
 	syncCUDA(t, s)
 }
+
+// TestCUDASharedAlias: a buffer of AllocShared opened in the same process
+// (a goroutine rank's alias of a peer's window) keeps the memory alive
+// after the owner frees its buffer, until the alias is freed too.
+func TestCUDASharedAlias(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	own, h, err := c.AllocShared(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alias, err := c.OpenShared(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if alias.DevicePtr() != own.DevicePtr() {
+		t.Fatalf("alias at %#x, owner at %#x", alias.DevicePtr(), own.DevicePtr())
+	}
+	if err := c.FreeShared(own); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.LiveBuffers(); n != 1 {
+		t.Fatalf("%d live buffers after the owner freed its buffer, want 1 (the alias holds it)", n)
+	}
+	want := pattern(4096, 3)
+	if err := s.UploadBuffer(t.Context(), alias, want); err != nil {
+		t.Fatalf("upload through the alias after the owner freed: %v", err)
+	}
+	got, err := s.DownloadBuffer(t.Context(), alias)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("download through the alias: %v, equal %v", err, bytes.Equal(got, want))
+	}
+	if err := c.FreeShared(alias); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.LiveBuffers(); n != 0 {
+		t.Fatalf("%d live buffers after both were freed", n)
+	}
+	if _, err := c.OpenShared(h); err == nil {
+		t.Fatal("OpenShared of freed memory of this process succeeded")
+	}
+}

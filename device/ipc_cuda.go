@@ -5,6 +5,7 @@ package device
 import (
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/goep/goep/internal/cuda"
 )
@@ -20,10 +21,27 @@ type GPUShareHandle struct {
 	IPC  [64]byte
 }
 
+// sharedRefs counts, for every live AllocShared allocation of this
+// process (by address), the buffers that use it: the owner's and each
+// OpenShared alias (goroutine ranks use each other's windows at their
+// addresses). The memory is freed with the last of them, so a rank that
+// closes early (a failed engine skips the closing barrier) never frees
+// memory that a peer of the process may still write into.
+var sharedRefs = struct {
+	mu sync.Mutex
+	m  map[uint64]*sharedRef
+}{m: map[uint64]*sharedRef{}}
+
+type sharedRef struct {
+	c    *CUDA // the owner's backend, which frees it
+	refs int
+}
+
 // AllocShared returns n bytes of device memory that peers can map with
 // OpenShared, and its handle. The memory is not stream-ordered (cuMemAlloc,
 // the only kind CUDA IPC exports); it is not zeroed. Free it with
-// FreeShared once no queued work (here or at a peer) uses it.
+// FreeShared once no queued work (here or at a peer) uses it; a peer in
+// this process holds it until it frees its alias too.
 func (c *CUDA) AllocShared(n int) (*Buffer, GPUShareHandle, error) {
 	p, err := c.dev.Alloc(n)
 	if err != nil {
@@ -35,15 +53,27 @@ func (c *CUDA) AllocShared(n int) (*Buffer, GPUShareHandle, error) {
 		return nil, GPUShareHandle{}, fmt.Errorf("device: CUDA shared alloc: %w", err)
 	}
 	c.live.Add(1)
+	if p != 0 {
+		sharedRefs.mu.Lock()
+		sharedRefs.m[uint64(p)] = &sharedRef{c: c, refs: 1}
+		sharedRefs.mu.Unlock()
+	}
 	return &Buffer{size: n, dev: uint64(p), shared: sharedOwn},
 		GPUShareHandle{PID: os.Getpid(), Addr: uint64(p), Size: n, IPC: h}, nil
 }
 
 // OpenShared maps a peer's shared memory into this process (or, for a
-// handle of this process, returns a buffer at its address). Close the
-// buffer with FreeShared.
+// handle of this process, returns a buffer at its address, which keeps the
+// allocation alive until it is freed). Close the buffer with FreeShared.
 func (c *CUDA) OpenShared(h GPUShareHandle) (*Buffer, error) {
 	if h.PID == os.Getpid() {
+		sharedRefs.mu.Lock()
+		defer sharedRefs.mu.Unlock()
+		r := sharedRefs.m[h.Addr]
+		if r == nil {
+			return nil, fmt.Errorf("device: CUDA open shared memory %#x of this process: no such live allocation", h.Addr)
+		}
+		r.refs++
 		return &Buffer{size: h.Size, dev: h.Addr, shared: sharedAlias}, nil
 	}
 	p, err := c.dev.OpenIPCHandle(cuda.IPCHandle(h.IPC))
@@ -61,14 +91,41 @@ func (c *CUDA) FreeShared(b *Buffer) error {
 	}
 	switch b.shared {
 	case sharedOwn:
-		c.live.Add(-1)
-		return c.dev.Free(cuda.DevicePtr(b.dev))
+		if b.dev == 0 {
+			c.live.Add(-1)
+			return nil
+		}
+		return releaseShared(b.dev)
+	case sharedAlias:
+		return releaseShared(b.dev)
 	case sharedOpened:
 		return c.dev.CloseIPCHandle(cuda.DevicePtr(b.dev))
-	case sharedAlias:
-		return nil
 	}
 	return fmt.Errorf("device: CUDA free shared: %w: not a shared buffer", ErrUnsupported)
+}
+
+// releaseShared drops one use of the AllocShared allocation at p and frees
+// it (through its owner's backend) with the last.
+func releaseShared(p uint64) error {
+	if p == 0 {
+		return nil
+	}
+	sharedRefs.mu.Lock()
+	r := sharedRefs.m[p]
+	if r != nil {
+		r.refs--
+		if r.refs > 0 {
+			r = nil
+		} else {
+			delete(sharedRefs.m, p)
+		}
+	}
+	sharedRefs.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	r.c.live.Add(-1)
+	return r.c.dev.Free(cuda.DevicePtr(p))
 }
 
 // IsDevicePointer reports whether p is device memory of this backend's GPU
