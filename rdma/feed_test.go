@@ -12,83 +12,92 @@ import (
 	"github.com/goep/goep/comm"
 )
 
-// TestFeed has a "device" goroutine per rank write descriptors into the
-// rank's Feed the way the rail kernel does (Ring.Store, after the bytes),
-// while the host announces them and drains: every peer must receive every
-// round's bytes under the epoch's signal, over rounds that wrap the ring
-// several times, with descriptors written before and after Expect.
+// TestFeed runs FeedRounds on the in-process transport (over UCX:
+// TestInProcessFeed, tag ucx).
 func TestFeed(t *testing.T) {
-	const R, rounds, chunk = 3, 40, 64
+	const R, chunk = 3, 64
 	cfg := Config{SendBytes: R * chunk, RecvBytes: R * chunk}
 	runLocal(t, R, cfg, NewInProcess, func(ctx context.Context, g comm.Group, tr Transport) error {
-		f, err := NewFeed(tr, 4)
+		return FeedRounds(ctx, g, tr, 40, chunk)
+	})
+}
+
+// FeedRounds has a "device" goroutine write descriptors into a Feed of tr
+// the way the rail kernel does (Ring.Store, after the bytes), while the
+// host announces them and drains: every peer must receive every round's
+// bytes (chunk of them, self-checking words) under the round's signal,
+// over rounds that wrap a ring of 4 descriptors several times, with
+// descriptors written before and after Expect. tr's regions hold
+// Size()*chunk bytes.
+func FeedRounds(ctx context.Context, g comm.Group, tr Transport, rounds uint64, chunk int) (err error) {
+	f, err := NewFeed(tr, 4)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, f.Close()) }()
+	me, R := tr.Rank(), tr.Size()
+	var peers []int
+	for p := range R {
+		if p != me {
+			peers = append(peers, p)
+		}
+	}
+	ring := &Ring{mem: f.Memory(), size: uint64(f.Size()), mask: uint64(f.Size() - 1)}
+	for e := uint64(1); e <= rounds; e++ {
+		send := tr.SendBuffer()
+		for _, p := range peers {
+			for o := 0; o < chunk; o += 8 {
+				binary.LittleEndian.PutUint64(send[p*chunk+o:], ChunkWord(me, p, e, o))
+			}
+		}
+		// Per peer, the rail kernel's two descriptors: the bytes, then
+		// the signal alone (with 2 peers, every round fills the ring).
+		n := 2 * len(peers)
+		pos, err := f.Next(n)
 		if err != nil {
 			return err
 		}
-		defer func() {
-			if err := f.Close(); err != nil {
-				t.Error(err)
-			}
-		}()
-		me := tr.Rank()
-		var peers []int
-		for p := range R {
-			if p != me {
-				peers = append(peers, p)
+		device := func() {
+			for i, p := range peers {
+				ring.Store(pos+uint64(2*i), Work{Peer: p, LocalOff: p * chunk, RemoteOff: me * chunk, Bytes: chunk})
+				ring.Store(pos+uint64(2*i+1), Work{Peer: p, Epoch: e})
 			}
 		}
-		ring := &Ring{mem: f.Memory(), size: uint64(f.Size()), mask: uint64(f.Size() - 1)}
-		for e := uint64(1); e <= rounds; e++ {
-			send := tr.SendBuffer()
-			for _, p := range peers {
-				for o := 0; o < chunk; o += 8 {
-					binary.LittleEndian.PutUint64(send[p*chunk+o:], ChunkWord(me, p, e, o))
+		if e%3 == 0 {
+			device() // written before the host announces them
+			f.Expect(n)
+		} else {
+			f.Expect(n)
+			go func() {
+				time.Sleep(time.Duration(e%4) * 100 * time.Microsecond)
+				device()
+			}()
+		}
+		if err := f.Drain(ctx); err != nil {
+			return err
+		}
+		if err := tr.WaitAll(ctx, peers, e); err != nil {
+			return err
+		}
+		recv := tr.RecvBuffer()
+		for _, p := range peers {
+			for o := 0; o < chunk; o += 8 {
+				if got, want := binary.LittleEndian.Uint64(recv[p*chunk+o:]), ChunkWord(p, me, e, o); got != want {
+					return fmt.Errorf("round %d: word %d from rank %d is %#x, want %#x", e, o, p, got, want)
 				}
-			}
-			// Per peer, the rail kernel's two descriptors: the bytes, then
-			// the signal alone (every round fills the ring of 4).
-			n := 2 * len(peers)
-			pos, err := f.Next(n)
-			if err != nil {
-				return err
-			}
-			device := func() {
-				for i, p := range peers {
-					ring.Store(pos+uint64(2*i), Work{Peer: p, LocalOff: p * chunk, RemoteOff: me * chunk, Bytes: chunk})
-					ring.Store(pos+uint64(2*i+1), Work{Peer: p, Epoch: e})
-				}
-			}
-			if e%3 == 0 {
-				device() // written before the host announces them
-				f.Expect(n)
-			} else {
-				f.Expect(n)
-				go func() {
-					time.Sleep(time.Duration(e%4) * 100 * time.Microsecond)
-					device()
-				}()
-			}
-			if err := f.Drain(ctx); err != nil {
-				return err
-			}
-			if err := tr.WaitAll(ctx, peers, e); err != nil {
-				return err
-			}
-			recv := tr.RecvBuffer()
-			for _, p := range peers {
-				for o := 0; o < chunk; o += 8 {
-					if got, want := binary.LittleEndian.Uint64(recv[p*chunk+o:]), ChunkWord(p, me, e, o); got != want {
-						return fmt.Errorf("round %d: word %d from rank %d is %#x, want %#x", e, o, p, got, want)
-					}
-				}
-			}
-			// Nobody rewrites the receive region before every peer has read it.
-			if err := g.Barrier(ctx); err != nil {
-				return err
 			}
 		}
-		return nil
-	})
+		// The send region is reused next round (its puts must be done),
+		// and nobody rewrites the receive region before every peer has
+		// read it.
+		if err := tr.Flush(ctx); err != nil {
+			return err
+		}
+		if err := g.Barrier(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // TestFeedErrors: a descriptor out of bounds fails the Drain with the

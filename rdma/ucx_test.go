@@ -121,6 +121,19 @@ func TestInProcessAllToAll(t *testing.T) {
 	}
 }
 
+// TestInProcessFeed: the device-fed descriptor ring (rdma.Feed) over UCX,
+// on TCP and shared memory.
+func TestInProcessFeed(t *testing.T) {
+	for name := range transports {
+		t.Run(name, func(t *testing.T) {
+			const R, chunk = 3, 4 << 10
+			inProcess(t, R, transportConfig(t, name, R*chunk, R*chunk), func(ctx context.Context, g comm.Group, tr rdma.Transport) error {
+				return rdma.FeedRounds(ctx, g, tr, 20, chunk)
+			})
+		})
+	}
+}
+
 // TestTimeout: rank 1 never signals; rank 0's wait must end at its deadline
 // with a *comm.TimeoutError naming rank 1 (and not rank 0, which did).
 func TestTimeout(t *testing.T) {
