@@ -9,8 +9,10 @@
 #
 #	tests     eprun topo (GPUs, NVLink, UCX devices), every -gpu test: internal/cuda, device, permute, internal/bench,
 #	          executor (TestCUDA*: 1, 2, 4 processes, graphs, faults, issue
-#	          756, interop, several domains in-process) and executor over
-#	          UCX (TestCUDADomainsProcesses, shared memory and TCP)
+#	          756, interop, several domains in-process, GPU-fed and
+#	          host-staged rail) and executor over UCX
+#	          (TestCUDADomainsProcesses on shared memory and TCP;
+#	          TestCUDADomainsFaults)
 #	memcheck  compute-sanitizer memcheck of the executor's one-domain and
 #	          several-domain tests (goroutine ranks, and processes), graph,
 #	          issue-756 and interop tests and of the permute tests,
@@ -18,10 +20,11 @@
 #	bench     permute vs device copy, TestCUDABenchmark (4 goroutine
 #	          ranks), layout times on the GPU and the host
 #	          (TestCUDALayoutKernels), eprun bench on the DeepSeek-V3 decode
-#	          and prefill shapes and a sweep of the tuning knobs
+#	          and prefill shapes, with 2 domains of 2 (GPU-fed and
+#	          host-staged rail) and a sweep of the tuning knobs
 #	experiments  standalone CUDA experiments compiled there with the
-#	          host's nvcc (scripts/experiments: permute with bulk TMA
-#	          copies, which Debian's nvcc 11.8 cannot build)
+#	          host's nvcc (scripts/experiments: permute shapes, bulk TMA
+#	          copies among them, which Debian's nvcc 11.8 cannot build)
 #
 # Each step's whole output goes to $OUT/<step>.log ($OUT: the device
 # tool's output folder, else ./gpu-out); stdout gets one line per step
