@@ -66,7 +66,9 @@ __global__ void gather(uint4 *out, const uint4 *x, const int32_t *src, int64_t p
 	}
 }
 
-// scatter: out[pos[i*k+j]] = x[i] for j < k, one block per token.
+// scatter: out[pos[i*k+j]] = x[i] for j < k, one block per token. With
+// pos null (seqfan) token i's rows go to rows i*k .. i*k+k-1: the same
+// traffic with perfect write locality, a bound rather than a permute.
 __global__ void scatter(uint4 *out, const uint4 *x, const int32_t *pos, int64_t n, int32_t k,
 			int64_t units)
 {
@@ -78,24 +80,8 @@ __global__ void scatter(uint4 *out, const uint4 *x, const int32_t *pos, int64_t 
 	for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
 		uint4 v = s[u];
 		for (int32_t j = 0; j < k; j++) {
-			out[(int64_t)pos[i * k + j] * units + u] = v;
-		}
-	}
-}
-
-// seqfan: the permute's traffic with perfect write locality (token i's row
-// to rows i*k .. i*k+k-1): a bound, not a permute (not checked).
-__global__ void seqfan(uint4 *out, const uint4 *x, int64_t n, int32_t k, int64_t units)
-{
-	int64_t i = blockIdx.x;
-	if (i >= n) {
-		return;
-	}
-	const uint4 *s = x + i * units;
-	for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
-		uint4 v = s[u];
-		for (int32_t j = 0; j < k; j++) {
-			out[(i * k + j) * units + u] = v;
+			int64_t row = pos != nullptr ? (int64_t)pos[i * k + j] : i * k + j;
+			out[row * units + u] = v;
 		}
 	}
 }
@@ -351,7 +337,7 @@ int main(int argc, char **argv)
 		{"memset", 1.0 * P * rowBytes, false, false,
 		 [](cudaStream_t s) { CHECK(cudaMemsetAsync(sout, 0, sP * sRow, s)); }},
 		{"seqfan", permBytes, false, false,
-		 [](cudaStream_t s) { seqfan<<<sT, 256, 0, s>>>((uint4 *)sout, (const uint4 *)sx, sT, sk, sUnits); }},
+		 [](cudaStream_t s) { scatter<<<sT, 256, 0, s>>>((uint4 *)sout, (const uint4 *)sx, nullptr, sT, sk, sUnits); }},
 		{"gather", permBytes, true, false,
 		 [](cudaStream_t s) {
 			 gather<<<sP, 256, 0, s>>>((uint4 *)sout, (const uint4 *)sx, ssrc, sP, sUnits);
