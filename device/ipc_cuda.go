@@ -105,7 +105,8 @@ func (c *CUDA) FreeShared(b *Buffer) error {
 }
 
 // releaseShared drops one use of the AllocShared allocation at p and frees
-// it (through its owner's backend) with the last.
+// it (through its owner's backend, which must still be open: goroutine
+// ranks share one backend, closed after their engines) with the last.
 func releaseShared(p uint64) error {
 	if p == 0 {
 		return nil
