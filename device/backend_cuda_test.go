@@ -372,7 +372,8 @@ func TestCUDAView(t *testing.T) {
 
 // TestCUDASharedAlias: a buffer of AllocShared opened in the same process
 // (a goroutine rank's alias of a peer's window) keeps the memory alive
-// after the owner frees its buffer, until the alias is freed too.
+// after the owner frees its buffer, until the alias is freed too; a
+// handle that does not match the allocation at its address is refused.
 func TestCUDASharedAlias(t *testing.T) {
 	c := newCUDA(t)
 	s := newCUDAStream(t, c)
@@ -386,6 +387,13 @@ func TestCUDASharedAlias(t *testing.T) {
 	}
 	if alias.DevicePtr() != own.DevicePtr() {
 		t.Fatalf("alias at %#x, owner at %#x", alias.DevicePtr(), own.DevicePtr())
+	}
+	// A handle that does not match the live allocation at its address (a
+	// stale one, the address reused) is refused.
+	stale := h
+	stale.IPC[0] ^= 0xff
+	if _, err := c.OpenShared(stale); err == nil {
+		t.Fatal("OpenShared of a handle that does not match the allocation at its address succeeded")
 	}
 	if err := c.FreeShared(own); err != nil {
 		t.Fatal(err)

@@ -33,7 +33,9 @@ var sharedRefs = struct {
 }{m: map[uint64]*sharedRef{}}
 
 type sharedRef struct {
-	c    *CUDA // the owner's backend, which frees it
+	c    *CUDA // the owner's backend, which frees it while open
+	size int
+	ipc  [64]byte // its IPC handle: a stale handle of a reused address is refused
 	refs int
 }
 
@@ -55,7 +57,7 @@ func (c *CUDA) AllocShared(n int) (*Buffer, GPUShareHandle, error) {
 	c.live.Add(1)
 	if p != 0 {
 		sharedRefs.mu.Lock()
-		sharedRefs.m[uint64(p)] = &sharedRef{c: c, refs: 1}
+		sharedRefs.m[uint64(p)] = &sharedRef{c: c, size: n, ipc: h, refs: 1}
 		sharedRefs.mu.Unlock()
 	}
 	return &Buffer{size: n, dev: uint64(p), shared: sharedOwn},
@@ -70,7 +72,7 @@ func (c *CUDA) OpenShared(h GPUShareHandle) (*Buffer, error) {
 		sharedRefs.mu.Lock()
 		defer sharedRefs.mu.Unlock()
 		r := sharedRefs.m[h.Addr]
-		if r == nil {
+		if r == nil || r.size != h.Size || r.ipc != h.IPC {
 			return nil, fmt.Errorf("device: CUDA open shared memory %#x of this process: no such live allocation", h.Addr)
 		}
 		r.refs++
@@ -95,9 +97,9 @@ func (c *CUDA) FreeShared(b *Buffer) error {
 			c.live.Add(-1)
 			return nil
 		}
-		return releaseShared(b.dev)
+		return releaseShared(c, b.dev)
 	case sharedAlias:
-		return releaseShared(b.dev)
+		return releaseShared(c, b.dev)
 	case sharedOpened:
 		return c.dev.CloseIPCHandle(cuda.DevicePtr(b.dev))
 	}
@@ -105,12 +107,10 @@ func (c *CUDA) FreeShared(b *Buffer) error {
 }
 
 // releaseShared drops one use of the AllocShared allocation at p and frees
-// it (through its owner's backend, which must still be open: goroutine
-// ranks share one backend, closed after their engines) with the last.
-func releaseShared(p uint64) error {
-	if p == 0 {
-		return nil
-	}
+// it with the last: through its owner's backend, or, once that is closed
+// (goroutine ranks with a backend each), through c, the caller's, which
+// shares the GPU's primary context.
+func releaseShared(c *CUDA, p uint64) error {
 	sharedRefs.mu.Lock()
 	r := sharedRefs.m[p]
 	if r != nil {
@@ -126,7 +126,13 @@ func releaseShared(p uint64) error {
 		return nil
 	}
 	r.c.live.Add(-1)
-	return r.c.dev.Free(cuda.DevicePtr(p))
+	by := r.c
+	r.c.mu.Lock()
+	if r.c.closed {
+		by = c
+	}
+	r.c.mu.Unlock()
+	return by.dev.Free(cuda.DevicePtr(p))
 }
 
 // IsDevicePointer reports whether p is device memory of this backend's GPU

@@ -439,6 +439,12 @@ func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, s
 		})
 	})
 	if err := e.stream.Synchronize(ctx); err != nil {
+		if ctx.Err() != nil {
+			// The layout's exchange may still run on the stream: a later
+			// call's rail round on the caller's goroutine would interleave
+			// with it, so the engine takes no more calls.
+			err = fmt.Errorf("executor: layout: the caller's context ended with the exchange in flight: %w: %w", ErrTimeout, err)
+		}
 		return e.noteFailure(err)
 	}
 	if err := g.useLayout(ctx, h, lay, nil); err != nil {

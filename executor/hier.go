@@ -305,6 +305,10 @@ func (e *Engine) railExchange(op uint64, sg [4]uint64, status error, fill func(n
 	if drain == nil {
 		if h.hostPost != nil {
 			if err := h.hostPost(ctx); err != nil {
+				// Copies may still read the receive region that this
+				// round's signal lets peers overwrite: the failure is
+				// posted, and this engine takes no more calls.
+				e.failed.CompareAndSwap(nil, &err)
 				status = errors.Join(status, err)
 			}
 		}

@@ -588,7 +588,9 @@ func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBac
 		}
 		slot := recv(n)
 		if got := getRailHead(slot).count; got != cnt {
-			return fmt.Errorf("executor: rail: rank %d returned %d partials to domain %d, its layout says %d: %w", e.hier.global(n), got, hx.domain, cnt, ErrPeerMismatch)
+			// The copies already queued are marked for a host post.
+			return errors.Join(fmt.Errorf("executor: rail: rank %d returned %d partials to domain %d, its layout says %d: %w",
+				e.hier.global(n), got, hx.domain, cnt, ErrPeerMismatch), g.railRead())
 		}
 		dst, _ := rem.Buffer().View(n*maxT*rb, cnt*rb)
 		if err := g.fromRail(ctx, dst, n, railHeader+e.hier.area, slot); err != nil {
