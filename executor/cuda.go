@@ -5,6 +5,7 @@ package executor
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -927,26 +928,27 @@ func (g *gpuEngine) synchronize(ctx context.Context) error {
 }
 
 // waitStatus reports what the waits found (the caller has synchronized):
-// nil, or the first failure. A failure other than a timeout leaves the
-// ranks in step (every call advanced every epoch), so the status is
-// cleared for the next call.
+// nil, or the first failure (statusFrom).
 func (g *gpuEngine) waitStatus(ctx context.Context) error {
-	status := g.ownView(regionFlags, g.statusOff(), 8)
-	raw, err := g.s.DownloadBuffer(ctx, status)
+	raw, err := g.s.DownloadBuffer(ctx, g.ownView(regionFlags, g.statusOff(), g.statusBytes()))
 	if err != nil {
 		return err
 	}
-	if raw[0] == 0 {
+	return g.statusFrom(raw)
+}
+
+// statusFrom decodes the status words as read back (status, epoch counter,
+// missing[R]: statusBytes of them): nil, or the first failure. A failure
+// other than a timeout leaves the ranks in step (every call advanced
+// every epoch), so the status is cleared, on the stream, for the next call.
+func (g *gpuEngine) statusFrom(raw []byte) error {
+	if binary.LittleEndian.Uint64(raw) == 0 {
 		return nil
 	}
-	missing := g.ownView(regionFlags, g.missingOff(), 4*g.R)
-	m, err := g.s.DownloadBuffer(ctx, missing)
-	if err != nil {
-		return err
-	}
-	err = g.statusError(m)
+	err := g.statusError(raw[g.missingOff()-g.statusOff():])
 	if !errors.Is(err, ErrTimeout) {
-		err = errors.Join(err, g.s.UploadBuffer(ctx, status, make([]byte, 8)), g.s.UploadBuffer(ctx, missing, make([]byte, 4*g.R)))
+		flags := g.win.Own[regionFlags]
+		err = errors.Join(err, g.s.Memset(flags, g.statusOff(), 8, 0), g.s.Memset(flags, g.missingOff(), 4*g.R, 0))
 	}
 	return err
 }

@@ -329,7 +329,7 @@ func (e *Engine) railExchange(op uint64, sg [4]uint64, status error, fill func(n
 	}
 	rbuf := h.rail.RecvBuffer()
 	recv = func(n int) []byte {
-		o := (parity*h.M + n) * h.slot
+		o := h.recvSlotOff(n)
 		return rbuf[o : o+h.slot]
 	}
 	if status != nil {

@@ -199,8 +199,9 @@ type gpuHierTables struct {
 	ownLive                    *device.Buffer // [T]: 1 if a destination in this domain kept the token's row
 	remIdx                     *device.Buffer // [M*T]: token t's row in domain n's partials, -1 if none
 	slotDom                    *device.Buffer // [T*K]: domain of slot k's expert, -1 for an empty slot
-	// The rail's send slots (hierPlan.railTok etc.): railSends entries;
-	// of a combine: partSends entries.
+	// The rail's send slots (hierPlan.railTok etc.): railSends entries,
+	// railCount[n] (ownCount) rows for domain n; of a combine: partSends
+	// entries, partCount[n] (fwdCount) rows.
 	railTok, railDest, railRow, railCount *device.Buffer
 	partSrc, partDest, partRow, partCount *device.Buffer
 	railSends, partSends                  int
@@ -226,8 +227,8 @@ func (g *gpuEngine) hierTables(ctx context.Context, lay *Layout, routing [][]int
 	copy(slotEnt, p.slotEnt)
 	copy(recvSrc, p.recvSrc)
 	copy(recvEnt, p.recvEnt)
-	parts := [][]int32{p.fTok, p.fDest, p.fRow, p.fSlot, p.ownLive, p.remIdx, p.slotDom, p.railTok, p.railDest, p.railRow, p.railCount,
-		p.partSrc, p.partDest, p.partRow, p.partCount}
+	parts := [][]int32{p.fTok, p.fDest, p.fRow, p.fSlot, p.ownLive, p.remIdx, p.slotDom, p.railTok, p.railDest, p.railRow, int32Counts(p.ownCount),
+		p.partSrc, p.partDest, p.partRow, int32Counts(p.fwdCount)}
 	var host []int32
 	for _, part := range parts {
 		host = append(host, part...)
@@ -254,6 +255,15 @@ func (g *gpuEngine) hierTables(ctx context.Context, lay *Layout, routing [][]int
 		railTok: views[7], railDest: views[8], railRow: views[9], railCount: views[10], railSends: len(p.railTok),
 		partSrc: views[11], partDest: views[12], partRow: views[13], partCount: views[14], partSends: len(p.partSrc),
 		fwdCount: p.fwdCount, ownCount: p.ownCount}, nil
+}
+
+// int32Counts is counts as int32s, for a device table.
+func int32Counts(counts []int) []int32 {
+	out := make([]int32, len(counts))
+	for i, c := range counts {
+		out[i] = int32(c)
+	}
+	return out
 }
 
 // railCtx bounds the host work of a call with several domains around its

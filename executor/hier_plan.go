@@ -22,16 +22,16 @@ type hierPlan struct {
 	// The rail's send slots, as the GPU fills them: entry j puts token
 	// railTok[j] at row railRow[j] of the slot for domain railDest[j]
 	// (every token of DomainTokens(n), in order, for every other domain n,
-	// dropped rows included: the slot is what dispatchFill writes);
-	// railCount[n] rows in the slot for domain n.
-	railTok, railDest, railRow, railCount []int32
+	// dropped rows included: the slot is what dispatchFill writes); the
+	// slot for domain n holds ownCount[n] rows.
+	railTok, railDest, railRow []int32
 	// The rail's send slots of a combine: entry j puts row partSrc[j] of
 	// the forwarded tokens' partials (domain n's f-th at n*maxT + f) at
-	// row partRow[j] (= f) of the slot for domain partDest[j] (= n);
-	// partCount[n] = fwdCount[n].
-	partSrc, partDest, partRow, partCount []int32
-	fwdCount                              []int // rows forwarded here from each domain
-	ownCount                              []int // this rank's tokens that reach each domain
+	// row partRow[j] (= f) of the slot for domain partDest[j] (= n); the
+	// slot for domain n holds fwdCount[n] rows.
+	partSrc, partDest, partRow []int32
+	fwdCount                   []int // rows forwarded here from each domain
+	ownCount                   []int // this rank's tokens that reach each domain
 }
 
 // validRecvOf is the number of valid received rows of rank d: its count,
@@ -62,7 +62,7 @@ func planHier(lay *Layout, cfg Config, routing [][]int32, W int) *hierPlan {
 		entTok: filled(T * W), entDest: filled(T * W), entRow: filled(T * W), slotEnt: filled(T * K),
 		fTok: filled(M * maxT * W), fDest: filled(M * maxT * W), fRow: filled(M * maxT * W), fSlot: filled(M * maxT * K),
 		ownLive: make([]int32, T), remIdx: filled(M * T), slotDom: filled(T * K),
-		railCount: make([]int32, M), partCount: make([]int32, M), fwdCount: make([]int, M), ownCount: make([]int, M),
+		fwdCount: make([]int, M), ownCount: make([]int, M),
 	}
 	// fill writes the entries v*W + c of token t of side (tables tok,
 	// dest, row) and the entry of each of its slots whose expert is in
@@ -97,7 +97,6 @@ func planHier(lay *Layout, cfg Config, routing [][]int32, W int) *hierPlan {
 		side := lay.Rail[n]
 		toks := side.DomainTokens(nil, mine, D)
 		p.fwdCount[n] = len(toks)
-		p.partCount[n] = int32(len(toks))
 		for f, t := range toks {
 			p.partSrc = append(p.partSrc, int32(n*maxT+f))
 			p.partDest = append(p.partDest, int32(n))
@@ -107,7 +106,6 @@ func planHier(lay *Layout, cfg Config, routing [][]int32, W int) *hierPlan {
 		}
 		own := lay.DomainTokens(nil, n, D)
 		p.ownCount[n] = len(own)
-		p.railCount[n] = int32(len(own))
 		for i, t := range own {
 			p.railTok = append(p.railTok, t)
 			p.railDest = append(p.railDest, int32(n))

@@ -211,7 +211,7 @@ func checkHierPlan(t *testing.T, cfg Config, routing [][]int32, R, D, W int) {
 // checkRailSend checks the rail tables of plan p (rank r of lay): what
 // goep_ep_push writes with them into the send slot of every other domain
 // (rows of x and their weights) must be byte for byte what the host's
-// dispatchFill writes there, and railCount the slot's row count.
+// dispatchFill writes there, and ownCount the slot's row count.
 func checkRailSend(t *testing.T, cfg Config, lay *Layout, p *hierPlan, r int) {
 	t.Helper()
 	K, maxT, D := cfg.TopK, cfg.MaxTokensPerRank, lay.RanksPerDomain
@@ -243,8 +243,8 @@ func checkRailSend(t *testing.T, cfg Config, lay *Layout, p *hierPlan, r int) {
 				binary.LittleEndian.PutUint32(garea[(i*K+k)*4:], math.Float32bits(ws[tk*K+k]))
 			}
 		}
-		if int(p.railCount[n]) != count {
-			t.Fatalf("rank %d domain %d: railCount %d, the host fills %d rows", r, n, p.railCount[n], count)
+		if p.ownCount[n] != count {
+			t.Fatalf("rank %d domain %d: ownCount (the GPU's row count) %d, the host fills %d rows", r, n, p.ownCount[n], count)
 		}
 		if !bytes.Equal(grows, rows) || !bytes.Equal(garea, area) {
 			t.Fatalf("rank %d domain %d: the rail tables fill the slot with rows %x weights %x; the host fills %x, %x", r, n, grows, garea, rows, area)
@@ -278,8 +278,8 @@ func checkRailSend(t *testing.T, cfg Config, lay *Layout, p *hierPlan, r int) {
 			copy(grows[i*rb:(i+1)*rb], ps[src*rb:])
 			copy(garea[i*K*4:(i+1)*K*4], pws[src*K*4:])
 		}
-		if int(p.partCount[n]) != cnt {
-			t.Fatalf("rank %d domain %d: partCount %d, the host fills %d rows", r, n, p.partCount[n], cnt)
+		if p.fwdCount[n] != cnt {
+			t.Fatalf("rank %d domain %d: fwdCount (the GPU's row count) %d, the host fills %d rows", r, n, p.fwdCount[n], cnt)
 		}
 		if !bytes.Equal(grows, rows) || !bytes.Equal(garea, area) {
 			t.Fatalf("rank %d domain %d: the partial tables fill the slot with rows %x weights %x; the host fills %x, %x", r, n, grows, garea, rows, area)

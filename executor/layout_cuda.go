@@ -229,14 +229,7 @@ func (g *gpuEngine) layoutSummary(ctx context.Context, d gpulayout.Dims) (*devic
 	if binary.LittleEndian.Uint64(prior) != 0 {
 		g.pending = errors.Join(g.pending, g.statusError(prior[missing:]))
 	}
-	if binary.LittleEndian.Uint64(now) != 0 {
-		// As waitStatus: a failure other than a timeout leaves the ranks in
-		// step, so the status is cleared for the next call.
-		err := g.statusError(now[missing:])
-		if !errors.Is(err, ErrTimeout) {
-			flags := g.win.Own[regionFlags]
-			err = errors.Join(err, g.s.Memset(flags, g.statusOff(), 8, 0), g.s.Memset(flags, g.missingOff(), 4*g.R, 0))
-		}
+	if err := g.statusFrom(now); err != nil {
 		return nil, nil, g.e.noteFailure(err)
 	}
 	sum := make([]int32, n)
