@@ -32,6 +32,42 @@
 //	              stores from it; two buffers, so the next row's load
 //	              overlaps this row's stores
 //
+// Diagnostics (what bounds the scatter; not permutes, not checked):
+//
+//	kcopy         the copy as a kernel: 16-byte loads and stores, 4 units a
+//	              thread (is the driver's copy something SMs can match?)
+//	kset          the memset as a kernel: 16-byte stores, grid-stride (GB/s
+//	              of the bytes written)
+//	fanconst      seqfan without loads: each thread stores a value made
+//	              from its indices (the scatter's stores alone)
+//	fanl2         seqfan reading row i % 64 of x (reads hit L2: the
+//	              scatter's stores with cheap loads)
+//
+// Candidates (permutes, checked):
+//
+//	exact         scatter with U = 4 units a thread and a block of units/U
+//	              threads (no idle lanes when units % U == 0): the shape
+//	              of goep's kernel (exact2, exact8: U = 2, 8; exactcs:
+//	              streaming stores)
+//	pfN           exact whose block i first prefetches row i + N x SMs of
+//	              x into L2 (prefetch.global.L2::evict_last): the reads
+//	              spread over the run instead of bunching at each wave
+//	              (pf9plain: without the evict-last policy; pf9cs: with
+//	              streaming stores)
+//	chunked       per chunk of 1024 tokens: a kernel prefetching the
+//	              chunk's rows into L2, then exact over the chunk (reads
+//	              and writes in separate phases)
+//	pipe          persistent blocks over tokens; each thread loads the
+//	              next token's units into registers before it stores the
+//	              current token's (software pipelining: the loads' latency
+//	              hidden behind the stores)
+//	pipecs        pipe with streaming stores (st.global.cs)
+//
+// Unpermute's shape (not checked): usum sums each token's k permuted rows
+// of y (weight 0.5, fp32, plain IEEE: no NaN rules), one block per token,
+// a unit's k loads in flight together; uread does the loads only. copy2
+// is the copy again, last: the drift over the run.
+//
 // bf16 only (the dtype below the goal); rows are hidden x 2 bytes, a
 // multiple of 16 as bulk copies need.
 
@@ -116,6 +152,226 @@ __global__ void rowblock(uint4 *out, const uint4 *x, const int32_t *pos, int64_t
 	uint4 *d = out + (int64_t)pos[b] * units;
 	for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
 		d[u] = s[u];
+	}
+}
+
+// kcopy: out = y over n units, 4 units a thread per step, grid-stride.
+__global__ void kcopy(uint4 *__restrict__ out, const uint4 *__restrict__ y, int64_t n)
+{
+	const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+	for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n; u += 4 * stride) {
+		uint4 v[4];
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			if (u + q * stride < n) {
+				v[q] = y[u + q * stride];
+			}
+		}
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			if (u + q * stride < n) {
+				out[u + q * stride] = v[q];
+			}
+		}
+	}
+}
+
+// kset: out = 0 over n units, 4 stores a thread per step, grid-stride.
+__global__ void kset(uint4 *__restrict__ out, int64_t n)
+{
+	const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+	for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n; u += stride) {
+		out[u] = make_uint4(0, 0, 0, 0);
+	}
+}
+
+// fan: seqfan's stores; mode 0 stores a value made from the indices (no
+// loads), mode 1 loads row i % 64 of x (an L2 hit after the first).
+__global__ void fan(uint4 *__restrict__ out, const uint4 *__restrict__ x, int64_t n, int32_t k,
+		    int64_t units, int mode)
+{
+	int64_t i = blockIdx.x;
+	if (i >= n) {
+		return;
+	}
+	for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+		uint4 v = mode == 0 ? make_uint4((uint32_t)i, (uint32_t)u, 0, 0) : x[(i % 64) * units + u];
+		for (int32_t j = 0; j < k; j++) {
+			out[(i * k + j) * units + u] = v;
+		}
+	}
+}
+
+// prefetch_row asks L2 for the 128-byte lines of row r of x (units of 16
+// bytes): evict-last when last (they are read once, later, while the
+// writes stream through L2), else with the default policy.
+__device__ __forceinline__ void prefetch_row(const uint4 *x, int64_t r, int64_t units, bool last)
+{
+	const char *row = (const char *)(x + r * units);
+	for (int64_t b = (int64_t)threadIdx.x * 128; b < units * 16; b += (int64_t)blockDim.x * 128) {
+		if (last) {
+			asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(row + b));
+		} else {
+			asm volatile("prefetch.global.L2 [%0];" ::"l"(row + b));
+		}
+	}
+}
+
+// exact: scatter with U units a thread (units j, j + blockDim.x, ...),
+// one block per token. With ahead > 0 block i first prefetches row i +
+// ahead into L2 (about a wave of blocks later, the block that copies it
+// finds it there), so the reads spread over the writes instead of
+// bunching at the waves' starts; evict-last when last. CS: streaming
+// stores (st.global.cs).
+template <int U, bool CS>
+__global__ void exact(uint4 *__restrict__ out, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
+		      int64_t n, int32_t k, int64_t units, int64_t ahead, bool last = true)
+{
+	int64_t i = blockIdx.x;
+	if (i >= n) {
+		return;
+	}
+	if (ahead > 0 && i + ahead < n) {
+		prefetch_row(x, i + ahead, units, last);
+	}
+	const uint4 *s = x + i * units;
+	for (int64_t u0 = threadIdx.x; u0 < units; u0 += (int64_t)U * blockDim.x) {
+		uint4 v[U];
+#pragma unroll
+		for (int q = 0; q < U; q++) {
+			if (u0 + q * blockDim.x < units) {
+				v[q] = s[u0 + q * blockDim.x];
+			}
+		}
+		for (int32_t j = 0; j < k; j++) {
+			uint4 *d = out + (int64_t)pos[i * k + j] * units;
+#pragma unroll
+			for (int q = 0; q < U; q++) {
+				if (u0 + q * blockDim.x < units) {
+					if (CS) {
+						__stcs(d + u0 + q * blockDim.x, v[q]);
+					} else {
+						d[u0 + q * blockDim.x] = v[q];
+					}
+				}
+			}
+		}
+	}
+}
+
+// prefetch: rows [lo, hi) of x into L2, one block per row (the first
+// phase of chunked: reads alone, then the chunk's scatter from L2).
+__global__ void prefetch(const uint4 *x, int64_t lo, int64_t hi, int64_t units)
+{
+	if (lo + blockIdx.x < hi) {
+		prefetch_row(x, lo + blockIdx.x, units, true);
+	}
+}
+
+// usum: an unpermute's traffic and arithmetic without goep's NaN rules:
+// out[i] = bf16(sum over j < k of w * y[pos[i*k+j]]) in fp32, one block
+// per token, U = 4 units a thread, a unit's k loads issued together. With
+// SUM false (uread) the loaded words are only xor-ed: the loads alone.
+template <bool SUM>
+__global__ void usum(uint4 *__restrict__ out, const uint4 *__restrict__ y, const int32_t *__restrict__ pos,
+		     int64_t n, int32_t k, int64_t units)
+{
+	int64_t i = blockIdx.x;
+	if (i >= n || k > 8) {
+		return;
+	}
+	int64_t p[8];
+	for (int j = 0; j < 8; j++) {
+		p[j] = j < k ? (int64_t)pos[i * k + j] : 0;
+	}
+	for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+		uint4 r[8];
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			if (j < k) {
+				r[j] = __ldcs(y + p[j] * units + u);
+			}
+		}
+		uint32_t o[4] = {0, 0, 0, 0};
+		if (SUM) {
+			float acc[8] = {-0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f};
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				if (j < k) {
+					uint32_t w[4] = {r[j].x, r[j].y, r[j].z, r[j].w};
+#pragma unroll
+					for (int q = 0; q < 4; q++) {
+						acc[2 * q] = __fadd_rn(acc[2 * q], __fmul_rn(0.5f, __uint_as_float(w[q] << 16)));
+						acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1],
+									   __fmul_rn(0.5f, __uint_as_float(w[q] & 0xffff0000u)));
+					}
+				}
+			}
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				o[q] = (__float_as_uint(acc[2 * q]) >> 16) | (__float_as_uint(acc[2 * q + 1]) & 0xffff0000u);
+			}
+		} else {
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				if (j < k) {
+					o[0] ^= r[j].x, o[1] ^= r[j].y, o[2] ^= r[j].z, o[3] ^= r[j].w;
+				}
+			}
+		}
+		out[i * units + u] = make_uint4(o[0], o[1], o[2], o[3]);
+	}
+}
+
+// pipe: persistent blocks; block b takes tokens b, b + gridDim.x, ...;
+// thread t moves units t + q*blockDim.x (q < U) of each (rows of at most
+// U*blockDim.x units). The next token's units are loaded before the
+// current token's stores, so a load's latency overlaps k stores.
+template <int U, bool CS>
+__global__ void pipe(uint4 *__restrict__ out, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
+		     int64_t n, int32_t k, int64_t units)
+{
+	uint4 cur[U], nxt[U];
+	int64_t i = blockIdx.x;
+	if (i >= n) {
+		return;
+	}
+#pragma unroll
+	for (int q = 0; q < U; q++) {
+		int64_t u = threadIdx.x + q * blockDim.x;
+		if (u < units) {
+			cur[q] = x[i * units + u];
+		}
+	}
+	for (; i < n; i += gridDim.x) {
+		int64_t next = i + gridDim.x;
+		if (next < n) {
+#pragma unroll
+			for (int q = 0; q < U; q++) {
+				int64_t u = threadIdx.x + q * blockDim.x;
+				if (u < units) {
+					nxt[q] = x[next * units + u];
+				}
+			}
+		}
+		for (int32_t j = 0; j < k; j++) {
+			uint4 *d = out + (int64_t)pos[i * k + j] * units;
+#pragma unroll
+			for (int q = 0; q < U; q++) {
+				int64_t u = threadIdx.x + q * blockDim.x;
+				if (u < units) {
+					if (CS) {
+						__stcs(d + u, cur[q]);
+					} else {
+						d[u] = cur[q];
+					}
+				}
+			}
+		}
+#pragma unroll
+		for (int q = 0; q < U; q++) {
+			cur[q] = nxt[q];
+		}
 	}
 }
 
@@ -324,10 +580,25 @@ int main(int argc, char **argv)
 	static uint8_t *sx, *sout, *sy;
 	static int32_t *spos, *ssrc;
 	static int64_t sP, sT, sUnits, sRow;
-	static int sk, sGrid;
+	static int sk, sGrid, sExactBlock, sPipeBlock, sPipeGrid, sSMs;
 	static size_t sSmem;
 	sx = x, sout = out, sy = y, spos = dpos, ssrc = dsrc, sP = P, sT = tokens, sUnits = units, sRow = rowBytes;
 	sk = k, sGrid = sms * tmaBlocksPerSM, sSmem = tmaSmem;
+	// exact and pipe: 4 units a thread, a block of units/4 threads rounded
+	// up to a warp (224 threads for hidden 7168); pipe is persistent, as
+	// many blocks as fit, and needs rows of at most 4 x 1024 units.
+	sExactBlock = std::min(1024, (int)((units / 4 + 31) / 32 * 32));
+	sSMs = sms;
+	sPipeBlock = sExactBlock;
+	if (units > 4 * 1024) {
+		fprintf(stderr, "pipe needs rows of at most 4096 units\n");
+		return 2;
+	}
+	{
+		int per = 0;
+		CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, pipe<4, false>, sPipeBlock, 0));
+		sPipeGrid = sms * std::max(1, per);
+	}
 	const double permBytes = (double)(tokens + P) * rowBytes;
 	variant vs[] = {
 		{"copy", 2.0 * P * rowBytes, false, true,
@@ -356,11 +627,105 @@ int main(int argc, char **argv)
 		 }},
 		{"tma", permBytes, true, false,
 		 [](cudaStream_t s) { tma<<<sGrid, 32, sSmem, s>>>(sout, sx, spos, sT, sk, (uint32_t)sRow); }},
+		{"kcopy", 2.0 * P * rowBytes, false, false,
+		 [](cudaStream_t s) { kcopy<<<sGrid * 8, 256, 0, s>>>((uint4 *)sout, (const uint4 *)sy, sP * sUnits); }},
+		{"kset", 1.0 * P * rowBytes, false, false,
+		 [](cudaStream_t s) { kset<<<sGrid * 8, 256, 0, s>>>((uint4 *)sout, sP * sUnits); }},
+		{"fanconst", permBytes, false, false,
+		 [](cudaStream_t s) { fan<<<sT, 256, 0, s>>>((uint4 *)sout, (const uint4 *)sx, sT, sk, sUnits, 0); }},
+		{"fanl2", permBytes, false, false,
+		 [](cudaStream_t s) { fan<<<sT, 256, 0, s>>>((uint4 *)sout, (const uint4 *)sx, sT, sk, sUnits, 1); }},
+		{"exact", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 exact<4, false><<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits, 0);
+		 }},
+		{"exact2", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 exact<2, false><<<sT, std::min(1024, 2 * sExactBlock), 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT,
+										    sk, sUnits, 0);
+		 }},
+		{"exact8", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 exact<8, false><<<sT, (sExactBlock / 2 + 31) / 32 * 32, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos,
+										     sT, sk, sUnits, 0);
+		 }},
+		{"exactcs", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 exact<4, true><<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits, 0);
+		 }},
+		{"pf4", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 exact<4, false><<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits,
+								     4 * sSMs);
+		 }},
+		{"pf9", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 exact<4, false><<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits,
+								     9 * sSMs);
+		 }},
+		{"pf18", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 exact<4, false><<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits,
+								     18 * sSMs);
+		 }},
+		{"pf9plain", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 exact<4, false><<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits,
+								     9 * sSMs, false);
+		 }},
+		{"pf9cs", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 exact<4, true><<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits,
+								    9 * sSMs);
+		 }},
+		{"chunked", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 const int64_t chunk = 1024;
+			 for (int64_t lo = 0; lo < sT; lo += chunk) {
+				 int64_t hi = std::min(sT, lo + chunk);
+				 prefetch<<<hi - lo, 128, 0, s>>>((const uint4 *)sx, lo, hi, sUnits);
+				 exact<4, true><<<hi - lo, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx + lo * sUnits,
+										 spos + lo * sk, hi - lo, sk, sUnits, 0);
+			 }
+		 }},
+		{"pipe", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 pipe<4, false><<<sPipeGrid, sPipeBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits);
+		 }},
+		{"pipecs", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 pipe<4, true><<<sPipeGrid, sPipeBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits);
+		 }},
+		{"usum", permBytes, false, false,
+		 [](cudaStream_t s) {
+			 usum<true><<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sy, spos, sT, sk, sUnits);
+		 }},
+		{"uread", permBytes, false, false,
+		 [](cudaStream_t s) {
+			 usum<false><<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sy, spos, sT, sk, sUnits);
+		 }},
+		// The copy again, last: how far the GPU drifted during the run.
+		{"copy2", 2.0 * P * rowBytes, false, false,
+		 [](cudaStream_t s) { CHECK(cudaMemcpyAsync(sout, sy, sP * sRow, cudaMemcpyDeviceToDevice, s)); }},
 	};
 	printf("# permute_tma: %s, %d SMs; tokens %lld hidden %lld topk %d experts %d; P = %lld rows of %lld bytes\n",
 	       prop.name, sms, (long long)tokens, (long long)hidden, k, experts, (long long)P, (long long)rowBytes);
 	printf("# tma: %d blocks (%d per SM), %zu bytes of shared memory each\n", sGrid, tmaBlocksPerSM, tmaSmem);
+	printf("# exact: block %d, 4 units a thread; pipe: %d blocks of %d, 4 units a thread\n", sExactBlock, sPipeGrid,
+	       sPipeBlock);
 	printf("# %-10s %10s %10s %8s %8s\n", "variant", "median_us", "GBps", "ratio", "wrong");
+	// Warm-up: a second of copies before the first timing (a fresh
+	// machine's first GPU work can run slower).
+	{
+		float spent = 0;
+		CHECK(cudaEventRecord(e0, s));
+		while (spent < 1000) {
+			vs[0].run(s);
+			CHECK(cudaEventRecord(e1, s));
+			CHECK(cudaEventSynchronize(e1));
+			CHECK(cudaEventElapsedTime(&spent, e0, e1));
+		}
+	}
 	double copyGBps = 0;
 	int failed = 0;
 	for (auto &v : vs) {
