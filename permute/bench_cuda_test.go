@@ -15,8 +15,9 @@ import (
 
 // BenchmarkCUDA measures permute and unpermute against a device-to-device
 // copy of the permuted tensor (tokens x topk rows) in the same run: each
-// op is timed with CUDA events, iteration by iteration, after a warm-up;
-// the median gives the memory traffic in GB/s (bytes read + bytes
+// op is timed with CUDA events, the ops in turn (interleaved: a drift of
+// the GPU's speed weighs on all alike) after a warm-up of at least a
+// second; the median of 30 gives the memory traffic in GB/s (bytes read + bytes
 // written: the copy 2 x tokens x topk rows, permute and unpermute
 // (tokens + tokens x topk) rows, weights and positions not counted), and
 // the ratios to the copy's are reported (the goal: >= 0.9). A permute
@@ -25,7 +26,8 @@ import (
 // permuted tensor, timed the same way, is that bound (permute/write).
 // Routing: every token picks topk distinct experts of 64 at random, no
 // padding. Then other launch configurations of permute and unpermute are
-// timed the same way and logged, one line each (-test.v shows them).
+// timed the same way, each interleaved with the copy, and logged, one
+// line each (-test.v shows them).
 //
 //	.gpu/permute.test -test.run '^$' -test.bench CUDA -test.benchtime 50x -test.v
 func BenchmarkCUDA(b *testing.B) {
@@ -109,61 +111,89 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 		// reads nothing.
 		{"write", func() error { return s.Memset(dst.Buffer(), 0, p*rb, 0) }},
 	}
-	const warmup, iters = 5, 30
-	timeOp := func(run func() error) time.Duration {
-		var times []time.Duration
-		for i := range warmup + iters {
-			start, err := s.RecordTimed()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := run(); err != nil {
-				b.Fatal(err)
-			}
-			end, err := s.RecordTimed()
-			if err != nil {
-				b.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
-			err = s.Synchronize(ctx)
-			cancel()
-			if err != nil {
-				b.Fatal(err)
-			}
-			d, err := device.Elapsed(start, end)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if i >= warmup {
-				times = append(times, d)
+	// timeOnce is one run of op between two CUDA events.
+	timeOnce := func(run func() error) time.Duration {
+		start, err := s.RecordTimed()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := run(); err != nil {
+			b.Fatal(err)
+		}
+		end, err := s.RecordTimed()
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
+		err = s.Synchronize(ctx)
+		cancel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		d, err := device.Elapsed(start, end)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return d
+	}
+	// medians times the runs in turn, iters rounds of one run each, and
+	// returns their median times: interleaved, so that a drift of the
+	// GPU's speed during the measurement weighs on every run alike.
+	const iters = 30
+	medians := func(runs ...func() error) []time.Duration {
+		times := make([][]time.Duration, len(runs))
+		for range iters {
+			for i, run := range runs {
+				times[i] = append(times[i], timeOnce(run))
 			}
 		}
-		slices.Sort(times)
-		return times[len(times)/2]
+		m := make([]time.Duration, len(runs))
+		for i, t := range times {
+			slices.Sort(t)
+			m[i] = t[len(t)/2]
+		}
+		return m
+	}
+	// Warm-up: every op for at least warmupTime (and 5 rounds). A fresh
+	// machine's first GPU work can run slower: on an H200 this benchmark,
+	// run first with 5 warm-up runs, timed the copy at 255 µs, and a
+	// program run seconds later at 227 µs, and the ratios differed too.
+	const warmupTime = time.Second
+	for round, t0 := 0, time.Now(); round < 5 || time.Since(t0) < warmupTime; round++ {
+		for _, op := range ops {
+			timeOnce(op.run)
+		}
+	}
+	runs := make([]func() error, len(ops))
+	for i, op := range ops {
+		runs[i] = op.run
 	}
 	median := map[string]time.Duration{}
-	for _, op := range ops {
-		median[op.name] = timeOp(op.run)
+	for i, d := range medians(runs...) {
+		median[ops[i].name] = d
 	}
 	traffic := map[string]float64{"copy": float64(2 * p * rb), "permute": float64((tokens + p) * rb), "unpermute": float64((tokens + p) * rb),
 		"write": float64(p * rb)}
 	gb := func(op string) float64 { return traffic[op] / median[op].Seconds() / 1e9 }
 	// Other launch configurations (no result changes with them; the tests
-	// run the defaults): each timed like the ops above, as a fraction of the
-	// copy's GB/s, to choose defaultPermute and defaultUnpermute.
-	copyGB := gb("copy")
+	// run the defaults): each timed interleaved with the copy, as a
+	// fraction of that copy's GB/s, to choose defaultPermute and
+	// defaultUnpermute.
+	copyRun := ops[0].run
 	for _, cfg := range permuteSweep {
 		k.permuteCfg = cfg
-		d := timeOp(ops[1].run)
+		m := medians(copyRun, ops[1].run)
+		g := traffic["permute"] / m[1].Seconds() / 1e9
 		b.Logf("%v: permute block %d units %d hints %d: %v, %.0f GB/s, %.3f of copy",
-			dt, cfg.block, cfg.units, cfg.hints, d, traffic["permute"]/d.Seconds()/1e9, traffic["permute"]/d.Seconds()/1e9/copyGB)
+			dt, cfg.block, cfg.units, cfg.hints, m[1], g, g/(traffic["copy"]/m[0].Seconds()/1e9))
 	}
 	k.permuteCfg = defaultPermute
 	for _, cfg := range unpermuteSweep {
 		k.unpermuteCfg = cfg
-		d := timeOp(ops[2].run)
+		m := medians(copyRun, ops[2].run)
+		g := traffic["unpermute"] / m[1].Seconds() / 1e9
 		b.Logf("%v: unpermute block %d units %d: %v, %.0f GB/s, %.3f of copy",
-			dt, cfg.block, cfg.units, d, traffic["unpermute"]/d.Seconds()/1e9, traffic["unpermute"]/d.Seconds()/1e9/copyGB)
+			dt, cfg.block, cfg.units, m[1], g, g/(traffic["copy"]/m[0].Seconds()/1e9))
 	}
 	k.unpermuteCfg = defaultUnpermute
 	b.SetBytes(int64(2 * (tokens + p) * rb)) // one permute and one unpermute per iteration
