@@ -25,6 +25,10 @@
 #	experiments  standalone CUDA experiments compiled there with the
 #	          host's nvcc (scripts/experiments: permute shapes, bulk TMA
 #	          copies among them, which Debian's nvcc 11.8 cannot build)
+#	profile   (not in the default) Nsight Compute's DRAM and L2 counters
+#	          of one launch of each diagnostic kernel of the permute
+#	          experiment (after experiments, which builds it), clocks
+#	          left alone (--clock-control none)
 #
 # Each step's whole output goes to $OUT/<step>.log ($OUT: the device
 # tool's output folder, else ./gpu-out); stdout gets one line per step
@@ -129,13 +133,29 @@ experiments() {
 	step permute-tma 120 "$out/permute_tma"
 }
 
+profile() {
+	# NAME SKIP KERNEL: the launch after SKIP launches of KERNEL (each
+	# variant runs 35: 5 warm-up, 30 timed; see permute_tma.cu's table
+	# for which variant launches which kernel, in order).
+	local metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+	metrics+=,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum
+	metrics+=,lts__t_sector_op_read_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active
+	local launch name skip kernel
+	for launch in "kcopy 5 kcopy" "kset 5 kset" "fanconst 5 fan" "fanl2 40 fan" "seqfan 5 scatter" \
+		"scatter 40 scatter" "exact 5 exact" "usum 5 usum" "uread 40 usum"; do
+		read -r name skip kernel <<<"$launch"
+		step "ncu-$name" 120 ncu --clock-control none --kernel-name-base function -k "regex:^$kernel\$" \
+			-s "$skip" -c 1 --metrics "$metrics" "$out/permute_tma"
+	done
+}
+
 groups=("$@")
 [ ${#groups[@]} = 0 ] && groups=(tests memcheck bench experiments)
 nvidia-smi -L 2>&1 | head -n 8
 for g in "${groups[@]}"; do
 	case $g in
-	tests | memcheck | bench | experiments) echo "# $g"; "$g" ;;
-	*) echo "gpu-run.sh: unknown group $g (want tests, memcheck, bench or experiments)" >&2; exit 2 ;;
+	tests | memcheck | bench | experiments | profile) echo "# $g"; "$g" ;;
+	*) echo "gpu-run.sh: unknown group $g (want tests, memcheck, bench, experiments or profile)" >&2; exit 2 ;;
 	esac
 done
 echo "# $failed step(s) failed; logs in $out"
