@@ -1,6 +1,7 @@
 package executor
 
-// The CUDA kernels of the NVLink-domain data path (kernels/ep.cu) and of
+// The CUDA kernels of the NVLink-domain data path (kernels/ep.cu, with
+// permute/kernels/arith.cuh, package permute's arithmetic) and of
 // the layout (kernels/layout.cu, with internal/gpulayout/layout.h) are built to PTX by
 // go generate and embedded by the cuda build (cuda.go, layout_cuda.go).
 // This file is built everywhere so that go generate finds the directives

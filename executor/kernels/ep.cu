@@ -26,57 +26,11 @@
 // synchronize.
 #include <stdint.h>
 
+#include "../../permute/kernels/arith.cuh"
+
 namespace goep_ep {  // named, not anonymous: keeps the PTX independent of the checkout path
 
-__device__ __forceinline__ bool is_nan(float f)
-{
-	return (__float_as_uint(f) & 0x7fffffffu) > 0x7f800000u;
-}
-
-__device__ __forceinline__ float quiet(float f)
-{
-	return __uint_as_float(__float_as_uint(f) | 0x00400000u);
-}
-
-// add is package permute's add: a + b rounded to fp32; when an operand is
-// NaN the result is the first NaN operand, quieted; a NaN made by the add
-// itself (inf - inf) is dnan, the host CPU's default NaN.
-__device__ __forceinline__ float add(float a, float b, uint32_t dnan)
-{
-	if (is_nan(a)) {
-		return quiet(a);
-	}
-	if (is_nan(b)) {
-		return quiet(b);
-	}
-	float s = __fadd_rn(a, b);
-	return is_nan(s) ? __uint_as_float(dnan) : s;
-}
-
-// mul is package permute's mul: a * b rounded to fp32, NaNs as add's.
-__device__ __forceinline__ float mul(float a, float b, uint32_t dnan)
-{
-	if (is_nan(a)) {
-		return quiet(a);
-	}
-	if (is_nan(b)) {
-		return quiet(b);
-	}
-	float p = __fmul_rn(a, b);
-	return is_nan(p) ? __uint_as_float(dnan) : p;
-}
-
-// to_bf16 is device.Float32ToBF16: round to nearest even; a NaN keeps its
-// top bits, quieted.
-__device__ __forceinline__ uint32_t to_bf16(float f)
-{
-	uint32_t u = __float_as_uint(f);
-	if ((u & 0x7fffffffu) > 0x7f800000u) {
-		return ((u >> 16) | 0x40u) & 0xffffu;
-	}
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return u >> 16;
-}
+using namespace goep_arith;
 
 __device__ __forceinline__ uint64_t now_ns()
 {

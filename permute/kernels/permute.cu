@@ -16,68 +16,16 @@
 // Arithmetic of the sums (DESIGN.md section 2): a weighted term is
 // mul(c, x) rounded to fp32 (__fmul_rn: never fused with the add), the sum
 // starts from the first term and adds the others in slot order
-// (__fadd_rn), and is rounded to the output dtype once. NaN results follow
-// the host's rules (permute/rows.go add and mul as executed on the host
-// CPU), not the GPU's canonical NaN: when an operand is NaN the result is
-// the first NaN operand, quieted; a NaN made by the operation itself
-// (inf - inf, 0 * inf) is dnan, the host CPU's default NaN, passed by the
-// caller (0xffc00000 on amd64, 0x7fc00000 on arm64). bf16 rounding is
-// device.Float32ToBF16: to nearest even, a NaN keeps its top bits, quieted.
+// (__fadd_rn), and is rounded to the output dtype once. add, mul, to_bf16
+// and their NaN rules (the host's, not the GPU's canonical NaN) are in
+// arith.cuh, which executor/kernels/ep.cu shares.
 #include <stdint.h>
+
+#include "arith.cuh"
 
 namespace goep_permute {  // named, not anonymous: nvcc hashes the source path into anonymous-namespace names, which would make the PTX depend on the checkout directory
 
-__device__ __forceinline__ bool is_nan(float f)
-{
-	return (__float_as_uint(f) & 0x7fffffffu) > 0x7f800000u;
-}
-
-__device__ __forceinline__ float quiet(float f)
-{
-	return __uint_as_float(__float_as_uint(f) | 0x00400000u);
-}
-
-// add is permute's add: a + b rounded to fp32, NaNs as on the host.
-__device__ __forceinline__ float add(float a, float b, uint32_t dnan)
-{
-	if (is_nan(a)) {
-		return quiet(a);
-	}
-	if (is_nan(b)) {
-		return quiet(b);
-	}
-	float s = __fadd_rn(a, b);
-	return is_nan(s) ? __uint_as_float(dnan) : s;
-}
-
-// mul is permute's mul: a * b rounded to fp32, NaNs as on the host.
-__device__ __forceinline__ float mul(float a, float b, uint32_t dnan)
-{
-	if (is_nan(a)) {
-		return quiet(a);
-	}
-	if (is_nan(b)) {
-		return quiet(b);
-	}
-	float p = __fmul_rn(a, b);
-	return is_nan(p) ? __uint_as_float(dnan) : p;
-}
-
-// to_bf16 is device.Float32ToBF16.
-__device__ __forceinline__ uint32_t to_bf16(float f)
-{
-	uint32_t u = __float_as_uint(f);
-	if ((u & 0x7fffffffu) > 0x7f800000u) {
-		return ((u >> 16) | 0x40u) & 0xffffu;
-	}
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return u >> 16;
-}
-
-__device__ __forceinline__ float from_bf16(uint32_t h)
-{
-	return __uint_as_float(h << 16);
-}
+using namespace goep_arith;
 
 // Unit<BF16, N> is N elements of bf16 (BF16) or fp32 moved as one load or
 // store (R), widened to and rounded from fp32.
