@@ -15,7 +15,8 @@ import (
 
 // BenchmarkCUDA measures permute and unpermute against a device-to-device
 // copy of the permuted tensor (tokens x topk rows) in the same run: each
-// op is timed with CUDA events, the ops in turn (interleaved: a drift of
+// op is timed with CUDA events on a busy stream (so that the host's time
+// to enqueue it is not counted), the ops in turn (interleaved: a drift of
 // the GPU's speed weighs on all alike) after a warm-up of at least a
 // second; the median of 30 gives the memory traffic in GB/s (bytes read + bytes
 // written: the copy 2 x tokens x topk rows, permute and unpermute
@@ -111,41 +112,53 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 		// reads nothing.
 		{"write", func() error { return s.Memset(dst.Buffer(), 0, p*rb, 0) }},
 	}
-	// timeOnce is one run of op between two CUDA events.
-	timeOnce := func(run func() error) time.Duration {
-		start, err := s.RecordTimed()
-		if err != nil {
+	run := func(f func() error) {
+		if err := f(); err != nil {
 			b.Fatal(err)
 		}
-		if err := run(); err != nil {
-			b.Fatal(err)
-		}
-		end, err := s.RecordTimed()
-		if err != nil {
-			b.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
-		err = s.Synchronize(ctx)
-		cancel()
-		if err != nil {
-			b.Fatal(err)
-		}
-		d, err := device.Elapsed(start, end)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return d
 	}
-	// medians times the runs in turn, iters rounds of one run each, and
-	// returns their median times: interleaved, so that a drift of the
-	// GPU's speed during the measurement weighs on every run alike.
+	sync := func() {
+		ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
+		defer cancel()
+		if err := s.Synchronize(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// medians enqueues iters rounds of the runs, one of each in turn
+	// (interleaved: a drift of the GPU's speed weighs on every run alike),
+	// back to back with a timed event between every two, behind one
+	// leading run, then synchronizes once, and returns each run's median
+	// GPU time. The GPU finds each run queued when the one before ends, so
+	// an event pair times the run alone: on an idle stream the start event
+	// would fire when the host enqueues it, and the pair would also time
+	// the host's enqueueing of the run (about 20 µs per op through goep's
+	// driver thread, which made every op here look that much slower).
 	const iters = 30
 	medians := func(runs ...func() error) []time.Duration {
-		times := make([][]time.Duration, len(runs))
-		for range iters {
-			for i, run := range runs {
-				times[i] = append(times[i], timeOnce(run))
+		run(runs[0])
+		evs := make([]*device.Event, 0, 1+iters*len(runs))
+		record := func() {
+			ev, err := s.RecordTimed()
+			if err != nil {
+				b.Fatal(err)
 			}
+			evs = append(evs, ev)
+		}
+		record()
+		for range iters {
+			for _, f := range runs {
+				run(f)
+				record()
+			}
+		}
+		sync()
+		times := make([][]time.Duration, len(runs))
+		for i := 1; i < len(evs); i++ {
+			d, err := device.Elapsed(evs[i-1], evs[i])
+			if err != nil {
+				b.Fatal(err)
+			}
+			times[(i-1)%len(runs)] = append(times[(i-1)%len(runs)], d)
 		}
 		m := make([]time.Duration, len(runs))
 		for i, t := range times {
@@ -154,15 +167,14 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 		}
 		return m
 	}
-	// Warm-up: every op for at least warmupTime (and 5 rounds). A fresh
-	// machine's first GPU work can run slower: on an H200 this benchmark,
-	// run first with 5 warm-up runs, timed the copy at 255 µs, and a
-	// program run seconds later at 227 µs, and the ratios differed too.
+	// Warm-up: every op in turn for at least warmupTime (and 5 rounds),
+	// so that clocks and caches are as in the timed rounds.
 	const warmupTime = time.Second
 	for round, t0 := 0, time.Now(); round < 5 || time.Since(t0) < warmupTime; round++ {
 		for _, op := range ops {
-			timeOnce(op.run)
+			run(op.run)
 		}
+		sync()
 	}
 	runs := make([]func() error, len(ops))
 	for i, op := range ops {
