@@ -10,9 +10,13 @@
 //	nvcc -O3 -arch=sm_90 -o permute_tma scripts/experiments/permute_tma.cu
 //	./permute_tma [tokens hidden topk experts]     (default 4096 7168 8 64)
 //
+// PERMUTE_TMA_POOL=1 takes the row buffers from the default memory pool
+// (cudaMallocAsync, as goep's stream allocations) instead of cudaMalloc.
+//
 // It builds the routing of permute's BenchmarkCUDA (each token picks topk
 // distinct experts of 64 at random; positions expert-major, no padding),
-// times each variant with CUDA events (median of 30 after 5 warm-up runs)
+// times each variant with CUDA events (median of 30 runs queued back to
+// back after 5 warm-up runs)
 // with the same traffic definition (copy: 2 x P rows; permute: tokens + P
 // rows read and written, P = tokens x topk), checks every output row, and
 // prints GB/s and the ratio to the copy:
@@ -76,6 +80,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <utility>
 #include <vector>
 
 #define CHECK(x)                                                                             \
@@ -541,9 +546,19 @@ int main(int argc, char **argv)
 	uint8_t *x, *out, *y;
 	int32_t *dpos, *dsrc;
 	unsigned long long *wrong;
-	CHECK(cudaMalloc(&x, tokens * rowBytes));
-	CHECK(cudaMalloc(&out, P * rowBytes));
-	CHECK(cudaMalloc(&y, P * rowBytes));
+	// The row buffers: cudaMalloc, or with PERMUTE_TMA_POOL=1 the default
+	// memory pool (cudaMallocAsync, what goep's stream allocations use).
+	const char *poolEnv = getenv("PERMUTE_TMA_POOL");
+	const bool pool = poolEnv != nullptr && poolEnv[0] == '1';
+	for (auto b : {std::make_pair(&x, tokens * rowBytes), std::make_pair(&out, P * rowBytes),
+		       std::make_pair(&y, P * rowBytes)}) {
+		if (pool) {
+			CHECK(cudaMallocAsync((void **)b.first, b.second, 0));
+		} else {
+			CHECK(cudaMalloc((void **)b.first, b.second));
+		}
+	}
+	CHECK(cudaDeviceSynchronize());
 	CHECK(cudaMalloc(&dpos, pos.size() * 4));
 	CHECK(cudaMalloc(&dsrc, src.size() * 4));
 	CHECK(cudaMalloc(&wrong, 8));
@@ -566,9 +581,12 @@ int main(int argc, char **argv)
 
 	cudaStream_t s;
 	CHECK(cudaStreamCreate(&s));
-	cudaEvent_t e0, e1;
+	cudaEvent_t e0, e1, evs[31];
 	CHECK(cudaEventCreate(&e0));
 	CHECK(cudaEventCreate(&e1));
+	for (auto &e : evs) {
+		CHECK(cudaEventCreate(&e));
+	}
 
 	struct variant {
 		const char *name;
@@ -708,8 +726,9 @@ int main(int argc, char **argv)
 		{"copy2", 2.0 * P * rowBytes, false, false,
 		 [](cudaStream_t s) { CHECK(cudaMemcpyAsync(sout, sy, sP * sRow, cudaMemcpyDeviceToDevice, s)); }},
 	};
-	printf("# permute_tma: %s, %d SMs; tokens %lld hidden %lld topk %d experts %d; P = %lld rows of %lld bytes\n",
-	       prop.name, sms, (long long)tokens, (long long)hidden, k, experts, (long long)P, (long long)rowBytes);
+	printf("# permute_tma: %s, %d SMs; tokens %lld hidden %lld topk %d experts %d; P = %lld rows of %lld bytes; %s\n",
+	       prop.name, sms, (long long)tokens, (long long)hidden, k, experts, (long long)P, (long long)rowBytes,
+	       pool ? "rows from the memory pool (cudaMallocAsync)" : "rows from cudaMalloc");
 	printf("# tma: %d blocks (%d per SM), %zu bytes of shared memory each\n", sGrid, tmaBlocksPerSM, tmaSmem);
 	printf("# exact: block %d, 4 units a thread; pipe: %d blocks of %d, 4 units a thread\n", sExactBlock, sPipeGrid,
 	       sPipeBlock);
@@ -730,19 +749,26 @@ int main(int argc, char **argv)
 	int failed = 0;
 	for (auto &v : vs) {
 		CHECK(cudaMemsetAsync(out, 0, P * rowBytes, s));
+		// 5 warm-up runs, then 30 timed back to back, an event between
+		// every two, and one synchronize: each run is queued before the
+		// one ahead of it ends, so an event pair times the run alone (not
+		// the host's launch of it, as on an idle stream).
 		const int warmup = 5, iters = 30;
-		std::vector<float> ms;
-		for (int it = 0; it < warmup + iters; it++) {
-			CHECK(cudaEventRecord(e0, s));
+		for (int it = 0; it < warmup; it++) {
 			v.run(s);
-			CHECK(cudaGetLastError());
-			CHECK(cudaEventRecord(e1, s));
-			CHECK(cudaEventSynchronize(e1));
+		}
+		CHECK(cudaEventRecord(evs[0], s));
+		for (int it = 0; it < iters; it++) {
+			v.run(s);
+			CHECK(cudaEventRecord(evs[it + 1], s));
+		}
+		CHECK(cudaGetLastError());
+		CHECK(cudaStreamSynchronize(s));
+		std::vector<float> ms;
+		for (int it = 0; it < iters; it++) {
 			float t;
-			CHECK(cudaEventElapsedTime(&t, e0, e1));
-			if (it >= warmup) {
-				ms.push_back(t);
-			}
+			CHECK(cudaEventElapsedTime(&t, evs[it], evs[it + 1]));
+			ms.push_back(t);
 		}
 		std::sort(ms.begin(), ms.end());
 		double med = ms[ms.size() / 2] * 1e-3;
