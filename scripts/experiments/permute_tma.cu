@@ -61,6 +61,10 @@
 //	chunked       per chunk of 1024 tokens: a kernel prefetching the
 //	              chunk's rows into L2, then exact over the chunk (reads
 //	              and writes in separate phases)
+//	stagedN       per chunk of N tokens: a kernel loading the chunk's rows
+//	              (real loads, evict-last policy: the kernel ends when
+//	              they are in L2), then the scatter reading them and
+//	              storing with the evict-first policy
 //	pipe          persistent blocks over tokens; each thread loads the
 //	              next token's units into registers before it stores the
 //	              current token's (software pipelining: the loads' latency
@@ -270,6 +274,83 @@ __global__ void prefetch(const uint4 *x, int64_t lo, int64_t hi, int64_t units)
 {
 	if (lo + blockIdx.x < hi) {
 		prefetch_row(x, lo + blockIdx.x, units, true);
+	}
+}
+
+// L2 cache policies (createpolicy, sm_80): loads that keep their lines
+// in L2 (evict-last) or drop them first (evict-first).
+__device__ __forceinline__ uint64_t policy(bool last)
+{
+	uint64_t p;
+	if (last) {
+		asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+	} else {
+		asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+	}
+	return p;
+}
+
+__device__ __forceinline__ uint4 load_policy(const uint4 *a, uint64_t pol)
+{
+	uint4 v;
+	asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+		     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+		     : "l"(a), "l"(pol));
+	return v;
+}
+
+__device__ __forceinline__ void store_policy(uint4 *a, uint4 v, uint64_t pol)
+{
+	asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(a), "r"(v.x), "r"(v.y),
+		     "r"(v.z), "r"(v.w), "l"(pol)
+		     : "memory");
+}
+
+// stage: loads units [0, n) of x (really: the data reaches the SMs, so
+// the kernel ends when it is in L2) with the evict-last policy; sink is
+// written only if the xor of everything is a value it never is.
+__global__ void stage(const uint4 *__restrict__ x, int64_t n, uint32_t *sink)
+{
+	const uint64_t pol = policy(true);
+	uint32_t acc = 0;
+	for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n; u += (int64_t)gridDim.x * blockDim.x) {
+		uint4 v = load_policy(x + u, pol);
+		acc ^= v.x ^ v.y ^ v.z ^ v.w;
+	}
+	if (acc == 0x9e3779b9u && sink != nullptr) {
+		*sink = acc;
+	}
+}
+
+// staged_scatter: exact (4 units a thread) reading x evict-first (its
+// lines are dead after) and storing evict-first, so the chunk that
+// stage kept in L2 is not pushed out by the stores.
+__global__ void staged_scatter(uint4 *__restrict__ out, const uint4 *__restrict__ x,
+			       const int32_t *__restrict__ pos, int64_t n, int32_t k, int64_t units)
+{
+	int64_t i = blockIdx.x;
+	if (i >= n) {
+		return;
+	}
+	const uint64_t first = policy(false);
+	const uint4 *s = x + i * units;
+	for (int64_t u0 = threadIdx.x; u0 < units; u0 += 4 * (int64_t)blockDim.x) {
+		uint4 v[4];
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			if (u0 + q * blockDim.x < units) {
+				v[q] = load_policy(s + u0 + q * blockDim.x, first);
+			}
+		}
+		for (int32_t j = 0; j < k; j++) {
+			uint4 *d = out + (int64_t)pos[i * k + j] * units;
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				if (u0 + q * blockDim.x < units) {
+					store_policy(d + u0 + q * blockDim.x, v[q], first);
+				}
+			}
+		}
 	}
 }
 
@@ -494,6 +575,26 @@ __global__ void check(const uint4 *out, const uint4 *x, const int32_t *src, int6
 	}
 }
 
+// The buffers and shapes of the variants (set once by main; captureless
+// lambdas read them).
+static uint8_t *sx, *sout, *sy;
+static int32_t *spos, *ssrc;
+static int64_t sP, sT, sUnits, sRow;
+static int sk, sGrid, sExactBlock, sPipeBlock, sPipeGrid, sSMs;
+static size_t sSmem;
+
+// staged: per chunk of tokens, stage loads the chunk's rows into L2
+// (reads alone, evict-last), then staged_scatter writes them from there.
+static void staged(cudaStream_t s, int64_t chunk)
+{
+	for (int64_t lo = 0; lo < sT; lo += chunk) {
+		int64_t hi = std::min(sT, lo + chunk);
+		stage<<<sSMs * 8, 256, 0, s>>>((const uint4 *)sx + lo * sUnits, (hi - lo) * sUnits, nullptr);
+		staged_scatter<<<hi - lo, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx + lo * sUnits,
+								 spos + lo * sk, hi - lo, sk, sUnits);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	int64_t tokens = 4096, hidden = 7168;
@@ -595,11 +696,6 @@ int main(int argc, char **argv)
 		bool copy;     // the copy the ratios are against
 		void (*run)(cudaStream_t);
 	};
-	static uint8_t *sx, *sout, *sy;
-	static int32_t *spos, *ssrc;
-	static int64_t sP, sT, sUnits, sRow;
-	static int sk, sGrid, sExactBlock, sPipeBlock, sPipeGrid, sSMs;
-	static size_t sSmem;
 	sx = x, sout = out, sy = y, spos = dpos, ssrc = dsrc, sP = P, sT = tokens, sUnits = units, sRow = rowBytes;
 	sk = k, sGrid = sms * tmaBlocksPerSM, sSmem = tmaSmem;
 	// exact and pipe: 4 units a thread, a block of units/4 threads rounded
@@ -706,6 +802,9 @@ int main(int argc, char **argv)
 										 spos + lo * sk, hi - lo, sk, sUnits, 0);
 			 }
 		 }},
+		{"staged1k", permBytes, true, false, [](cudaStream_t s) { staged(s, 1024); }},
+		{"staged2k", permBytes, true, false, [](cudaStream_t s) { staged(s, 2048); }},
+		{"staged512", permBytes, true, false, [](cudaStream_t s) { staged(s, 512); }},
 		{"pipe", permBytes, true, false,
 		 [](cudaStream_t s) {
 			 pipe<4, false><<<sPipeGrid, sPipeBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits);
