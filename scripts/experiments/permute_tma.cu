@@ -61,6 +61,11 @@
 //	chunked       per chunk of 1024 tokens: a kernel prefetching the
 //	              chunk's rows into L2, then exact over the chunk (reads
 //	              and writes in separate phases)
+//	phased        one block per SM (cooperative launch), rounds of g rows a
+//	              block: all blocks load their rows into shared memory,
+//	              the grid synchronizes, all store them, the grid
+//	              synchronizes (reads and writes in separate phases across
+//	              the GPU); phasedblk: the same without the grid syncs
 //	stagedN       per chunk of N tokens: a kernel loading the chunk's rows
 //	              (real loads, evict-last policy: the kernel ends when
 //	              they are in L2), then the scatter reading them and
@@ -80,6 +85,7 @@
 // multiple of 16 as bulk copies need.
 
 #include <algorithm>
+#include <cooperative_groups.h>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -354,6 +360,56 @@ __global__ void staged_scatter(uint4 *__restrict__ out, const uint4 *__restrict_
 	}
 }
 
+// phased: reads and writes in separate phases across the whole GPU. One
+// block per SM (a cooperative launch), rounds of g tokens a block: every
+// block loads its g rows into shared memory (cp.async), the grid synchronizes, every
+// block stores them to their k positions from there, the grid
+// synchronizes again. With GRID false only the block synchronizes (the
+// same shape without the global phases).
+template <bool GRID>
+__global__ void phased(uint4 *__restrict__ out, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
+		       int64_t n, int32_t k, int64_t units, int32_t g)
+{
+	extern __shared__ uint4 rows[];
+	namespace cg = cooperative_groups;
+	const int64_t perRound = (int64_t)gridDim.x * g;
+	for (int64_t base = 0; base < n; base += perRound) {
+		const int64_t t0 = base + (int64_t)blockIdx.x * g;
+		// The loads as asynchronous copies (cp.async, sm_80): all of them
+		// in flight at once, none through registers.
+		for (int32_t r = 0; r < g; r++) {
+			if (t0 + r < n) {
+				for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+					asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+							     (uint32_t)__cvta_generic_to_shared(&rows[r * units + u])),
+						     "l"(x + (t0 + r) * units + u)
+						     : "memory");
+				}
+			}
+		}
+		asm volatile("cp.async.wait_all;" ::: "memory");
+		__syncthreads();
+		if (GRID) {
+			cg::this_grid().sync();
+		}
+		for (int32_t r = 0; r < g; r++) {
+			if (t0 + r >= n) {
+				break;
+			}
+			for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+				uint4 v = rows[r * units + u];
+				for (int32_t j = 0; j < k; j++) {
+					out[(int64_t)pos[(t0 + r) * k + j] * units + u] = v;
+				}
+			}
+		}
+		__syncthreads();
+		if (GRID) {
+			cg::this_grid().sync();
+		}
+	}
+}
+
 // usum: an unpermute's traffic and arithmetic without goep's NaN rules:
 // out[i] = bf16(sum over j < k of w * y[pos[i*k+j]]) in fp32, one block
 // per token, U = 4 units a thread, a unit's k loads issued together. With
@@ -580,8 +636,26 @@ __global__ void check(const uint4 *out, const uint4 *x, const int32_t *src, int6
 static uint8_t *sx, *sout, *sy;
 static int32_t *spos, *ssrc;
 static int64_t sP, sT, sUnits, sRow;
-static int sk, sGrid, sExactBlock, sPipeBlock, sPipeGrid, sSMs;
-static size_t sSmem;
+static int sk, sGrid, sExactBlock, sPipeBlock, sPipeGrid, sSMs, sPhasedG;
+static size_t sSmem, sPhasedSmem;
+
+// phasedRun launches phased on one block of 1024 threads per SM (GRID:
+// cooperatively, so that the grid can synchronize).
+template <bool GRID>
+static void phasedRun(cudaStream_t s)
+{
+	uint4 *out = (uint4 *)sout;
+	const uint4 *x = (const uint4 *)sx;
+	const int32_t *pos = spos;
+	int64_t n = sT, units = sUnits;
+	int32_t k = sk, g = sPhasedG;
+	void *args[] = {&out, &x, &pos, &n, &k, &units, &g};
+	if (GRID) {
+		CHECK(cudaLaunchCooperativeKernel((void *)phased<true>, sSMs, 1024, args, sPhasedSmem, s));
+	} else {
+		CHECK(cudaLaunchKernel((void *)phased<false>, sSMs, 1024, args, sPhasedSmem, s));
+	}
+}
 
 // staged: per chunk of tokens, stage loads the chunk's rows into L2
 // (reads alone, evict-last), then staged_scatter writes them from there.
@@ -678,6 +752,22 @@ int main(int argc, char **argv)
 	const size_t tmaSmem = 2 * rowBytes;
 	if (tmaSmem > 48 * 1024) {
 		CHECK(cudaFuncSetAttribute(tma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tmaSmem));
+	}
+	// phased: as many rows a block as its shared memory holds, then the
+	// rounds balanced (g rows a block per round).
+	{
+		int optin = 0;
+		CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+		int64_t gmax = std::max<int64_t>(1, optin / rowBytes);
+		int64_t rounds = (tokens + sms * gmax - 1) / (sms * gmax);
+		sPhasedG = (int)((tokens + sms * rounds - 1) / (sms * rounds));
+		sPhasedSmem = (size_t)sPhasedG * rowBytes;
+		if (sPhasedSmem > (size_t)optin) {
+			fprintf(stderr, "phased: a row of %lld bytes does not fit in shared memory\n", (long long)rowBytes);
+			return 2;
+		}
+		CHECK(cudaFuncSetAttribute(phased<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sPhasedSmem));
+		CHECK(cudaFuncSetAttribute(phased<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sPhasedSmem));
 	}
 
 	cudaStream_t s;
@@ -805,6 +895,8 @@ int main(int argc, char **argv)
 		{"staged1k", permBytes, true, false, [](cudaStream_t s) { staged(s, 1024); }},
 		{"staged2k", permBytes, true, false, [](cudaStream_t s) { staged(s, 2048); }},
 		{"staged512", permBytes, true, false, [](cudaStream_t s) { staged(s, 512); }},
+		{"phased", permBytes, true, false, [](cudaStream_t s) { phasedRun<true>(s); }},
+		{"phasedblk", permBytes, true, false, [](cudaStream_t s) { phasedRun<false>(s); }},
 		{"pipe", permBytes, true, false,
 		 [](cudaStream_t s) {
 			 pipe<4, false><<<sPipeGrid, sPipeBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits);
@@ -829,6 +921,8 @@ int main(int argc, char **argv)
 	       prop.name, sms, (long long)tokens, (long long)hidden, k, experts, (long long)P, (long long)rowBytes,
 	       pool ? "rows from the memory pool (cudaMallocAsync)" : "rows from cudaMalloc");
 	printf("# tma: %d blocks (%d per SM), %zu bytes of shared memory each\n", sGrid, tmaBlocksPerSM, tmaSmem);
+	printf("# phased: %d blocks of 1024, %d rows (%zu bytes of shared memory) a block per round\n", sms, sPhasedG,
+	       sPhasedSmem);
 	printf("# exact: block %d, 4 units a thread; pipe: %d blocks of %d, 4 units a thread\n", sExactBlock, sPipeGrid,
 	       sPipeBlock);
 	printf("# %-10s %10s %10s %8s %8s\n", "variant", "median_us", "GBps", "ratio", "wrong");
