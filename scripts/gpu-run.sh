@@ -28,7 +28,8 @@
 #	profile   (not in the default) Nsight Compute's DRAM and L2 counters
 #	          of one launch of each diagnostic kernel of the permute
 #	          experiment (after experiments, which builds it), clocks
-#	          left alone (--clock-control none)
+#	          left alone (--clock-control none), caches not flushed
+#	          (--cache-control none: the staged variant's L2 contents)
 #
 # Each step's whole output goes to $OUT/<step>.log ($OUT: the device
 # tool's output folder, else ./gpu-out); stdout gets one line per step
