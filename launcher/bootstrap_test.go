@@ -99,7 +99,7 @@ func with(a map[string]string, kv ...string) map[string]string {
 
 func freePortString(t *testing.T) string {
 	t.Helper()
-	p, err := freePort()
+	p, err := FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

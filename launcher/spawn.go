@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -109,9 +108,9 @@ func Spawn(ctx context.Context, cfg SpawnConfig) error {
 	if err != nil {
 		return fmt.Errorf("launcher: %w", err)
 	}
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
-		return fmt.Errorf("launcher: find a free port: %w", err)
+		return err
 	}
 	if cfg.Stdout == nil {
 		cfg.Stdout = os.Stdout
@@ -132,16 +131,6 @@ func Spawn(ctx context.Context, cfg SpawnConfig) error {
 	}
 	j := &job{cfg: cfg, path: path, port: port, out: &lockedWriter{}}
 	return j.run(ctx)
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 type job struct {
