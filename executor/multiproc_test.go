@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -239,7 +238,16 @@ func TestMultiProcessChild(t *testing.T) {
 		t.Skip("runs only as a child process of TestMultiProcess*")
 	}
 	ctx := context.Background()
-	g, env, err := launcher.Bootstrap(ctx)
+	// The rendezvous waits for rank 0 until its ctx ends: bound it, so
+	// that a rank 0 that failed to start makes the others fail with a
+	// timeout naming it instead of waiting for the test binary's timeout.
+	timeout, err := executor.TimeoutFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx, cancel := context.WithTimeout(ctx, 3*timeout)
+	g, env, err := launcher.Bootstrap(bctx)
+	cancel()
 	if err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}
@@ -349,16 +357,6 @@ func mpKill(ctx context.Context, g comm.Group, b device.Backend) string {
 	}
 }
 
-// freePort returns a port on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // runWorld runs the child mode on mpRanks processes with the given launcher
 // ("spawn" or "mpirun") and returns the children's reports and the
 // launcher's error.
@@ -405,7 +403,11 @@ func runWorldN(t *testing.T, how, mode string, n int, timeout time.Duration, ext
 		}
 		// Built without the mpi tag, the children bootstrap over TCP with
 		// the rank Open MPI gives them.
-		env = append(env, "GOEP_MASTER_ADDR=127.0.0.1", "GOEP_MASTER_PORT="+strconv.Itoa(freePort(t)),
+		port, err := launcher.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		env = append(env, "GOEP_MASTER_ADDR=127.0.0.1", "GOEP_MASTER_PORT="+strconv.Itoa(port),
 			"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 		margs := []string{"--allow-run-as-root", "--oversubscribe", "-np", strconv.Itoa(n)}
 		// Open MPI forwards the variables named by -x: those of this
