@@ -209,6 +209,19 @@ LFN void layout_count(const struct layout_dims *d, const int32_t *rt, const int3
 	}
 }
 
+// layout_scan_column is the exclusive prefix sum over the sources s < R of
+// column c of an R x width matrix of counts (counts[s*width + c]): it
+// writes base[s*width + c] and returns the column's total.
+LFN int32_t layout_scan_column(const int32_t *counts, int32_t *base, int64_t R, int64_t width, int64_t c)
+{
+	int32_t run = 0;
+	for (int64_t s = 0; s < R; s++) {
+		base[s * width + c] = run;
+		run += counts[s * width + c];
+	}
+	return run;
+}
+
 // layout_scan_a is thread tid of nth of scan's first phase: prefix sums
 // over the sources of the row counts (column d) and expert counts (column
 // e), and the totals.
@@ -216,20 +229,10 @@ LFN void layout_scan_a(const struct layout_dims *d, int32_t *ws, int64_t tid, in
 {
 	int64_t R = d->R, E = d->R * d->L;
 	for (int64_t c = tid; c < R; c += nth) {
-		int32_t run = 0;
-		for (int64_t s = 0; s < R; s++) {
-			ws[ws_rowBase(d) + s * R + c] = run;
-			run += ws[ws_fromSrc(d) + s * R + c];
-		}
-		ws[ws_recvCounts(d) + c] = run;
+		ws[ws_recvCounts(d) + c] = layout_scan_column(ws + ws_fromSrc(d), ws + ws_rowBase(d), R, R, c);
 	}
 	for (int64_t e = tid; e < E; e += nth) {
-		int32_t run = 0;
-		for (int64_t s = 0; s < R; s++) {
-			ws[ws_expBase(d) + s * E + e] = run;
-			run += ws[ws_expFrom(d) + s * E + e];
-		}
-		ws[ws_perExpert(d) + e] = run;
+		ws[ws_perExpert(d) + e] = layout_scan_column(ws + ws_expFrom(d), ws + ws_expBase(d), R, E, e);
 	}
 }
 
