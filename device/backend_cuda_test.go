@@ -16,31 +16,6 @@ import (
 // GPU host: .gpu/device.test -test.v -gpu
 var requireGPU = flag.Bool("gpu", false, "fail instead of skip when no usable GPU is found")
 
-// spinPTX is a hand-written kernel (ptxas -arch=sm_90 accepts it): one
-// thread spins until the global timer has advanced by its argument, in
-// nanoseconds, so that tests can queue slow work.
-const spinPTX = `.version 7.8
-.target sm_90
-.address_size 64
-
-.visible .entry goep_test_spin(
-	.param .u64 goep_test_spin_param_0
-)
-{
-	.reg .pred 	%p<2>;
-	.reg .b64 	%rd<5>;
-
-	ld.param.u64 	%rd1, [goep_test_spin_param_0];
-	mov.u64 	%rd2, %globaltimer;
-	add.s64 	%rd3, %rd2, %rd1;
-$L_spin:
-	mov.u64 	%rd4, %globaltimer;
-	setp.lt.u64 	%p1, %rd4, %rd3;
-	@%p1 bra 	$L_spin;
-	ret;
-}
-`
-
 // newCUDA opens GPU 0 for one test, or skips it with the reason.
 func newCUDA(t *testing.T) *CUDA {
 	t.Helper()
@@ -74,29 +49,10 @@ func newCUDAStream(t *testing.T, c *CUDA) *CUDAStream {
 	return s
 }
 
-// spinKernel loads goep_test_spin.
-func spinKernel(t *testing.T, c *CUDA) *Kernel {
+// delay enqueues d of GPU work that holds what is queued behind it.
+func delay(t *testing.T, s *CUDAStream, d time.Duration) {
 	t.Helper()
-	m, err := c.LoadModule([]byte(spinPTX))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	k, err := m.Kernel("goep_test_spin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
-func spin(t *testing.T, s *CUDAStream, k *Kernel, d time.Duration) {
-	t.Helper()
-	one := [3]uint32{1, 1, 1}
-	if err := s.Launch(k, one, one, 0, uint64(d.Nanoseconds())); err != nil {
+	if err := s.Delay(d); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -157,7 +113,6 @@ func TestCUDAUploadDownload(t *testing.T) {
 func TestCUDAFreeIsStreamOrdered(t *testing.T) {
 	c := newCUDA(t)
 	s := newCUDAStream(t, c)
-	k := spinKernel(t, c)
 	const n = 1 << 20
 	want := pattern(n, 3)
 	a, _ := NewTensor(s, BF16, n/2)
@@ -165,7 +120,7 @@ func TestCUDAFreeIsStreamOrdered(t *testing.T) {
 	if err := Upload(t.Context(), a, want); err != nil {
 		t.Fatal(err)
 	}
-	spin(t, s, k, 100*time.Millisecond)
+	delay(t, s, 100*time.Millisecond)
 	if err := s.Copy(out.Buffer(), 0, a.Buffer(), 0, n); err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +161,6 @@ func TestCUDAEvents(t *testing.T) {
 	c := newCUDA(t)
 	s1 := newCUDAStream(t, c)
 	s2 := newCUDAStream(t, c)
-	k := spinKernel(t, c)
 	const n = 4096
 	want := pattern(n, 5)
 	a, _ := NewTensor(s1, FP32, n/4)
@@ -215,11 +169,11 @@ func TestCUDAEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spin(t, s1, k, 50*time.Millisecond)
+	delay(t, s1, 50*time.Millisecond)
 	if err := Upload(t.Context(), a, want); err != nil { // synchronizes s1
 		t.Fatal(err)
 	}
-	spin(t, s1, k, 100*time.Millisecond)
+	delay(t, s1, 100*time.Millisecond)
 	if err := s1.Memset(a.Buffer(), 0, n, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +217,7 @@ func TestCUDAEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d < 140*time.Millisecond || d > 10*time.Second {
-		t.Fatalf("elapsed %v over 150 ms of spinning", d)
+		t.Fatalf("elapsed %v over 150 ms of Delay", d)
 	}
 	host := NewHost()
 	defer host.Close()
@@ -275,7 +229,7 @@ func TestCUDAEvents(t *testing.T) {
 	}
 	s1.Synchronize(t.Context()) // clear the kept error
 	// A host stream can wait on a CUDA event.
-	spin(t, s1, k, 50*time.Millisecond)
+	delay(t, s1, 50*time.Millisecond)
 	ev2, _ := s1.Record()
 	if err := hs.Wait(ev2); err != nil {
 		t.Fatal(err)
@@ -286,11 +240,34 @@ func TestCUDAEvents(t *testing.T) {
 	}
 }
 
+// TestCUDADelay checks Delay's bounds: nothing for d <= 0, a refusal kept
+// for the next Synchronize past MaxDelay.
+func TestCUDADelay(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	if err := s.Delay(0); err != nil {
+		t.Fatalf("Delay(0): %v", err)
+	}
+	ev, err := s.Record()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ev.Wait(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var te *TaskError
+	if err := s.Delay(MaxDelay + time.Second); !errors.As(err, &te) || te.Task != "delay" {
+		t.Fatalf("Delay over MaxDelay: %v, want a refusal", err)
+	}
+	if err := s.Synchronize(t.Context()); !errors.As(err, &te) {
+		t.Fatalf("Synchronize after a refused Delay: %v, want its error", err)
+	}
+}
+
 func TestCUDASynchronizeDeadline(t *testing.T) {
 	c := newCUDA(t)
 	s := newCUDAStream(t, c)
-	k := spinKernel(t, c)
-	spin(t, s, k, 500*time.Millisecond)
+	delay(t, s, 500*time.Millisecond)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
 	defer cancel()
 	t0 := time.Now()
@@ -307,9 +284,12 @@ func TestCUDASynchronizeDeadline(t *testing.T) {
 func TestCUDAErrorIsKeptUntilSynchronize(t *testing.T) {
 	c := newCUDA(t)
 	s := newCUDAStream(t, c)
-	k := spinKernel(t, c)
+	k, err := c.delayKernel()
+	if err != nil {
+		t.Fatal(err)
+	}
 	one := [3]uint32{1, 1, 1}
-	err := s.Launch(k, one, one, 0, 5) // an int: its size on the GPU would be a guess
+	err = s.Launch(k, one, one, 0, 5) // an int: its size on the GPU would be a guess
 	var te *TaskError
 	if !errors.As(err, &te) {
 		t.Fatalf("launch with an int argument: %v, want a *TaskError", err)
@@ -320,7 +300,7 @@ func TestCUDAErrorIsKeptUntilSynchronize(t *testing.T) {
 	}
 	s.Free(b)
 	err = s.Synchronize(t.Context())
-	if !errors.As(err, &te) || te.Task != "launch goep_test_spin" {
+	if !errors.As(err, &te) || te.Task != "launch goep_delay" {
 		t.Fatalf("Synchronize: %v, want the launch's error", err)
 	}
 	if err := s.Synchronize(t.Context()); err != nil {

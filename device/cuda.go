@@ -35,6 +35,9 @@ type CUDA struct {
 	stage stagePool // pinned staging buffers of uploads and downloads
 
 	hostMaps []*HostMapping // live MapHost mappings, guarded by mu
+
+	delayMod *Module // goep_delay's module, loaded by the first Delay; guarded by mu
+	delay    *Kernel
 }
 
 // stagePool keeps the pinned staging buffers of uploads and downloads for
@@ -236,12 +239,17 @@ func (c *CUDA) Close() error {
 	c.closed = true
 	spare := c.spare
 	c.spare = nil
+	delayMod := c.delayMod
+	c.delayMod, c.delay = nil, nil
 	c.mu.Unlock()
 	var errs []error
 	if spare != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		errs = append(errs, spare.Synchronize(ctx), spare.Close())
 		cancel()
+	}
+	if delayMod != nil {
+		errs = append(errs, delayMod.Close())
 	}
 	errs = append(errs, c.stage.close(), c.dev.Close())
 	if err := errors.Join(errs...); err != nil {

@@ -60,8 +60,8 @@ type gpuEngine struct {
 	pk  *permute.CUDAKernels
 	win *nvlink.GPUWindows
 
-	wait, signal, push, scatter, copyOut, spin *device.Kernel
-	sum, permuteScaled, weightGrad             [2]*device.Kernel // BF16, FP32
+	wait, signal, push, scatter, copyOut *device.Kernel
+	sum, permuteScaled, weightGrad       [2]*device.Kernel // BF16, FP32
 
 	// peers is uint64 [numRegions][R]: every rank's window base address
 	// as mapped here.
@@ -239,7 +239,7 @@ func (g *gpuEngine) load(ctx context.Context) error {
 	}{
 		{&g.wait, "goep_ep_wait"}, {&g.signal, "goep_ep_signal"}, {&g.push, "goep_ep_push"},
 		{&g.scatter, "goep_ep_scatter"}, {&g.copyOut, "goep_ep_copy_out"},
-		{&g.sum[0], "goep_ep_sum_bf16"}, {&g.sum[1], "goep_ep_sum_fp32"}, {&g.spin, "goep_ep_spin"},
+		{&g.sum[0], "goep_ep_sum_bf16"}, {&g.sum[1], "goep_ep_sum_fp32"},
 		{&g.permuteScaled[0], "goep_ep_permute_scaled_bf16"}, {&g.permuteScaled[1], "goep_ep_permute_scaled_fp32"},
 		{&g.weightGrad[0], "goep_ep_weight_grad_bf16"}, {&g.weightGrad[1], "goep_ep_weight_grad_fp32"},
 	} {
@@ -696,10 +696,8 @@ func (g *gpuEngine) dispatch(h *Handle, x, w *device.Tensor, out DispatchOutput)
 	return g.finish(uint32(opDispatch))
 }
 
-// hold enqueues a kernel that keeps the stream busy for d (tests).
-func (g *gpuEngine) hold(d time.Duration) error {
-	return g.s.Launch(g.spin, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, d.Nanoseconds())
-}
+// hold keeps the stream busy for d (tests).
+func (g *gpuEngine) hold(d time.Duration) error { return g.s.Delay(d) }
 
 // copyIdx copies the handle's RecvIdx table into out.
 func (g *gpuEngine) copyIdx(h *Handle, out *device.Tensor) error {

@@ -158,17 +158,6 @@ extern "C" __global__ void goep_ep_signal(uint64_t *const *peerFlags, int32_t ra
 	}
 }
 
-// goep_ep_spin keeps its stream busy for ns nanoseconds (globaltimer). The
-// lifetime tests (DESIGN.md invariant 2, HybridEP's issue 756) use it to
-// hold work queued behind it.
-extern "C" __global__ void goep_ep_spin(int64_t ns)
-{
-	uint64_t start = now_ns();
-	while ((int64_t)(now_ns() - start) < ns) {
-		__nanosleep(1000);
-	}
-}
-
 // put_rows is goep_ep_push and goep_ep_scatter: for every item j < items
 // with row = dstRow[j] >= 0, row s = srcRow[j] (j when srcRow is null) of
 // x (rowBytes) goes to row row of the rows area of peer dstPeer[j]
