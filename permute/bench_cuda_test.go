@@ -26,17 +26,22 @@ import (
 // write bandwidth, not the copy's mixed read+write: a memset of the
 // permuted tensor, timed the same way, is that bound (permute/write).
 // Routing: every token picks topk distinct experts of 64 at random, no
-// padding. Then other launch configurations of permute and unpermute are
-// timed the same way, each interleaved with the copy, and logged, one
-// line each (-test.v shows them).
+// padding. Top-8 is the goal's shape (the most writes per read); top-4
+// , top-2 and top-1 are the shapes a rank's permute after a dispatch sees (a
+// token's top-8 of 256 experts over 4 ranks puts about 2.2 of its slots
+// on each rank it reaches). Then other launch configurations of permute
+// and unpermute are timed the same way, each interleaved with the copy,
+// and logged, one line each (-test.v shows them).
 //
 //	.gpu/permute.test -test.run '^$' -test.bench CUDA -test.benchtime 50x -test.v
 func BenchmarkCUDA(b *testing.B) {
-	const tokens, hidden, topk, experts = 4096, 7168, 8, 64
+	const tokens, hidden, experts = 4096, 7168, 64
 	for _, dt := range []device.DType{device.BF16, device.FP32} {
-		b.Run(fmt.Sprintf("dtype=%v/tokens=%d/hidden=%d/topk=%d", dt, tokens, hidden, topk), func(b *testing.B) {
-			benchCUDA(b, dt, tokens, hidden, topk, experts)
-		})
+		for _, topk := range []int{8, 4, 2, 1} {
+			b.Run(fmt.Sprintf("dtype=%v/tokens=%d/hidden=%d/topk=%d", dt, tokens, hidden, topk), func(b *testing.B) {
+				benchCUDA(b, dt, tokens, hidden, topk, experts)
+			})
+		}
 	}
 }
 
@@ -128,30 +133,48 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 	// (interleaved: a drift of the GPU's speed weighs on every run alike),
 	// back to back with a timed event between every two, behind one
 	// leading run, then synchronizes once, and returns each run's median
-	// GPU time. The GPU finds each run queued when the one before ends, so
-	// an event pair times the run alone: on an idle stream the start event
-	// would fire when the host enqueues it, and the pair would also time
-	// the host's enqueueing of the run (about 20 µs per op through goep's
-	// driver thread, which made every op here look that much slower).
+	// GPU time. Each event pair must time its run alone: on an idle stream
+	// the start event fires when the host enqueues it, and the pair would
+	// also time the host's enqueueing (about 20 µs an op through goep's
+	// driver thread, which made every op here look that much slower, and
+	// ops shorter than that twice as slow). So the stream first waits
+	// (Delay) for longer than the host takes to enqueue everything, and
+	// the GPU finds every run queued; a wait that proves too short is
+	// doubled and the rounds run again.
 	const iters = 30
+	lead := time.Millisecond
 	medians := func(runs ...func() error) []time.Duration {
-		run(runs[0])
-		evs := make([]*device.Event, 0, 1+iters*len(runs))
-		record := func() {
-			ev, err := s.RecordTimed()
-			if err != nil {
+		var evs []*device.Event
+		for {
+			if err := s.Delay(lead); err != nil {
 				b.Fatal(err)
 			}
-			evs = append(evs, ev)
-		}
-		record()
-		for range iters {
-			for _, f := range runs {
-				run(f)
-				record()
+			t0 := time.Now()
+			run(runs[0])
+			evs = make([]*device.Event, 0, 1+iters*len(runs))
+			record := func() {
+				ev, err := s.RecordTimed()
+				if err != nil {
+					b.Fatal(err)
+				}
+				evs = append(evs, ev)
+			}
+			record()
+			for range iters {
+				for _, f := range runs {
+					run(f)
+					record()
+				}
+			}
+			queued := time.Since(t0)
+			sync()
+			if queued < lead {
+				break
+			}
+			if lead *= 2; lead > device.MaxDelay {
+				b.Fatalf("enqueueing %d runs took %v", iters*len(runs), queued)
 			}
 		}
-		sync()
 		times := make([][]time.Duration, len(runs))
 		for i := 1; i < len(evs); i++ {
 			d, err := device.Elapsed(evs[i-1], evs[i])
@@ -196,16 +219,16 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 		k.permuteCfg = cfg
 		m := medians(copyRun, ops[1].run)
 		g := traffic["permute"] / m[1].Seconds() / 1e9
-		b.Logf("%v: permute block %d units %d hints %d: %v, %.0f GB/s, %.3f of copy",
-			dt, cfg.block, cfg.units, cfg.hints, m[1], g, g/(traffic["copy"]/m[0].Seconds()/1e9))
+		b.Logf("%v top-%d: permute block %d units %d hints %d: %v, %.0f GB/s, %.3f of copy",
+			dt, topk, cfg.block, cfg.units, cfg.hints, m[1], g, g/(traffic["copy"]/m[0].Seconds()/1e9))
 	}
 	k.permuteCfg = defaultPermute
 	for _, cfg := range unpermuteSweep {
 		k.unpermuteCfg = cfg
 		m := medians(copyRun, ops[2].run)
 		g := traffic["unpermute"] / m[1].Seconds() / 1e9
-		b.Logf("%v: unpermute block %d units %d: %v, %.0f GB/s, %.3f of copy",
-			dt, cfg.block, cfg.units, m[1], g, g/(traffic["copy"]/m[0].Seconds()/1e9))
+		b.Logf("%v top-%d: unpermute block %d units %d: %v, %.0f GB/s, %.3f of copy",
+			dt, topk, cfg.block, cfg.units, m[1], g, g/(traffic["copy"]/m[0].Seconds()/1e9))
 	}
 	k.unpermuteCfg = defaultUnpermute
 	b.SetBytes(int64(2 * (tokens + p) * rb)) // one permute and one unpermute per iteration
@@ -229,9 +252,9 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 	// fraction of the write bound the permute reaches (it writes the same
 	// bytes and reads tokens rows more).
 	b.ReportMetric(median["write"].Seconds()/median["permute"].Seconds(), "permute/write")
-	b.Logf("%v: medians over %d runs: copy %v (%.0f GB/s), permute %v (%.0f GB/s, %.2f of copy), unpermute %v (%.0f GB/s, %.2f of copy); permuted tensor %d MB",
-		dt, iters, median["copy"], gb("copy"), median["permute"], gb("permute"), gb("permute")/gb("copy"),
+	b.Logf("%v top-%d: medians over %d runs: copy %v (%.0f GB/s), permute %v (%.0f GB/s, %.2f of copy), unpermute %v (%.0f GB/s, %.2f of copy); permuted tensor %d MB",
+		dt, topk, iters, median["copy"], gb("copy"), median["permute"], gb("permute"), gb("permute")/gb("copy"),
 		median["unpermute"], gb("unpermute"), gb("unpermute")/gb("copy"), p*rb>>20)
-	b.Logf("%v: write-only bound: a memset of the permuted tensor takes %v (%.0f GB/s written); the permute reaches %.2f of it (memset time / permute time)",
-		dt, median["write"], gb("write"), median["write"].Seconds()/median["permute"].Seconds())
+	b.Logf("%v top-%d: write-only bound: a memset of the permuted tensor takes %v (%.0f GB/s written); the permute reaches %.2f of it (memset time / permute time)",
+		dt, topk, median["write"], gb("write"), median["write"].Seconds()/median["permute"].Seconds())
 }

@@ -59,12 +59,33 @@ type launchCfg struct {
 var defaultPermute = launchCfg{block: 256, units: 4, hints: 1}
 
 // Unpermute: a thread reads the row's positions and weights once and sums
-// 2 units, each with its (up to 8) slot loads in flight together; blocks of
-// at most 256 threads (the kernels' __launch_bounds__, maxUnpermuteBlock).
+// 2 units, each with its (up to 8) slot loads in flight together (for
+// topk <= 4, at least unpermuteGroup(topk) units, loaded together); blocks
+// of at most 256 threads (the kernels' __launch_bounds__,
+// maxUnpermuteBlock).
 var defaultUnpermute = launchCfg{block: 256, units: 2}
 
 // maxUnpermuteBlock is maxUnpermuteBlock of kernels/permute.cu.
 const maxUnpermuteBlock = 256
+
+// unpermuteGroup is the number of units an unpermute thread sums at once
+// for topk slots (M of kernels/permute.cu's unpermute_units): 8, 4, 2 or
+// 1 for topk 1, 2, 3-4 or more, so that a thread keeps about 8 loads in
+// flight whatever topk. Unpermute gives each thread at least that many
+// units. (Summing a thread's units one after the other, a top-2 bf16
+// unpermute has 2 loads in flight a thread and ran at 0.59 of a copy on an
+// H200, top-1 at 0.46; grouped, 0.83 and 0.80: docs/PERFORMANCE.md.)
+func unpermuteGroup(topk int) int {
+	switch {
+	case topk <= 1:
+		return 8
+	case topk == 2:
+		return 4
+	case topk <= 4:
+		return 2
+	}
+	return 1
+}
 
 // DeviceMap is Map with the positions in device memory: slot k of received
 // row i goes to permuted row Pos[i*TopK+k] (-1: none); rows at or past
@@ -299,6 +320,7 @@ func (k *CUDAKernels) Unpermute(s *device.CUDAStream, dt device.DType, hidden in
 		}
 		cfg := k.unpermuteCfg
 		cfg.block = min(cfg.block, maxUnpermuteBlock)
+		cfg.units = max(cfg.units, unpermuteGroup(m.TopK))
 		grid, block, err := rowShape(op, rows, units, cfg)
 		if err != nil {
 			return err

@@ -102,7 +102,12 @@ func randCase(r *rand.Rand, rows int) kcase {
 		weighted: r.IntN(2) == 0,
 		misalign: r.IntN(4) == 0,
 	}
+	// Top-k 1..8 (each of unpermute's groups of units, 8 slots or fewer),
+	// a quarter of the time 9..16 (slots read in chunks of 8).
 	topk := 1 + r.IntN(8)
+	if r.IntN(4) == 0 {
+		topk += 8
+	}
 	experts := topk + r.IntN(8)
 	pad := []int{1, 1, 4, 16}[r.IntN(4)]
 	total := rows + r.IntN(3)*r.IntN(20) // rows past Rows: dropped for capacity
@@ -312,7 +317,7 @@ func must(t *testing.T, err error) {
 }
 
 // TestCUDAMatchesHost runs random permutations (rows 0..300, hidden 1, 7,
-// 64, 2048, 7168, top-k 1..8, bf16 and fp32, weighted or not, empty
+// 64, 2048, 7168, top-k 1..16, bf16 and fp32, weighted or not, empty
 // slots, padding, dropped rows and positions, aligned and misaligned
 // buffers) on the host and on the GPU and compares every bit.
 func TestCUDAMatchesHost(t *testing.T) {

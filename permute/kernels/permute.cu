@@ -127,10 +127,18 @@ __device__ __forceinline__ void store_row(R *p, R v, bool cs)
 constexpr int slots = 8;
 
 // maxUnpermuteBlock is the largest block of the unpermute kernels (cuda.go
-// keeps to it): with at least 3 blocks per multiprocessor the compiler
-// gets up to 85 registers a thread, enough for 8 slots of 16-byte loads in
-// flight without spilling.
+// keeps to it), and minUnpermuteBlocksBF16 and minUnpermuteBlocksFP32 the
+// blocks of that size each kernel asks to fit on a multiprocessor. fp32: 3
+// blocks, up to 80 registers a thread, enough for 8 slots of 16-byte loads
+// in flight without spilling. bf16 (twice the elements of a 16-byte unit
+// to widen, add and round, so more latency to hide): 4 blocks, 64
+// registers, with a few spills around the NaN path's call; on an H200 that
+// ran bf16 unpermutes at 0.94, 0.88, 0.83 and 0.80 of a copy for top-8,
+// 4, 2 and 1 against 0.91, 0.79, 0.77 and 0.79 with 3 blocks, while fp32
+// lost 0.01-0.03 with 4 (docs/PERFORMANCE.md).
 constexpr int maxUnpermuteBlock = 256;
+constexpr int minUnpermuteBlocksBF16 = 4;
+constexpr int minUnpermuteBlocksFP32 = 3;
 
 // permute_rows is permute.Permute for rows of units R (units per row):
 // block (i, y) covers units [y*blockDim.x*U, (y+1)*blockDim.x*U) of row i,
@@ -244,11 +252,39 @@ __device__ __noinline__ void unpermute_exact(void *out, const void *y, const flo
 	((R *)out)[i * units + j] = U::pack(acc);
 }
 
+// unpermute_add adds to acc, in slot order, the terms of slots q < nq
+// (nq <= Q) whose loaded values are raw[q] and weights c[q] (fast path of
+// unpermute_rows: plain IEEE arithmetic).
+template <bool BF16, int N, int Q>
+__device__ __forceinline__ void unpermute_add(float *acc, const typename Unit<BF16, N>::R *raw,
+					      const float *c, int nq, bool weighted)
+{
+#pragma unroll
+	for (int q = 0; q < Q; q++) {
+		if (q >= nq) {
+			break;
+		}
+		float t[N];
+		Unit<BF16, N>::widen(raw[q], t);
+		if (weighted) {
+#pragma unroll
+			for (int n = 0; n < N; n++) {
+				t[n] = __fmul_rn(c[q], t[n]);
+			}
+		}
+#pragma unroll
+		for (int n = 0; n < N; n++) {
+			acc[n] = __fadd_rn(acc[n], t[n]);
+		}
+	}
+}
+
 // unpermute_slots adds to acc, in slot order, the terms of slots q < nq
 // of unit yr (y + j) whose positions are p[q] (-1: no term) and weights
-// c[q] (1 for no term), issuing all loads before the first add (fast path
-// of unpermute_rows). A slot without a term adds c*(-0) = -0, which leaves
-// every non-NaN sum as it is, so the adds need no branch.
+// c[q] (1 for no term), issuing all loads before the first add (the fast
+// path of unpermute_rows for topk > slots, a chunk of slots at a time). A
+// slot without a term adds c*(-0) = -0, which leaves every non-NaN sum as
+// it is, so the adds need no branch.
 template <bool BF16, int N>
 __device__ __forceinline__ void unpermute_slots(float *acc, const typename Unit<BF16, N>::R *yr,
 						const int32_t *p, const float *c, int nq,
@@ -263,24 +299,7 @@ __device__ __forceinline__ void unpermute_slots(float *acc, const typename Unit<
 			raw[q] = __ldcs(yr + (int64_t)p[q] * units);
 		}
 	}
-#pragma unroll
-	for (int q = 0; q < slots; q++) {
-		if (q >= nq) {
-			break;
-		}
-		float t[N];
-		U::widen(raw[q], t);
-		if (weighted) {
-#pragma unroll
-			for (int n = 0; n < N; n++) {
-				t[n] = __fmul_rn(c[q], t[n]);
-			}
-		}
-#pragma unroll
-		for (int n = 0; n < N; n++) {
-			acc[n] = __fadd_rn(acc[n], t[n]);
-		}
-	}
+	unpermute_add<BF16, N, slots>(acc, raw, c, nq, weighted);
 }
 
 // unpermute_chunk reads the positions and weights of slots [k0, k0+slots)
@@ -304,12 +323,11 @@ __device__ __forceinline__ bool unpermute_chunk(int32_t *p, float *c, const int3
 }
 
 // unpermute_store writes unit j of the output row from the fast-path sums
-// acc, or, when one of them is NaN, redoes the unit with unpermute_exact.
+// acc and returns true, or, when one of them is NaN, writes nothing and
+// returns false: the caller then redoes the unit with unpermute_exact.
 template <bool BF16, int N>
-__device__ __forceinline__ void unpermute_store(void *out, const void *y, const float *w,
-						const int32_t *pos, int64_t i, int32_t topk,
-						int64_t permCap, int64_t units, int64_t j,
-						uint32_t dnan, float *acc, bool any)
+__device__ __forceinline__ bool unpermute_store(void *out, int64_t i, int64_t units, int64_t j,
+						const float *acc, bool any)
 {
 	typedef Unit<BF16, N> U;
 	typedef typename U::R R;
@@ -319,8 +337,7 @@ __device__ __forceinline__ void unpermute_store(void *out, const void *y, const 
 		nan |= is_nan(acc[n]);
 	}
 	if (nan) {
-		unpermute_exact<BF16, N>(out, y, w, pos, i, topk, permCap, units, j, dnan);
-		return;
+		return false;
 	}
 	float z[N];
 #pragma unroll
@@ -328,13 +345,72 @@ __device__ __forceinline__ void unpermute_store(void *out, const void *y, const 
 		z[n] = any ? acc[n] : __uint_as_float(0u);
 	}
 	((R *)out)[i * units + j] = U::pack(z);
+	return true;
+}
+
+// unpermute_units is the fast path of unpermute_rows for topk <= slots/M,
+// positions p and weights c read once (unpermute_chunk): a thread issues
+// the loads of M of its units (j, j + stride, ..., those below units) for
+// every slot before the first add, so a small topk keeps as many loads in
+// flight as topk = slots does (unpermuteGroup of cuda.go picks M and gives
+// each thread at least M units), then sums and stores each unit. Slots
+// without a term load -0, as in unpermute_slots. Units with a NaN sum are
+// redone (unpermute_exact) after the group's stores, so that no loaded
+// value has to live across that call.
+template <bool BF16, int N, int M>
+__device__ __forceinline__ void unpermute_units(void *out, const void *y, const float *w,
+						const int32_t *pos, int64_t i, int32_t topk,
+						int64_t permCap, int64_t units, int64_t j0,
+						int64_t stride, uint32_t dnan, const int32_t *p,
+						const float *c, bool any)
+{
+	constexpr int TK = slots / M;
+	typedef Unit<BF16, N> U;
+	typedef typename U::R R;
+	const R *yr = (const R *)y;
+	for (int64_t j = j0; j < units; j += M * stride) {
+		R raw[M][TK];
+#pragma unroll
+		for (int m = 0; m < M; m++) {
+#pragma unroll
+			for (int q = 0; q < TK; q++) {
+				raw[m][q] = U::negzero();
+				if (j + m * stride < units && q < topk && p[q] >= 0) {
+					raw[m][q] = __ldcs(yr + (int64_t)p[q] * units + j + m * stride);
+				}
+			}
+		}
+		uint32_t redo = 0;
+#pragma unroll
+		for (int m = 0; m < M; m++) {
+			if (j + m * stride >= units) {
+				break;
+			}
+			float acc[N];
+#pragma unroll
+			for (int n = 0; n < N; n++) {
+				acc[n] = -0.0f;
+			}
+			unpermute_add<BF16, N, TK>(acc, raw[m], c, topk, w != nullptr);
+			if (!unpermute_store<BF16, N>(out, i, units, j + m * stride, acc, any)) {
+				redo |= 1u << m;
+			}
+		}
+		for (int m = 0; redo != 0; m++, redo >>= 1) {
+			if (redo & 1) {
+				unpermute_exact<BF16, N>(out, y, w, pos, i, topk, permCap, units, j + m * stride, dnan);
+			}
+		}
+	}
 }
 
 // unpermute_rows is permute.Unpermute for rows i < rows (UnpermuteRow):
 // block (i, y) sums the units j = y*blockDim.x + t + m*gridDim.y*blockDim.x
 // (m = 0, 1, ...) of y[pos[i][k]] over the valid slots k in slot order,
 // weighted by w[i][k] when w is not null. With topk <= slots a thread
-// reads the positions and weights once, for all its units.
+// reads the positions and weights once, for all its units, and sums M =
+// 8, 4, 2 or 1 units at a time for topk 1, 2, 3-4 or more
+// (unpermute_units): about slots loads in flight whatever topk.
 //
 // Fast path: plain IEEE arithmetic, acc = -0 + t_1 + t_2 + ... (each add
 // __fadd_rn, each term __fmul_rn(c, y) or y). -0 is the identity of
@@ -368,15 +444,15 @@ __device__ __forceinline__ void unpermute_rows(void *__restrict__ out, const voi
 		int32_t p[slots];
 		float c[slots];
 		bool any = unpermute_chunk(p, c, pi, wi, 0, topk, permCap);
-		for (int64_t j = j0; j < units; j += stride) {
-			float acc[N];
-#pragma unroll
-			for (int n = 0; n < N; n++) {
-				acc[n] = -0.0f;
-			}
-			unpermute_slots<BF16, N>(acc, yr + j, p, c, topk, units, wi != nullptr);
-			unpermute_store<BF16, N>(out, y, w, pos, i, topk, permCap, units, j, dnan, acc,
-						 any);
+		static_assert(slots == 8, "unpermute_units' groups M are for 8 slots");
+		if (topk == 1) {
+			unpermute_units<BF16, N, 8>(out, y, w, pos, i, topk, permCap, units, j0, stride, dnan, p, c, any);
+		} else if (topk == 2) {
+			unpermute_units<BF16, N, 4>(out, y, w, pos, i, topk, permCap, units, j0, stride, dnan, p, c, any);
+		} else if (topk <= 4) {
+			unpermute_units<BF16, N, 2>(out, y, w, pos, i, topk, permCap, units, j0, stride, dnan, p, c, any);
+		} else {
+			unpermute_units<BF16, N, 1>(out, y, w, pos, i, topk, permCap, units, j0, stride, dnan, p, c, any);
 		}
 		return;
 	}
@@ -394,7 +470,9 @@ __device__ __forceinline__ void unpermute_rows(void *__restrict__ out, const voi
 			unpermute_slots<BF16, N>(acc, yr + j, p, c, min(slots, topk - k0), units,
 						 wi != nullptr);
 		}
-		unpermute_store<BF16, N>(out, y, w, pos, i, topk, permCap, units, j, dnan, acc, any);
+		if (!unpermute_store<BF16, N>(out, i, units, j, acc, any)) {
+			unpermute_exact<BF16, N>(out, y, w, pos, i, topk, permCap, units, j, dnan);
+		}
 	}
 }
 
@@ -488,7 +566,7 @@ goep_permute_fp32(void *px, float *pw, const void *x, const float *w, const int3
 // elements) when vec16, else single elements. Grid (rows, gy) with any gy:
 // a thread covers every gy*blockDim.x-th unit of its row; blockDim.x <=
 // maxUnpermuteBlock.
-extern "C" __global__ void __launch_bounds__(maxUnpermuteBlock, 3)
+extern "C" __global__ void __launch_bounds__(maxUnpermuteBlock, minUnpermuteBlocksBF16)
 goep_unpermute_bf16(void *out, const void *y, const float *w, const int32_t *pos, int64_t rows,
 		    int32_t topk, int64_t permCap, int64_t hidden, int32_t vec16, uint32_t dnan)
 {
@@ -501,7 +579,7 @@ goep_unpermute_bf16(void *out, const void *y, const float *w, const int32_t *pos
 
 // goep_unpermute_fp32 is goep_unpermute_bf16 for FP32 rows (4 elements per
 // 16-byte unit).
-extern "C" __global__ void __launch_bounds__(maxUnpermuteBlock, 3)
+extern "C" __global__ void __launch_bounds__(maxUnpermuteBlock, minUnpermuteBlocksFP32)
 goep_unpermute_fp32(void *out, const void *y, const float *w, const int32_t *pos, int64_t rows,
 		    int32_t topk, int64_t permCap, int64_t hidden, int32_t vec16, uint32_t dnan)
 {
