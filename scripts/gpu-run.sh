@@ -24,7 +24,8 @@
 #	          host-staged rail) and a sweep of the tuning knobs
 #	experiments  standalone CUDA experiments compiled there with the
 #	          host's nvcc (scripts/experiments: permute shapes, bulk TMA
-#	          copies among them, which Debian's nvcc 11.8 cannot build)
+#	          copies among them, which Debian's nvcc 11.8 cannot build;
+#	          top-8, then top-4, 2 and 1)
 #	profile   (not in the default) Nsight Compute's DRAM and L2 counters
 #	          of one launch of each diagnostic kernel of the permute
 #	          experiment (after experiments, which builds it), clocks
@@ -132,6 +133,12 @@ bench() {
 experiments() {
 	step build-permute-tma 180 nvcc -O3 -std=c++17 -arch=sm_90 -o "$out/permute_tma" scripts/experiments/permute_tma.cu
 	step permute-tma 120 "$out/permute_tma"
+	# Fewer slots a token (more reads per write): the shapes a rank's
+	# permute sees after a dispatch.
+	local k
+	for k in 4 2 1; do
+		step "permute-tma-topk$k" 120 "$out/permute_tma" 4096 7168 "$k" 64
+	done
 }
 
 profile() {

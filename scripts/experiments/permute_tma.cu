@@ -75,6 +75,16 @@
 //	              current token's (software pipelining: the loads' latency
 //	              hidden behind the stores)
 //	pipecs        pipe with streaming stores (st.global.cs)
+//	hint256       exact with ld.global.nc.L2::256B loads (a miss fetches
+//	              the whole 256-byte block); hintef: the L2 evict-first
+//	              policy on the loads; hintboth: both
+//	multiT        exact with T = 2 or 4 consecutive tokens a block, all
+//	              their loads issued before any store
+//	grpG          persistent blocks over groups of G consecutive tokens,
+//	              two shared buffers of G rows: the next group loaded with
+//	              cp.async while this one is stored (phasedblk,
+//	              double-buffered); G = 8, 4, 2, 1 with blocks of 1024,
+//	              512, 256, 256 threads
 //
 // Unpermute's shape (not checked): usum sums each token's k permuted rows
 // of y (weight 0.5, fp32, plain IEEE: no NaN rules), one block per token,
@@ -410,6 +420,140 @@ __global__ void phased(uint4 *__restrict__ out, const uint4 *__restrict__ x, con
 	}
 }
 
+// hint: exact (4 units a thread) with a cache hint on its loads. mode 0:
+// ld.global.nc.L2::256B (on a miss L2 fetches the whole 256-byte block
+// from DRAM: fewer, longer reads between the writes); mode 1: the L2
+// evict-first policy (the row is dead after its one read); mode 2: both.
+__global__ void hint(uint4 *__restrict__ out, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
+		     int64_t n, int32_t k, int64_t units, int mode)
+{
+	int64_t i = blockIdx.x;
+	if (i >= n) {
+		return;
+	}
+	const uint64_t first = policy(false);
+	const uint4 *s = x + i * units;
+	for (int64_t u0 = threadIdx.x; u0 < units; u0 += 4 * (int64_t)blockDim.x) {
+		uint4 v[4];
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			const uint4 *a = s + u0 + q * blockDim.x;
+			if (u0 + q * blockDim.x >= units) {
+				continue;
+			}
+			if (mode == 0) {
+				asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+					     : "=r"(v[q].x), "=r"(v[q].y), "=r"(v[q].z), "=r"(v[q].w)
+					     : "l"(a));
+			} else if (mode == 1) {
+				asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+					     : "=r"(v[q].x), "=r"(v[q].y), "=r"(v[q].z), "=r"(v[q].w)
+					     : "l"(a), "l"(first));
+			} else {
+				asm volatile("ld.global.nc.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+					     : "=r"(v[q].x), "=r"(v[q].y), "=r"(v[q].z), "=r"(v[q].w)
+					     : "l"(a), "l"(first));
+			}
+		}
+		for (int32_t j = 0; j < k; j++) {
+			uint4 *d = out + (int64_t)pos[i * k + j] * units;
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				if (u0 + q * blockDim.x < units) {
+					d[u0 + q * blockDim.x] = v[q];
+				}
+			}
+		}
+	}
+}
+
+// multi: exact with T consecutive tokens a block: a thread loads its 4
+// units of all T rows (4T loads in flight) before any store.
+template <int T>
+__global__ void multi(uint4 *__restrict__ out, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
+		      int64_t n, int32_t k, int64_t units)
+{
+	const int64_t i0 = (int64_t)blockIdx.x * T;
+	for (int64_t u0 = threadIdx.x; u0 < units; u0 += 4 * (int64_t)blockDim.x) {
+		uint4 v[T][4];
+#pragma unroll
+		for (int t = 0; t < T; t++) {
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				if (i0 + t < n && u0 + q * blockDim.x < units) {
+					v[t][q] = x[(i0 + t) * units + u0 + q * blockDim.x];
+				}
+			}
+		}
+#pragma unroll
+		for (int t = 0; t < T; t++) {
+			if (i0 + t >= n) {
+				break;
+			}
+			for (int32_t j = 0; j < k; j++) {
+				uint4 *d = out + (int64_t)pos[(i0 + t) * k + j] * units;
+#pragma unroll
+				for (int q = 0; q < 4; q++) {
+					if (u0 + q * blockDim.x < units) {
+						d[u0 + q * blockDim.x] = v[t][q];
+					}
+				}
+			}
+		}
+	}
+}
+
+// grp: persistent blocks over groups of G consecutive tokens (block b
+// takes groups b, b + gridDim.x, ...), with two shared buffers of G rows:
+// the next group's rows are loaded with cp.async while this group's are
+// stored, k times each, from shared memory (phasedblk, double-buffered).
+template <int G>
+__global__ void grp(uint4 *__restrict__ out, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
+		    int64_t n, int32_t k, int64_t units)
+{
+	extern __shared__ uint4 rows[];
+	const int64_t groups = (n + G - 1) / G;
+	auto load = [&](int64_t g, int buf) {
+		if (g < groups) {
+			for (int r = 0; r < G; r++) {
+				const int64_t t = g * G + r;
+				if (t >= n) {
+					break;
+				}
+				for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+					asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+							     (uint32_t)__cvta_generic_to_shared(&rows[(buf * G + r) * units + u])),
+						     "l"(x + t * units + u)
+						     : "memory");
+				}
+			}
+		}
+		asm volatile("cp.async.commit_group;" ::: "memory");
+	};
+	int buf = 0;
+	load(blockIdx.x, 0);
+	for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+		load(g + gridDim.x, buf ^ 1);
+		asm volatile("cp.async.wait_group 1;" ::: "memory");
+		__syncthreads();
+		for (int r = 0; r < G; r++) {
+			const int64_t t = g * G + r;
+			if (t >= n) {
+				break;
+			}
+			for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+				uint4 v = rows[(buf * G + r) * units + u];
+				for (int32_t j = 0; j < k; j++) {
+					out[(int64_t)pos[t * k + j] * units + u] = v;
+				}
+			}
+		}
+		__syncthreads();
+		buf ^= 1;
+	}
+	asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 // usum: an unpermute's traffic and arithmetic without goep's NaN rules:
 // out[i] = bf16(sum over j < k of w * y[pos[i*k+j]]) in fp32, one block
 // per token, U = 4 units a thread, a unit's k loads issued together. With
@@ -669,6 +813,28 @@ static void staged(cudaStream_t s, int64_t chunk)
 	}
 }
 
+// grpRun launches grp<G> on as many blocks of `threads` as fit (two
+// buffers of G rows of shared memory each).
+template <int G>
+static void grpRun(cudaStream_t s, int threads)
+{
+	static int grid = 0;
+	const size_t smem = 2 * (size_t)G * sRow;
+	if (grid == 0) {
+		CHECK(cudaFuncSetAttribute(grp<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		int per = 0;
+		CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, grp<G>, threads, smem));
+		if (per < 1) {
+			fprintf(stderr, "grp<%d>: %zu bytes of shared memory do not fit\n", G, smem);
+			exit(2);
+		}
+		grid = sSMs * per;
+		printf("# grp<%d>: %d blocks of %d (%d per SM), %zu bytes of shared memory each\n", G, grid, threads, per,
+		       smem);
+	}
+	grp<G><<<grid, threads, smem, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits);
+}
+
 int main(int argc, char **argv)
 {
 	int64_t tokens = 4096, hidden = 7168;
@@ -905,6 +1071,30 @@ int main(int argc, char **argv)
 		 [](cudaStream_t s) {
 			 pipe<4, true><<<sPipeGrid, sPipeBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits);
 		 }},
+		{"hint256", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 hint<<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits, 0);
+		 }},
+		{"hintef", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 hint<<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits, 1);
+		 }},
+		{"hintboth", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 hint<<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits, 2);
+		 }},
+		{"multi2", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 multi<2><<<(sT + 1) / 2, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits);
+		 }},
+		{"multi4", permBytes, true, false,
+		 [](cudaStream_t s) {
+			 multi<4><<<(sT + 3) / 4, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits);
+		 }},
+		{"grp8", permBytes, true, false, [](cudaStream_t s) { grpRun<8>(s, 1024); }},
+		{"grp4", permBytes, true, false, [](cudaStream_t s) { grpRun<4>(s, 512); }},
+		{"grp2", permBytes, true, false, [](cudaStream_t s) { grpRun<2>(s, 256); }},
+		{"grp1", permBytes, true, false, [](cudaStream_t s) { grpRun<1>(s, 256); }},
 		{"usum", permBytes, false, false,
 		 [](cudaStream_t s) {
 			 usum<true><<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sy, spos, sT, sk, sUnits);
