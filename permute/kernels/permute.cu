@@ -53,6 +53,20 @@ struct Unit<true, 8> {
 		}
 		return make_uint4(w[0], w[1], w[2], w[3]);
 	}
+	// pack_finite is pack for values none of which is NaN (unpermute's
+	// fast path): the GPU's round-to-nearest-even conversion, two
+	// elements an instruction (cvt.rn.bf16x2.f32, sm_80), gives to_bf16's
+	// bits for every non-NaN value, subnormals, overflow to infinity and
+	// signed zeros included.
+	static __device__ __forceinline__ R pack_finite(const float *f)
+	{
+		uint32_t w[4];
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[q]) : "f"(f[2 * q + 1]), "f"(f[2 * q]));
+		}
+		return make_uint4(w[0], w[1], w[2], w[3]);
+	}
 	static __device__ __forceinline__ R negzero()
 	{
 		return make_uint4(0x80008000u, 0x80008000u, 0x80008000u, 0x80008000u);
@@ -64,6 +78,7 @@ struct Unit<true, 1> {
 	typedef uint16_t R;
 	static __device__ __forceinline__ void widen(R r, float *f) { f[0] = from_bf16(r); }
 	static __device__ __forceinline__ R pack(const float *f) { return (uint16_t)to_bf16(f[0]); }
+	static __device__ __forceinline__ R pack_finite(const float *f) { return pack(f); }
 	static __device__ __forceinline__ R negzero() { return 0x8000u; }
 };
 
@@ -82,6 +97,7 @@ struct Unit<false, 4> {
 		return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
 				  __float_as_uint(f[3]));
 	}
+	static __device__ __forceinline__ R pack_finite(const float *f) { return pack(f); }
 	static __device__ __forceinline__ R negzero()
 	{
 		return make_uint4(0x80000000u, 0x80000000u, 0x80000000u, 0x80000000u);
@@ -93,6 +109,7 @@ struct Unit<false, 1> {
 	typedef uint32_t R;
 	static __device__ __forceinline__ void widen(R r, float *f) { f[0] = __uint_as_float(r); }
 	static __device__ __forceinline__ R pack(const float *f) { return __float_as_uint(f[0]); }
+	static __device__ __forceinline__ R pack_finite(const float *f) { return pack(f); }
 	static __device__ __forceinline__ R negzero() { return 0x80000000u; }
 };
 
@@ -344,7 +361,7 @@ __device__ __forceinline__ bool unpermute_store(void *out, int64_t i, int64_t un
 	for (int n = 0; n < N; n++) {
 		z[n] = any ? acc[n] : __uint_as_float(0u);
 	}
-	((R *)out)[i * units + j] = U::pack(z);
+	((R *)out)[i * units + j] = U::pack_finite(z);
 	return true;
 }
 
