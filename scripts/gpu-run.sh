@@ -151,7 +151,7 @@ profile() {
 	local launch name skip kernel
 	for launch in "kcopy 5 kcopy" "kset 5 kset" "fanconst 5 fan" "fanl2 40 fan" "seqfan 5 scatter" \
 		"scatter 40 scatter" "exact 5 exact" "usum 5 usum" "uread 40 usum" \
-		"staged-scatter 5 staged_scatter"; do
+		"staged-scatter 5 hint"; do
 		read -r name skip kernel <<<"$launch"
 		step "ncu-$name" 120 ncu --clock-control none --cache-control none --kernel-name-base function -k "regex:^$kernel\$" \
 			-s "$skip" -c 1 --metrics "$metrics" "$out/permute_tma"

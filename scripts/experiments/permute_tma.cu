@@ -338,38 +338,6 @@ __global__ void stage(const uint4 *__restrict__ x, int64_t n, uint32_t *sink)
 	}
 }
 
-// staged_scatter: exact (4 units a thread) reading x evict-first (its
-// lines are dead after) and storing evict-first, so the chunk that
-// stage kept in L2 is not pushed out by the stores.
-__global__ void staged_scatter(uint4 *__restrict__ out, const uint4 *__restrict__ x,
-			       const int32_t *__restrict__ pos, int64_t n, int32_t k, int64_t units)
-{
-	int64_t i = blockIdx.x;
-	if (i >= n) {
-		return;
-	}
-	const uint64_t first = policy(false);
-	const uint4 *s = x + i * units;
-	for (int64_t u0 = threadIdx.x; u0 < units; u0 += 4 * (int64_t)blockDim.x) {
-		uint4 v[4];
-#pragma unroll
-		for (int q = 0; q < 4; q++) {
-			if (u0 + q * blockDim.x < units) {
-				v[q] = load_policy(s + u0 + q * blockDim.x, first);
-			}
-		}
-		for (int32_t j = 0; j < k; j++) {
-			uint4 *d = out + (int64_t)pos[i * k + j] * units;
-#pragma unroll
-			for (int q = 0; q < 4; q++) {
-				if (u0 + q * blockDim.x < units) {
-					store_policy(d + u0 + q * blockDim.x, v[q], first);
-				}
-			}
-		}
-	}
-}
-
 // phased: reads and writes in separate phases across the whole GPU. One
 // block per SM (a cooperative launch), rounds of g tokens a block: every
 // block loads its g rows into shared memory (cp.async), the grid synchronizes, every
@@ -424,6 +392,9 @@ __global__ void phased(uint4 *__restrict__ out, const uint4 *__restrict__ x, con
 // ld.global.nc.L2::256B (on a miss L2 fetches the whole 256-byte block
 // from DRAM: fewer, longer reads between the writes); mode 1: the L2
 // evict-first policy (the row is dead after its one read); mode 2: both.
+// Mode 3 is staged's scatter: loads through L2 (not the read-only path)
+// and stores, both evict-first, so that the chunk that stage kept in L2
+// is not pushed out by the stores.
 __global__ void hint(uint4 *__restrict__ out, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
 		     int64_t n, int32_t k, int64_t units, int mode)
 {
@@ -449,17 +420,24 @@ __global__ void hint(uint4 *__restrict__ out, const uint4 *__restrict__ x, const
 				asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
 					     : "=r"(v[q].x), "=r"(v[q].y), "=r"(v[q].z), "=r"(v[q].w)
 					     : "l"(a), "l"(first));
-			} else {
+			} else if (mode == 2) {
 				asm volatile("ld.global.nc.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
 					     : "=r"(v[q].x), "=r"(v[q].y), "=r"(v[q].z), "=r"(v[q].w)
 					     : "l"(a), "l"(first));
+			} else {
+				v[q] = load_policy(a, first);
 			}
 		}
 		for (int32_t j = 0; j < k; j++) {
 			uint4 *d = out + (int64_t)pos[i * k + j] * units;
 #pragma unroll
 			for (int q = 0; q < 4; q++) {
-				if (u0 + q * blockDim.x < units) {
+				if (u0 + q * blockDim.x >= units) {
+					continue;
+				}
+				if (mode == 3) {
+					store_policy(d + u0 + q * blockDim.x, v[q], first);
+				} else {
 					d[u0 + q * blockDim.x] = v[q];
 				}
 			}
@@ -802,14 +780,14 @@ static void phasedRun(cudaStream_t s)
 }
 
 // staged: per chunk of tokens, stage loads the chunk's rows into L2
-// (reads alone, evict-last), then staged_scatter writes them from there.
+// (reads alone, evict-last), then hint (mode 3) writes them from there.
 static void staged(cudaStream_t s, int64_t chunk)
 {
 	for (int64_t lo = 0; lo < sT; lo += chunk) {
 		int64_t hi = std::min(sT, lo + chunk);
 		stage<<<sSMs * 8, 256, 0, s>>>((const uint4 *)sx + lo * sUnits, (hi - lo) * sUnits, nullptr);
-		staged_scatter<<<hi - lo, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx + lo * sUnits,
-								 spos + lo * sk, hi - lo, sk, sUnits);
+		hint<<<hi - lo, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx + lo * sUnits, spos + lo * sk,
+						      hi - lo, sk, sUnits, 3);
 	}
 }
 
