@@ -5,6 +5,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/goep/goep/comm"
 )
 
 // Mode chooses how counts reach the host.
@@ -203,15 +205,9 @@ func (c Config) withDefaults(numRanks int) (Config, error) {
 // number of seconds), or DefaultTimeout when it is unset. An invalid value is
 // an error, never a silent default.
 func TimeoutFromEnv() (time.Duration, error) {
-	v, ok := os.LookupEnv("GOEP_TIMEOUT")
-	if !ok || v == "" {
-		return DefaultTimeout, nil
+	d, err := comm.DurationFromEnv("GOEP_TIMEOUT", DefaultTimeout)
+	if err != nil {
+		return 0, fmt.Errorf("executor: %w", err)
 	}
-	if d, err := time.ParseDuration(v); err == nil && d > 0 {
-		return d, nil
-	}
-	if s, err := strconv.ParseFloat(v, 64); err == nil && s > 0 {
-		return time.Duration(s * float64(time.Second)), nil
-	}
-	return 0, fmt.Errorf("executor: GOEP_TIMEOUT=%q: want a positive duration such as 30s or a number of seconds", v)
+	return d, nil
 }

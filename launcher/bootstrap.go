@@ -7,11 +7,19 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/goep/goep/comm"
 )
+
+// DefaultRendezvousTimeout bounds Bootstrap's wait for every rank to join
+// when its ctx has no deadline and GOEP_RENDEZVOUS_TIMEOUT is unset: long
+// enough for ranks that start minutes apart (a container pull, a slow
+// node), short enough that a job whose rank 0 never came does not sit idle
+// for hours.
+const DefaultRendezvousTimeout = 10 * time.Minute
 
 // Option configures Bootstrap.
 type Option func(*options)
@@ -51,6 +59,12 @@ func WithLogger(l *zap.Logger) Option {
 // intersected with the CPUs the process may already use, so that a
 // launcher's narrower binding (mpirun --bind-to core) is kept. Without NVML
 // binding is skipped, which is not an error.
+//
+// Joining the group waits for every rank. When ctx has no deadline that
+// wait is bounded by GOEP_RENDEZVOUS_TIMEOUT (a Go duration or seconds;
+// DefaultRendezvousTimeout when unset), so that a rank 0 that never starts,
+// or a GOEP_MASTER_ADDR the others cannot reach, ends in an error naming
+// rank 0 instead of a silent hang. The group does not keep that bound.
 func Bootstrap(ctx context.Context, opts ...Option) (comm.Group, Env, error) {
 	o := options{log: zap.NewNop()}
 	for _, opt := range opts {
@@ -64,8 +78,21 @@ func Bootstrap(ctx context.Context, opts ...Option) (comm.Group, Env, error) {
 	if err := bindDevice(env, log); err != nil {
 		return nil, env, err
 	}
+	bound, err := comm.DurationFromEnv("GOEP_RENDEZVOUS_TIMEOUT", DefaultRendezvousTimeout)
+	if err != nil {
+		return nil, env, fmt.Errorf("launcher: %w", err)
+	}
+	_, hasDeadline := ctx.Deadline()
+	if !hasDeadline {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, bound)
+		defer cancel()
+	}
 	g, how, err := newGroup(ctx, env)
 	if err != nil {
+		if !hasDeadline && errors.Is(err, comm.ErrTimeout) {
+			err = fmt.Errorf("%w (waited GOEP_RENDEZVOUS_TIMEOUT=%v for every rank to join: are all ranks running, and can they reach GOEP_MASTER_ADDR:GOEP_MASTER_PORT?)", err, bound)
+		}
 		return nil, env, err
 	}
 	log.Info("bootstrapped", zap.Stringer("env", env), zap.String("group", how))

@@ -2,8 +2,10 @@ package launcher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +14,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/goep/goep/comm"
 )
 
 func init() { helperActions["bootstrap"] = bootstrapHelper }
@@ -67,6 +71,7 @@ func TestBootstrapSpawned(t *testing.T) {
 // launcherVars are every variable Detect and Bootstrap read.
 var launcherVars = []string{
 	"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GOEP_MASTER_ADDR", "GOEP_MASTER_PORT", "GOEP_DEVICE",
+	"GOEP_RENDEZVOUS_TIMEOUT",
 	"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
 	"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE",
 	"SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
@@ -159,6 +164,9 @@ func TestBootstrapErrors(t *testing.T) {
 		{"slurm without port", map[string]string{"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "2", "GOEP_MASTER_ADDR": "127.0.0.1"},
 			[]string{"GOEP_MASTER_PORT is not set"}},
 		{"torchrun without master", map[string]string{"RANK": "0", "WORLD_SIZE": "2"}, []string{"GOEP_MASTER_ADDR is not set"}},
+		{"bad rendezvous timeout", map[string]string{"GOEP_RENDEZVOUS_TIMEOUT": "soon"}, []string{`GOEP_RENDEZVOUS_TIMEOUT="soon"`, "30s"}},
+		{"negative rendezvous timeout", map[string]string{"RANK": "0", "WORLD_SIZE": "2", "GOEP_RENDEZVOUS_TIMEOUT": "-1s"},
+			[]string{`GOEP_RENDEZVOUS_TIMEOUT="-1s"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			setLauncherEnv(t, tc.env)
@@ -193,6 +201,30 @@ func TestBootstrapTimeout(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "torchrun rank 0 of 2") {
 		t.Errorf("error %q does not say who timed out", err)
+	}
+}
+
+// TestBootstrapRendezvousTimeout checks that a rank whose rank 0 never
+// comes, called with a context without a deadline, returns after
+// GOEP_RENDEZVOUS_TIMEOUT with a timeout naming rank 0 and the variable.
+func TestBootstrapRendezvousTimeout(t *testing.T) {
+	setLauncherEnv(t, map[string]string{"RANK": "1", "WORLD_SIZE": "2", "GOEP_MASTER_ADDR": "127.0.0.1",
+		"GOEP_MASTER_PORT": freePortString(t), "GOEP_RENDEZVOUS_TIMEOUT": "300ms"})
+	start := time.Now()
+	g, _, err := Bootstrap(context.Background())
+	if err == nil {
+		g.Close()
+		t.Fatal("no error")
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("took %v", took)
+	}
+	var te *comm.TimeoutError
+	if !errors.As(err, &te) || !slices.Equal(te.Missing, []int{0}) {
+		t.Errorf("error %q: want a *comm.TimeoutError naming rank 0", err)
+	}
+	if !strings.Contains(err.Error(), "GOEP_RENDEZVOUS_TIMEOUT=300ms") {
+		t.Errorf("error %q does not name the bound", err)
 	}
 }
 
