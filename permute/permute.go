@@ -6,7 +6,10 @@ import (
 
 // Map is one rank's permutation: slot k of received row i goes to permuted
 // row Pos[i*TopK+k] (-1: the slot names no expert of this rank). Rows and
-// positions at or past the capacities are dropped.
+// positions at or past the capacities are dropped. The valid positions are
+// distinct, as a layout makes them: where two slots name the same permuted
+// row, which of them Permute writes there is unspecified (rows and slots
+// run in parallel, on the host and on the GPU).
 type Map struct {
 	Rows    int     // valid received rows
 	TopK    int     // slots per row
