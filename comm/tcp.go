@@ -629,6 +629,10 @@ func (g *tcpGroup) checkLocked(op string) error {
 	return nil
 }
 
+// testHookBeforeContrib, when set (tests), runs in round after the checks
+// and before the contribution is sent.
+var testHookBeforeContrib func(*tcpGroup)
+
 // round runs one relayed collective: contribute p to round (gid, seq) and
 // wait for this member's share of the result.
 func (g *tcpGroup) round(ctx context.Context, op tcpOp, p []byte) ([]byte, error) {
@@ -644,6 +648,10 @@ func (g *tcpGroup) round(ctx context.Context, op tcpOp, p []byte) ([]byte, error
 		return nil, err
 	}
 	c.waiters[key] = ch
+	// notify is taken with the check, under one lock: news that comes
+	// after the check (a peer lost before the server saw this round, which
+	// the server then drops) closes this channel, so it cannot be missed.
+	notify := c.notify
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
@@ -651,6 +659,9 @@ func (g *tcpGroup) round(ctx context.Context, op tcpOp, p []byte) ([]byte, error
 		c.mu.Unlock()
 	}()
 
+	if testHookBeforeContrib != nil {
+		testHookBeforeContrib(g)
+	}
 	h := frameHeader{Type: fContrib, Op: op, GID: g.gid, Seq: seq, Rank: int32(g.rank)}
 	if err := c.send(ctx, h, p); err != nil {
 		if err := g.check(name); err != nil {
@@ -678,9 +689,6 @@ func (g *tcpGroup) round(ctx context.Context, op tcpOp, p []byte) ([]byte, error
 	}
 	var query <-chan time.Time // set once the deadline passed and the server was asked
 	for {
-		c.mu.Lock()
-		notify := c.notify
-		c.mu.Unlock()
 		select {
 		case f := <-ch:
 			return answer(f)
@@ -690,7 +698,11 @@ func (g *tcpGroup) round(ctx context.Context, op tcpOp, p []byte) ([]byte, error
 				return answer(f)
 			default:
 			}
-			if err := g.check(name); err != nil {
+			c.mu.Lock()
+			err := g.checkLocked(name)
+			notify = c.notify
+			c.mu.Unlock()
+			if err != nil {
 				return nil, err
 			}
 		case <-ctx.Done():

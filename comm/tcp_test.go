@@ -436,6 +436,40 @@ func TestTCPPeerKilledInSubgroup(t *testing.T) {
 	})
 }
 
+// TestTCPLostBeforeContrib: a peer is lost after a round's checks and
+// before its contribution reaches the server, which then drops the
+// contribution (the group is stopped). The round must fail at once with the
+// lost peer, not wait for its deadline and time out naming nobody (the
+// news came between the round's check and its wait: CI once saw this).
+func TestTCPLostBeforeContrib(t *testing.T) {
+	gs := tcpWorld(t, 3)
+	c2 := gs[2].(*tcpGroup).c
+	testHookBeforeContrib = func(g *tcpGroup) {
+		if g.c != c2 {
+			return
+		}
+		gs[1].(*tcpGroup).kill()
+		for {
+			c2.mu.Lock()
+			_, heard := c2.lost[1]
+			c2.mu.Unlock()
+			if heard {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	defer func() { testHookBeforeContrib = nil }()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := gs[2].Barrier(ctx)
+	wantLost(t, "rank 2", err, []int{1})
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("lost peer reported after %v", d)
+	}
+}
+
 func TestTCPRankZeroKilled(t *testing.T) {
 	gs := tcpWorld(t, 3)
 	errs := make([]error, 3)
