@@ -26,10 +26,10 @@ import (
 // write bandwidth, not the copy's mixed read+write: a memset of the
 // permuted tensor, timed the same way, is that bound (permute/write).
 // Routing: every token picks topk distinct experts of 64 at random, no
-// padding. Top-8 is the goal's shape (the most writes per read); top-4
-// , top-2 and top-1 are the shapes a rank's permute after a dispatch sees (a
-// token's top-8 of 256 experts over 4 ranks puts about 2.2 of its slots
-// on each rank it reaches). Then other launch configurations of permute
+// padding. Top-8 is the goal's shape (the most writes per read); top-4,
+// 2 and 1 are the shapes a rank's permute after a dispatch sees (a token's
+// top-8 of 256 experts over 4 ranks puts about 2.2 of its slots on each
+// rank it reaches). Then other launch configurations of permute
 // and unpermute are timed the same way, each interleaved with the copy,
 // and logged, one line each (-test.v shows them).
 //
