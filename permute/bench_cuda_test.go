@@ -31,7 +31,8 @@ import (
 // top-8 of 256 experts over 4 ranks puts about 2.2 of its slots on each
 // rank it reaches). Then other launch configurations of permute
 // and unpermute are timed the same way, each interleaved with the copy,
-// and logged, one line each (-test.v shows them).
+// and logged, one line each (-test.v shows them), as is the permute
+// without weights (pw nil), interleaved with the copy and the permute.
 //
 //	.gpu/permute.test -test.run '^$' -test.bench CUDA -test.benchtime 50x -test.v
 func BenchmarkCUDA(b *testing.B) {
@@ -215,6 +216,17 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 	// fraction of that copy's GB/s, to choose defaultPermute and
 	// defaultUnpermute.
 	copyRun := ops[0].run
+	// The weights' share of the permute: the same permute without pw.
+	{
+		t := medians(copyRun, ops[1].run, func() error {
+			return k.Permute(s, dt, hidden, px.Buffer(), nil, x.Buffer(), w.Buffer(), m)
+		})
+		ratio := func(d time.Duration) float64 {
+			return traffic["permute"] / traffic["copy"] * t[0].Seconds() / d.Seconds()
+		}
+		b.Logf("%v top-%d: permute with weights %v (%.3f of copy), without %v (%.3f of copy)",
+			dt, topk, t[1], ratio(t[1]), t[2], ratio(t[2]))
+	}
 	for _, cfg := range permuteSweep {
 		k.permuteCfg = cfg
 		m := medians(copyRun, ops[1].run)

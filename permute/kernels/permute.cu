@@ -161,7 +161,10 @@ constexpr int minUnpermuteBlocksFP32 = 3;
 // block (i, y) covers units [y*blockDim.x*U, (y+1)*blockDim.x*U) of row i,
 // thread t the units y*blockDim.x*U + t + u*blockDim.x for u < U. Each
 // thread loads its U units of x[i] once, then stores them to
-// px[pos[i][k]] for every valid slot k; one thread writes the weights.
+// px[pos[i][k]] for every valid slot k. Thread k of the row's first block
+// moves slot k's weight (k < topk; slots past the block loop): its loads
+// are issued with the row's and its store follows the row's, so no block
+// stays resident on a chain of dependent weight loads.
 template <typename R, int U>
 __device__ __forceinline__ void permute_rows(R *__restrict__ px, float *__restrict__ pw,
 					     const R *__restrict__ x, const float *__restrict__ w,
@@ -174,6 +177,13 @@ __device__ __forceinline__ void permute_rows(R *__restrict__ px, float *__restri
 		return;
 	}
 	const int32_t *pi = pos + i * topk;
+	const bool weights = pw != nullptr && blockIdx.y == 0;
+	int64_t wp = -1;
+	float wv = 0.0f;
+	if (weights && (int64_t)threadIdx.x < topk) {
+		wp = __ldg(pi + threadIdx.x);
+		wv = __ldg(w + i * topk + threadIdx.x);
+	}
 	int64_t j0 = (int64_t)blockIdx.y * blockDim.x * U + threadIdx.x;
 	if (j0 < units) {
 		const bool csl = (hints & hintLoadCS) != 0, css = (hints & hintStoreCS) != 0;
@@ -206,8 +216,11 @@ __device__ __forceinline__ void permute_rows(R *__restrict__ px, float *__restri
 			}
 		}
 	}
-	if (pw != nullptr && blockIdx.y == 0 && threadIdx.x == 0) {
-		for (int32_t k = 0; k < topk; k++) {
+	if (weights) {
+		if (wp >= 0 && wp < permCap) {
+			pw[wp] = wv;
+		}
+		for (int64_t k = (int64_t)threadIdx.x + blockDim.x; k < topk; k += blockDim.x) {
 			int64_t p = pi[k];
 			if (p >= 0 && p < permCap) {
 				pw[p] = w[i * topk + k];
