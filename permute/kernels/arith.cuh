@@ -27,8 +27,10 @@ __device__ __forceinline__ float quiet(float f)
 	return __uint_as_float(__float_as_uint(f) | 0x00400000u);
 }
 
-// add is permute's add: a + b rounded to fp32, NaNs as on the host.
-__device__ __forceinline__ float add(float a, float b, uint32_t dnan)
+// host_nan is the host's result of an operation on a and b whose IEEE
+// result is r: the first NaN operand, quieted; else dnan where the
+// operation made a NaN itself; else r.
+__device__ __forceinline__ float host_nan(float a, float b, float r, uint32_t dnan)
 {
 	if (is_nan(a)) {
 		return quiet(a);
@@ -36,21 +38,19 @@ __device__ __forceinline__ float add(float a, float b, uint32_t dnan)
 	if (is_nan(b)) {
 		return quiet(b);
 	}
-	float s = __fadd_rn(a, b);
-	return is_nan(s) ? __uint_as_float(dnan) : s;
+	return is_nan(r) ? __uint_as_float(dnan) : r;
+}
+
+// add is permute's add: a + b rounded to fp32, NaNs as on the host.
+__device__ __forceinline__ float add(float a, float b, uint32_t dnan)
+{
+	return host_nan(a, b, __fadd_rn(a, b), dnan);
 }
 
 // mul is permute's mul: a * b rounded to fp32, NaNs as on the host.
 __device__ __forceinline__ float mul(float a, float b, uint32_t dnan)
 {
-	if (is_nan(a)) {
-		return quiet(a);
-	}
-	if (is_nan(b)) {
-		return quiet(b);
-	}
-	float p = __fmul_rn(a, b);
-	return is_nan(p) ? __uint_as_float(dnan) : p;
+	return host_nan(a, b, __fmul_rn(a, b), dnan);
 }
 
 // to_bf16 is device.Float32ToBF16: round to nearest even; a NaN keeps its
