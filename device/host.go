@@ -83,12 +83,64 @@ func (h *Host) get(n int) (*region, error) {
 		return r, nil
 	}
 	h.mu.Unlock()
+	if err := h.roomFor(n + 2*guardSize); err != nil {
+		return nil, err
+	}
 	r, err := newRegion(c)
 	if err != nil {
 		return nil, err
 	}
 	h.live.Add(1)
 	return r, nil
+}
+
+// checkRoomFrom is the smallest new region whose size get compares with
+// the host memory available (reading it costs tens of microseconds).
+const checkRoomFrom = 1 << 20
+
+// roomFor returns an error when n bytes (at least checkRoomFrom) are more
+// than the host memory available (HostMemoryAvailable), after giving the
+// pooled regions back if that is what it takes. Regions are mapped lazily,
+// so without this an allocation that can never be backed would succeed and
+// the process would be killed by the kernel when it touched the pages; with
+// it the caller gets an error. It cannot foresee a shortage that later
+// allocations and touches together make.
+func (h *Host) roomFor(n int) error {
+	if n < checkRoomFrom {
+		return nil
+	}
+	avail, ok := hostMemoryAvailable()
+	if !ok || int64(n) <= avail {
+		return nil
+	}
+	if freed, _ := h.drainPool(); freed > 0 {
+		if avail, ok = hostMemoryAvailable(); !ok || int64(n) <= avail {
+			return nil
+		}
+	}
+	return fmt.Errorf("device: host alloc of %s: only %s of host memory is available (MemAvailable, or the cgroup's limit less its usage)",
+		formatBytes(int64(n)), formatBytes(avail))
+}
+
+// drainPool unmaps the pooled regions. It returns how many bytes they held
+// and the first error of an unmap.
+func (h *Host) drainPool() (int, error) {
+	h.mu.Lock()
+	var free []*region
+	for c, l := range h.pool {
+		free = append(free, l...)
+		delete(h.pool, c)
+	}
+	n := h.pooled
+	h.pooled = 0
+	h.mu.Unlock()
+	var first error
+	for _, r := range free {
+		if err := r.release(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return n, first
 }
 
 // newRegion maps c bytes backed by a memfd. If no memfd can be made (out of
@@ -131,19 +183,12 @@ func (h *Host) put(r *region) {
 // Close unmaps the pooled memory. Buffers still live are unmapped when freed.
 func (h *Host) Close() error {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.closed = true
-	var first error
-	for c, l := range h.pool {
-		for _, r := range l {
-			if err := r.release(); err != nil && first == nil {
-				first = fmt.Errorf("device: host close: %w", err)
-			}
-		}
-		delete(h.pool, c)
+	h.mu.Unlock()
+	if _, err := h.drainPool(); err != nil {
+		return fmt.Errorf("device: host close: %w", err)
 	}
-	h.pooled = 0
-	return first
+	return nil
 }
 
 // NewStream implements Backend.

@@ -305,6 +305,13 @@ func configure(cmd *cobra.Command, name string, f benchFlags, env launcher.Env) 
 	if err := bench.CheckBackend(cfg.Backend); err != nil {
 		return cfg, fmt.Errorf("%s: %w", name, err)
 	}
+	inProcess := cfg.Ranks // in-process ranks, else one rank per process
+	if env.Kind != launcher.KindSingle {
+		inProcess = 1
+	}
+	if err := cfg.CheckMemory(inProcess); err != nil {
+		return cfg, fmt.Errorf("%s: %w", name, err)
+	}
 	return cfg, nil
 }
 

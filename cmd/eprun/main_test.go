@@ -46,6 +46,10 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"bench", "--chunk-rows=-8"}, "chunk_rows -8: cannot be negative"},
 		{[]string{"bench", "--chunk-rows", "4,x"}, `invalid argument "4,x"`},
 		{[]string{"check", "--chunk-rows", "0,-1"}, "chunk_rows -1: cannot be negative"},
+		// Sizes no machine's memory holds: refused before anything is
+		// allocated (a Go allocation beyond memory is a fatal error).
+		{[]string{"bench", "--tokens", "1073741824", "--hidden", "1073741824"}, "of host memory for its 8 rank(s) in this process"},
+		{[]string{"check", "tiny", "--tokens", "1073741824", "--hidden", "1073741824"}, "needs at least"},
 		{[]string{"bench", "no/such/config.yaml"}, "no such file"},
 		{[]string{"bench", badYAML}, "field bogus not found"},
 		{[]string{"bench", "a.yaml", "b.yaml"}, "accepts at most 1 arg"},

@@ -205,6 +205,9 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.CheckMemory(cfg.Ranks); err != nil {
+		return nil, err
+	}
 	r := cfg.Ranks
 	backend := opt.Backend
 	if backend == nil {
@@ -254,6 +257,11 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Resul
 	}
 	if cfg.Ranks != g.Size() {
 		return nil, fmt.Errorf("config has %d ranks, the group %d", cfg.Ranks, g.Size())
+	}
+	if !opt.sharedClock { // Run has checked the memory of all its ranks
+		if err := cfg.CheckMemory(1); err != nil {
+			return nil, err
+		}
 	}
 	if opt.Backend != nil && opt.Backend.Kind() != backendKind(cfg) {
 		return nil, fmt.Errorf("the config's backend is %s, Options.Backend is %s", backendKind(cfg), opt.Backend.Kind())

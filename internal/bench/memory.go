@@ -1,0 +1,94 @@
+package bench
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/goep/goep/device"
+)
+
+// A run whose sizes cannot fit in this machine's memory must fail with an
+// error before it allocates, not take the process down: a Go allocation
+// beyond the memory left is a fatal runtime error ("out of memory"), not a
+// recoverable one, and a kernel OOM kill says nothing at all. So Run and
+// RunRank compare a lower bound of the host memory the largest case needs
+// with the memory available to this process (device.HostMemoryAvailable),
+// and refuse a run that cannot fit (CheckMemory; eprun calls it before it
+// prints anything). The bound counts only what the run holds whatever the
+// routing, so it never refuses a run that would fit; a run just under it
+// may still need more (received and permuted rows depend on the routing,
+// and the host backend pools freed buffers).
+
+// minHostBytes is a lower bound on the host memory one process holds for
+// case c of cfg with inProcess ranks running in it (Run: all of them;
+// RunRank under a launcher: one), in bytes, as a float64 (the products
+// overflow int64 for sizes Validate allows). Per rank, of T tokens of H
+// elements of s bytes, top-k K, R ranks in all:
+//
+//   - the case's routing of every rank (World.Idx), which each rank
+//     rebuilds to check its results: R x T x K int32;
+//   - its inputs as built on the host (World.Inputs): x, T x H x s, and the
+//     weights, T x K fp32;
+//   - on the host backend, x again in "device" memory, and the output of
+//     a combine (T x H x s) when a call combines.
+func minHostBytes(cfg Config, c Case, inProcess int) float64 {
+	r, t, h, k := float64(cfg.Ranks), float64(c.Tokens), float64(c.Hidden), float64(c.TopK)
+	row := h * float64(c.DType.Size())
+	perRank := r*t*k*4 + t*row + t*k*4
+	if cfg.Backend != BackendCUDA {
+		perRank += t * row
+		if slices.ContainsFunc(cfg.Calls, combines) {
+			perRank += t * row
+		}
+	}
+	return float64(inProcess) * perRank
+}
+
+// combines reports whether call returns combined rows.
+func combines(call string) bool {
+	return call == CallCombine || call == CallUnpermuteCombine || call == CallDispatchCombine
+}
+
+// availableMemory is the host memory this process may still take
+// (device.HostMemoryAvailable); tests replace it.
+var availableMemory = func() (float64, bool) {
+	n, ok := device.HostMemoryAvailable()
+	return float64(n), ok
+}
+
+// CheckMemory returns an error naming the case of cfg whose lower bound of
+// host memory (inProcess ranks in this process: c.Ranks for Run, 1 for
+// RunRank) is the largest, when that bound exceeds the memory available;
+// else nil (also when the memory available cannot be read).
+func (cfg Config) CheckMemory(inProcess int) error {
+	avail, ok := availableMemory()
+	if !ok {
+		return nil
+	}
+	var worst Case
+	need := 0.0
+	for _, c := range cfg.Cases() {
+		if b := minHostBytes(cfg, c, inProcess); b > need {
+			worst, need = c, b
+		}
+	}
+	if need <= avail {
+		return nil
+	}
+	return fmt.Errorf("the case tokens=%d hidden=%d topk=%d dtype=%v needs at least %s of host memory for its %d rank(s) in this process (routing, inputs%s), and %s is available: lower tokens, hidden or ranks",
+		worst.Tokens, worst.Hidden, worst.TopK, worst.DType, gib(need), inProcess, hostTerms(cfg), gib(avail))
+}
+
+// hostTerms names the host backend's terms of minHostBytes, if any.
+func hostTerms(cfg Config) string {
+	if cfg.Backend == BackendCUDA {
+		return ""
+	}
+	if slices.ContainsFunc(cfg.Calls, combines) {
+		return ", the host backend's device copies of x and the combined output"
+	}
+	return ", the host backend's device copy of x"
+}
+
+// gib writes n bytes in GiB.
+func gib(n float64) string { return fmt.Sprintf("%.1f GiB", n/(1<<30)) }

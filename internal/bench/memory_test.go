@@ -1,0 +1,84 @@
+package bench
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+)
+
+func TestMinHostBytes(t *testing.T) {
+	c := Defaults()
+	c.Ranks, c.Calls = 4, []string{CallDispatch}
+	cs := Case{Tokens: 100, Hidden: 1024, TopK: 8, DType: device.BF16}
+	// routing 4 x 100 x 8 x 4, x 100 x 2048 (on the host and in "device"
+	// memory), weights 100 x 8 x 4; per rank, 4 ranks in the process.
+	perRank := 4*100*8*4 + 2*100*2048 + 100*8*4
+	if got := minHostBytes(c, cs, 4); got != float64(4*perRank) {
+		t.Errorf("dispatch, host backend: %v, want %d", got, 4*perRank)
+	}
+	c.Calls = []string{CallDispatch, CallCombine}
+	if got := minHostBytes(c, cs, 1); got != float64(perRank+100*2048) {
+		t.Errorf("with combine, one rank: %v, want %d (the combined output too)", got, perRank+100*2048)
+	}
+	c.Backend = BackendCUDA
+	if got := minHostBytes(c, cs, 1); got != float64(perRank-100*2048) {
+		t.Errorf("cuda backend: %v, want %d (no host copy of x or output)", got, perRank-100*2048)
+	}
+	// Sizes Validate allows whose product overflows int64.
+	cs.Tokens, cs.Hidden = maxSize, maxSize
+	if got := minHostBytes(c, cs, maxSize); got < 1e27 {
+		t.Errorf("largest sizes: %v, want their product (no overflow)", got)
+	}
+}
+
+// TestRunRefusesWhatCannotFit: a run whose lower bound of host memory
+// (here 384 MiB a rank) exceeds what is available (256 MiB, as the test says)
+// fails with an error naming the case and both sizes, before it allocates;
+// a run that fits is not refused.
+func TestRunRefusesWhatCannotFit(t *testing.T) {
+	old := availableMemory
+	t.Cleanup(func() { availableMemory = old })
+	availableMemory = func() (float64, bool) { return 256 << 20, true }
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	c := Defaults()
+	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 2, 8, Ints{2}, Ints{1 << 18}, Ints{256}, 1, 0
+	for _, run := range []struct {
+		name, need string
+		f          func() error
+	}{
+		{"Run", "0.8 GiB of host memory for its 2 rank(s)", func() error { _, err := Run(ctx, c, Options{}); return err }},
+		{"RunRank", "0.4 GiB of host memory for its 1 rank(s)", func() error {
+			g := comm.NewLocal(2)
+			defer func() {
+				for _, x := range g {
+					x.Close()
+				}
+			}()
+			_, err := RunRank(ctx, c, g[0], Options{})
+			return err
+		}},
+	} {
+		err := run.f()
+		want := []string{"tokens=256 hidden=262144 topk=2 dtype=bf16 needs at least " + run.need, "and 0.2 GiB is available"}
+		if err == nil || !strings.Contains(err.Error(), want[0]) || !strings.Contains(err.Error(), want[1]) {
+			t.Fatalf("%s: got %v, want an error with %q", run.name, err, want)
+		}
+	}
+	if err := c.CheckMemory(2); err == nil || !strings.Contains(err.Error(), "for its 2 rank(s) in this process") {
+		t.Fatalf("CheckMemory(2): %v", err)
+	}
+	c.Hidden, c.Tokens = Ints{64}, Ints{32}
+	if err := c.CheckMemory(2); err != nil {
+		t.Fatalf("a tiny run refused: %v", err)
+	}
+	availableMemory = func() (float64, bool) { return 0, false }
+	c.Hidden, c.Tokens = Ints{1 << 18}, Ints{256}
+	if err := c.CheckMemory(2); err != nil {
+		t.Fatalf("refused with the memory available unknown: %v", err)
+	}
+}
