@@ -16,23 +16,35 @@ import (
 const (
 	guardSize = 64
 	guardByte = 0xA5
-	// poolLimit bounds the bytes the host pool keeps for reuse.
-	poolLimit = 8 << 30
+	// maxPoolLimit bounds the bytes the host pool keeps for reuse, and
+	// poolShare the share of the host memory available at NewHost it may
+	// keep (pooled pages stay resident, taken from everything else the
+	// process and the machine do).
+	maxPoolLimit = 8 << 30
+	poolShare    = 8
 )
 
 // Host is the host (CPU) backend. Its memory is mmap'd and pooled by size
 // class; its streams run tasks on worker goroutines.
 type Host struct {
-	mu      sync.Mutex
-	pool    map[int][]*region // size class -> free regions
-	pooled  int
-	closed  bool
-	live    atomic.Int64 // regions handed out and not yet returned
-	streams atomic.Int64
+	mu        sync.Mutex
+	pool      map[int][]*region // size class -> free regions
+	pooled    int
+	poolLimit int // the most pooled may reach
+	closed    bool
+	live      atomic.Int64 // regions handed out and not yet returned
+	streams   atomic.Int64
 }
 
-// NewHost returns a host backend.
-func NewHost() *Host { return &Host{pool: map[int][]*region{}} }
+// NewHost returns a host backend. Its pool keeps at most an eighth of the
+// host memory available now (HostMemoryAvailable), and at most 8 GiB.
+func NewHost() *Host {
+	limit := maxPoolLimit
+	if n, ok := hostMemoryAvailable(); ok {
+		limit = int(min(int64(limit), n/poolShare))
+	}
+	return &Host{pool: map[int][]*region{}, poolLimit: limit}
+}
 
 // Kind implements Backend.
 func (h *Host) Kind() Kind { return KindHost }
@@ -170,7 +182,7 @@ func newRegion(c int) (*region, error) {
 func (h *Host) put(r *region) {
 	h.live.Add(-1)
 	h.mu.Lock()
-	if !h.closed && h.pooled+len(r.mem) <= poolLimit {
+	if !h.closed && h.pooled+len(r.mem) <= h.poolLimit {
 		h.pool[len(r.mem)] = append(h.pool[len(r.mem)], r)
 		h.pooled += len(r.mem)
 		h.mu.Unlock()

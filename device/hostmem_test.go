@@ -96,3 +96,33 @@ func TestHostAllocBeyondMemory(t *testing.T) {
 		t.Fatalf("%d buffers live after the refused alloc", n)
 	}
 }
+
+// TestHostPoolLimit: the pool keeps at most an eighth of the host memory
+// available when the backend was made; a larger freed region is unmapped.
+func TestHostPoolLimit(t *testing.T) {
+	const mib = 1 << 20
+	old := hostMemoryAvailable
+	t.Cleanup(func() { hostMemoryAvailable = old })
+	hostMemoryAvailable = func() (int64, bool) { return 64 * mib, true }
+	h, s := newStream(t)
+	if h.poolLimit != 8*mib {
+		t.Fatalf("pool limit %d, want 8 MiB (64 MiB / 8)", h.poolLimit)
+	}
+	for _, n := range []int{6 * mib, 12 * mib} {
+		b, err := s.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Free(b)
+	}
+	if err := s.Synchronize(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if h.pooled != 8*mib {
+		t.Fatalf("pool holds %d bytes, want the 8 MiB region of the 6 MiB buffer alone", h.pooled)
+	}
+	hostMemoryAvailable = func() (int64, bool) { return 0, false }
+	if h := NewHost(); h.poolLimit != maxPoolLimit {
+		t.Fatalf("pool limit %d with the memory unknown, want %d", h.poolLimit, maxPoolLimit)
+	}
+}
