@@ -209,13 +209,7 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 	if st.checkOnly {
 		return nil
 	}
-	if err := st.baseline(ctx, e); err != nil {
-		return err
-	}
-	if !runsA2A(st.cfg) {
-		return nil
-	}
-	return st.runA2A(ctx)
+	return st.baseline(ctx, e)
 }
 
 // roundTrip is one iteration of dispatch-combine: the dispatch's outputs

@@ -450,6 +450,13 @@ func (rs *rankState) run(ctx context.Context, timing string) ([]Row, error) {
 	if err := rs.rankMain(ctx); err != nil {
 		return nil, err
 	}
+	// The a2a baseline runs after rankMain has closed the engine and its
+	// outputs, so the two never hold their rows at once (host memory).
+	if !rs.checkOnly && runsA2A(rs.cfg) {
+		if err := rs.runA2A(ctx); err != nil {
+			return nil, err
+		}
+	}
 	rep, err := json.Marshal(rankReport{RecvRows: rs.recvRows, Times: rs.times, Checks: rs.checks, A2AChecks: rs.a2aChecks})
 	if err != nil {
 		return nil, err
