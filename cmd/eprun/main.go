@@ -20,17 +20,38 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/goep/goep/device"
 )
 
 func main() {
+	limitMemory()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// limitMemory sets Go's soft memory limit to the host memory available
+// at start (device.HostMemoryAvailable), unless GOMEMLIMIT sets one: the
+// garbage collector then runs harder as the heap nears what the machine
+// has, instead of letting it grow to twice its live size (its default).
+// (A host-backend run of 8 ranks x 1000 tokens of hidden 7168 peaked at
+// 11.5 GB resident without a limit, 8.8 GB with GOMEMLIMIT=5GiB, in the
+// same time.) The limit is soft: a run whose live data exceeds it still
+// runs, slower.
+func limitMemory() {
+	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
+		return
+	}
+	if n, ok := device.HostMemoryAvailable(); ok && n > 0 {
+		debug.SetMemoryLimit(n)
+	}
 }
 
 // runError is a failure of a command that started correctly (exit 1);
