@@ -50,6 +50,20 @@ func TestReadHostMemoryAvailable(t *testing.T) {
 	}
 }
 
+// allocFree allocates n bytes on s and frees them, and waits until the
+// free has run (the region is then pooled or unmapped).
+func allocFree(t *testing.T, s *HostStream, n int) {
+	t.Helper()
+	b, err := s.Alloc(n)
+	if err != nil {
+		t.Fatalf("alloc of %d bytes: %v", n, err)
+	}
+	s.Free(b)
+	if err := s.Synchronize(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestHostAllocBeyondMemory: an allocation larger than the host memory
 // available is an error naming both sizes, after the pool has been given
 // back; one that fits once the pool is given back succeeds.
@@ -64,20 +78,13 @@ func TestHostAllocBeyondMemory(t *testing.T) {
 		defer h.mu.Unlock()
 		return 48*mib - int64(h.pooled), true
 	}
-	b, err := s.Alloc(30 * mib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Free(b)
-	if err := s.Synchronize(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	allocFree(t, s, 30*mib)
 	if h.pooled != 32*mib {
 		t.Fatalf("pool holds %d bytes, want the freed 32 MiB region", h.pooled)
 	}
 	// 40 MiB (a new 64 MiB region): more than the 16 MiB left, less than
 	// the 48 once the pool is given back.
-	b, err = s.Alloc(40 * mib)
+	b, err := s.Alloc(40 * mib)
 	if err != nil {
 		t.Fatalf("alloc of 40 MiB with 48 MiB free once the pool is given back: %v", err)
 	}
@@ -85,10 +92,10 @@ func TestHostAllocBeyondMemory(t *testing.T) {
 		t.Fatalf("pool still holds %d bytes", h.pooled)
 	}
 	s.Free(b)
-	if err := s.Synchronize(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 	_, err = s.Alloc(100 * mib)
+	if serr := s.Synchronize(t.Context()); serr != nil {
+		t.Fatal(serr)
+	}
 	if err == nil || !strings.Contains(err.Error(), "host alloc of 100.0 MiB: only 48.0 MiB of host memory is available") {
 		t.Fatalf("alloc of 100 MiB with 48 MiB available: got %v", err)
 	}
@@ -108,16 +115,8 @@ func TestHostPoolLimit(t *testing.T) {
 	if h.poolLimit != 8*mib {
 		t.Fatalf("pool limit %d, want 8 MiB (64 MiB / 8)", h.poolLimit)
 	}
-	for _, n := range []int{6 * mib, 12 * mib} {
-		b, err := s.Alloc(n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Free(b)
-	}
-	if err := s.Synchronize(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	allocFree(t, s, 6*mib)
+	allocFree(t, s, 12*mib)
 	if h.pooled != 8*mib {
 		t.Fatalf("pool holds %d bytes, want the 8 MiB region of the 6 MiB buffer alone", h.pooled)
 	}
