@@ -56,27 +56,27 @@ var availableMemory = func() (float64, bool) {
 	return float64(n), ok
 }
 
-// CheckMemory returns an error naming the case of cfg whose lower bound of
-// host memory (inProcess ranks in this process: c.Ranks for Run, 1 for
+// CheckMemory returns an error naming the case of c whose lower bound of
+// host memory (inProcess ranks in this process: Ranks for Run, 1 for
 // RunRank) is the largest, when that bound exceeds the memory available;
 // else nil (also when the memory available cannot be read).
-func (cfg Config) CheckMemory(inProcess int) error {
+func (c Config) CheckMemory(inProcess int) error {
 	avail, ok := availableMemory()
 	if !ok {
 		return nil
 	}
 	var worst Case
 	need := 0.0
-	for _, c := range cfg.Cases() {
-		if b := minHostBytes(cfg, c, inProcess); b > need {
-			worst, need = c, b
+	for _, cs := range c.Cases() {
+		if b := minHostBytes(c, cs, inProcess); b > need {
+			worst, need = cs, b
 		}
 	}
 	if need <= avail {
 		return nil
 	}
 	return fmt.Errorf("the case tokens=%d hidden=%d topk=%d dtype=%v needs at least %s of host memory for its %d rank(s) in this process (routing, inputs%s), and %s is available: lower tokens, hidden or ranks",
-		worst.Tokens, worst.Hidden, worst.TopK, worst.DType, gib(need), inProcess, hostTerms(cfg), gib(avail))
+		worst.Tokens, worst.Hidden, worst.TopK, worst.DType, gib(need), inProcess, hostTerms(c), gib(avail))
 }
 
 // hostTerms names the host backend's terms of minHostBytes, if any.
