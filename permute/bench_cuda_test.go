@@ -47,13 +47,17 @@ func BenchmarkCUDA(b *testing.B) {
 }
 
 // permuteSweep and unpermuteSweep are the launch configurations
-// BenchmarkCUDA times besides the defaults (logged, one line each).
+// BenchmarkCUDA times besides the defaults (logged, one line each; the
+// unpermute's units apply at every topk, unitsSmallTopK being 0).
 var (
 	permuteSweep = []launchCfg{
-		{128, 1, 0}, {128, 1, 1}, {128, 1, 3},
-		{128, 2, 1}, {256, 2, 0}, {256, 2, 1}, {256, 2, 3},
-		{128, 4, 1}, {256, 4, 0}, {256, 4, 1}, {256, 4, 2}, {256, 4, 3},
-		{512, 4, 1}, {1024, 4, 1},
+		{block: 128, units: 1, hints: 0}, {block: 128, units: 1, hints: 1},
+		{block: 128, units: 1, hints: 3}, {block: 128, units: 2, hints: 1},
+		{block: 256, units: 2, hints: 0}, {block: 256, units: 2, hints: 1},
+		{block: 256, units: 2, hints: 3}, {block: 128, units: 4, hints: 1},
+		{block: 256, units: 4, hints: 0}, {block: 256, units: 4, hints: 1},
+		{block: 256, units: 4, hints: 2}, {block: 256, units: 4, hints: 3},
+		{block: 512, units: 4, hints: 1}, {block: 1024, units: 4, hints: 1},
 	}
 	unpermuteSweep = []launchCfg{
 		{block: 128, units: 1}, {block: 256, units: 1}, {block: 128, units: 2},

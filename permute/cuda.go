@@ -50,6 +50,8 @@ type launchCfg struct {
 	block int
 	units int
 	hints int32
+	// unitsSmallTopK, if not 0, replaces units for topk <= 4 (unpermute).
+	unitsSmallTopK int
 }
 
 // Permute: a thread loads 4 units (16 bytes each) of its row before it
@@ -59,11 +61,14 @@ type launchCfg struct {
 var defaultPermute = launchCfg{block: 256, units: 4, hints: 1}
 
 // Unpermute: a thread reads the row's positions and weights once and sums
-// 2 units, each with its (up to 8) slot loads in flight together (for
-// topk <= 4, at least unpermuteGroup(topk) units, loaded together); blocks
-// of at most 256 threads (the kernels' __launch_bounds__,
-// maxUnpermuteBlock).
-var defaultUnpermute = launchCfg{block: 256, units: 2}
+// 2 units, each with its (up to 8) slot loads in flight together; for
+// topk <= 4, 8 units, unpermuteGroup(topk) of them loaded together (one
+// read of the positions and weights serves more units: on an H200, bf16
+// top-4 and top-2 ran at 0.91-0.92 of a copy against 0.89-0.90 with 2
+// units, fp32 at 0.93 and 0.90 against 0.92 and 0.89-0.90, top-1 the same;
+// docs/PERFORMANCE.md); blocks of at most 256 threads (the kernels'
+// __launch_bounds__, maxUnpermuteBlock).
+var defaultUnpermute = launchCfg{block: 256, units: 2, unitsSmallTopK: 8}
 
 // maxUnpermuteBlock is maxUnpermuteBlock of kernels/permute.cu.
 const maxUnpermuteBlock = 256
@@ -320,6 +325,9 @@ func (k *CUDAKernels) Unpermute(s *device.CUDAStream, dt device.DType, hidden in
 		}
 		cfg := k.unpermuteCfg
 		cfg.block = min(cfg.block, maxUnpermuteBlock)
+		if m.TopK <= 4 && cfg.unitsSmallTopK > 0 {
+			cfg.units = cfg.unitsSmallTopK
+		}
 		cfg.units = max(cfg.units, unpermuteGroup(m.TopK))
 		grid, block, err := rowShape(op, rows, units, cfg)
 		if err != nil {
