@@ -2,9 +2,13 @@ package bench
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
@@ -80,5 +84,72 @@ func TestRunRefusesWhatCannotFit(t *testing.T) {
 	c.Hidden, c.Tokens = Ints{1 << 18}, Ints{256}
 	if err := c.CheckMemory(2); err != nil {
 		t.Fatalf("refused with the memory available unknown: %v", err)
+	}
+}
+
+// TestHostBytesEstimate: the expected rows of the shape measured in
+// docs/PERFORMANCE.md (8 ranks, hidden 7168 bf16, top-8 of 64, 1000
+// tokens), with and without the a2a baseline.
+func TestHostBytesEstimate(t *testing.T) {
+	c := Defaults()
+	c.Ranks, c.Experts = 8, 64
+	cs := Case{Tokens: 1000, Hidden: 7168, TopK: 8, DType: device.BF16}
+	none := 1.0
+	for i := range 8 {
+		none *= float64(56-i) / float64(64-i)
+	}
+	n := 8 * 1000 * (1 - none) // about 5300 received rows a rank
+	row := 7168 * 2.0
+	for _, tc := range []struct {
+		checkOnly bool
+		rows      float64
+	}{
+		{false, 2 * (2*1000 + 6*n + 2*8000)},
+		{true, 3*1000 + 3*n + 8000},
+	} {
+		got := hostBytesEstimate(c, cs, 8, tc.checkOnly)
+		if want := 8 * tc.rows * row; math.Abs(got-want) > 1 {
+			t.Errorf("checkOnly %v: %v, want %v", tc.checkOnly, got, want)
+		}
+	}
+	if got := hostBytesEstimate(c, cs, 8, false) / 1e9; got < 11 || got > 12 {
+		t.Errorf("the measured shape: %.1f GB, want about 11.4", got)
+	}
+}
+
+// TestMemoryWarning: a run whose estimate exceeds the memory available,
+// though its lower bound does not, is logged as a warning and still runs;
+// none on the cuda backend or with the memory unknown.
+func TestMemoryWarning(t *testing.T) {
+	old := availableMemory
+	t.Cleanup(func() { availableMemory = old })
+	c := Defaults()
+	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, Ints{2}, Ints{64}, Ints{32}, 1, 0
+	var lower, est float64
+	for _, cs := range c.Cases() {
+		lower, est = minHostBytes(c, cs, 4), hostBytesEstimate(c, cs, 4, false)
+	}
+	if lower >= est {
+		t.Fatalf("lower bound %v not below the estimate %v", lower, est)
+	}
+	availableMemory = func() (float64, bool) { return (lower + est) / 2, true }
+	core, logs := observer.New(zap.WarnLevel)
+	if _, err := Run(t.Context(), c, Options{Logger: zap.New(core)}); err != nil {
+		t.Fatal(err)
+	}
+	if w := logs.FilterMessageSnippet("is expected to need about").All(); len(w) != 1 {
+		t.Fatalf("%d warnings logged, want 1: %v", len(w), logs.All())
+	}
+	if w := c.MemoryWarning(4, true); w != "" {
+		t.Errorf("check only, far less memory: %q", w)
+	}
+	c.Backend = BackendCUDA
+	if w := c.MemoryWarning(4, false); w != "" {
+		t.Errorf("cuda backend: %q", w)
+	}
+	c.Backend = ""
+	availableMemory = func() (float64, bool) { return 0, false }
+	if w := c.MemoryWarning(4, false); w != "" {
+		t.Errorf("memory unknown: %q", w)
 	}
 }

@@ -208,6 +208,9 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 	if err := cfg.CheckMemory(cfg.Ranks); err != nil {
 		return nil, err
 	}
+	if w := cfg.MemoryWarning(cfg.Ranks, opt.CheckOnly); w != "" && opt.Logger != nil {
+		opt.Logger.Warn(w)
+	}
 	r := cfg.Ranks
 	backend := opt.Backend
 	if backend == nil {
@@ -261,6 +264,9 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Resul
 	if !opt.sharedClock { // Run has checked the memory of all its ranks
 		if err := cfg.CheckMemory(1); err != nil {
 			return nil, err
+		}
+		if w := cfg.MemoryWarning(1, opt.CheckOnly); w != "" && opt.Logger != nil && g.Rank() == 0 {
+			opt.Logger.Warn(w)
 		}
 	}
 	if opt.Backend != nil && opt.Backend.Kind() != backendKind(cfg) {
