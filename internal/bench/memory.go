@@ -65,18 +65,22 @@ func (c Config) CheckMemory(inProcess int) error {
 	if !ok {
 		return nil
 	}
-	var worst Case
-	need := 0.0
-	for _, cs := range c.Cases() {
-		if b := minHostBytes(c, cs, inProcess); b > need {
-			worst, need = cs, b
-		}
-	}
+	worst, need := c.largest(func(cs Case) float64 { return minHostBytes(c, cs, inProcess) })
 	if need <= avail {
 		return nil
 	}
 	return fmt.Errorf("the case tokens=%d hidden=%d topk=%d dtype=%v needs at least %s of host memory for its %d rank(s) in this process (routing, inputs%s), and %s is available: lower tokens, hidden or ranks",
 		worst.Tokens, worst.Hidden, worst.TopK, worst.DType, gib(need), inProcess, hostTerms(c), gib(avail))
+}
+
+// largest returns the case of c with the most bytes and their number.
+func (c Config) largest(bytes func(Case) float64) (worst Case, most float64) {
+	for _, cs := range c.Cases() {
+		if b := bytes(cs); b > most {
+			worst, most = cs, b
+		}
+	}
+	return worst, most
 }
 
 // hostTerms names the host backend's terms of minHostBytes, if any.
@@ -138,13 +142,7 @@ func (c Config) MemoryWarning(inProcess int, checkOnly bool) string {
 	if !ok {
 		return ""
 	}
-	var worst Case
-	need := 0.0
-	for _, cs := range c.Cases() {
-		if b := hostBytesEstimate(c, cs, inProcess, checkOnly); b > need {
-			worst, need = cs, b
-		}
-	}
+	worst, need := c.largest(func(cs Case) float64 { return hostBytesEstimate(c, cs, inProcess, checkOnly) })
 	if need <= avail {
 		return ""
 	}
