@@ -9,16 +9,27 @@ import (
 type DType uint8
 
 // The element types goep moves. Activations are BF16 (default) or FP32;
-// router weights are FP32; indices are Int32.
+// router weights are FP32; indices are Int32. FP8E4M3 (OCP float8 e4m3,
+// PyTorch's float8_e4m3fn) is for dispatch only: goep moves its bytes and
+// never does arithmetic on it, and its fp32 scales (one per
+// FP8ScaleChannels channels of a row) travel beside it as their own tensor.
 const (
 	BF16 DType = iota + 1
 	FP32
 	Int32
+	FP8E4M3
 )
+
+// FP8ScaleChannels is the number of channels of an FP8E4M3 row that share
+// one fp32 scale: a row of H elements has H / FP8ScaleChannels scales (H a
+// multiple of it), as DeepEP's and HybridEP's fp8 dispatch has.
+const FP8ScaleChannels = 128
 
 // Size is the size of one element in bytes.
 func (d DType) Size() int {
 	switch d {
+	case FP8E4M3:
+		return 1
 	case BF16:
 		return 2
 	case FP32, Int32:
@@ -38,11 +49,14 @@ func (d DType) String() string {
 		return "fp32"
 	case Int32:
 		return "int32"
+	case FP8E4M3:
+		return "fp8"
 	}
 	return fmt.Sprintf("dtype(%d)", uint8(d))
 }
 
-// ParseDType parses "bf16", "fp32" or "int32".
+// ParseDType parses "bf16", "fp32", "int32" or "fp8" (also "fp8_e4m3",
+// "float8_e4m3fn").
 func ParseDType(s string) (DType, error) {
 	switch s {
 	case "bf16", "bfloat16":
@@ -51,8 +65,10 @@ func ParseDType(s string) (DType, error) {
 		return FP32, nil
 	case "int32":
 		return Int32, nil
+	case "fp8", "fp8_e4m3", "float8_e4m3fn":
+		return FP8E4M3, nil
 	}
-	return 0, fmt.Errorf("device: unknown dtype %q (want bf16 or fp32)", s)
+	return 0, fmt.Errorf("device: unknown dtype %q (want bf16, fp32 or fp8)", s)
 }
 
 // BF16ToFloat32 widens a bfloat16 bit pattern to float32 exactly.

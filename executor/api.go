@@ -45,8 +45,15 @@ type LayoutInput struct {
 
 // DispatchInput is one rank's tokens.
 type DispatchInput struct {
-	// X is [T_r, Hidden], BF16 or FP32 (equal on all ranks).
+	// X is [T_r, Hidden], BF16, FP32 or FP8E4M3 (equal on all ranks). FP8
+	// rows need Hidden to be a multiple of device.FP8ScaleChannels (128)
+	// and come with XScales; dispatch moves their bytes unchanged.
 	X *device.Tensor
+	// XScales is [T_r, Hidden/128] FP32, the scales of an FP8E4M3 X (one
+	// per 128 channels of a row); given exactly when X is FP8. They travel
+	// with their rows, unchanged, and come out as RecvScales (Dispatch) or
+	// permuted beside the rows as Scales (DispatchPermute).
+	XScales *device.Tensor
 	// TopkWeights is optional [T_r, TopK] FP32 router weights; when given
 	// (on all ranks or on none) they travel with the rows.
 	TopkWeights *device.Tensor
@@ -64,15 +71,23 @@ type DispatchOutput struct {
 	// RecvWeights is [rows, TopK] FP32, the weights of the slots in
 	// RecvIdx, 0 elsewhere; nil when no TopkWeights were dispatched.
 	RecvWeights *device.Tensor
+	// RecvScales is [rows, Hidden/128] FP32, each received row's scales
+	// (rows past the valid count zero); nil unless X was FP8.
+	RecvScales *device.Tensor
 }
 
 // Close frees the outputs in stream order.
-func (o DispatchOutput) Close() error { return closeAll(o.RecvX, o.RecvIdx, o.RecvWeights) }
+func (o DispatchOutput) Close() error {
+	return closeAll(o.RecvX, o.RecvIdx, o.RecvWeights, o.RecvScales)
+}
 
 // PermuteInput is a rank's received rows.
 type PermuteInput struct {
 	RecvX       *device.Tensor // [rows, Hidden]
 	RecvWeights *device.Tensor // optional [rows, TopK] FP32
+	// RecvScales is [rows, Hidden/128] FP32, given exactly when RecvX is
+	// FP8E4M3: the scales move with their rows.
+	RecvScales *device.Tensor
 }
 
 // PermuteOutput is the expert-major layout.
@@ -84,10 +99,13 @@ type PermuteOutput struct {
 	// Weights is [rows] FP32: the weight of each (row, expert) copy, 0 on
 	// padding; nil when no weights were given.
 	Weights *device.Tensor
+	// Scales is [rows, Hidden/128] FP32: the scales of each permuted row,
+	// zero on padding; nil unless the rows are FP8.
+	Scales *device.Tensor
 }
 
 // Close frees the outputs in stream order.
-func (o PermuteOutput) Close() error { return closeAll(o.X, o.Weights) }
+func (o PermuteOutput) Close() error { return closeAll(o.X, o.Weights, o.Scales) }
 
 // UnpermuteInput is expert-major rows to fold back.
 type UnpermuteInput struct {
@@ -108,11 +126,12 @@ type DispatchPermuteOutput struct {
 	Weights     *device.Tensor // as PermuteOutput.Weights
 	RecvIdx     *device.Tensor // as DispatchOutput.RecvIdx
 	RecvWeights *device.Tensor // as DispatchOutput.RecvWeights
+	Scales      *device.Tensor // as PermuteOutput.Scales (FP8 X only)
 }
 
 // Close frees the outputs in stream order.
 func (o DispatchPermuteOutput) Close() error {
-	return closeAll(o.X, o.Weights, o.RecvIdx, o.RecvWeights)
+	return closeAll(o.X, o.Weights, o.RecvIdx, o.RecvWeights, o.Scales)
 }
 
 // DispatchBackwardInput is the gradient of a dispatch's outputs.

@@ -620,16 +620,17 @@ func (g *gpuEngine) deviceMap(h *Handle) permute.DeviceMap {
 	return permute.DeviceMap{Rows: rows, TopK: g.K, Pos: h.gpu.pos, RowCap: h.recvRows, PermCap: h.permRows}
 }
 
-// pushRows enqueues steps 1-4 of dispatch: rows of x (and weights w) into
-// the destinations' receive windows.
-func (g *gpuEngine) pushRows(h *Handle, x, w *device.Tensor, op uint32) error {
+// pushRows enqueues steps 1-4 of one round (roundRows, or roundScales of
+// an fp8 call) of dispatch: rows of x (and weights w) into the
+// destinations' receive windows.
+func (g *gpuEngine) pushRows(h *Handle, x, w *device.Tensor, round uint64, op uint32) error {
 	if g.hier != nil {
-		return g.hierPush(h, x, w, op)
+		return g.hierPush(h, x, w, round, op)
 	}
 	if err := g.begin(); err != nil {
 		return err
 	}
-	rb := g.H * x.DType().Size()
+	rb := rowBytes(x)
 	if err := g.pushEntries(x.Buffer(), buf(w), rb, h.gpu.entTok, h.gpu.entDest, h.gpu.entRow, h.numTokens*g.W); err != nil {
 		return err
 	}
@@ -653,12 +654,11 @@ func (g *gpuEngine) pushEntries(x, w *device.Buffer, rb int, tok, dest, row *dev
 }
 
 // copyRecv enqueues goep_ep_copy_out from the receive window into out
-// (rows; nil: none) and outW (weights; nil: none).
-func (g *gpuEngine) copyRecv(h *Handle, dt device.DType, out, outW *device.Tensor) error {
+// (rows of rb bytes; nil: none) and outW (weights; nil: none).
+func (g *gpuEngine) copyRecv(h *Handle, rb int, out, outW *device.Tensor) error {
 	if h.recvRows == 0 || out == nil && outW == nil {
 		return nil
 	}
-	rb := g.H * dt.Size()
 	src := g.ownView(regionRecv, 0, h.recvRows*rb)
 	srcW := g.ownView(regionRecv, g.recvWOff, h.recvRows*g.K*4)
 	var ob *device.Buffer
@@ -679,19 +679,34 @@ func (g *gpuEngine) copyRecv(h *Handle, dt device.DType, out, outW *device.Tenso
 		rows, int64(h.recvRows), int64(rb), int32(g.K), unit)
 }
 
-// dispatch enqueues Dispatch.
-func (g *gpuEngine) dispatch(h *Handle, x, w *device.Tensor, out DispatchOutput) error {
+// dispatch enqueues Dispatch: the rows of x with their weights w (may be
+// nil), then, for fp8 rows, their scales sx in a second round.
+func (g *gpuEngine) dispatch(h *Handle, x, w, sx *device.Tensor, out DispatchOutput) error {
 	if !g.ready(h) {
 		return nil
 	}
-	if err := g.pushRows(h, x, w, uint32(opDispatch)); err != nil {
+	if err := g.dispatchRound(h, x, w, roundRows, out.RecvX, out.RecvWeights, out.RecvIdx); err != nil {
 		return err
 	}
-	if err := g.copyRecv(h, x.DType(), out.RecvX, out.RecvWeights); err != nil {
+	if sx == nil {
+		return nil
+	}
+	return g.dispatchRound(h, sx, nil, roundScales, out.RecvScales, nil, nil)
+}
+
+// dispatchRound enqueues one round of Dispatch: x's rows (weights w) into
+// recv (recvW), and the handle's RecvIdx into recvIdx (nil: not copied).
+func (g *gpuEngine) dispatchRound(h *Handle, x, w *device.Tensor, round uint64, recv, recvW, recvIdx *device.Tensor) error {
+	if err := g.pushRows(h, x, w, round, uint32(opDispatch)); err != nil {
 		return err
 	}
-	if err := g.copyIdx(h, out.RecvIdx); err != nil {
+	if err := g.copyRecv(h, rowBytes(x), recv, recvW); err != nil {
 		return err
+	}
+	if recvIdx != nil {
+		if err := g.copyIdx(h, recvIdx); err != nil {
+			return err
+		}
 	}
 	return g.finish(uint32(opDispatch))
 }
@@ -708,36 +723,63 @@ func (g *gpuEngine) copyIdx(h *Handle, out *device.Tensor) error {
 }
 
 // dispatchPermute enqueues DispatchPermute: the permute kernel reads the
-// received rows straight from the receive window.
-func (g *gpuEngine) dispatchPermute(h *Handle, x, w *device.Tensor, out DispatchPermuteOutput) error {
+// received rows straight from the receive window. For fp8 rows a second
+// round moves and permutes their scales sx.
+func (g *gpuEngine) dispatchPermute(h *Handle, x, w, sx *device.Tensor, out DispatchPermuteOutput) error {
 	if !g.ready(h) {
 		return nil
 	}
-	if err := g.pushRows(h, x, w, uint32(opDispatchPermute)); err != nil {
+	if err := g.dispatchPermuteRound(h, x, w, roundRows, out.X, out.Weights, out.RecvWeights, out.RecvIdx); err != nil {
 		return err
 	}
-	if err := g.copyRecv(h, x.DType(), nil, out.RecvWeights); err != nil {
+	if sx == nil {
+		return nil
+	}
+	return g.dispatchPermuteRound(h, sx, nil, roundScales, out.Scales, nil, nil, nil)
+}
+
+// dispatchPermuteRound enqueues one round of DispatchPermute: x's rows
+// (weights w) permuted into px (pw), the received weights into recvW and
+// the handle's RecvIdx into recvIdx (nil: not copied).
+func (g *gpuEngine) dispatchPermuteRound(h *Handle, x, w *device.Tensor, round uint64, px, pw, recvW, recvIdx *device.Tensor) error {
+	if err := g.pushRows(h, x, w, round, uint32(opDispatchPermute)); err != nil {
 		return err
 	}
-	if err := g.copyIdx(h, out.RecvIdx); err != nil {
+	rb := rowBytes(x)
+	if err := g.copyRecv(h, rb, nil, recvW); err != nil {
 		return err
 	}
-	rb := g.H * x.DType().Size()
+	if recvIdx != nil {
+		if err := g.copyIdx(h, recvIdx); err != nil {
+			return err
+		}
+	}
 	src := g.ownView(regionRecv, 0, max(h.recvRows*rb, 0))
 	var srcW *device.Buffer
 	if w != nil {
 		srcW = g.ownView(regionRecv, g.recvWOff, h.recvRows*g.K*4)
 	}
-	if err := g.permuteFrom(h, x.DType(), out.X, out.Weights, src, srcW); err != nil {
+	if err := g.permuteFrom(h, px, pw, src, srcW); err != nil {
 		return err
 	}
 	return g.finish(uint32(opDispatchPermute))
 }
 
+// kernelRows is how the permute kernels see rows of cols elements of dt:
+// fp8 rows, only ever copied, go as bf16 rows of half the width (an fp8
+// row's width is a multiple of 128).
+func kernelRows(dt device.DType, cols int) (device.DType, int) {
+	if dt == device.FP8E4M3 {
+		return device.BF16, cols / 2
+	}
+	return dt, cols
+}
+
 // permuteFrom enqueues the permute of rows src (weights srcW) into px, pw,
 // padding and dropped rows zero.
-func (g *gpuEngine) permuteFrom(h *Handle, dt device.DType, px, pw *device.Tensor, src, srcW *device.Buffer) error {
-	rb := g.H * dt.Size()
+func (g *gpuEngine) permuteFrom(h *Handle, px, pw *device.Tensor, src, srcW *device.Buffer) error {
+	rb := rowBytes(px)
+	kdt, kcols := kernelRows(px.DType(), px.Shape()[1])
 	var pwb *device.Buffer
 	if pw != nil {
 		pwb = pw.Buffer()
@@ -754,7 +796,7 @@ func (g *gpuEngine) permuteFrom(h *Handle, dt device.DType, px, pw *device.Tenso
 			}
 		}
 	}
-	if err := g.pk.Permute(g.s, dt, g.H, px.Buffer(), pwb, src, srcW, g.deviceMap(h)); err != nil {
+	if err := g.pk.Permute(g.s, kdt, kcols, px.Buffer(), pwb, src, srcW, g.deviceMap(h)); err != nil {
 		return err
 	}
 	if g.e.cfg.Mode == Capacity {
@@ -763,8 +805,9 @@ func (g *gpuEngine) permuteFrom(h *Handle, dt device.DType, px, pw *device.Tenso
 	return g.pk.ZeroPadding(g.s, px.Buffer(), rb, pwb, h.lay.ExpertOffsets, h.lay.TokensPerExpert, h.permRows)
 }
 
-// permute enqueues Permute (local).
-func (g *gpuEngine) permute(h *Handle, x, w *device.Tensor, out PermuteOutput) error {
+// permute enqueues Permute (local) of rows x (weights w), and of their
+// scales sx for fp8 rows.
+func (g *gpuEngine) permute(h *Handle, x, w, sx *device.Tensor, out PermuteOutput) error {
 	if !g.ready(h) {
 		return nil
 	}
@@ -772,7 +815,13 @@ func (g *gpuEngine) permute(h *Handle, x, w *device.Tensor, out PermuteOutput) e
 	if w != nil {
 		wb = w.Buffer()
 	}
-	return g.permuteFrom(h, x.DType(), out.X, out.Weights, x.Buffer(), wb)
+	if err := g.permuteFrom(h, out.X, out.Weights, x.Buffer(), wb); err != nil {
+		return err
+	}
+	if sx == nil {
+		return nil
+	}
+	return g.permuteFrom(h, out.Scales, nil, sx.Buffer(), nil)
 }
 
 // unpermute enqueues Unpermute (local) into out ([recvRows, H]).

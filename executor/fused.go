@@ -20,23 +20,25 @@ func (e *Engine) DispatchPermute(ctx context.Context, h *Handle, in DispatchInpu
 	if err := e.checkDispatchInput(h, in); err != nil {
 		return DispatchPermuteOutput{}, e.reject(opDispatchPermute, err)
 	}
-	x, w := in.X, in.TopkWeights
+	x, w, sx := in.X, in.TopkWeights, in.XScales
 	K, H := e.cfg.TopK, e.cfg.Hidden
 	o, err := e.newOutputs(
 		outSpec{dt: x.DType(), shape: []int{h.permRows, H}},
 		outSpec{dt: device.FP32, shape: []int{h.permRows}, skip: w == nil},
 		outSpec{dt: device.Int32, shape: []int{h.recvRows, K}},
-		outSpec{dt: device.FP32, shape: []int{h.recvRows, K}, skip: w == nil})
+		outSpec{dt: device.FP32, shape: []int{h.recvRows, K}, skip: w == nil},
+		outSpec{dt: device.FP32, shape: []int{h.permRows, e.scaleCols()}, skip: sx == nil})
 	if err != nil {
 		return DispatchPermuteOutput{}, err
 	}
-	out := DispatchPermuteOutput{X: o[0], Weights: o[1], RecvIdx: o[2], RecvWeights: o[3]}
-	return out, e.dispatchPermute(h, x, w, out)
+	out := DispatchPermuteOutput{X: o[0], Weights: o[1], RecvIdx: o[2], RecvWeights: o[3], Scales: o[4]}
+	return out, e.dispatchPermute(h, x, w, sx, out)
 }
 
 // DispatchPermuteInto is DispatchPermute writing into outputs the caller
 // allocated (shapes and dtypes as DispatchPermute's; Weights and
-// RecvWeights given exactly when TopkWeights is). In capacity mode it needs
+// RecvWeights given exactly when TopkWeights is, Scales exactly when X is
+// FP8). In capacity mode it needs
 // no host synchronization and no allocation, so it can be captured into a
 // CUDA graph (device.CUDAStream.BeginCapture on Engine.Stream).
 func (e *Engine) DispatchPermuteInto(ctx context.Context, h *Handle, in DispatchInput, out DispatchPermuteOutput) error {
@@ -50,12 +52,13 @@ func (e *Engine) DispatchPermuteInto(ctx context.Context, h *Handle, in Dispatch
 			checkTensor("dispatch-permute: output X", out.X, in.X.DType(), h.permRows, H),
 			checkTensor("dispatch-permute: output RecvIdx", out.RecvIdx, device.Int32, h.recvRows, K),
 			checkOptional("dispatch-permute: output RecvWeights", out.RecvWeights, w, device.FP32, h.recvRows, K),
-			checkOptional1("dispatch-permute: output Weights", out.Weights, w, h.permRows))
+			checkOptional1("dispatch-permute: output Weights", out.Weights, w, h.permRows),
+			e.checkScales("dispatch-permute: output Scales", in.X, out.Scales, h.permRows))
 	}
 	if err != nil {
 		return e.reject(opDispatchPermute, err)
 	}
-	return e.dispatchPermute(h, in.X, in.TopkWeights, out)
+	return e.dispatchPermute(h, in.X, in.TopkWeights, in.XScales, out)
 }
 
 // checkOptional checks a 2-D output that must be given exactly when want.
@@ -85,31 +88,38 @@ func checkOptional1(name string, t *device.Tensor, want bool, rows int) error {
 	return nil
 }
 
-// dispatchPermute enqueues DispatchPermute into out.
-func (e *Engine) dispatchPermute(h *Handle, x, w *device.Tensor, out DispatchPermuteOutput) error {
+// dispatchPermute enqueues DispatchPermute of rows x (weights w, fp8
+// scales sx; either may be nil) into out.
+func (e *Engine) dispatchPermute(h *Handle, x, w, sx *device.Tensor, out DispatchPermuteOutput) error {
 	if e.gpu != nil {
-		return e.gpu.dispatchPermute(h, x, w, out)
+		return e.gpu.dispatchPermute(h, x, w, sx, out)
 	}
 	e.stream.Go("dispatch-permute", func() error {
 		lay, err := e.ready(h)
 		if err != nil {
 			return err
 		}
-		return e.pull(lay, h, opDispatchPermute, x, w, func(src []recvSrc) error {
+		err = e.pull(lay, h, opDispatchPermute, roundRows, x, w, func(src []recvSrc) error {
 			writeRecvMeta(lay, src, h.recvRows, out.RecvIdx, out.RecvWeights)
-			e.gatherPermuted(lay, src, x.DType(), out.X.Bytes(), f32(out.RecvWeights), f32(out.Weights))
+			e.gatherPermuted(lay, src, rowBytes(x), out.X.Bytes(), f32(out.RecvWeights), f32(out.Weights))
+			return nil
+		})
+		if err != nil || sx == nil {
+			return err
+		}
+		return e.pull(lay, h, opDispatchPermute, roundScales, sx, nil, func(src []recvSrc) error {
+			e.gatherPermuted(lay, src, rowBytes(sx), out.Scales.Bytes(), nil, nil)
 			return nil
 		})
 	})
 	return nil
 }
 
-// gatherPermuted writes each valid received row i (from src) to its
-// permuted positions, with its slot weights from rw, and zeroes the
+// gatherPermuted writes each valid received row i (from src, rb bytes) to
+// its permuted positions, with its slot weights from rw, and zeroes the
 // padding.
-func (e *Engine) gatherPermuted(lay *Layout, src []recvSrc, dt device.DType, px []byte, rw, pw []float32) {
-	H, K, n := e.cfg.Hidden, lay.TopK, len(src)
-	rb := H * dt.Size()
+func (e *Engine) gatherPermuted(lay *Layout, src []recvSrc, rb int, px []byte, rw, pw []float32) {
+	K, n := lay.TopK, len(src)
 	pcap := e.permCap(lay)
 	e.par().For(n, 16, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -212,6 +222,13 @@ func (e *Engine) DispatchBackward(ctx context.Context, h *Handle, in DispatchBac
 // CombineBackward is the gradient of Combine (collective): Dispatch of the
 // output gradient [T_r, Hidden], giving the gradient of Z.
 func (e *Engine) CombineBackward(ctx context.Context, h *Handle, gradOut *device.Tensor) (*device.Tensor, error) {
+	if gradOut != nil && gradOut.DType() == device.FP8E4M3 {
+		err := checkTensor("combine backward: gradient", gradOut, 0, -1, e.cfg.Hidden)
+		if herr := e.checkHandle(h); herr != nil {
+			err = herr
+		}
+		return nil, e.reject(opDispatch, err)
+	}
 	out, err := e.Dispatch(ctx, h, DispatchInput{X: gradOut})
 	if err != nil {
 		return nil, err

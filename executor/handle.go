@@ -269,6 +269,8 @@ func checkTensor(name string, t *device.Tensor, dt device.DType, rows, cols int)
 		return fmt.Errorf("executor: %s is nil: %w", name, ErrInvalidInput)
 	}
 	switch {
+	case dt == 0 && t.DType() == device.FP8E4M3:
+		return fmt.Errorf("executor: %s has dtype fp8, want bf16 or fp32: fp8 rows are only moved (Dispatch, DispatchPermute, Permute), never summed or scaled: %w", name, ErrInvalidInput)
 	case dt == 0 && t.DType() != device.BF16 && t.DType() != device.FP32:
 		return fmt.Errorf("executor: %s has dtype %v, want bf16 or fp32: %w", name, t.DType(), ErrInvalidInput)
 	case dt != 0 && t.DType() != dt:
@@ -284,3 +286,37 @@ func checkTensor(name string, t *device.Tensor, dt device.DType, rows, cols int)
 	}
 	return nil
 }
+
+// checkMoved is checkTensor for rows that are only moved (dispatch and
+// permute): bf16, fp32 or fp8.
+func checkMoved(name string, t *device.Tensor, rows, cols int) error {
+	if t != nil && t.DType() == device.FP8E4M3 {
+		return checkTensor(name, t, device.FP8E4M3, rows, cols)
+	}
+	return checkTensor(name, t, 0, rows, cols)
+}
+
+// checkScales checks the scales s of rows x: [rows, Hidden/128] FP32 given
+// exactly when x is FP8E4M3 (whose Hidden must then be a multiple of 128).
+// x itself was checked before.
+func (e *Engine) checkScales(name string, x, s *device.Tensor, rows int) error {
+	fp8 := x.DType() == device.FP8E4M3
+	switch {
+	case !fp8 && s != nil:
+		return fmt.Errorf("executor: %s given with %v rows: scales come with fp8 rows only: %w", name, x.DType(), ErrInvalidInput)
+	case !fp8:
+		return nil
+	case e.cfg.Hidden%device.FP8ScaleChannels != 0:
+		return fmt.Errorf("executor: %s: fp8 rows need Hidden to be a multiple of %d (one fp32 scale per %d channels), and Hidden is %d: %w",
+			name, device.FP8ScaleChannels, device.FP8ScaleChannels, e.cfg.Hidden, ErrInvalidInput)
+	case s == nil:
+		return fmt.Errorf("executor: %s is nil: fp8 rows need their scales ([rows, Hidden/%d] fp32): %w", name, device.FP8ScaleChannels, ErrInvalidInput)
+	}
+	return checkTensor(name, s, device.FP32, rows, e.scaleCols())
+}
+
+// scaleCols is the number of fp32 scales of an fp8 row.
+func (e *Engine) scaleCols() int { return e.cfg.Hidden / device.FP8ScaleChannels }
+
+// rowBytes is the size of one row of a 2-D tensor.
+func rowBytes(t *device.Tensor) int { return t.Shape()[1] * t.DType().Size() }

@@ -501,7 +501,7 @@ func (h *hierarchy) forward(recv func(n int) []byte, areaBytes, rowBytes func(n 
 // source of every valid received row from the domain exchange.
 func (e *Engine) hierPull(lay *Layout, c nvlink.Call, x, w *device.Tensor, fn func(src []recvSrc) error) error {
 	hr, K := e.hier, e.cfg.TopK
-	rb := e.cfg.Hidden * x.DType().Size()
+	rb := rowBytes(x)
 	xs, ws, weighted := x.Bytes(), f32(w), w != nil // ws is empty when T = 0
 	recv, rerr := e.railRound(c.Op, c.Sig, nil, e.dispatchFill(lay, xs, ws, weighted, rb))
 	if rerr == nil {

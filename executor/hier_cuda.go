@@ -278,12 +278,13 @@ func (g *gpuEngine) railCtx() (context.Context, context.CancelFunc) {
 // hierPush is pushRows with several domains: the rail round of x's rows
 // (GPU-fed, or host-staged), the forwarded rows into fwdX / fwdW, then the
 // domain's pushes of own and forwarded rows and the arrive.
-func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, op uint32) error {
+func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, round uint64, op uint32) error {
 	e, hx, lay := g.e, g.hier, h.lay
 	ctx, cancel := g.railCtx()
 	defer cancel()
-	rb := g.H * x.DType().Size()
+	rb := rowBytes(x)
 	c := nvlink.Call{Op: uint64(op), Sig: sig(h, x.DType(), w != nil)}
+	c.Sig[3] = round
 	var recv func(n int) []byte
 	var rerr error
 	if hx.feed != nil {

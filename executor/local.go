@@ -22,7 +22,7 @@ func (e *Engine) Permute(ctx context.Context, h *Handle, in PermuteInput) (Permu
 	if err := e.checkHandle(h); err != nil {
 		return PermuteOutput{}, err
 	}
-	if err := checkTensor("permute: RecvX", in.RecvX, 0, h.recvRows, e.cfg.Hidden); err != nil {
+	if err := checkMoved("permute: RecvX", in.RecvX, h.recvRows, e.cfg.Hidden); err != nil {
 		return PermuteOutput{}, err
 	}
 	if in.RecvWeights != nil {
@@ -30,16 +30,20 @@ func (e *Engine) Permute(ctx context.Context, h *Handle, in PermuteInput) (Permu
 			return PermuteOutput{}, err
 		}
 	}
-	x, w := in.RecvX, in.RecvWeights
+	if err := e.checkScales("permute: RecvScales", in.RecvX, in.RecvScales, h.recvRows); err != nil {
+		return PermuteOutput{}, err
+	}
+	x, w, sx := in.RecvX, in.RecvWeights, in.RecvScales
 	o, err := e.newOutputs(
 		outSpec{dt: x.DType(), shape: []int{h.permRows, e.cfg.Hidden}},
-		outSpec{dt: device.FP32, shape: []int{h.permRows}, skip: w == nil})
+		outSpec{dt: device.FP32, shape: []int{h.permRows}, skip: w == nil},
+		outSpec{dt: device.FP32, shape: []int{h.permRows, e.scaleCols()}, skip: sx == nil})
 	if err != nil {
 		return PermuteOutput{}, err
 	}
-	out := PermuteOutput{X: o[0], Weights: o[1]}
+	out := PermuteOutput{X: o[0], Weights: o[1], Scales: o[2]}
 	if e.gpu != nil {
-		return out, e.gpu.permute(h, x, w, out)
+		return out, e.gpu.permute(h, x, w, sx, out)
 	}
 	e.stream.Go("permute", func() error {
 		lay, err := e.ready(h)
@@ -47,14 +51,24 @@ func (e *Engine) Permute(ctx context.Context, h *Handle, in PermuteInput) (Permu
 			return err
 		}
 		m := e.permuteMap(h, lay)
-		rb := e.cfg.Hidden * x.DType().Size()
-		pw := f32(out.Weights)
-		permute.Permute(x.DType(), e.cfg.Hidden, out.X.Bytes(), pw, x.Bytes(), f32(w), m)
-		permute.ZeroPadding(out.X.Bytes(), rb, pw, lay.ExpertOffsets, lay.TokensPerExpert, m.PermCap)
-		permute.ZeroDropped(out.X.Bytes(), rb, pw, m)
+		permuteRows(lay, m, out.X, out.Weights, x, w)
+		if sx != nil {
+			permuteRows(lay, m, out.Scales, nil, sx, nil)
+		}
 		return nil
 	})
 	return out, nil
+}
+
+// permuteRows is the host permute of the rows of x (weights w, may be nil)
+// into px (pw), padding and dropped rows zeroed.
+func permuteRows(lay *Layout, m permute.Map, px, pw, x, w *device.Tensor) {
+	cols := x.Shape()[1]
+	rb := rowBytes(x)
+	pws := f32(pw)
+	permute.Permute(x.DType(), cols, px.Bytes(), pws, x.Bytes(), f32(w), m)
+	permute.ZeroPadding(px.Bytes(), rb, pws, lay.ExpertOffsets, lay.TokensPerExpert, m.PermCap)
+	permute.ZeroDropped(px.Bytes(), rb, pws, m)
 }
 
 // Unpermute folds expert-major rows back to received rows:

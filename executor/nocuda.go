@@ -31,10 +31,10 @@ func (g *gpuEngine) layoutOnGPU() bool                     { return false }
 func (g *gpuEngine) hierReject(uint64, error)              {}
 func (g *gpuEngine) synchronize(ctx context.Context) error { return ErrUnsupported }
 func (g *gpuEngine) close() error                          { return nil }
-func (g *gpuEngine) dispatch(*Handle, *device.Tensor, *device.Tensor, DispatchOutput) error {
+func (g *gpuEngine) dispatch(*Handle, *device.Tensor, *device.Tensor, *device.Tensor, DispatchOutput) error {
 	return ErrUnsupported
 }
-func (g *gpuEngine) dispatchPermute(*Handle, *device.Tensor, *device.Tensor, DispatchPermuteOutput) error {
+func (g *gpuEngine) dispatchPermute(*Handle, *device.Tensor, *device.Tensor, *device.Tensor, DispatchPermuteOutput) error {
 	return ErrUnsupported
 }
 func (g *gpuEngine) combine(*Handle, *device.Tensor, *device.Tensor, DispatchBackwardOutput, uint32) error {
@@ -43,7 +43,7 @@ func (g *gpuEngine) combine(*Handle, *device.Tensor, *device.Tensor, DispatchBac
 func (g *gpuEngine) unpermuteCombine(*Handle, *device.Tensor, *device.Tensor, *device.Tensor) error {
 	return ErrUnsupported
 }
-func (g *gpuEngine) permute(*Handle, *device.Tensor, *device.Tensor, PermuteOutput) error {
+func (g *gpuEngine) permute(*Handle, *device.Tensor, *device.Tensor, *device.Tensor, PermuteOutput) error {
 	return ErrUnsupported
 }
 func (g *gpuEngine) unpermuteBackward(*Handle, *device.Tensor, *device.Tensor, *device.Tensor, UnpermuteBackwardOutput) error {

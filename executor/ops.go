@@ -56,14 +56,23 @@ func (e *Engine) checkHandle(h *Handle) error {
 	return nil
 }
 
-// signature of a data call: handle, dtype, weighted.
+// signature of a data call: handle, dtype, weighted, and which round of
+// the call (roundRows, or roundScales for an fp8 call's scales).
 func sig(h *Handle, dt device.DType, weighted bool) [4]uint64 {
 	w := uint64(0)
 	if weighted {
 		w = 1
 	}
-	return [4]uint64{h.id, uint64(dt), w}
+	return [4]uint64{h.id, uint64(dt), w, roundRows}
 }
+
+// The rounds of a dispatch-like call. An fp8 call moves its rows, then
+// their scales with the same routing in a second round of the same
+// call; every rank runs both, since the dtype is part of the signature.
+const (
+	roundRows uint64 = iota
+	roundScales
+)
 
 func buf(t *device.Tensor) *device.Buffer {
 	if t == nil {
@@ -111,27 +120,35 @@ func (e *Engine) Dispatch(ctx context.Context, h *Handle, in DispatchInput) (Dis
 	if err := e.checkDispatchInput(h, in); err != nil {
 		return DispatchOutput{}, e.reject(opDispatch, err)
 	}
-	x, w := in.X, in.TopkWeights
+	x, w, sx := in.X, in.TopkWeights, in.XScales
 	K, H := e.cfg.TopK, e.cfg.Hidden
 	o, err := e.newOutputs(
 		outSpec{dt: x.DType(), shape: []int{h.recvRows, H}},
 		outSpec{dt: device.Int32, shape: []int{h.recvRows, K}},
-		outSpec{dt: device.FP32, shape: []int{h.recvRows, K}, skip: w == nil})
+		outSpec{dt: device.FP32, shape: []int{h.recvRows, K}, skip: w == nil},
+		outSpec{dt: device.FP32, shape: []int{h.recvRows, e.scaleCols()}, skip: sx == nil})
 	if err != nil {
 		return DispatchOutput{}, err
 	}
-	out := DispatchOutput{RecvX: o[0], RecvIdx: o[1], RecvWeights: o[2]}
+	out := DispatchOutput{RecvX: o[0], RecvIdx: o[1], RecvWeights: o[2], RecvScales: o[3]}
 	if e.gpu != nil {
-		return out, e.gpu.dispatch(h, x, w, out)
+		return out, e.gpu.dispatch(h, x, w, sx, out)
 	}
 	e.stream.Go("dispatch", func() error {
 		lay, err := e.ready(h)
 		if err != nil {
 			return err
 		}
-		return e.pull(lay, h, opDispatch, x, w, func(src []recvSrc) error {
+		err = e.pull(lay, h, opDispatch, roundRows, x, w, func(src []recvSrc) error {
 			e.gatherRows(src, out.RecvX.Bytes())
 			writeRecvMeta(lay, src, h.recvRows, out.RecvIdx, out.RecvWeights)
+			return nil
+		})
+		if err != nil || sx == nil {
+			return err
+		}
+		return e.pull(lay, h, opDispatch, roundScales, sx, nil, func(src []recvSrc) error {
+			e.gatherRows(src, out.RecvScales.Bytes())
 			return nil
 		})
 	})
@@ -145,15 +162,18 @@ type recvSrc struct {
 	w []float32
 }
 
-// pull runs the collective half of a dispatch-like call (op) on x and the
+// pull runs one round (roundRows, or roundScales: an fp8 call's scales) of
+// the collective half of a dispatch-like call (op) on the rows of x and the
 // optional weights w, and calls fn with the source of every valid received
 // row (min(RecvCount, capacity) of them), from the domain exchange.
-func (e *Engine) pull(lay *Layout, h *Handle, op uint64, x, w *device.Tensor, fn func(src []recvSrc) error) error {
-	c := nvlink.Call{Op: op, Sig: sig(h, x.DType(), w != nil), Buffers: []*device.Buffer{x.Buffer(), buf(w)}}
+func (e *Engine) pull(lay *Layout, h *Handle, op, round uint64, x, w *device.Tensor, fn func(src []recvSrc) error) error {
+	sg := sig(h, x.DType(), w != nil)
+	sg[3] = round
+	c := nvlink.Call{Op: op, Sig: sg, Buffers: []*device.Buffer{x.Buffer(), buf(w)}}
 	if e.hier != nil {
 		return e.hierPull(lay, c, x, w, fn)
 	}
-	rb := e.cfg.Hidden * x.DType().Size()
+	rb := rowBytes(x)
 	return e.exchange(c, func(peers [][]*device.Buffer) error {
 		return fn(e.sources(lay, peers, rb, w != nil))
 	})
@@ -236,7 +256,7 @@ func writeRecvMeta(lay *Layout, src []recvSrc, rows int, idx, w *device.Tensor) 
 }
 
 func (e *Engine) checkDispatchInput(h *Handle, in DispatchInput) error {
-	if err := checkTensor("dispatch: X", in.X, 0, h.numTokens, e.cfg.Hidden); err != nil {
+	if err := checkMoved("dispatch: X", in.X, h.numTokens, e.cfg.Hidden); err != nil {
 		return err
 	}
 	if in.TopkWeights != nil {
@@ -244,7 +264,7 @@ func (e *Engine) checkDispatchInput(h *Handle, in DispatchInput) error {
 			return err
 		}
 	}
-	return nil
+	return e.checkScales("dispatch: XScales", in.X, in.XScales, h.numTokens)
 }
 
 // Combine sends every received row back to its source and sums (collective):

@@ -707,6 +707,8 @@ func (k *checker) rows(what string, rank int, dt device.DType, cols int, got, wa
 		switch dt {
 		case device.Int32:
 			g, w = fmt.Sprint(device.DecodeInt32(got[i : i+4])[0]), fmt.Sprint(device.DecodeInt32(want[i : i+4])[0])
+		case device.FP8E4M3:
+			g, w = fmt.Sprintf("0x%02x", got[i]), fmt.Sprintf("0x%02x", want[i])
 		default:
 			gv, wv := device.LoadFloat32(dt, got, e), device.LoadFloat32(dt, want, e)
 			if dt == device.BF16 {

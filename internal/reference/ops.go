@@ -10,9 +10,11 @@ import (
 // DType on each rank s): recv[i] = x[s][t] for received row i from (s, t),
 // bytes copied unchanged. It is Dispatch of x. In capacity mode rows past
 // the valid prefix are zero.
-func (w *World) Gather(d int, x [][]byte) []byte {
+func (w *World) Gather(d int, x [][]byte) []byte { return w.gather(d, x, w.RowBytes()) }
+
+// gather is Gather of rows of rb bytes.
+func (w *World) gather(d int, x [][]byte, rb int) []byte {
 	lay := w.Layout(d)
-	rb := w.RowBytes()
 	recv := make([]byte, w.RecvRows(lay)*rb)
 	for i := range w.validRecv(lay) {
 		s, t := int(lay.SrcRank[i]), int(lay.SrcToken[i])
@@ -30,8 +32,26 @@ func (w *World) Dispatch(d int) []byte { return w.Gather(d, w.X) }
 // RecvIdx[i][k] >= 0, zero rows on padding; and, when recvWeights [N_d, K] is
 // not nil, pw [P_d] with pw[Pos[i][k]] = recvWeights[i][k], 0 on padding.
 func (w *World) Permute(d int, recvX []byte, recvWeights []float32) (px []byte, pw []float32) {
+	return w.permute(d, recvX, w.RowBytes(), recvWeights)
+}
+
+// DispatchScales returns rank d's received fp8 scales [N_d, H/128] (fp32
+// bytes): the scales of received row i are Scales[s][t] of its source
+// (s, t), unchanged; in capacity mode rows past the valid prefix are zero.
+func (w *World) DispatchScales(d int) []byte { return w.gather(d, w.Scales, w.ScaleRowBytes()) }
+
+// PermuteScales returns the expert-major layout of received fp8 scales
+// [N_d, H/128]: each permuted row's scales beside it, zero on padding, as
+// Permute lays out the rows.
+func (w *World) PermuteScales(d int, recvScales []byte) []byte {
+	ps, _ := w.permute(d, recvScales, w.ScaleRowBytes(), nil)
+	return ps
+}
+
+// permute is Permute of rows of rb bytes.
+func (w *World) permute(d int, recvX []byte, rb int, recvWeights []float32) (px []byte, pw []float32) {
 	lay := w.Layout(d)
-	K, rb := w.TopK, w.RowBytes()
+	K := w.TopK
 	px = make([]byte, w.PermutedRows(lay)*rb) // zero: padding rows stay zero
 	if recvWeights != nil {
 		pw = make([]float32, w.PermutedRows(lay))

@@ -20,7 +20,9 @@ type World struct {
 	// PadMultiple rounds each expert's segment of the permuted layout up to
 	// a multiple of it; 0 means 1 (no padding).
 	PadMultiple int
-	// DType is the activation dtype, BF16 or FP32.
+	// DType is the activation dtype, BF16 or FP32; or FP8E4M3 for the calls
+	// that only move rows (Dispatch, Permute, DispatchPermute), with
+	// Hidden a multiple of device.FP8ScaleChannels.
 	DType device.DType
 	// MaxRecvTokens and MaxPermutedTokens, when positive, model capacity
 	// mode with the Drop policy: received-row outputs (Dispatch, Unpermute,
@@ -42,6 +44,9 @@ type World struct {
 	// Weights[r] is rank r's router weights, [T_r, K] fp32; nil for an
 	// unweighted call.
 	Weights [][]float32
+	// Scales[r] is rank r's fp8 scales, [T_r, Hidden/128] fp32 bytes, one
+	// per 128 channels of a row of X; nil unless DType is FP8E4M3.
+	Scales [][]byte
 }
 
 // NumLocalExperts is L = E / R.
@@ -52,6 +57,10 @@ func (w *World) NumTokens(r int) int { return len(w.TopkIdx[r]) / w.TopK }
 
 // RowBytes is the size of one activation row, H * DType.Size().
 func (w *World) RowBytes() int { return w.Hidden * w.DType.Size() }
+
+// ScaleRowBytes is the size of one row of fp8 scales: 4 bytes per
+// device.FP8ScaleChannels channels.
+func (w *World) ScaleRowBytes() int { return w.Hidden / device.FP8ScaleChannels * 4 }
 
 func (w *World) pad() int {
 	if w.PadMultiple <= 0 {
@@ -87,8 +96,12 @@ func (w *World) Validate() error {
 		return fmt.Errorf("reference: negative capacity (%d, %d)", w.MaxRecvTokens, w.MaxPermutedTokens)
 	case w.PadMultiple < 0:
 		return fmt.Errorf("reference: PadMultiple %d", w.PadMultiple)
-	case w.DType != device.BF16 && w.DType != device.FP32:
-		return fmt.Errorf("reference: DType %v (want bf16 or fp32)", w.DType)
+	case w.DType != device.BF16 && w.DType != device.FP32 && w.DType != device.FP8E4M3:
+		return fmt.Errorf("reference: DType %v (want bf16, fp32 or fp8)", w.DType)
+	case w.DType == device.FP8E4M3 && w.Hidden%device.FP8ScaleChannels != 0:
+		return fmt.Errorf("reference: fp8 needs Hidden %d to be a multiple of %d", w.Hidden, device.FP8ScaleChannels)
+	case w.Scales != nil && len(w.Scales) != w.NumRanks:
+		return fmt.Errorf("reference: %d scale tables for %d ranks", len(w.Scales), w.NumRanks)
 	case len(w.TopkIdx) != w.NumRanks:
 		return fmt.Errorf("reference: %d routing tables for %d ranks", len(w.TopkIdx), w.NumRanks)
 	case w.X != nil && len(w.X) != w.NumRanks:
