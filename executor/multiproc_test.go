@@ -60,6 +60,11 @@ func mpCase(seed uint64, R int) (executor.Config, device.DType) {
 	if seed%2 == 1 {
 		dt = device.FP32
 	}
+	if seed >= 5 {
+		// Rows of a multiple of 128 channels: mpPipeline also dispatches
+		// them as fp8 with scales.
+		cfg.Hidden = device.FP8ScaleChannels * int(seed-4)
+	}
 	return cfg, dt
 }
 
@@ -162,6 +167,9 @@ func mpPipeline(ctx context.Context, g comm.Group, b device.Backend, seed uint64
 		out["dispatch-backward.x"], out["dispatch-backward.w"] = db.GradX, db.GradTopkWeights
 	}
 	step("combine-backward", func() (*device.Tensor, error) { return e.CombineBackward(ctx, h, xt) })
+	if err == nil && H%device.FP8ScaleChannels == 0 {
+		err = mpFP8(ctx, e, h, seed, x[:T*H], wt, out)
+	}
 	step("permute-backward", func() (*device.Tensor, error) { return e.PermuteBackward(ctx, h, p.X) })
 	if err == nil {
 		var ub executor.UnpermuteBackwardOutput
@@ -189,6 +197,46 @@ func mpPipeline(ctx context.Context, g comm.Group, b device.Backend, seed uint64
 		digests[name] = fmt.Sprintf("%v%v %s", t.DType(), t.Shape(), hex.EncodeToString(sum[:8]))
 	}
 	return digests, nil
+}
+
+// mpFP8 dispatches x8 (T rows of Hidden bytes) as fp8 rows with scales
+// drawn from seed and the rank, then permutes them, and adds the outputs
+// to out under names starting "fp8.".
+func mpFP8(ctx context.Context, e *executor.Engine, h *executor.Handle, seed uint64, x8 []byte, wt *device.Tensor, out map[string]*device.Tensor) error {
+	H := e.Config().Hidden
+	T, S := len(x8)/H, H/device.FP8ScaleChannels
+	rng := rand.New(rand.NewPCG(seed, uint64(e.Rank())+2000))
+	scales := make([]float32, T*S)
+	for i := range scales {
+		scales[i] = float32(rng.ExpFloat64())
+	}
+	xt, err1 := e.NewTensor(device.FP8E4M3, T, H)
+	st, err2 := e.NewTensor(device.FP32, T, S)
+	if err := errors.Join(err1, err2); err != nil {
+		return err
+	}
+	out["fp8.x"], out["fp8.scales"] = xt, st // kept alive to the end, digested too
+	if err := errors.Join(device.Upload(ctx, xt, x8), device.Upload(ctx, st, device.EncodeFloat32(device.FP32, scales))); err != nil {
+		return err
+	}
+	in := executor.DispatchInput{X: xt, TopkWeights: wt, XScales: st}
+	d, err := e.Dispatch(ctx, h, in)
+	if err != nil {
+		return err
+	}
+	out["fp8.dispatch.x"], out["fp8.dispatch.idx"], out["fp8.dispatch.w"], out["fp8.dispatch.scales"] = d.RecvX, d.RecvIdx, d.RecvWeights, d.RecvScales
+	p, err := e.Permute(ctx, h, executor.PermuteInput{RecvX: d.RecvX, RecvWeights: d.RecvWeights, RecvScales: d.RecvScales})
+	if err != nil {
+		return err
+	}
+	out["fp8.permute.x"], out["fp8.permute.w"], out["fp8.permute.scales"] = p.X, p.Weights, p.Scales
+	dp, err := e.DispatchPermute(ctx, h, in)
+	if err != nil {
+		return err
+	}
+	out["fp8.dispatch-permute.x"], out["fp8.dispatch-permute.w"], out["fp8.dispatch-permute.scales"] = dp.X, dp.Weights, dp.Scales
+	out["fp8.dispatch-permute.idx"], out["fp8.dispatch-permute.rw"] = dp.RecvIdx, dp.RecvWeights
+	return nil
 }
 
 // testLogger is a debug logger on stderr when GOEP_LOG_LEVEL=debug (to
