@@ -226,14 +226,15 @@ func init() { extraModes["graph"] = graphPipeline }
 var graphSeeds = []uint64{11, 12, 13, 14}
 
 // graphPipeline runs DispatchPermuteInto and UnpermuteCombineInto in
-// capacity mode (OverflowDrop) on one handle and one set of outputs for
+// capacity mode (OverflowDrop), and DispatchPermuteInto of the same rows'
+// bytes as fp8 with scales, on one handle and one set of outputs for
 // each of graphSeeds' routings, changed with Relayout and new input data
 // uploaded in place. On the CUDA backend the two calls are captured into a
 // CUDA graph once and the graph is replayed; on the host backend they are
 // called directly. It returns digests of every output for each routing.
 func graphPipeline(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
 	R := g.Size()
-	cfg := executor.Config{NumExperts: 4 * R, TopK: 4, Hidden: 1032, MaxTokensPerRank: 64, PadMultiple: 8,
+	cfg := executor.Config{NumExperts: 4 * R, TopK: 4, Hidden: 1152, MaxTokensPerRank: 64, PadMultiple: 8,
 		Mode: executor.Capacity, Overflow: executor.OverflowDrop, MaxRecvTokens: 100, MaxPermutedTokens: 300}
 	e, err := executor.New(ctx, g, b, cfg)
 	if err != nil {
@@ -242,40 +243,50 @@ func graphPipeline(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 	defer e.Close()
 	const T = 64
 	K, H := cfg.TopK, cfg.Hidden
+	S := H / device.FP8ScaleChannels
 	ti, err1 := e.NewTensor(device.Int32, T, K)
 	xt, err2 := e.NewTensor(device.BF16, T, H)
 	wt, err3 := e.NewTensor(device.FP32, T, K)
-	if err := errors.Join(err1, err2, err3); err != nil {
+	x8, err4 := e.NewTensor(device.FP8E4M3, T, H)
+	s8, err5 := e.NewTensor(device.FP32, T, S)
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		return nil, err
 	}
 	var h *executor.Handle
-	var dp executor.DispatchPermuteOutput
+	var dp, dp8 executor.DispatchPermuteOutput
 	var out *device.Tensor
 	var graph *device.Graph
 	cs, _ := e.Stream().(*device.CUDAStream)
 	var digests []map[string]string
 	for i, seed := range graphSeeds {
 		idx, x, w := graphInputs(seed, g.Rank(), cfg, T)
+		scales := make([]float32, T*S)
+		for j := range scales {
+			scales[j] = float32(j%13+1) * float32(seed)
+		}
 		if err := errors.Join(device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, xt, x),
-			device.Upload(ctx, wt, device.EncodeFloat32(device.FP32, w))); err != nil {
+			device.Upload(ctx, wt, device.EncodeFloat32(device.FP32, w)), device.Upload(ctx, x8, x[:T*H]),
+			device.Upload(ctx, s8, device.EncodeFloat32(device.FP32, scales))); err != nil {
 			return nil, err
 		}
 		if i == 0 {
 			if h, err = e.Layout(ctx, executor.LayoutInput{TopkIdx: ti}); err != nil {
 				return nil, err
 			}
-			ts := make([]*device.Tensor, 5)
+			ts := make([]*device.Tensor, 8)
 			for j, s := range []struct {
 				dt    device.DType
 				shape []int
 			}{{device.BF16, []int{h.PermutedRows(), H}}, {device.FP32, []int{h.PermutedRows()}},
-				{device.Int32, []int{h.RecvRows(), K}}, {device.FP32, []int{h.RecvRows(), K}}, {device.BF16, []int{T, H}}} {
+				{device.Int32, []int{h.RecvRows(), K}}, {device.FP32, []int{h.RecvRows(), K}}, {device.BF16, []int{T, H}},
+				{device.FP8E4M3, []int{h.PermutedRows(), H}}, {device.Int32, []int{h.RecvRows(), K}}, {device.FP32, []int{h.PermutedRows(), S}}} {
 				if ts[j], err = e.NewTensor(s.dt, s.shape...); err != nil {
 					return nil, err
 				}
 			}
 			dp = executor.DispatchPermuteOutput{X: ts[0], Weights: ts[1], RecvIdx: ts[2], RecvWeights: ts[3]}
 			out = ts[4]
+			dp8 = executor.DispatchPermuteOutput{X: ts[5], RecvIdx: ts[6], Scales: ts[7]}
 		} else if err := e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: ti}); err != nil {
 			return nil, err
 		}
@@ -283,7 +294,10 @@ func graphPipeline(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 			if err := e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: xt, TopkWeights: wt}, dp); err != nil {
 				return err
 			}
-			return e.UnpermuteCombineInto(ctx, h, executor.UnpermuteInput{Y: dp.X, RecvWeights: dp.RecvWeights}, out)
+			if err := e.UnpermuteCombineInto(ctx, h, executor.UnpermuteInput{Y: dp.X, RecvWeights: dp.RecvWeights}, out); err != nil {
+				return err
+			}
+			return e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: x8, XScales: s8}, dp8)
 		}
 		switch {
 		case cs == nil:
@@ -310,7 +324,7 @@ func graphPipeline(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 		}
 		d := map[string]string{}
 		for name, tt := range map[string]*device.Tensor{"x": dp.X, "w": dp.Weights, "idx": dp.RecvIdx, "recvw": dp.RecvWeights,
-			"combine": out, "counts": h.DeviceCounts()} {
+			"combine": out, "counts": h.DeviceCounts(), "fp8.x": dp8.X, "fp8.idx": dp8.RecvIdx, "fp8.scales": dp8.Scales} {
 			raw, err := device.Download(ctx, tt)
 			if err != nil {
 				return nil, err
@@ -350,7 +364,8 @@ func graphInputs(seed uint64, r int, cfg executor.Config, T int) (idx []int32, x
 }
 
 // TestCUDAGraph captures a capacity-mode DispatchPermuteInto and
-// UnpermuteCombineInto into a CUDA graph on every rank (1 and 2 processes
+// UnpermuteCombineInto, and an fp8 DispatchPermuteInto with its scales,
+// into a CUDA graph on every rank (1 and 2 processes
 // sharing the GPU), replays it after Relayout with new routing and new
 // data, and checks every output bit for bit against the host backend's
 // direct calls.
