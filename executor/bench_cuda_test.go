@@ -30,10 +30,12 @@ var benchShapes = []int{128, 4096}
 
 // benchRank measures one rank: for each token count, dispatch, combine,
 // dispatch-permute, unpermute-combine and a device-to-device copy of the
-// dispatch's received bytes, each timed with CUDA events on the engine's
-// stream after warm-up, launched from the host (eager) and as a CUDA graph
-// of the call (one launch between the events); every
-// iteration's time is the maximum over ranks (all-gathered). It returns, per shape, the medians and p90s in
+// dispatch's received bytes, then dispatch and dispatch-permute of the
+// same rows as fp8 with their scales beside a copy of the fp8 rows' bytes.
+// Each is timed with CUDA events on the engine's stream after warm-up,
+// launched from the host (eager) and as a CUDA graph of the call (one
+// launch between the events); every iteration's time is the maximum over
+// ranks (all-gathered). It returns, per shape, the medians and p90s in
 // microseconds and the bytes moved.
 func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
 	cfg := executor.Config{NumExperts: 256, TopK: 8, Hidden: 7168, MaxTokensPerRank: slices.Max(benchShapes)}
@@ -63,15 +65,25 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 		if err := device.Upload(ctx, ti, device.EncodeInt32(idx)); err != nil {
 			return nil, err
 		}
-		if err := device.Upload(ctx, xt, device.EncodeFloat32(device.BF16, xs)); err != nil {
+		xb := device.EncodeFloat32(device.BF16, xs)
+		if err := device.Upload(ctx, xt, xb); err != nil {
 			return nil, err
 		}
+		// The fp8 rows: the first T*H bytes of the bf16 data; their scales.
+		S := H / device.FP8ScaleChannels
+		x8, _ := e.NewTensor(device.FP8E4M3, T, H)
+		s8, _ := e.NewTensor(device.FP32, T, S)
+		if err := errors.Join(device.Upload(ctx, x8, xb[:T*H]), device.Upload(ctx, s8, device.EncodeFloat32(device.FP32, xs[:T*S]))); err != nil {
+			return nil, err
+		}
+		in8 := executor.DispatchInput{X: x8, XScales: s8}
 		h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
 		if err != nil {
 			return nil, err
 		}
 		n := h.RecvRows()
 		nvlBytes := n * H * 2
+		fp8Bytes := n * (H + 4*S) // DESIGN.md section 6: fp8 rows with their scales
 		z, _ := e.NewTensor(device.BF16, n, H)
 		cp, _ := e.NewTensor(device.BF16, max(n, 1), H)
 		dpo, err := e.DispatchPermute(ctx, h, executor.DispatchInput{X: xt})
@@ -103,8 +115,20 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 				o.Close()
 				return err
 			}},
+			{"copy-fp8", func() error { return s.Copy(cp.Buffer(), 0, z.Buffer(), 0, fp8Bytes) }},
+			{"dispatch-fp8", func() error {
+				o, err := e.Dispatch(ctx, h, in8)
+				o.Close()
+				return err
+			}},
+			{"dispatch-permute-fp8", func() error {
+				o, err := e.DispatchPermute(ctx, h, in8)
+				o.Close()
+				return err
+			}},
 		}
-		r := map[string]string{"tokens": strconv.Itoa(T), "recv_rows": strconv.Itoa(n), "nvl_bytes": strconv.Itoa(nvlBytes)}
+		r := map[string]string{"tokens": strconv.Itoa(T), "recv_rows": strconv.Itoa(n), "nvl_bytes": strconv.Itoa(nvlBytes),
+			"nvl_bytes_fp8": strconv.Itoa(fp8Bytes)}
 		for _, c := range calls {
 			// Each call is timed as launched from the host (eager) and as a
 			// CUDA graph of the same call (no host gaps inside it).
@@ -129,6 +153,8 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 			graph.Close()
 		}
 		dpo.Close()
+		x8.Close()
+		s8.Close()
 		z.Close()
 		cp.Close()
 		h.Close()
@@ -214,7 +240,8 @@ func crossRankMax(ctx context.Context, g comm.Group, times []float64) ([]float64
 
 // TestCUDABenchmark runs benchRank with 4 ranks on the one GPU and
 // prints, for 128 and 4096 tokens per rank (hidden 7168, 256 experts,
-// top-8, bf16, blocking mode), each call's median and p90 time (the
+// top-8, bf16, and fp8 for dispatch and dispatch-permute, blocking mode),
+// each call's median and p90 time (the
 // cross-rank maximum per iteration) and its NVLink GB/s (received rows x
 // hidden x 2 bytes per rank, DESIGN.md section 6), beside a device-to-device
 // copy of the same bytes timed the same way in the same run. Ranks are
@@ -274,12 +301,22 @@ func logBench(t *testing.T, n int, rows []map[string]string) {
 	t.Logf("%d ranks on one GPU; times are the cross-rank maximum per iteration, median (p90) of 30 after 5", n)
 	for _, r := range rows {
 		bytes, _ := strconv.Atoi(r["nvl_bytes"])
-		t.Logf("tokens %s per rank, %s rows received by rank 0, %.1f MB", r["tokens"], r["recv_rows"], float64(bytes)/1e6)
+		bytes8, _ := strconv.Atoi(r["nvl_bytes_fp8"])
+		t.Logf("tokens %s per rank, %s rows received by rank 0, %.1f MB (fp8 with scales: %.1f MB)", r["tokens"], r["recv_rows"], float64(bytes)/1e6, float64(bytes8)/1e6)
 		for _, how := range []string{"eager", "graph"} {
-			copyUs, _ := strconv.ParseFloat(r["copy_"+how+"_us"], 64)
-			for _, c := range []string{"copy", "dispatch", "combine", "dispatch-permute", "unpermute-combine"} {
-				us, _ := strconv.ParseFloat(r[c+"_"+how+"_us"], 64)
-				t.Logf("  %-5s %-18s %9.1f us (p90 %8s)  %7.1f GB/s per rank  %.2f of copy", how, c, us, r[c+"_"+how+"_p90_us"], float64(bytes)/us/1e3, copyUs/us)
+			for _, set := range []struct {
+				copy  string
+				bytes int
+				calls []string
+			}{
+				{"copy", bytes, []string{"copy", "dispatch", "combine", "dispatch-permute", "unpermute-combine"}},
+				{"copy-fp8", bytes8, []string{"copy-fp8", "dispatch-fp8", "dispatch-permute-fp8"}},
+			} {
+				copyUs, _ := strconv.ParseFloat(r[set.copy+"_"+how+"_us"], 64)
+				for _, c := range set.calls {
+					us, _ := strconv.ParseFloat(r[c+"_"+how+"_us"], 64)
+					t.Logf("  %-5s %-20s %9.1f us (p90 %8s)  %7.1f GB/s per rank  %.2f of copy", how, c, us, r[c+"_"+how+"_p90_us"], float64(set.bytes)/us/1e3, copyUs/us)
+				}
 			}
 		}
 	}
