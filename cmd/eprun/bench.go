@@ -81,6 +81,16 @@ order: mode outermost, tokens innermost. In capacity mode, max-recv-tokens and
 max-permuted-tokens left at 0 are the worst case of each case (its top-k, the sweep's largest
 tokens).
 
+--dtype fp8 (also fp8_e4m3, float8_e4m3fn) is DeepEP's "FP8 dispatch, BF16 combine": fp8 e4m3
+rows with one fp32 scale per 128 channels, so hidden must be a multiple of 128 (every hidden of
+a sweep: each dtype runs with each hidden). Dispatch and dispatch-permute move the fp8 rows
+with their scales, and their bytes (nvl_GBps, rdma_GBps, the copy baseline, the a2a baseline)
+count the scales: hidden + hidden/128 x 4 bytes a row. fp8 is for dispatch only (a combine sums
+rows), so combine, unpermute-combine and dispatch-combine of an fp8 case run in bf16, on bf16
+inputs of their own, against a copy baseline of bf16 rows: the table's dtype column says fp8
+or bf16 per call, a footer line says so, and the JSON rows have dtype (the call's), case_dtype
+(fp8) and row_bytes. Every fp8 row and every scale is checked.
+
 --sms and --chunk-rows are the engine's tuning knobs (executor.Config.SMs, ChunkRows): how the
 row copies between ranks spread over the hardware. On the cuda backend, --sms bounds the thread
 blocks of the push and scatter kernels (so the copies keep to at most that many SMs) and
@@ -118,7 +128,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.IntSliceVar(&f.hidden, "hidden", nil, "hidden size H (comma-separated list to sweep)")
 	fl.IntSliceVar(&f.topk, "topk", nil, "expert slots per token K (comma-separated list to sweep)")
 	fl.IntVar(&f.experts, "experts", 0, "experts E (a multiple of ranks)")
-	fl.StringSliceVar(&f.dtype, "dtype", nil, "activation dtype: bf16 or fp32 (comma-separated list to sweep)")
+	fl.StringSliceVar(&f.dtype, "dtype", nil, "activation dtype: bf16, fp32 or fp8 (fp8: e4m3 rows with fp32 scales per 128 channels for dispatch and dispatch-permute, bf16 for the calls that combine; hidden a multiple of 128) (comma-separated list to sweep)")
 	fl.IntSliceVar(&f.sms, "sms", nil, "tuning knob: most thread blocks of the push/scatter kernels (cuda), most goroutines of a rank's copies (host); 0: no bound (comma-separated list to sweep; results identical, only time changes)")
 	fl.IntSliceVar(&f.chunkRows, "chunk-rows", nil, "tuning knob: rows per block (cuda) or per work item (host); 0: the engine's default (comma-separated list to sweep; results identical, only time changes)")
 	fl.IntVar(&f.iters, "iters", 0, "timed iterations per call")

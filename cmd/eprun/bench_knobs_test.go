@@ -112,7 +112,8 @@ func TestBenchSweepKnobs(t *testing.T) {
 		t.Errorf("table rows (call/sms/chunk/tokens)\n%v\nwant\n%v", got, want)
 	}
 
-	// The CSV: sms and chunk_rows are the last two columns.
+	// The CSV: sms and chunk_rows follow the columns before them (the
+	// columns added after them come last).
 	f, err := os.Open(csvPath)
 	if err != nil {
 		t.Fatal(err)
@@ -122,9 +123,9 @@ func TestBenchSweepKnobs(t *testing.T) {
 	if err != nil || len(recs) != 1+len(want) {
 		t.Fatalf("CSV: %v, %d records, want %d", err, len(recs), 1+len(want))
 	}
-	n := len(bench.CSVColumns)
-	if h := recs[0]; !slices.Equal(h, bench.CSVColumns) || h[n-2] != "sms" || h[n-1] != "chunk_rows" {
-		t.Errorf("CSV header %v: want sms, chunk_rows last", h)
+	n := slices.Index(bench.CSVColumns, "sms") + 2
+	if h := recs[0]; !slices.Equal(h, bench.CSVColumns) || h[n-3] != "rdma_flat_bytes_per_rank" || h[n-2] != "sms" || h[n-1] != "chunk_rows" {
+		t.Errorf("CSV header %v: want sms, chunk_rows after rdma_flat_bytes_per_rank", h)
 	}
 	got = nil
 	for _, row := range recs[1:] {

@@ -23,7 +23,7 @@ const schemaGolden = "testdata/bench-schema.golden.json"
 // keptValues are the keys whose values are enumerations, not measurements:
 // the schema keeps them as they are, so the golden says what they were.
 var keptValues = map[string]bool{
-	"call": true, "dtype": true, "mode": true, "timing": true, "launcher": true,
+	"call": true, "dtype": true, "case_dtype": true, "mode": true, "timing": true, "launcher": true,
 	"group": true, "baseline_a2a_transport": true, "routing": true, "backend": true,
 }
 

@@ -101,6 +101,7 @@ func writeCheck(w io.Writer, rec bench.Record) error {
 		fmt.Fprintf(&b, "  %-17s %6d %13d %8d\n", call, s.cases, s.rows, s.wrong)
 	}
 	b.WriteString("#\n")
+	b.WriteString(rec.FP8Line())
 	b.WriteString(rec.CheckLine())
 	_, err := io.WriteString(w, b.String())
 	return err

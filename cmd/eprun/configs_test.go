@@ -2,8 +2,12 @@ package main
 
 import (
 	"path/filepath"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/goep/goep/internal/bench"
 )
 
 // TestEveryConfigReduced runs every embedded config end to end at a
@@ -43,6 +47,29 @@ func TestEveryConfigReduced(t *testing.T) {
 	t.Logf("every config at reduced size took %v", time.Since(start))
 }
 
+// TestDecodeFP8Config: deepseek-v3-decode-fp8 is deepseek-v3-decode with
+// fp8 dispatch, and loads and validates as every embedded config does.
+func TestDecodeFP8Config(t *testing.T) {
+	c, err := loadConfig("deepseek-v3-decode-fp8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bf16, err := loadConfig("deepseek-v3-decode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(c.DType, bench.Strings{"fp8"}) || !slices.Equal(bf16.DType, bench.Strings{"bf16"}) {
+		t.Errorf("dtypes %v and %v, want fp8 and bf16", c.DType, bf16.DType)
+	}
+	c.DType = bf16.DType
+	if !reflect.DeepEqual(c, bf16) {
+		t.Errorf("deepseek-v3-decode-fp8 differs from deepseek-v3-decode in more than the dtype:\n%+v\n%+v", c, bf16)
+	}
+}
+
 // TestPublishedShapes pins the model shapes of the embedded configs.
 func TestPublishedShapes(t *testing.T) {
 	for _, tc := range []struct {
@@ -51,6 +78,7 @@ func TestPublishedShapes(t *testing.T) {
 	}{
 		{"deepseek-v3-prefill", 256, 8, 7168, 4096},
 		{"deepseek-v3-decode", 256, 8, 7168, 128},
+		{"deepseek-v3-decode-fp8", 256, 8, 7168, 128},
 		{"qwen3-235b", 128, 8, 4096, 4096},
 		{"kimi-k2", 384, 8, 7168, 4096},
 		{"many-experts", 896, 16, 4096, 1024},

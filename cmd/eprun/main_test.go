@@ -31,6 +31,10 @@ func TestBadUsage(t *testing.T) {
 	if err := os.WriteFile(badYAML, []byte("ranks: 4\nbogus: 1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	fp8YAML := filepath.Join(dir, "fp8.yaml")
+	if err := os.WriteFile(fp8YAML, []byte("ranks: 4\nexperts: 8\ndtype: [bf16, fp8]\nhidden: 96\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -38,7 +42,13 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"bench", "--no-such-flag"}, "unknown flag: --no-such-flag"},
 		{[]string{"bench", "--ranks", "two"}, `invalid argument "two"`},
 		{[]string{"bench", "--ranks", "3"}, "not a multiple of ranks 3"},
-		{[]string{"bench", "--dtype", "fp8"}, `dtype "fp8"`},
+		{[]string{"bench", "--dtype", "fp16"}, `dtype "fp16": want bf16, fp32 or fp8`},
+		// fp8 has one fp32 scale per 128 channels: every hidden of the
+		// sweep must be a multiple of 128, in a YAML config too.
+		{[]string{"bench", "tiny", "--dtype", "fp8"}, "the case dtype=fp8 hidden=64: fp8 needs hidden to be a multiple of 128"},
+		{[]string{"bench", "--dtype", "bf16,fp8", "--hidden", "100,128"}, "the case dtype=fp8 hidden=100: "},
+		{[]string{"check", "--dtype", "fp8", "--hidden", "128,200"}, "the case dtype=fp8 hidden=200: "},
+		{[]string{"bench", fp8YAML}, "the case dtype=fp8 hidden=96: "},
 		{[]string{"bench", "--format", "xml"}, `--format "xml"`},
 		{[]string{"bench", "--sms=-1"}, "sms -1: cannot be negative"},
 		{[]string{"bench", "--sms", "2,-4"}, "sms -4: cannot be negative"},

@@ -79,6 +79,23 @@ func TestLaunchedWorld(t *testing.T) {
 		t.Errorf("check output:\n%s", out)
 	}
 
+	// fp8 across processes: the fp8 rows, their scales and the bf16
+	// combines, goep's and the a2a baseline's over TCP, all check.
+	js8 := filepath.Join(dir, "fp8.json")
+	out, err = launch("bench", "tiny", "-q", "--dtype", "fp8", "--hidden", "128", "--iters", "2", "--json", js8)
+	if err != nil {
+		t.Fatalf("eprun launch -n 3 -- eprun bench tiny --dtype fp8: %v\n%s", err, out)
+	}
+	rec = readRecord(t, js8)
+	if rec.Wrong != 0 || rec.CheckedRows == 0 || rec.Error != "" || len(rec.Rows) != len(bench.AllCalls) {
+		t.Errorf("fp8: %d rows, %d of %d wrong, error %q", len(rec.Rows), rec.Wrong, rec.CheckedRows, rec.Error)
+	}
+	for _, r := range rec.Rows {
+		if r.CaseDType != "fp8" || r.A2A == nil || r.A2ACheckedRows == 0 {
+			t.Errorf("fp8 row %s: case dtype %q, a2a %v, %d a2a rows checked", r.Call, r.CaseDType, r.A2A, r.A2ACheckedRows)
+		}
+	}
+
 	// A --ranks that is not the number of processes is refused on every rank.
 	out, err = launch("check", "tiny", "-q", "--ranks", "4")
 	if err == nil || !strings.Contains(out, "--ranks 4, but torchrun started 3 processes") {

@@ -134,16 +134,19 @@ func plotRecords(runs []plotRun) (bw, lat *plot.Plot, err error) {
 // xs are the distinct token counts.
 func plotSeries(runs []plotRun) (all []*series, xs []int, positive bool) {
 	// One set of lines per run and swept case other than tokens.
+	// dtype is the rows' (Row.DType), caseDType the case's: the calls of
+	// an fp8 case that combine move bf16 rows, a line of their own apart
+	// from a bf16 case's.
 	type group struct {
-		run, hidden, topk int
-		dtype, mode       string
-		sms, chunk        int
+		run, hidden, topk      int
+		dtype, caseDType, mode string
+		sms, chunk             int
 	}
 	var groups []group
 	var smsSwept, chunkSwept bool // over all runs' rows
 	for i, r := range runs {
 		for _, row := range r.rec.Rows {
-			g := group{i, row.Hidden, row.TopK, row.DType, row.Mode, row.SMs, row.ChunkRows}
+			g := group{i, row.Hidden, row.TopK, row.DType, row.CaseDTypeName(), row.Mode, row.SMs, row.ChunkRows}
 			if !slices.Contains(groups, g) {
 				groups = append(groups, g)
 			}
@@ -169,7 +172,11 @@ func plotSeries(runs []plotRun) (all []*series, xs []int, positive bool) {
 			label = runs[g.run].name + ": " + label
 		}
 		if len(groups) > len(runs) || len(groups) > 1 && len(runs) == 1 {
-			label += fmt.Sprintf(" H=%d %s top%d %s", g.hidden, g.dtype, g.topk, g.mode)
+			dtype := g.dtype
+			if g.caseDType != g.dtype {
+				dtype += fmt.Sprintf(" (%s case)", g.caseDType)
+			}
+			label += fmt.Sprintf(" H=%d %s top%d %s", g.hidden, dtype, g.topk, g.mode)
 			if smsSwept {
 				label += fmt.Sprintf(" sms=%d", g.sms)
 			}
@@ -185,7 +192,7 @@ func plotSeries(runs []plotRun) (all []*series, xs []int, positive bool) {
 	positive = true
 	for gi, g := range groups {
 		for _, row := range runs[g.run].rec.Rows {
-			if row.Hidden != g.hidden || row.DType != g.dtype || row.TopK != g.topk || row.Mode != g.mode || row.SMs != g.sms || row.ChunkRows != g.chunk {
+			if row.Hidden != g.hidden || row.DType != g.dtype || row.CaseDTypeName() != g.caseDType || row.TopK != g.topk || row.Mode != g.mode || row.SMs != g.sms || row.ChunkRows != g.chunk {
 				continue
 			}
 			x := float64(row.Tokens)

@@ -5,6 +5,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -181,5 +182,43 @@ func TestPlotSweepKnobs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPlotFP8Sweep: a bf16,fp8 sweep gives the fp8 case's dispatch (fp8),
+// its combine (bf16, labelled as the fp8 case's) and the bf16 case's calls
+// lines of their own, each with one point per token count, and a copy
+// baseline per group.
+func TestPlotFP8Sweep(t *testing.T) {
+	var rows []bench.Row
+	for _, caseDT := range []string{"bf16", "fp8"} {
+		for _, tok := range []int{8, 16} {
+			for _, call := range []string{bench.CallDispatch, bench.CallCombine} {
+				dt := caseDT
+				if call == bench.CallCombine {
+					dt = "bf16"
+				}
+				rows = append(rows, bench.Row{Call: call, Tokens: tok, Hidden: 128, TopK: 2, DType: dt, CaseDType: caseDT, Mode: bench.ModeBlocking,
+					Time: bench.Stats{N: 2, Median: float64(tok)}, NVLGBps: 1, BaselineGBps: 2, Baseline: bench.Stats{N: 2, Median: 1}})
+			}
+		}
+	}
+	all, xs, _ := plotSeries([]plotRun{{"fp8", bench.Record{Rows: rows}}})
+	var labels []string
+	for _, s := range all {
+		labels = append(labels, s.label)
+		if len(s.bw) != 2 {
+			t.Errorf("line %q has %d points, want 2 (one per token count)", s.label, len(s.bw))
+		}
+	}
+	// Groups: the bf16 case (dispatch, combine); the fp8 case's fp8 rows
+	// (dispatch); its bf16 rows (combine). Each with a copy baseline.
+	if len(all) != 3+2+2 || len(xs) != 2 {
+		t.Fatalf("%d lines over %d token counts, want 7 over 2: %q", len(all), len(xs), labels)
+	}
+	for _, want := range []string{"dispatch H=128 fp8 top2", "combine H=128 bf16 (fp8 case) top2", "combine H=128 bf16 top2"} {
+		if !slices.Contains(labels, want+" blocking") {
+			t.Errorf("no line %q among %q", want+" blocking", labels)
+		}
 	}
 }

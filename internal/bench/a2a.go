@@ -36,6 +36,13 @@ import (
 //   - DispatchCombine: Dispatch, the received rows gathered into one
 //     [N, H] array (as goep's RecvX is), then Combine of it.
 //
+// fp8 rows travel with their scales: each row is packed as its H bytes
+// followed by its H/128 fp32 scales, so Dispatch moves both in the one
+// AllToAll and Permute copies both, as a user packing DeepEP-style
+// messages would (the same bytes as goep's calls move, DESIGN.md section
+// 6). Unpack splits packed rows for the checks. Combine refuses fp8: the calls that
+// combine in an fp8 case run on a bf16 A2A (Case.CallDType).
+//
 // Send buffers and outputs are reused from one call to the next, as a
 // user's would be.
 type A2A struct {
@@ -45,16 +52,18 @@ type A2A struct {
 	pad     int
 	dt      device.DType
 	h, k, l int
-	rb      int // row bytes
+	rb      int // row bytes, an fp8 row's scales included (packed)
+	sb      int // bytes of an fp8 row's scales; 0 for other dtypes
 
-	x   []byte    // this rank's tokens [T, H]
+	x   []byte    // this rank's tokens [T, H] (fp8: packed with their scales)
 	idx []int32   // [T*K] global expert ids
 	wts []float32 // [T*K]
 
 	send    [][]byte
 	recvCnt []int // rows received from each source
 
-	// Dispatch outputs.
+	// Dispatch outputs. Rows, X and the results of RecvX and RecvXInto
+	// are packed rows (fp8: with their scales; Unpack splits them).
 	Rows        [][]byte  // the N received rows (views), in receive order
 	RecvIdx     []int32   // [N*K] local expert ids, else -1
 	RecvWeights []float32 // [N*K]
@@ -78,12 +87,38 @@ type A2A struct {
 func NewA2A(w *World, g comm.Group, pad int) *A2A {
 	me := g.Rank()
 	x, idx, wts := w.Inputs(me)
-	return &A2A{
+	a := &A2A{
 		w: w, g: g, me: me, pad: pad, dt: w.DType,
-		h: w.Hidden, k: w.TopK, l: w.LocalExperts(), rb: w.Hidden * w.DType.Size(),
+		h: w.Hidden, k: w.TopK, l: w.LocalExperts(), rb: RowBytes(w.DType, w.Hidden), sb: 4 * w.ScaleCols(),
 		x: x, idx: idx, wts: wts,
 		send: make([][]byte, w.Ranks), recvCnt: make([]int, w.Ranks),
 	}
+	if a.sb > 0 {
+		scales := w.InputScales(me)
+		xb := a.rb - a.sb
+		a.x = make([]byte, w.Tokens[me]*a.rb)
+		for t := range w.Tokens[me] {
+			copy(a.x[t*a.rb:], x[t*xb:(t+1)*xb])
+			copy(a.x[t*a.rb+xb:], scales[t*a.sb:(t+1)*a.sb])
+		}
+	}
+	return a
+}
+
+// Unpack splits packed rows (rows of RecvX, RecvXInto or the permuted X)
+// into their payload [n, H] and, for fp8, their scales [n, H/128] fp32
+// bytes; for other dtypes it returns the rows as they are and nil.
+func (a *A2A) Unpack(packed []byte) (x, scales []byte) {
+	if a.sb == 0 {
+		return packed, nil
+	}
+	n, xb := len(packed)/a.rb, a.rb-a.sb
+	x, scales = make([]byte, n*xb), make([]byte, n*a.sb)
+	for i := range n {
+		copy(x[i*xb:], packed[i*a.rb:i*a.rb+xb])
+		copy(scales[i*a.sb:], packed[i*a.rb+xb:(i+1)*a.rb])
+	}
+	return x, scales
 }
 
 // goesTo reports whether token t names an expert of rank d.
@@ -205,7 +240,8 @@ func (a *A2A) Permute() {
 	}
 }
 
-// RecvX returns the dispatched rows as one [N, H] array (a copy).
+// RecvX returns the dispatched rows as one [N, H] array (a copy; fp8:
+// packed rows).
 func (a *A2A) RecvX() []byte {
 	out := make([]byte, 0, len(a.Rows)*a.rb)
 	for _, r := range a.Rows {
@@ -227,6 +263,9 @@ func (a *A2A) RecvXInto(buf []byte) []byte {
 // Combine sends z ([N, H], in receive order) back and sums each token's
 // rows into Out.
 func (a *A2A) Combine(ctx context.Context, z []byte) error {
+	if a.sb > 0 {
+		return fmt.Errorf("a2a combine: %v rows are never summed (fp8 is dispatch only)", a.dt)
+	}
 	rb := a.rb
 	o := 0
 	for s, c := range a.recvCnt {
@@ -324,11 +363,17 @@ func aligned(b []byte, a int) []byte {
 }
 
 // runA2A times the a2a baseline of every call, as the calls are timed,
-// and checks its outputs as the calls' are.
+// and checks its outputs as the calls' are. As goep's, the calls that
+// combine of an fp8 case run on bf16 rows: a second A2A, of the case's
+// bf16 world.
 func (st *rankState) runA2A(ctx context.Context) error {
 	a := NewA2A(st.world, st.g, st.cfg.Pad)
+	ca := a // the calls that combine
+	if st.cworld != st.world {
+		ca = NewA2A(st.cworld, st.g, st.cfg.Pad)
+	}
 	r := st.rank
-	dispatched, permuted := false, false
+	dispatched, permuted := false, false // ca holds a dispatch (z), a permute
 	var z []byte
 	timed := func(call string, op func() error) error {
 		name := "a2a/" + call
@@ -355,8 +400,7 @@ func (st *rankState) runA2A(ctx context.Context) error {
 		}
 		st.a2aChecks[call].add(c)
 	}
-	dispatch := func() error { return a.Dispatch(ctx) }
-	dispatchPermute := func() error {
+	dispatchPermute := func(a *A2A) error {
 		if err := a.Dispatch(ctx); err != nil {
 			return err
 		}
@@ -366,29 +410,36 @@ func (st *rankState) runA2A(ctx context.Context) error {
 	for _, call := range st.cfg.Calls {
 		switch call {
 		case CallDispatch:
-			if err := timed(call, dispatch); err != nil {
+			if err := timed(call, func() error { return a.Dispatch(ctx) }); err != nil {
 				return err
 			}
-			dispatched, z = true, a.RecvX()
-			check(call, st.world.CheckDispatch(r, len(a.Rows), z, a.RecvIdx, a.RecvWeights))
+			rx := a.RecvX()
+			if a == ca {
+				dispatched, z = true, rx
+			}
+			x, scales := a.Unpack(rx)
+			check(call, st.world.CheckDispatch(r, len(a.Rows), x, scales, a.RecvIdx, a.RecvWeights))
 		case CallCombine:
 			if !dispatched {
-				if err := dispatch(); err != nil {
+				if err := ca.Dispatch(ctx); err != nil {
 					return err
 				}
-				dispatched, z = true, a.RecvX()
+				dispatched, z = true, ca.RecvX()
 			}
-			if err := timed(call, func() error { return a.Combine(ctx, z) }); err != nil {
+			if err := timed(call, func() error { return ca.Combine(ctx, z) }); err != nil {
 				return err
 			}
-			check(call, st.world.CheckCombine(r, a.Out, false))
+			check(call, st.cworld.CheckCombine(r, ca.Out, false))
 		case CallDispatchPermute:
-			if err := timed(call, dispatchPermute); err != nil {
+			if err := timed(call, func() error { return dispatchPermute(a) }); err != nil {
 				return err
 			}
-			permuted = true
-			c := st.world.CheckDispatch(r, len(a.Rows), nil, a.RecvIdx, a.RecvWeights)
-			pc := st.world.CheckPermute(r, st.cfg.Pad, a.P, a.X[:a.P*a.rb], a.Weights[:a.P])
+			if a == ca {
+				permuted = true
+			}
+			c := st.world.CheckDispatch(r, len(a.Rows), nil, nil, a.RecvIdx, a.RecvWeights)
+			x, scales := a.Unpack(a.X[:a.P*a.rb])
+			pc := st.world.CheckPermute(r, st.cfg.Pad, a.P, x, scales, a.Weights[:a.P])
 			c.Wrong += pc.Wrong
 			check(call, c)
 		case CallDispatchCombine:
@@ -396,29 +447,29 @@ func (st *rankState) runA2A(ctx context.Context) error {
 			// (goep's RecvX is one), send them back and sum.
 			var rx []byte
 			if err := timed(call, func() error {
-				if err := a.Dispatch(ctx); err != nil {
+				if err := ca.Dispatch(ctx); err != nil {
 					return err
 				}
-				rx = a.RecvXInto(rx)
-				return a.Combine(ctx, rx)
+				rx = ca.RecvXInto(rx)
+				return ca.Combine(ctx, rx)
 			}); err != nil {
 				return err
 			}
-			c := st.world.CheckDispatch(r, len(a.Rows), rx, a.RecvIdx, a.RecvWeights)
-			c.add(st.world.CheckCombine(r, a.Out, false))
+			c := st.cworld.CheckDispatch(r, len(ca.Rows), rx, nil, ca.RecvIdx, ca.RecvWeights)
+			c.add(st.cworld.CheckCombine(r, ca.Out, false))
 			check(call, c)
 		case CallUnpermuteCombine:
 			if !permuted {
-				if err := dispatchPermute(); err != nil {
+				if err := dispatchPermute(ca); err != nil {
 					return err
 				}
 				permuted = true
 			}
-			y := append([]byte(nil), a.X[:a.P*a.rb]...)
-			if err := timed(call, func() error { return a.UnpermuteCombine(ctx, y) }); err != nil {
+			y := append([]byte(nil), ca.X[:ca.P*ca.rb]...)
+			if err := timed(call, func() error { return ca.UnpermuteCombine(ctx, y) }); err != nil {
 				return err
 			}
-			check(call, st.world.CheckCombine(r, a.Out, true))
+			check(call, st.cworld.CheckCombine(r, ca.Out, true))
 		}
 	}
 	return nil

@@ -120,10 +120,31 @@ func newClock(e *executor.Engine) (clock, error) {
 	return &wallClock{}, nil
 }
 
-// baseline runs the copy baseline on the rank's backend.
+// baseline runs the copy baseline on the rank's backend, once for each
+// dtype the case's calls move (an fp8 case with calls that combine: its fp8
+// rows with their scales, and bf16 rows), named baselineName.
 func (st *rankState) baseline(ctx context.Context, e *executor.Engine) error {
-	if st.backend.Kind() == device.KindCUDA {
-		return st.runCUDABaseline(ctx, e)
+	for _, dt := range st.c.callDTypes(st.cfg.Calls) {
+		name := baselineName(st.c, dt)
+		var err error
+		if st.backend.Kind() == device.KindCUDA {
+			err = st.runCUDABaseline(ctx, e, name, dt)
+		} else {
+			err = st.runBaseline(ctx, st.ctl, name, dt)
+		}
+		if err != nil {
+			return err
+		}
 	}
-	return st.runBaseline(ctx, st.ctl)
+	return nil
+}
+
+// baselineName names the copy baseline of rows of dtype dt in case c:
+// "baseline" for the case's dtype, "baseline/bf16" for the bf16 rows of an
+// fp8 case's calls that combine.
+func baselineName(c Case, dt device.DType) string {
+	if dt == c.DType {
+		return "baseline"
+	}
+	return "baseline/" + dt.String()
 }

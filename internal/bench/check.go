@@ -19,24 +19,32 @@ type Check struct {
 func (c *Check) add(o Check) { c.Rows += o.Rows; c.Wrong += o.Wrong }
 
 // CheckDispatch checks rank d's dispatch output: recvX ([rows, H], rows >=
-// n), recvIdx ([rows, K]) and recvWeights ([rows, K], or nil if not
-// dispatched), of which the first n rows are valid. Rows past n (capacity
-// mode) must be zero in recvX. A nil recvX (the fused call, which has none)
-// checks only recvIdx and recvWeights.
-func (w *World) CheckDispatch(d int, n int, recvX []byte, recvIdx []int32, recvWeights []float32) Check {
+// n), recvScales ([rows, H/128] fp32 bytes: an fp8 world's, else nil),
+// recvIdx ([rows, K]) and recvWeights ([rows, K], or nil if not
+// dispatched), of which the first n rows are valid. A row is right when its
+// payload, its scales (fp8), its slots and its weights all are. Rows past n
+// (capacity mode) must be zero in recvX and recvScales. A nil recvX (the
+// fused call, which has none) checks only recvIdx and recvWeights.
+func (w *World) CheckDispatch(d int, n int, recvX, recvScales []byte, recvIdx []int32, recvWeights []float32) Check {
 	recv := w.Recv(d)
 	rb := w.Hidden * w.DType.Size()
+	sb := 4 * w.ScaleCols()
 	k := w.TopK
 	l := w.LocalExperts()
 	c := Check{Rows: max(n, len(recv))}
 	c.Wrong = abs(n - len(recv))
 	want := make([]byte, rb)
+	wantS := make([]byte, sb)
 	for i := range min(n, len(recv)) {
 		src := recv[i]
 		ok := true
 		if recvX != nil {
 			w.XRow(want, src.Rank, src.Token)
 			ok = len(recvX) >= (i+1)*rb && bytes.Equal(recvX[i*rb:(i+1)*rb], want)
+			if sb > 0 {
+				w.ScaleRow(wantS, src.Rank, src.Token)
+				ok = ok && len(recvScales) >= (i+1)*sb && bytes.Equal(recvScales[i*sb:(i+1)*sb], wantS)
+			}
 		}
 		if ok && len(recvIdx) >= (i+1)*k {
 			for j := range k {
@@ -56,10 +64,10 @@ func (w *World) CheckDispatch(d int, n int, recvX []byte, recvIdx []int32, recvW
 			c.Wrong++
 		}
 	}
-	// capacity tail: zero
+	// capacity tail: zero, scales included
 	for i := n; i < len(recvX)/rb; i++ {
 		c.Rows++
-		if !isZero(recvX[i*rb : (i+1)*rb]) {
+		if !isZero(recvX[i*rb:(i+1)*rb]) || (sb > 0 && (len(recvScales) < (i+1)*sb || !isZero(recvScales[i*sb:(i+1)*sb]))) {
 			c.Wrong++
 		}
 	}
@@ -91,15 +99,19 @@ func (w *World) PermutedLayout(d, pad int) (offsets []int, rows [][]int, slots [
 	return offsets, rows, slots
 }
 
-// CheckPermute checks rank d's permuted output: px ([rows, H], rows >= p)
-// and pw ([rows] or nil), of which the first p rows are valid.
-func (w *World) CheckPermute(d, pad, p int, px []byte, pw []float32) Check {
+// CheckPermute checks rank d's permuted output: px ([rows, H], rows >= p),
+// ps ([rows, H/128] fp32 bytes: an fp8 world's scales, else nil) and pw
+// ([rows] or nil), of which the first p rows are valid. Padding rows must
+// be zero, scales included.
+func (w *World) CheckPermute(d, pad, p int, px, ps []byte, pw []float32) Check {
 	recv := w.Recv(d)
 	offsets, rows, slots := w.PermutedLayout(d, pad)
 	rb := w.Hidden * w.DType.Size()
+	sb := 4 * w.ScaleCols()
 	total := offsets[len(offsets)-1]
 	c := Check{Rows: max(p, total), Wrong: abs(p - total)}
 	want := make([]byte, rb)
+	wantS := make([]byte, sb)
 	for e := range rows {
 		for q := offsets[e]; q < offsets[e+1]; q++ {
 			if q >= p {
@@ -109,11 +121,16 @@ func (w *World) CheckPermute(d, pad, p int, px []byte, pw []float32) Check {
 			if j := q - offsets[e]; j < len(rows[e]) {
 				src := recv[rows[e][j]]
 				w.XRow(want, src.Rank, src.Token)
+				w.ScaleRow(wantS, src.Rank, src.Token)
 				wantW = w.Weight(src.Rank, src.Token, slots[e][j])
 			} else {
 				clear(want)
+				clear(wantS)
 			}
 			ok := len(px) >= (q+1)*rb && bytes.Equal(px[q*rb:(q+1)*rb], want)
+			if sb > 0 && (len(ps) < (q+1)*sb || !bytes.Equal(ps[q*sb:(q+1)*sb], wantS)) {
+				ok = false
+			}
 			if pw != nil && (len(pw) <= q || math.Float32bits(pw[q]) != math.Float32bits(wantW)) {
 				ok = false
 			}
@@ -129,7 +146,14 @@ func (w *World) CheckPermute(d, pad, p int, px []byte, pw []float32) Check {
 // rank combined its dispatch output unchanged (z = recvX) or, if
 // unpermuted, the weighted unpermute of its permuted output unchanged
 // (y = px, weights = recvWeights).
+//
+// Combine sums rows, which fp8 rows never are (a call that combines in an
+// fp8 case runs in bf16, Case.CallDType): on an fp8 world every row counts
+// as wrong.
 func (w *World) CheckCombine(s int, out []byte, unpermuted bool) Check {
+	if w.DType == device.FP8E4M3 {
+		return Check{Rows: w.Tokens[s], Wrong: w.Tokens[s]}
+	}
 	rb := w.Hidden * w.DType.Size()
 	l := w.LocalExperts()
 	k := w.TopK

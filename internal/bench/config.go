@@ -61,7 +61,14 @@ type Config struct {
 	Hidden Ints `yaml:"hidden" json:"hidden"`
 	// Tokens is T, the tokens on every rank (one or more values).
 	Tokens Ints `yaml:"tokens" json:"tokens"`
-	// DType is the activation dtype, bf16 or fp32 (one or more values).
+	// DType is the activation dtype, bf16, fp32 or fp8 (one or more
+	// values). fp8 is e4m3 with one fp32 scale per 128 channels of a row
+	// (device.FP8ScaleChannels), which needs every Hidden to be a multiple
+	// of 128, and is for dispatch only (DESIGN.md section 1): in an fp8
+	// case dispatch and dispatch-permute move fp8 rows with their scales,
+	// and the calls that combine (combine, unpermute-combine,
+	// dispatch-combine) run in bf16, as DeepEP's "FP8 dispatch, BF16
+	// combine" does (Case.CallDType).
 	DType Strings `yaml:"dtype" json:"dtype"`
 	// SMs and ChunkRows are the engine's tuning knobs, executor.Config.SMs
 	// and executor.Config.ChunkRows (one or more values each; default 0,
@@ -224,8 +231,23 @@ func (c Config) Validate() error {
 		}
 	}
 	for _, d := range c.DType {
-		if _, err := parseDType(d); err != nil {
+		dt, err := parseDType(d)
+		if err != nil {
 			return err
+		}
+		if dt != device.FP8E4M3 {
+			continue
+		}
+		for _, h := range c.Hidden {
+			if h%device.FP8ScaleChannels == 0 {
+				continue
+			}
+			fix := fmt.Sprintf("use a multiple of %d, such as %d", device.FP8ScaleChannels, (h/device.FP8ScaleChannels+1)*device.FP8ScaleChannels)
+			if len(c.Hidden) > 1 || len(c.DType) > 1 {
+				fix = fmt.Sprintf("every dtype of the sweep runs with every hidden, so drop hidden %d or run fp8 on its own", h)
+			}
+			return fmt.Errorf("the case dtype=%s hidden=%d: fp8 needs hidden to be a multiple of %d (one fp32 scale per %d channels); %s",
+				d, h, device.FP8ScaleChannels, device.FP8ScaleChannels, fix)
 		}
 	}
 	for _, call := range c.Calls {
@@ -263,8 +285,8 @@ const (
 
 func parseDType(s string) (device.DType, error) {
 	dt, err := device.ParseDType(s)
-	if err != nil || (dt != device.BF16 && dt != device.FP32) {
-		return 0, fmt.Errorf("dtype %q: want bf16 or fp32", s)
+	if err != nil || (dt != device.BF16 && dt != device.FP32 && dt != device.FP8E4M3) {
+		return 0, fmt.Errorf("dtype %q: want bf16, fp32 or fp8", s)
 	}
 	return dt, nil
 }
@@ -296,6 +318,43 @@ type Case struct {
 	DType          device.DType
 	// SMs and ChunkRows are the engine's tuning knobs (0: its default).
 	SMs, ChunkRows int
+}
+
+// CallDType is the dtype of the rows call moves in case c: the case's,
+// except that the calls that combine (combine, unpermute-combine,
+// dispatch-combine) of an fp8 case run in bf16. fp8 is for dispatch only
+// (DESIGN.md section 1): a combine sums rows, and the engine refuses fp8
+// there. So an fp8 case measures what DeepEP's headline numbers do, fp8
+// dispatch and bf16 combine; its combine calls get bf16 inputs of their
+// own, and dispatch-combine is a bf16 round trip.
+func (c Case) CallDType(call string) device.DType {
+	if c.DType == device.FP8E4M3 && combines(call) {
+		return device.BF16
+	}
+	return c.DType
+}
+
+// callDTypes lists the distinct dtypes the calls of case c move, in the
+// order of the calls: one, or for an fp8 case with calls of both kinds, fp8
+// and bf16. The case has a copy baseline of each.
+func (c Case) callDTypes(calls []string) []device.DType {
+	var out []device.DType
+	for _, call := range calls {
+		if dt := c.CallDType(call); !slices.Contains(out, dt) {
+			out = append(out, dt)
+		}
+	}
+	return out
+}
+
+// RowBytes is the bytes of one row of h elements of dtype dt as a call
+// moves it (DESIGN.md section 6): h x the element size, plus, for fp8, its
+// h/128 fp32 scales (4 bytes each).
+func RowBytes(dt device.DType, h int) int {
+	if dt == device.FP8E4M3 {
+		return h + h/device.FP8ScaleChannels*4
+	}
+	return h * dt.Size()
 }
 
 // knobs is " sms=N chunk_rows=N" for the knobs not at their default (0),

@@ -11,7 +11,9 @@ import (
 // where it ran, then the RDMA byte counts of the JSON record
 // (Row.RDMACrossBytes, Row.RDMAFlatBytes; empty with one domain), then
 // the row's tuning knobs (Row.SMs, Row.ChunkRows; 0: the engine's
-// default). New columns go at the end: consumers index by position.
+// default), then the case's dtype and the bytes of a row (Row.CaseDType,
+// Row.RowBytes: dtype is the call's, bf16 for the calls that combine of an
+// fp8 case). New columns go at the end: consumers index by position.
 var CSVColumns = []string{
 	"call", "tokens", "hidden", "topk", "dtype", "time_us", "p99_us", "nvl_GBps", "rdma_GBps",
 	"baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "wrong",
@@ -19,6 +21,7 @@ var CSVColumns = []string{
 	"launcher", "processes", "timing", "commit", "backend",
 	"rdma_cross_bytes_per_rank", "rdma_flat_bytes_per_rank",
 	"sms", "chunk_rows",
+	"case_dtype", "row_bytes",
 }
 
 // WriteCSV writes one row per (call, case) with CSVColumns. A value the
@@ -74,6 +77,7 @@ func WriteCSV(w io.Writer, rec Record) error {
 			rec.Launcher, itoa(rec.Processes), rec.Timing, rec.Env.Commit, backend,
 			pos(r.RDMACrossBytes, -1), pos(r.RDMAFlatBytes, -1),
 			itoa(r.SMs), itoa(r.ChunkRows),
+			r.CaseDTypeName(), itoa(r.RowBytes),
 		}
 		if err := cw.Write(row); err != nil {
 			return err

@@ -49,28 +49,31 @@ func (c *eventClock) elapsed() (time.Time, time.Duration, error) {
 	return c.t0, d, err
 }
 
-// runCUDABaseline times a device-to-device copy of this rank's N_r rows
-// (cuMemcpyDtoDAsync) on the engine's stream, all ranks at once after a
-// barrier, with the events the calls are timed with, then checks the copy.
-func (st *rankState) runCUDABaseline(ctx context.Context, e *executor.Engine) error {
+// runCUDABaseline times a device-to-device copy of this rank's N_r rows of
+// dtype dt (cuMemcpyDtoDAsync), their bytes as a call moves them
+// (RowBytes: an fp8 row's scales included, one contiguous copy), on the
+// engine's stream, all ranks at once after a barrier, with the events the
+// calls are timed with, then checks the copy. It records the times as
+// name.
+func (st *rankState) runCUDABaseline(ctx context.Context, e *executor.Engine, name string, dt device.DType) error {
 	w := st.world
 	s, ok := e.Stream().(*device.CUDAStream)
 	if !ok {
 		return fmt.Errorf("baseline: the engine's stream is a %T, not a CUDA stream", e.Stream())
 	}
 	n := st.recvRows
-	rb := w.Hidden * w.DType.Size()
+	rb := RowBytes(dt, w.Hidden)
 	rows := max(n, 1) // no zero-byte allocations
 	pattern := make([]byte, rows*rb)
 	for i := range pattern {
 		pattern[i] = byte(i)
 	}
-	src, err := upload(ctx, e, w.DType, pattern, rows, w.Hidden)
+	src, err := upload(ctx, e, dt, pattern, rows, rb/dt.Size())
 	if err != nil {
 		return fmt.Errorf("baseline: %w", err)
 	}
 	defer src.Close()
-	dst, err := upload(ctx, e, w.DType, make([]byte, rows*rb), rows, w.Hidden)
+	dst, err := upload(ctx, e, dt, make([]byte, rows*rb), rows, rb/dt.Size())
 	if err != nil {
 		return fmt.Errorf("baseline: %w", err)
 	}
@@ -99,9 +102,9 @@ func (st *rankState) runCUDABaseline(ctx context.Context, e *executor.Engine) er
 			return fmt.Errorf("baseline: %w", err)
 		}
 		if i >= st.cfg.Warmup {
-			st.record("baseline", i-st.cfg.Warmup, t0, t0.Add(d))
+			st.record(name, i-st.cfg.Warmup, t0, t0.Add(d))
 		}
-		st.progress("baseline")
+		st.progress(name)
 	}
 	if err := st.ctl.Barrier(ctx); err != nil {
 		return err

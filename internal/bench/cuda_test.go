@@ -4,6 +4,7 @@ package bench
 
 import (
 	"flag"
+	"slices"
 	"testing"
 
 	"github.com/goep/goep/comm"
@@ -27,6 +28,10 @@ func TestRunCUDA(t *testing.T) {
 		{"capacity-pad-fp32", func(c *Config) { c.Mode, c.Pad, c.DType = Strings{ModeCapacity}, 4, Strings{"fp32"} }},
 		{"sweep-zero-tokens", func(c *Config) { c.Tokens = Ints{0, 8} }},
 		{"dispatch-combine", func(c *Config) { c.Calls = []string{CallDispatchCombine} }},
+		{"fp8-every-call", func(c *Config) { c.DType, c.Hidden, c.Calls = Strings{"fp8"}, Ints{256}, slices.Clone(KnownCalls) }},
+		{"fp8-capacity-pad", func(c *Config) {
+			c.DType, c.Hidden, c.Mode, c.Pad = Strings{"fp8"}, Ints{128}, Strings{ModeCapacity}, 4
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Defaults()

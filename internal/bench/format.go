@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/goep/goep/device"
 )
 
 // Record is everything one eprun bench run writes with --json.
@@ -158,6 +161,7 @@ func WriteTable(w io.Writer, rec Record) error {
 	} else {
 		b.WriteString("# nvl_GBps: mean over ranks of received rows x hidden x dtype size, / time_us; baseline: a plain copy of those bytes by every rank at once\n")
 	}
+	b.WriteString(rec.FP8Line())
 	b.WriteString(rdmaLines(rec.Rows))
 	for _, r := range rec.Rows {
 		if r.Call == CallDispatchCombine {
@@ -259,6 +263,23 @@ func (e Env) GPULine() string {
 		idx = fmt.Sprintf(" (GPU %d)", *e.GPUIndex)
 	}
 	return fmt.Sprintf("gpu: %s%s  driver %s", e.GPU, idx, orDash(e.Driver))
+}
+
+// FP8Line is the footer line that says what the calls of an fp8 case move
+// (eprun bench and eprun check print it alike); "" when the record has no
+// fp8 case.
+func (rec *Record) FP8Line() string {
+	fp8 := slices.ContainsFunc(rec.Rows, func(r Row) bool { return r.CaseDTypeName() == device.FP8E4M3.String() })
+	for _, d := range rec.Config.DType {
+		if dt, err := parseDType(d); err == nil && dt == device.FP8E4M3 {
+			fp8 = true
+		}
+	}
+	if !fp8 {
+		return ""
+	}
+	return fmt.Sprintf("# fp8: dispatch and dispatch-permute move fp8 e4m3 rows with one fp32 scale per %d channels (hidden + hidden/%d x 4 bytes a row, in nvl and rdma bytes and the copy baseline); combine, unpermute-combine and dispatch-combine run in bf16 (fp8 is dispatch only: DeepEP's FP8 dispatch, BF16 combine), on bf16 inputs of their own, against a bf16 copy baseline\n",
+		device.FP8ScaleChannels, device.FP8ScaleChannels)
 }
 
 // CheckLine is the footer line that reports the run's checks (eprun bench
@@ -429,16 +450,29 @@ func WriteGoBench(w io.Writer, rec Record) error {
 		if r.A2A != nil {
 			line("A2A"+benchName(r.Call), r, *r.A2A, r.A2AGBps)
 		}
-		if r.BaselineGBps > 0 && (i+1 == len(rec.Rows) || !sameCase(r, rec.Rows[i+1])) {
-			line("Baseline", r, r.Baseline, r.BaselineGBps)
+		if i+1 == len(rec.Rows) || !sameCase(r, rec.Rows[i+1]) {
+			// The case's copy baselines, one per dtype its calls moved
+			// (an fp8 case: fp8 rows with their scales, and bf16).
+			first := i
+			for first > 0 && sameCase(rec.Rows[first-1], r) {
+				first--
+			}
+			var done []string
+			for _, cr := range rec.Rows[first : i+1] {
+				if cr.BaselineGBps > 0 && !slices.Contains(done, cr.DType) {
+					done = append(done, cr.DType)
+					line("Baseline", cr, cr.Baseline, cr.BaselineGBps)
+				}
+			}
 		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
-// sameCase reports whether two rows are of one case of the sweep.
+// sameCase reports whether two rows are of one case of the sweep (the
+// rows of an fp8 case differ in DType: fp8 and bf16).
 func sameCase(a, b Row) bool {
-	return a.Tokens == b.Tokens && a.Hidden == b.Hidden && a.DType == b.DType && a.TopK == b.TopK && a.Mode == b.Mode &&
+	return a.Tokens == b.Tokens && a.Hidden == b.Hidden && a.CaseDTypeName() == b.CaseDTypeName() && a.TopK == b.TopK && a.Mode == b.Mode &&
 		a.SMs == b.SMs && a.ChunkRows == b.ChunkRows
 }

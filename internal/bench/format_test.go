@@ -277,9 +277,9 @@ func TestOutputsSweepKnobs(t *testing.T) {
 	if err != nil || len(recs) != 5 {
 		t.Fatalf("CSV: %v, %d records", err, len(recs))
 	}
-	n := len(CSVColumns)
-	if h := recs[0]; h[n-2] != "sms" || h[n-1] != "chunk_rows" || h[n-3] != "rdma_flat_bytes_per_rank" {
-		t.Errorf("CSV header %v: want sms, chunk_rows at the end, after the columns of before", h)
+	n := slices.Index(CSVColumns, "sms") + 2 // sms and chunk_rows, then the columns added after them
+	if h := recs[0]; n < 3 || h[n-2] != "sms" || h[n-1] != "chunk_rows" || h[n-3] != "rdma_flat_bytes_per_rank" {
+		t.Errorf("CSV header %v: want sms, chunk_rows after the columns of before", h)
 	}
 	var cells []string
 	for _, r := range recs[1:] {
@@ -320,5 +320,61 @@ func TestOutputsSweepKnobs(t *testing.T) {
 	half := Record{Config: c, Rows: []Row{row(1, 0), row(2, 0)}}
 	if got := names(half); len(got) != 4 || !strings.HasSuffix(got[0], "/routing=uniform/sms=1-0") {
 		t.Errorf("sms swept, chunk 0: names %v, want /sms=1 and no chunk", got)
+	}
+}
+
+// TestOutputsFP8: an fp8 case's rows (fp8 dispatch, bf16 combine) are one
+// case: gobench gives it a copy baseline per dtype, the bf16 case after
+// it one; the table shows each row's dtype and the fp8 footer line, which a
+// run without fp8 lacks; rows of records written before case_dtype are
+// cases by their dtype.
+func TestOutputsFP8(t *testing.T) {
+	row := func(call, caseDT, dt string, base float64) Row {
+		return Row{Call: call, Ranks: 4, Tokens: 32, Hidden: 128, TopK: 2, DType: dt, CaseDType: caseDT, Mode: ModeBlocking,
+			Time: Stats{N: 2, Median: 10}, NVLGBps: 1, Baseline: Stats{N: 2, Median: base}, BaselineGBps: base, Ratio: 1 / base}
+	}
+	c := Defaults()
+	c.DType = Strings{"fp8", "bf16"}
+	rec := Record{Config: c, Rows: []Row{
+		row(CallDispatch, "fp8", "fp8", 1), row(CallCombine, "fp8", "bf16", 2),
+		row(CallDispatch, "bf16", "bf16", 3), row(CallCombine, "bf16", "bf16", 3),
+	}}
+	var b bytes.Buffer
+	if err := WriteGoBench(&b, rec); err != nil {
+		t.Fatal(err)
+	}
+	var baselines []string
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.HasPrefix(l, "BenchmarkBaseline/") {
+			f := strings.Fields(l)
+			baselines = append(baselines, f[0][strings.Index(f[0], "dtype="):strings.Index(f[0], "/routing")]+" "+f[4])
+		}
+	}
+	// MB/s: GB/s x 1000.
+	if want := []string{"dtype=fp8 1000.00", "dtype=bf16 2000.00", "dtype=bf16 3000.00"}; !slices.Equal(baselines, want) {
+		t.Errorf("gobench baselines %v, want %v\n%s", baselines, want, b.String())
+	}
+	b.Reset()
+	if err := WriteTable(&b, rec); err != nil {
+		t.Fatal(err)
+	}
+	table := b.String()
+	for _, want := range []string{
+		"\n  dispatch               32     128     2   fp8 ",
+		"\n  combine                32     128     2  bf16 ",
+		"\n# fp8: dispatch and dispatch-permute move fp8 e4m3 rows with one fp32 scale per 128 channels",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+	bf16 := Record{Config: Defaults(), Rows: rec.Rows[2:]}
+	if s := bf16.FP8Line(); s != "" {
+		t.Errorf("a bf16 run has an fp8 line %q", s)
+	}
+	// Old rows: no case_dtype, one case per dtype.
+	old := []Row{row(CallDispatch, "", "bf16", 1), row(CallCombine, "", "bf16", 1), row(CallDispatch, "", "fp32", 1)}
+	if !sameCase(old[0], old[1]) || sameCase(old[1], old[2]) || old[2].CaseDTypeName() != "fp32" {
+		t.Errorf("rows without case_dtype: sameCase %v %v, case dtype %q", sameCase(old[0], old[1]), sameCase(old[1], old[2]), old[2].CaseDTypeName())
 	}
 }

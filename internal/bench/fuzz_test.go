@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/goep/goep/device"
 )
 
 // FuzzParseConfig: any bytes as a YAML config parse or fail with a one-line
@@ -27,6 +29,7 @@ func FuzzParseConfig(f *testing.F) {
 		"routing: zipf\nzipf_s: -1\n",
 		"mode: [capacity]\nmax_recv_tokens: -5\n",
 		"experts: 1073741824\nranks: 1\n",
+		"dtype: [bf16, fp8]\nhidden: [128, 100]\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -50,7 +53,7 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		for _, k := range cases {
 			if k.TopK < 1 || k.TopK > c.Experts || k.Hidden < 1 || k.Tokens < 0 || k.SMs < 0 || k.ChunkRows < 0 ||
-				k.Hidden > maxSize || k.Tokens > maxSize {
+				k.Hidden > maxSize || k.Tokens > maxSize || (k.DType == device.FP8E4M3 && k.Hidden%device.FP8ScaleChannels != 0) {
 				t.Fatalf("case %+v of a valid config", k)
 			}
 		}

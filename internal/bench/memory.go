@@ -22,23 +22,37 @@ import (
 // minHostBytes is a lower bound on the host memory one process holds for
 // case c of cfg with inProcess ranks running in it (Run: all of them;
 // RunRank under a launcher: one), in bytes, as a float64 (the products
-// overflow int64 for sizes Validate allows). Per rank, of T tokens of H
-// elements of s bytes, top-k K, R ranks in all:
+// overflow int64 for sizes Validate allows). Per rank, of T tokens of rows
+// of b bytes (RowBytes of the case's dtype: H x the element size, plus an
+// fp8 row's H/128 fp32 scales), top-k K, R ranks in all:
 //
 //   - the case's routing of every rank (World.Idx), which each rank
 //     rebuilds to check its results: R x T x K int32;
-//   - its inputs as built on the host (World.Inputs): x, T x H x s, and the
-//     weights, T x K fp32;
+//   - its inputs as built on the host (World.Inputs, InputScales): x (and
+//     its scales), T x b, and the weights, T x K fp32;
 //   - on the host backend, x again in "device" memory, and the output of
-//     a combine (T x H x s) when a call combines.
+//     a combine when a call combines (T x c, c the row bytes of the
+//     combine dtype, Case.CallDType);
+//   - in an fp8 case whose calls combine, the bf16 inputs of those calls,
+//     T x c, twice on the host backend.
 func minHostBytes(cfg Config, c Case, inProcess int) float64 {
-	r, t, h, k := float64(cfg.Ranks), float64(c.Tokens), float64(c.Hidden), float64(c.TopK)
-	row := h * float64(c.DType.Size())
+	r, t, k := float64(cfg.Ranks), float64(c.Tokens), float64(c.TopK)
+	row := float64(RowBytes(c.DType, c.Hidden))
+	comb := slices.ContainsFunc(cfg.Calls, combines)
+	cdt := c.CallDType(CallCombine)
+	crow := float64(RowBytes(cdt, c.Hidden))
+	host := cfg.Backend != BackendCUDA
 	perRank := r*t*k*4 + t*row + t*k*4
-	if cfg.Backend != BackendCUDA {
+	if comb && cdt != c.DType {
+		perRank += t * crow
+		if host {
+			perRank += t * crow
+		}
+	}
+	if host {
 		perRank += t * row
-		if slices.ContainsFunc(cfg.Calls, combines) {
-			perRank += t * row
+		if comb {
+			perRank += t * crow
 		}
 	}
 	return float64(inProcess) * perRank
@@ -99,10 +113,13 @@ func gib(n float64) string { return fmt.Sprintf("%.1f GiB", n/(1<<30)) }
 
 // hostBytesEstimate is the host memory one process is expected to hold at
 // its peak for case c of cfg on the host backend, with inProcess ranks in
-// it, in bytes. It counts rows of the case's row size per rank, from the
-// routing's expected counts for uniform routing: N = R x T x p received
-// rows (p is the chance that a token's K distinct experts of E include one
-// of a rank's E/R) and P = T x K permuted rows.
+// it, in bytes. It counts rows per rank, from the routing's expected counts
+// for uniform routing: N = R x T x p received rows (p is the chance that a
+// token's K distinct experts of E include one of a rank's E/R) and P = T x
+// K permuted rows, each of the bytes of a row of every dtype the case's
+// calls move (RowBytes: an fp8 row's scales included; an fp8 case whose
+// calls combine holds bf16 rows too, Case.CallDType, and is counted with
+// both, as each has its own buffers).
 //
 //   - With the a2a baseline (not checkOnly), its rows dominate: 2T + 6N + 2P
 //     (inputs and output; the send, receive, gathered, unpermuted and
@@ -126,7 +143,11 @@ func hostBytesEstimate(cfg Config, c Case, inProcess int, checkOnly bool) float6
 	if !checkOnly {
 		rows = 2 * (2*t + 6*n + 2*p)
 	}
-	return float64(inProcess) * rows * float64(c.Hidden*c.DType.Size())
+	rb := 0
+	for _, dt := range c.callDTypes(cfg.Calls) {
+		rb += RowBytes(dt, c.Hidden)
+	}
+	return float64(inProcess) * rows * float64(rb)
 }
 
 // MemoryWarning returns a warning when the host memory a run of c on the

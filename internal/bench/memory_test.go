@@ -32,6 +32,23 @@ func TestMinHostBytes(t *testing.T) {
 	if got := minHostBytes(c, cs, 1); got != float64(perRank-100*2048) {
 		t.Errorf("cuda backend: %v, want %d (no host copy of x or output)", got, perRank-100*2048)
 	}
+	// fp8: rows of 1024 bytes and 8 fp32 scales; an fp8 case whose calls
+	// combine holds bf16 inputs too (on the host and, on the host
+	// backend, in "device" memory) and a bf16 combined output.
+	c.Backend, c.Calls = "", []string{CallDispatch, CallDispatchPermute}
+	fp8 := Case{Tokens: 100, Hidden: 1024, TopK: 8, DType: device.FP8E4M3}
+	perRank8 := 4*100*8*4 + 2*100*(1024+8*4) + 100*8*4
+	if got := minHostBytes(c, fp8, 1); got != float64(perRank8) {
+		t.Errorf("fp8 dispatch calls, host backend: %v, want %d", got, perRank8)
+	}
+	c.Calls = AllCalls
+	if got := minHostBytes(c, fp8, 1); got != float64(perRank8+3*100*2048) {
+		t.Errorf("fp8 with combine, host backend: %v, want %d", got, perRank8+3*100*2048)
+	}
+	c.Backend = BackendCUDA
+	if got, want := minHostBytes(c, fp8, 1), 4*100*8*4+100*(1024+8*4)+100*8*4+100*2048; got != float64(want) {
+		t.Errorf("fp8 with combine, cuda backend: %v, want %d", got, want)
+	}
 	// Sizes Validate allows whose product overflows int64.
 	cs.Tokens, cs.Hidden = maxSize, maxSize
 	if got := minHostBytes(c, cs, maxSize); got < 1e27 {
@@ -114,6 +131,18 @@ func TestHostBytesEstimate(t *testing.T) {
 	}
 	if got := hostBytesEstimate(c, cs, 8, false) / 1e9; got < 11 || got > 12 {
 		t.Errorf("the measured shape: %.1f GB, want about 11.4", got)
+	}
+	// fp8: rows of 7168 bytes and 56 scales, plus, with calls that
+	// combine, bf16 rows of the same count.
+	fp8 := cs
+	fp8.DType = device.FP8E4M3
+	rows := 2 * (2*1000 + 6*n + 2*8000)
+	if got, want := hostBytesEstimate(c, fp8, 8, false), 8*rows*(7168+56*4+7168*2); math.Abs(got-want) > 1 {
+		t.Errorf("fp8, every call: %v, want %v", got, want)
+	}
+	c.Calls = []string{CallDispatch}
+	if got, want := hostBytesEstimate(c, fp8, 8, false), 8*rows*(7168+56*4); math.Abs(got-want) > 1 {
+		t.Errorf("fp8 dispatch: %v, want %v", got, want)
 	}
 }
 

@@ -19,10 +19,21 @@ import (
 // one host backend per rank, exactly as 4 processes under a launcher would
 // (no shared clock: Timing is rank_max), and checks the aggregated rows:
 // every rank returns the same rows, every output checks, and the a2a
-// baseline ran over the group and checked too.
+// baseline ran over the group and checked too; in bf16, and in fp8 (its
+// calls that combine in bf16).
 func TestRunRankWorld(t *testing.T) {
+	for _, tc := range []struct {
+		dtype  string
+		hidden int
+	}{{"bf16", 32}, {"fp8", 128}} {
+		t.Run(tc.dtype, func(t *testing.T) { runRankWorld(t, tc.dtype, tc.hidden) })
+	}
+}
+
+func runRankWorld(t *testing.T, dtype string, hidden int) {
 	c := Defaults()
-	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, Ints{3}, Ints{32}, Ints{0, 24}, 3, 1
+	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, Ints{3}, Ints{hidden}, Ints{0, 24}, 3, 1
+	c.DType = Strings{dtype}
 	groups := comm.NewLocal(c.Ranks)
 	defer func() {
 		for _, g := range groups {
@@ -69,6 +80,9 @@ func TestRunRankWorld(t *testing.T) {
 	}
 	for _, row := range res.Rows {
 		what := fmt.Sprintf("%s tokens=%d", row.Call, row.Tokens)
+		if want := c.Cases()[0].CallDType(row.Call).String(); row.DType != want || row.CaseDType != dtype {
+			t.Errorf("%s: dtype %s, case dtype %s; want %s, %s", what, row.DType, row.CaseDType, want, dtype)
+		}
 		if len(row.RecvRows) != c.Ranks || row.Time.N != c.Iters || row.A2A == nil || row.A2A.N != c.Iters {
 			t.Errorf("%s: recv rows %v, time %+v, a2a %+v", what, row.RecvRows, row.Time, row.A2A)
 			continue
@@ -108,7 +122,8 @@ func TestRunRankCheckOnly(t *testing.T) {
 
 // TestA2AMatchesEngine runs goep's four calls and the a2a baseline on the
 // same inputs: the received rows, slots, weights, permuted layout and both
-// combines must be identical byte for byte.
+// combines must be identical byte for byte; with fp8 rows, the two
+// dispatch calls, the rows and their scales (the a2a's unpacked).
 func TestA2AMatchesEngine(t *testing.T) {
 	for _, tc := range []struct {
 		name                  string
@@ -119,6 +134,7 @@ func TestA2AMatchesEngine(t *testing.T) {
 	}{
 		{"bf16", 8, 3, 40, 1, device.BF16, []int{17, 0, 9, 23}},
 		{"fp32-pad4", 16, 4, 24, 4, device.FP32, []int{5, 12, 30, 1}},
+		{"fp8-pad4", 16, 4, 256, 4, device.FP8E4M3, []int{5, 12, 30, 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const R = 4
@@ -174,19 +190,17 @@ func compareA2A(ctx context.Context, w *World, g, ag comm.Group, backend *device
 	}
 	defer hd.Close()
 	in := executor.DispatchInput{X: xt, TopkWeights: wt}
+	fp8 := w.DType == device.FP8E4M3
+	if fp8 {
+		if in.XScales, err = upload(ctx, e, device.FP32, w.InputScales(r), t, w.ScaleCols()); err != nil {
+			return err
+		}
+	}
 	disp, err := e.Dispatch(ctx, hd, in)
 	if err != nil {
 		return err
 	}
-	comb, err := e.Combine(ctx, hd, executor.CombineInput{Z: disp.RecvX})
-	if err != nil {
-		return err
-	}
 	dp, err := e.DispatchPermute(ctx, hd, in)
-	if err != nil {
-		return err
-	}
-	uc, err := e.UnpermuteCombine(ctx, hd, executor.UnpermuteInput{Y: dp.X, RecvWeights: dp.RecvWeights})
 	if err != nil {
 		return err
 	}
@@ -197,8 +211,17 @@ func compareA2A(ctx context.Context, w *World, g, ag comm.Group, backend *device
 	}
 	want := map[string][]byte{
 		"RecvX": get(disp.RecvX), "RecvIdx": get(disp.RecvIdx), "RecvWeights": get(disp.RecvWeights),
-		"Combine": get(comb), "PermutedX": get(dp.X), "PermutedWeights": get(dp.Weights),
-		"UnpermuteCombine": get(uc),
+		"PermutedX": get(dp.X), "PermutedWeights": get(dp.Weights),
+	}
+	if fp8 {
+		want["RecvScales"], want["PermutedScales"] = get(disp.RecvScales), get(dp.Scales)
+	} else {
+		comb, cerr := e.Combine(ctx, hd, executor.CombineInput{Z: disp.RecvX})
+		uc, uerr := e.UnpermuteCombine(ctx, hd, executor.UnpermuteInput{Y: dp.X, RecvWeights: dp.RecvWeights})
+		if err := errors.Join(cerr, uerr); err != nil {
+			return err
+		}
+		want["Combine"], want["UnpermuteCombine"] = get(comb), get(uc)
 	}
 	if err != nil {
 		return err
@@ -210,21 +233,32 @@ func compareA2A(ctx context.Context, w *World, g, ag comm.Group, backend *device
 		return err
 	}
 	z := a.RecvX()
-	got["RecvX"], got["RecvIdx"], got["RecvWeights"] = z, device.EncodeInt32(a.RecvIdx), device.EncodeFloat32(device.FP32, a.RecvWeights)
-	if err := a.Combine(ctx, z); err != nil {
-		return err
+	got["RecvX"], got["RecvScales"] = a.Unpack(z)
+	got["RecvIdx"], got["RecvWeights"] = device.EncodeInt32(a.RecvIdx), device.EncodeFloat32(device.FP32, a.RecvWeights)
+	if !fp8 {
+		if err := a.Combine(ctx, z); err != nil {
+			return err
+		}
+		got["Combine"] = bytes.Clone(a.Out)
+	} else if err := a.Combine(ctx, z); err == nil {
+		return fmt.Errorf("a2a Combine of fp8 rows: no error")
 	}
-	got["Combine"] = bytes.Clone(a.Out)
 	if err := a.Dispatch(ctx); err != nil {
 		return err
 	}
 	a.Permute()
-	rb := w.Hidden * w.DType.Size()
-	got["PermutedX"], got["PermutedWeights"] = a.X[:a.P*rb], device.EncodeFloat32(device.FP32, a.Weights[:a.P])
-	if err := a.UnpermuteCombine(ctx, bytes.Clone(got["PermutedX"])); err != nil {
-		return err
+	rb := RowBytes(w.DType, w.Hidden)
+	got["PermutedX"], got["PermutedScales"] = a.Unpack(a.X[:a.P*rb])
+	got["PermutedWeights"] = device.EncodeFloat32(device.FP32, a.Weights[:a.P])
+	if !fp8 {
+		if err := a.UnpermuteCombine(ctx, bytes.Clone(got["PermutedX"])); err != nil {
+			return err
+		}
+		got["UnpermuteCombine"] = a.Out
 	}
-	got["UnpermuteCombine"] = a.Out
+	if len(got["RecvScales"]) != len(want["RecvScales"]) || len(got["PermutedScales"]) != len(want["PermutedScales"]) {
+		return fmt.Errorf("a2a scales: %d and %d bytes, goep's %d and %d", len(got["RecvScales"]), len(got["PermutedScales"]), len(want["RecvScales"]), len(want["PermutedScales"]))
+	}
 	for k, wb := range want {
 		if !bytes.Equal(got[k], wb) {
 			return fmt.Errorf("a2a %s differs from goep's (%d bytes, goep %d)", k, len(got[k]), len(wb))

@@ -5,6 +5,7 @@ package bench
 import (
 	"context"
 
+	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
 )
 
@@ -13,4 +14,6 @@ const CUDACompiled = false
 
 func newEventClock(*executor.Engine) (clock, error) { return nil, ErrNoCUDA }
 
-func (st *rankState) runCUDABaseline(context.Context, *executor.Engine) error { return ErrNoCUDA }
+func (st *rankState) runCUDABaseline(context.Context, *executor.Engine, string, device.DType) error {
+	return ErrNoCUDA
+}

@@ -16,7 +16,7 @@ import (
 // layout once, then time every call and the baseline, checking each call's
 // last output.
 func (st *rankState) rankMain(ctx context.Context) (err error) {
-	w := st.world
+	w, cw := st.world, st.cworld
 	r := st.rank
 	t, h, k := w.Tokens[r], w.Hidden, w.TopK
 	e, err := executor.New(ctx, st.g, st.backend, st.ecfg, executor.WithLogger(st.log))
@@ -29,6 +29,7 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 	// (partials per domain) and the RDMA byte counts follow the engine's.
 	st.ran = e.Config()
 	w.RanksPerDomain = st.ran.RanksPerDomain
+	cw.RanksPerDomain = st.ran.RanksPerDomain
 	if st.clock, err = newClock(e); err != nil {
 		return err
 	}
@@ -49,6 +50,30 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 		return err
 	}
 	defer wt.Close()
+	// ds is the side of the dispatch calls, in the case's dtype (fp8: rows
+	// with their scales); cs the side of the calls that combine: ds itself,
+	// or in an fp8 case a bf16 side of its own (Case.CallDType).
+	ds := &side{w: w, in: executor.DispatchInput{X: xt, TopkWeights: wt}}
+	defer ds.close()
+	if sc := w.ScaleCols(); sc > 0 {
+		sx, err := upload(ctx, e, device.FP32, w.InputScales(r), t, sc)
+		if err != nil {
+			return err
+		}
+		defer sx.Close()
+		ds.in.XScales = sx
+	}
+	cs := ds
+	if cw != w && slices.ContainsFunc(st.cfg.Calls, combines) {
+		cx, _, _ := cw.Inputs(r)
+		cxt, err := upload(ctx, e, cw.DType, cx, t, h)
+		if err != nil {
+			return err
+		}
+		defer cxt.Close()
+		cs = &side{w: cw, in: executor.DispatchInput{X: cxt, TopkWeights: wt}}
+		defer cs.close()
+	}
 
 	hd, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: it})
 	if err != nil {
@@ -64,28 +89,22 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 	}
 	st.recvRows = cnt.RecvCount
 	ctl := st.ctl
-	in := executor.DispatchInput{X: xt, TopkWeights: wt}
 
-	var disp *executor.DispatchOutput
-	var dperm *executor.DispatchPermuteOutput
-	defer func() {
-		if disp != nil {
-			disp.Close()
+	// dispatched replaces s.disp with a checked dispatch of s.in, timing
+	// it if asked.
+	dispatched := func(s *side, timed bool) error {
+		if s.disp != nil {
+			s.disp.Close()
+			s.disp = nil
 		}
-		if dperm != nil {
-			dperm.Close()
-		}
-	}()
-	// dispatched returns a checked dispatch output, timing it if asked.
-	dispatched := func(timed bool) error {
 		o, err := loop(ctx, st, CallDispatch, ctl, e.Synchronize, timed, func() (executor.DispatchOutput, error) {
-			return e.Dispatch(ctx, hd, in)
+			return e.Dispatch(ctx, hd, s.in)
 		})
 		if err != nil {
 			return fmt.Errorf("dispatch: %w", err)
 		}
-		disp = &o
-		c, err := st.checkDispatch(ctx, r, cnt, o.RecvX, o.RecvIdx, o.RecvWeights)
+		s.disp = &o
+		c, err := st.checkDispatch(ctx, s.w, r, cnt, o.RecvX, o.RecvScales, o.RecvIdx, o.RecvWeights)
 		if err != nil {
 			return err
 		}
@@ -94,19 +113,24 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 		}
 		return nil
 	}
-	permuted := func(timed bool) error {
+	// permuted replaces s.dperm with a checked dispatch-permute of s.in.
+	permuted := func(s *side, timed bool) error {
+		if s.dperm != nil {
+			s.dperm.Close()
+			s.dperm = nil
+		}
 		o, err := loop(ctx, st, CallDispatchPermute, ctl, e.Synchronize, timed, func() (executor.DispatchPermuteOutput, error) {
-			return e.DispatchPermute(ctx, hd, in)
+			return e.DispatchPermute(ctx, hd, s.in)
 		})
 		if err != nil {
 			return fmt.Errorf("dispatch-permute: %w", err)
 		}
-		dperm = &o
-		c, err := st.checkDispatch(ctx, r, cnt, nil, o.RecvIdx, o.RecvWeights)
+		s.dperm = &o
+		c, err := st.checkDispatch(ctx, s.w, r, cnt, nil, nil, o.RecvIdx, o.RecvWeights)
 		if err != nil {
 			return err
 		}
-		pc, err := st.checkPermute(ctx, r, cnt, o.X, o.Weights)
+		pc, err := st.checkPermute(ctx, s.w, r, cnt, o.X, o.Scales, o.Weights)
 		if err != nil {
 			return err
 		}
@@ -120,20 +144,16 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 	for _, call := range st.cfg.Calls {
 		switch call {
 		case CallDispatch:
-			if disp != nil {
-				disp.Close()
-				disp = nil
-			}
-			if err := dispatched(true); err != nil {
+			if err := dispatched(ds, true); err != nil {
 				return err
 			}
 		case CallCombine:
-			if disp == nil {
-				if err := dispatched(false); err != nil {
+			if cs.disp == nil {
+				if err := dispatched(cs, false); err != nil {
 					return err
 				}
 			}
-			z := disp.RecvX
+			z := cs.disp.RecvX
 			out, err := loop(ctx, st, CallCombine, ctl, e.Synchronize, true, func() (*device.Tensor, error) {
 				return e.Combine(ctx, hd, executor.CombineInput{Z: z})
 			})
@@ -147,20 +167,16 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 			}
 			st.checks[CallCombine].add(c)
 		case CallDispatchPermute:
-			if dperm != nil {
-				dperm.Close()
-				dperm = nil
-			}
-			if err := permuted(true); err != nil {
+			if err := permuted(ds, true); err != nil {
 				return err
 			}
 		case CallUnpermuteCombine:
-			if dperm == nil {
-				if err := permuted(false); err != nil {
+			if cs.dperm == nil {
+				if err := permuted(cs, false); err != nil {
 					return err
 				}
 			}
-			y, rw := dperm.X, dperm.RecvWeights
+			y, rw := cs.dperm.X, cs.dperm.RecvWeights
 			out, err := loop(ctx, st, CallUnpermuteCombine, ctl, e.Synchronize, true, func() (*device.Tensor, error) {
 				return e.UnpermuteCombine(ctx, hd, executor.UnpermuteInput{Y: y, RecvWeights: rw})
 			})
@@ -175,7 +191,7 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 			st.checks[CallUnpermuteCombine].add(c)
 		case CallDispatchCombine:
 			o, err := loop(ctx, st, CallDispatchCombine, ctl, e.Synchronize, true, func() (roundTrip, error) {
-				d, err := e.Dispatch(ctx, hd, in)
+				d, err := e.Dispatch(ctx, hd, cs.in)
 				if err != nil {
 					return roundTrip{}, err
 				}
@@ -189,7 +205,7 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 			if err != nil {
 				return fmt.Errorf("dispatch-combine: %w", err)
 			}
-			c, err := st.checkDispatch(ctx, r, cnt, o.disp.RecvX, o.disp.RecvIdx, o.disp.RecvWeights)
+			c, err := st.checkDispatch(ctx, cw, r, cnt, o.disp.RecvX, o.disp.RecvScales, o.disp.RecvIdx, o.disp.RecvWeights)
 			if err == nil {
 				var cc Check
 				cc, err = st.checkCombine(ctx, r, o.out, false)
@@ -210,6 +226,24 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 		return nil
 	}
 	return st.baseline(ctx, e)
+}
+
+// side is the inputs of one dtype's calls and their last outputs, which
+// the calls that combine reuse.
+type side struct {
+	w     *World // the payload's world (its dtype)
+	in    executor.DispatchInput
+	disp  *executor.DispatchOutput
+	dperm *executor.DispatchPermuteOutput
+}
+
+func (s *side) close() {
+	if s.disp != nil {
+		s.disp.Close()
+	}
+	if s.dperm != nil {
+		s.dperm.Close()
+	}
 }
 
 // roundTrip is one iteration of dispatch-combine: the dispatch's outputs
@@ -291,10 +325,12 @@ func loop[T interface{ Close() error }](ctx context.Context, st *rankState, call
 	return last, nil
 }
 
-// runBaseline times a plain copy of this rank's N_r rows, all ranks at
-// once, each on its own stream of the host backend and spread over the
-// cores with device.ParallelFor as the engine's copies are.
-func (st *rankState) runBaseline(ctx context.Context, ctl comm.Group) error {
+// runBaseline times a plain copy of this rank's N_r rows of dtype dt,
+// their bytes as a call moves them (RowBytes: an fp8 row's scales
+// included, one contiguous copy), all ranks at once, each on its own stream
+// of the host backend and spread over the cores with device.ParallelFor as
+// the engine's copies are. It records the times as name.
+func (st *rankState) runBaseline(ctx context.Context, ctl comm.Group, name string, dt device.DType) error {
 	w := st.world
 	s, err := st.backend.NewStream()
 	if err != nil {
@@ -306,17 +342,17 @@ func (st *rankState) runBaseline(ctx context.Context, ctl comm.Group) error {
 		return fmt.Errorf("baseline: not a host stream")
 	}
 	n := st.recvRows
-	src, err := device.NewTensor(s, w.DType, n, w.Hidden)
+	rb := RowBytes(dt, w.Hidden)
+	src, err := device.NewTensor(s, dt, n, rb/dt.Size())
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	dst, err := device.NewTensor(s, w.DType, n, w.Hidden)
+	dst, err := device.NewTensor(s, dt, n, rb/dt.Size())
 	if err != nil {
 		return err
 	}
 	defer dst.Close()
-	rb := w.Hidden * w.DType.Size()
 	hs.Go("baseline fill", func() error {
 		b := src.Bytes()
 		for i := range b {
@@ -342,9 +378,9 @@ func (st *rankState) runBaseline(ctx context.Context, ctl comm.Group) error {
 			return fmt.Errorf("baseline: %w", err)
 		}
 		if t1 := time.Now(); i >= st.cfg.Warmup {
-			st.record("baseline", i-st.cfg.Warmup, t0, t1)
+			st.record(name, i-st.cfg.Warmup, t0, t1)
 		}
-		st.progress("baseline")
+		st.progress(name)
 	}
 	if err := ctl.Barrier(ctx); err != nil {
 		return err
@@ -363,8 +399,12 @@ func download(ctx context.Context, t *device.Tensor) ([]byte, error) {
 	return device.Download(ctx, t)
 }
 
-func (st *rankState) checkDispatch(ctx context.Context, r int, cnt executor.Counts, x, idx, wts *device.Tensor) (Check, error) {
+func (st *rankState) checkDispatch(ctx context.Context, w *World, r int, cnt executor.Counts, x, scales, idx, wts *device.Tensor) (Check, error) {
 	xb, err := download(ctx, x)
+	if err != nil {
+		return Check{}, err
+	}
+	sb, err := download(ctx, scales)
 	if err != nil {
 		return Check{}, err
 	}
@@ -380,11 +420,15 @@ func (st *rankState) checkDispatch(ctx context.Context, r int, cnt executor.Coun
 	if wb != nil {
 		wf = device.DecodeFloat32(device.FP32, wb)
 	}
-	return st.world.CheckDispatch(r, cnt.RecvCount, xb, device.DecodeInt32(ib), wf), nil
+	return w.CheckDispatch(r, cnt.RecvCount, xb, sb, device.DecodeInt32(ib), wf), nil
 }
 
-func (st *rankState) checkPermute(ctx context.Context, r int, cnt executor.Counts, x, wts *device.Tensor) (Check, error) {
+func (st *rankState) checkPermute(ctx context.Context, w *World, r int, cnt executor.Counts, x, scales, wts *device.Tensor) (Check, error) {
 	xb, err := download(ctx, x)
+	if err != nil {
+		return Check{}, err
+	}
+	sb, err := download(ctx, scales)
 	if err != nil {
 		return Check{}, err
 	}
@@ -396,13 +440,15 @@ func (st *rankState) checkPermute(ctx context.Context, r int, cnt executor.Count
 	if wb != nil {
 		wf = device.DecodeFloat32(device.FP32, wb)
 	}
-	return st.world.CheckPermute(r, st.cfg.Pad, cnt.PermutedCount, xb, wf), nil
+	return w.CheckPermute(r, st.cfg.Pad, cnt.PermutedCount, xb, sb, wf), nil
 }
 
+// checkCombine checks a combined output, which is of the combine dtype
+// (st.cworld's).
 func (st *rankState) checkCombine(ctx context.Context, r int, out *device.Tensor, unpermuted bool) (Check, error) {
 	b, err := download(ctx, out)
 	if err != nil {
 		return Check{}, err
 	}
-	return st.world.CheckCombine(r, b, unpermuted), nil
+	return st.cworld.CheckCombine(r, b, unpermuted), nil
 }

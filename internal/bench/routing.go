@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 
 	"github.com/goep/goep/device"
@@ -182,11 +183,41 @@ func (w *World) rowKey(s, t int) uint64 {
 // the world's dtype). Elements are small integers in [-16, 16] drawn from a
 // hash of (seed, s, t, j): every row differs from every other, so a
 // misplaced row is caught, and sums of a few of them are exact.
+//
+// fp8 rows are only moved, never summed, so an fp8 element is simply a
+// byte of that hash, any of the 256 patterns (NaNs included: a row must
+// arrive unchanged whatever its bits).
 func (w *World) XRow(dst []byte, s, t int) {
 	k := w.rowKey(s, t)
+	if w.DType == device.FP8E4M3 {
+		for j := range w.Hidden {
+			dst[j] = byte(mix(k + uint64(j)))
+		}
+		return
+	}
 	for j := range w.Hidden {
 		v := float32(int(mix(k+uint64(j))%33) - 16)
 		device.StoreFloat32(w.DType, dst, j, v)
+	}
+}
+
+// ScaleCols is the fp32 scales of an fp8 row, H/128; 0 for other dtypes.
+func (w *World) ScaleCols() int {
+	if w.DType != device.FP8E4M3 {
+		return 0
+	}
+	return w.Hidden / device.FP8ScaleChannels
+}
+
+// ScaleRow writes the fp8 scales of token t of rank s into dst (ScaleCols
+// fp32 values, little-endian): positive normal numbers in [2^-8, 2^8) drawn
+// from a hash of (seed, s, t, j) apart from the row's, so that a scale row
+// that travels with the wrong row, or lands in the wrong place, is caught.
+func (w *World) ScaleRow(dst []byte, s, t int) {
+	k := mix(w.rowKey(s, t) ^ 0x5ca1e5ca1e)
+	for j := range w.ScaleCols() {
+		bits := uint32(0x3b800000) + uint32(mix(k+uint64(j))%(16<<23)) // exponent -8 .. 7, any mantissa
+		binary.LittleEndian.PutUint32(dst[4*j:], bits)
 	}
 }
 
@@ -196,7 +227,8 @@ func (w *World) Weight(s, t, k int) float32 {
 	return float32(mix(w.rowKey(s, t)^0xa5a5a5a5^uint64(k)<<48)%64+1) / 64
 }
 
-// Inputs returns rank r's x [T, H] bytes, topk indices and weights.
+// Inputs returns rank r's x [T, H] bytes, topk indices and weights. An fp8
+// world's scales are InputScales.
 func (w *World) Inputs(r int) (x []byte, idx []int32, weights []float32) {
 	rb := w.Hidden * w.DType.Size()
 	x = make([]byte, w.Tokens[r]*rb)
@@ -208,4 +240,27 @@ func (w *World) Inputs(r int) (x []byte, idx []int32, weights []float32) {
 		}
 	}
 	return x, w.Idx[r], weights
+}
+
+// InputScales returns rank r's fp8 scales [T, H/128] as fp32 bytes; nil
+// unless the world is fp8.
+func (w *World) InputScales(r int) []byte {
+	sb := 4 * w.ScaleCols()
+	if sb == 0 {
+		return nil
+	}
+	out := make([]byte, w.Tokens[r]*sb)
+	for t := range w.Tokens[r] {
+		w.ScaleRow(out[t*sb:(t+1)*sb], r, t)
+	}
+	return out
+}
+
+// WithDType returns a world of the same routing (shared, not copied) whose
+// payload is of dtype dt: the bf16 world of an fp8 case's calls that
+// combine.
+func (w *World) WithDType(dt device.DType) *World {
+	c := *w
+	c.DType = dt
+	return &c
 }

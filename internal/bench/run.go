@@ -38,9 +38,18 @@ type Row struct {
 	Tokens  int    `json:"tokens"`
 	Hidden  int    `json:"hidden"`
 	TopK    int    `json:"topk"`
-	DType   string `json:"dtype"`
-	Mode    string `json:"mode"`
-	Pad     int    `json:"pad"`
+	// DType is the dtype of the rows the call moved: the case's, except
+	// that the calls that combine of an fp8 case run in bf16
+	// (Case.CallDType); CaseDType is the case's (the config's dtype), empty
+	// in records written before the field (then DType; CaseDTypeName).
+	// RowBytes is the bytes of one of those rows (RowBytes): hidden x the
+	// dtype's size, plus hidden/128 fp32 scales (4 bytes each) for fp8;
+	// 0 in records written before the field.
+	DType     string `json:"dtype"`
+	CaseDType string `json:"case_dtype"`
+	RowBytes  int    `json:"row_bytes"`
+	Mode      string `json:"mode"`
+	Pad       int    `json:"pad"`
 	// SMs and ChunkRows are the case's tuning knobs (0: the engine's
 	// default), as the engine's Config gave them back after New.
 	SMs       int `json:"sms"`
@@ -62,14 +71,15 @@ type Row struct {
 	RankMaxTime Stats     `json:"rank_max_time"`
 
 	// RecvRows is N_r of every rank; NVLBytes the mean over ranks of
-	// N_r * H * bytes per element (twice that for dispatch-combine, which
-	// moves the rows there and back); NVLGBps = NVLBytes / median time.
+	// N_r * RowBytes, an fp8 row's scales included (twice that for
+	// dispatch-combine, which moves the rows there and back); NVLGBps =
+	// NVLBytes / median time.
 	RecvRows []int   `json:"recv_rows"`
 	NVLBytes float64 `json:"nvl_bytes_per_rank"`
 	NVLGBps  float64 `json:"nvl_GBps"`
 	// RDMABytes is the mean over ranks of the RDMA bytes as DESIGN.md
 	// section 6 counts them (World.RDMARows: each token once per
-	// destination domain, its own included) x row bytes, twice for
+	// destination domain, its own included) x RowBytes, twice for
 	// dispatch-combine; RDMAGBps = RDMABytes / median time.
 	// RDMACrossBytes counts only the rows that really cross domains
 	// (World.CrossDomainRows: each token once per destination domain
@@ -83,7 +93,9 @@ type Row struct {
 	RDMACrossBytes float64 `json:"rdma_cross_bytes_per_rank,omitempty"`
 	RDMAFlatBytes  float64 `json:"rdma_flat_bytes_per_rank,omitempty"`
 
-	// Baseline is a plain copy of each rank's N_r rows by all ranks at
+	// Baseline is a plain copy of each rank's N_r rows of RowBytes (the
+	// row's dtype: an fp8 case has one of its fp8 rows with their scales
+	// and one of bf16 rows for its calls that combine) by all ranks at
 	// once, timed the same way (on the cuda backend a device-to-device
 	// copy on the engine's stream); Ratio = NVLGBps / BaselineGBps.
 	Baseline     Stats   `json:"baseline_time"`
@@ -109,6 +121,15 @@ type Row struct {
 	// expectation, over all ranks, and those that differed.
 	CheckedRows int `json:"checked_rows"`
 	Wrong       int `json:"wrong"`
+}
+
+// CaseDTypeName is the dtype of the row's case: CaseDType, or DType in a
+// record written before CaseDType (when they were always equal).
+func (r *Row) CaseDTypeName() string {
+	if r.CaseDType != "" {
+		return r.CaseDType
+	}
+	return r.DType
 }
 
 // Result is a whole run.
@@ -174,14 +195,18 @@ type Options struct {
 
 // Steps is the number of progress steps of a run of cfg.
 func (o Options) Steps(cfg Config) int {
-	per := len(cfg.Calls)
-	if !o.CheckOnly {
-		per++ // the copy baseline
-		if runsA2A(cfg) {
-			per += len(cfg.Calls)
+	n := 0
+	for _, c := range cfg.Cases() {
+		per := len(cfg.Calls)
+		if !o.CheckOnly {
+			per += len(c.callDTypes(cfg.Calls)) // the copy baselines
+			if runsA2A(cfg) {
+				per += len(cfg.Calls)
+			}
 		}
+		n += per * (cfg.Warmup + cfg.Iters)
 	}
-	return len(cfg.Cases()) * per * (cfg.Warmup + cfg.Iters)
+	return n
 }
 
 // runsA2A reports whether a (non-check) run of cfg has the a2a baseline:
@@ -359,9 +384,12 @@ type rankState struct {
 	cfg   Config
 	c     Case
 	rank  int
-	world *World
-	ecfg  executor.Config
-	ran   executor.Config // the engine's, after New (set by rankMain)
+	world *World // the case's routing and payload
+	// cworld is the world of the calls that combine: world, or for an fp8
+	// case the same routing with a bf16 payload (Case.CallDType).
+	cworld *World
+	ecfg   executor.Config
+	ran    executor.Config // the engine's, after New (set by rankMain)
 
 	g, ctl    comm.Group // the engine's (and the a2a baseline's), the harness's
 	backend   device.Backend
@@ -433,6 +461,10 @@ func newRankState(cfg Config, c Case, rank int) (*rankState, error) {
 		checks:    map[string]*Check{},
 		a2aChecks: map[string]*Check{},
 	}
+	rs.cworld = rs.world
+	if dt := c.CallDType(CallCombine); dt != c.DType {
+		rs.cworld = rs.world.WithDType(dt)
+	}
 	for _, call := range cfg.Calls {
 		rs.checks[call] = &Check{}
 	}
@@ -499,20 +531,22 @@ func timingOf(reps []rankReport, name string, iters int) (*Timing, error) {
 // rows turns the ranks' reports into one row per call.
 func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 	w := rs.world
-	rb := float64(w.Hidden * w.DType.Size())
 	recvRows := make([]int, len(reps))
-	var nvl, rdma, cross, flat float64
 	for rank, rep := range reps {
 		recvRows[rank] = rep.RecvRows
-		nvl += float64(rep.RecvRows) * rb
-		rdma += float64(w.RDMARows(rank)) * rb
-		cross += float64(w.CrossDomainRows(rank)) * rb
-		flat += float64(w.FlatRemoteRows(rank)) * rb
 	}
-	nvl /= float64(len(reps))
-	rdma /= float64(len(reps))
-	cross /= float64(len(reps))
-	flat /= float64(len(reps))
+	// bytesOf is the mean over ranks of the NVLink and RDMA bytes of one
+	// one-way call moving rows of rb bytes.
+	bytesOf := func(rb float64) (nvl, rdma, cross, flat float64) {
+		for rank, rep := range reps {
+			nvl += float64(rep.RecvRows) * rb
+			rdma += float64(w.RDMARows(rank)) * rb
+			cross += float64(w.CrossDomainRows(rank)) * rb
+			flat += float64(w.FlatRemoteRows(rank)) * rb
+		}
+		n := float64(len(reps))
+		return nvl / n, rdma / n, cross / n, flat / n
+	}
 	iters := rs.cfg.Iters
 	times := func(name string) ([]float64, []float64, error) {
 		t, err := timingOf(reps, name, iters)
@@ -524,13 +558,16 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 		}
 		return t.RankMax(), t.RankMax(), nil
 	}
-	var base Stats
+	// The copy baseline of each dtype the calls move.
+	base := map[device.DType]Stats{}
 	if !rs.checkOnly {
-		b, _, err := times("baseline")
-		if err != nil {
-			return nil, err
+		for _, dt := range rs.c.callDTypes(rs.cfg.Calls) {
+			b, _, err := times(baselineName(rs.c, dt))
+			if err != nil {
+				return nil, err
+			}
+			base[dt] = Summarize(b)
 		}
-		base = Summarize(b)
 	}
 	var out []Row
 	for _, call := range rs.cfg.Calls {
@@ -538,17 +575,21 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 		if err != nil {
 			return nil, err
 		}
+		dt := rs.c.CallDType(call)
+		rb := RowBytes(dt, w.Hidden)
+		nvl, rdma, cross, flat := bytesOf(float64(rb))
 		// A round trip moves the dispatch's bytes twice, there and back.
 		trips := float64(callTrips(call))
 		row := Row{
 			Call: call, Ranks: rs.cfg.Ranks, Experts: rs.cfg.Experts,
 			Tokens: rs.c.Tokens, Hidden: rs.c.Hidden, TopK: rs.c.TopK,
-			DType: rs.c.DType.String(), Mode: rs.c.Mode, Pad: rs.cfg.Pad,
+			DType: dt.String(), CaseDType: rs.c.DType.String(), RowBytes: rb,
+			Mode: rs.c.Mode, Pad: rs.cfg.Pad,
 			SMs: rs.ran.SMs, ChunkRows: rs.ran.ChunkRows, RanksPerDomain: w.RanksPerDomain,
 			Time: Summarize(it), IterUS: it,
 			RankMaxTime: Summarize(rm),
 			RecvRows:    recvRows, NVLBytes: trips * nvl,
-			Baseline: base,
+			Baseline: base[dt],
 		}
 		row.NVLGBps = gbps(row.NVLBytes, row.Time.Median)
 		if w.RanksPerDomain < w.Ranks {
@@ -557,7 +598,7 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 			row.RDMACrossBytes = trips * cross
 			row.RDMAFlatBytes = trips * flat
 		}
-		row.BaselineGBps = gbps(nvl, base.Median)
+		row.BaselineGBps = gbps(nvl, row.Baseline.Median)
 		if row.BaselineGBps > 0 {
 			row.Ratio = row.NVLGBps / row.BaselineGBps
 		}

@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -245,5 +246,134 @@ func TestRunCapacityOverflowNamesCase(t *testing.T) {
 	}
 	if res == nil || len(res.Rows) != len(c.Calls) || res.Rows[0].TopK != 1 || res.Wrong() != 0 {
 		t.Errorf("want the rows of the topk 1 case, which fits; got %+v", res)
+	}
+}
+
+// TestRunFP8 runs fp8 cases end to end: dispatch and dispatch-permute move
+// fp8 rows with their scales, the calls that combine run in bf16, every
+// output checks (goep's and the a2a baseline's), and the bytes are the
+// rows' as each call moves them, DESIGN.md section 6: fp8 rows of hidden +
+// hidden/128 x 4 bytes, bf16 rows of 2 x hidden, with a copy baseline of
+// each.
+func TestRunFP8(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+	}{
+		{"blocking", func(*Config) {}},
+		{"capacity-pad-two-domains-every-call", func(c *Config) {
+			c.Mode, c.Pad, c.RanksPerDomain, c.Calls = Strings{ModeCapacity}, 4, 2, slices.Clone(KnownCalls)
+		}},
+		{"sweep-bf16-fp8", func(c *Config) { c.DType, c.Hidden, c.Tokens = Strings{"bf16", "fp8"}, Ints{128, 256}, Ints{0, 24} }},
+		{"dispatch-only", func(c *Config) { c.Calls = []string{CallDispatchPermute, CallDispatch} }},
+		{"combine-only", func(c *Config) { c.Calls = []string{CallUnpermuteCombine, CallCombine} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Defaults()
+			c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, Ints{3}, Ints{128}, Ints{24}, 2, 1
+			c.DType = Strings{"fp8"}
+			tc.edit(&c)
+			steps := 0
+			res, err := Run(t.Context(), c, Options{Progress: func(p Progress) { steps = p.Done }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := (Options{}).Steps(c); steps != want {
+				t.Errorf("progress reached %d steps, want %d", steps, want)
+			}
+			if len(res.Rows) != len(c.Cases())*len(c.Calls) {
+				t.Fatalf("%d rows, want %d", len(res.Rows), len(c.Cases())*len(c.Calls))
+			}
+			if res.Wrong() != 0 || res.Checked() == 0 {
+				t.Errorf("%d of %d rows wrong", res.Wrong(), res.Checked())
+			}
+			for i, r := range res.Rows {
+				k := c.Cases()[i/len(c.Calls)]
+				what := fmt.Sprintf("%s %s tokens=%d hidden=%d", r.Call, k.DType, r.Tokens, r.Hidden)
+				wantDT := k.DType
+				if k.DType == device.FP8E4M3 && combines(r.Call) {
+					wantDT = device.BF16
+				}
+				wantRB := r.Hidden * wantDT.Size()
+				if wantDT == device.FP8E4M3 {
+					wantRB = r.Hidden + r.Hidden/128*4
+				}
+				if r.DType != wantDT.String() || r.CaseDType != k.DType.String() || r.RowBytes != wantRB {
+					t.Errorf("%s: dtype %s, case dtype %s, row bytes %d; want %v, %v, %d", what, r.DType, r.CaseDType, r.RowBytes, wantDT, k.DType, wantRB)
+				}
+				n := 0
+				for _, x := range r.RecvRows {
+					n += x
+				}
+				if want := float64(callTrips(r.Call)*n*wantRB) / float64(c.Ranks); math.Abs(r.NVLBytes-want) > 1e-6*want {
+					t.Errorf("%s: %v NVLink bytes per rank, want %v (received rows x %d bytes)", what, r.NVLBytes, want, wantRB)
+				}
+				if r.Tokens == 0 {
+					continue
+				}
+				// goep's capacity outputs have tails to check too.
+				if r.CheckedRows == 0 || r.A2ACheckedRows == 0 || (r.Mode == ModeBlocking && r.A2ACheckedRows != r.CheckedRows) || r.A2AWrong != 0 {
+					t.Errorf("%s: %d rows checked, a2a %d (%d wrong)", what, r.CheckedRows, r.A2ACheckedRows, r.A2AWrong)
+				}
+				if r.BaselineGBps <= 0 || r.A2AGBps <= 0 {
+					t.Errorf("%s: baseline %v GB/s, a2a %v GB/s", what, r.BaselineGBps, r.A2AGBps)
+				}
+				if want := r.NVLBytes / float64(callTrips(r.Call)) / (r.Baseline.Median * 1e3); math.Abs(r.BaselineGBps-want) > 1e-9*want {
+					t.Errorf("%s: baseline %v GB/s, want the call's bytes over the baseline's time, %v", what, r.BaselineGBps, want)
+				}
+				if c.RanksPerDomain > 0 {
+					w := NewRoutedWorld(c.RoutingSpec(), c.Seed, c.Ranks, c.RanksPerDomain, c.Experts, r.TopK, r.Hidden, wantDT, []int{24, 24, 24, 24})
+					rdma := 0
+					for s := range c.Ranks {
+						rdma += w.RDMARows(s)
+					}
+					if want := float64(callTrips(r.Call)*rdma*wantRB) / float64(c.Ranks); math.Abs(r.RDMABytes-want) > 1e-6*want {
+						t.Errorf("%s: %v RDMA bytes per rank, want %v", what, r.RDMABytes, want)
+					}
+				}
+			}
+			// An fp8 case whose calls move both dtypes times a copy of
+			// each: the fp8 rows' baseline is not the bf16 rows'.
+			for i := 0; i+1 < len(res.Rows); i++ {
+				a, b := res.Rows[i], res.Rows[i+1]
+				if sameCase(a, b) && a.DType != b.DType && a.Baseline == b.Baseline {
+					t.Errorf("%s (%s) and %s (%s) share a baseline %+v", a.Call, a.DType, b.Call, b.DType, a.Baseline)
+				}
+			}
+		})
+	}
+}
+
+// TestStepsFP8: an fp8 case with calls of both kinds has two copy
+// baselines (fp8 rows with their scales, bf16 rows), one without calls
+// that combine only the fp8 one.
+func TestStepsFP8(t *testing.T) {
+	c := Defaults()
+	c.DType, c.Hidden, c.Tokens, c.Iters, c.Warmup = Strings{"bf16", "fp8"}, Ints{128}, Ints{8}, 3, 1
+	calls := len(c.Calls)
+	if got, want := (Options{}).Steps(c), ((2*calls+1)+(2*calls+2))*4; got != want {
+		t.Errorf("bf16,fp8: %d steps, want %d", got, want)
+	}
+	if got, want := (Options{CheckOnly: true}).Steps(c), 2*calls*4; got != want {
+		t.Errorf("bf16,fp8 check only: %d steps, want %d", got, want)
+	}
+	c.Calls = []string{CallDispatch, CallDispatchPermute}
+	if got, want := (Options{}).Steps(c), 2*(2*2+1)*4; got != want {
+		t.Errorf("dispatch calls only: %d steps, want %d", got, want)
+	}
+	k := Case{DType: device.FP8E4M3, Hidden: 256}
+	if got := k.callDTypes(KnownCalls); !slices.Equal(got, []device.DType{device.FP8E4M3, device.BF16}) {
+		t.Errorf("fp8 case's call dtypes %v, want fp8, bf16", got)
+	}
+	if got := (Case{DType: device.FP32}).callDTypes(KnownCalls); !slices.Equal(got, []device.DType{device.FP32}) {
+		t.Errorf("fp32 case's call dtypes %v, want fp32", got)
+	}
+	for _, tc := range []struct {
+		dt   device.DType
+		h, b int
+	}{{device.FP8E4M3, 128, 132}, {device.FP8E4M3, 7168, 7168 + 56*4}, {device.BF16, 7168, 14336}, {device.FP32, 100, 400}} {
+		if got := RowBytes(tc.dt, tc.h); got != tc.b {
+			t.Errorf("RowBytes(%v, %d) = %d, want %d", tc.dt, tc.h, got, tc.b)
+		}
 	}
 }
