@@ -8,9 +8,6 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"golang.org/x/sync/errgroup"
-
-	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
 	"github.com/goep/goep/internal/reference"
@@ -82,33 +79,11 @@ func checkFP8(t *testing.T, c *propCase) {
 	}
 
 	outs := make([]*fp8Out, c.R)
-	groups := comm.NewLocal(c.R)
-	b := device.NewHost()
-	defer b.Close()
-	var g errgroup.Group
-	for r := range c.R {
-		g.Go(func() (err error) {
-			e, err := executor.New(t.Context(), groups[r], b, c.config())
-			if err != nil {
-				return fmt.Errorf("rank %d: New: %w", r, err)
-			}
-			defer func() {
-				if cerr := e.Close(); cerr != nil && err == nil {
-					err = fmt.Errorf("rank %d: Close: %w", r, cerr)
-				}
-			}()
-			p := &propRank{t: t, e: e, c: c, r: r}
-			o, err := p.runFP8(w)
-			if err != nil {
-				return fmt.Errorf("rank %d: %w", r, err)
-			}
-			outs[r] = o
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		t.Fatalf("%v: %v", c, err)
-	}
+	eachRank(t, c, func(r int, e *executor.Engine) error {
+		o, err := (&propRank{t: t, e: e, c: c, r: r}).runFP8(w)
+		outs[r] = o
+		return err
+	})
 
 	k := &checker{t: t, c: c}
 	for d, o := range outs {

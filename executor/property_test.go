@@ -636,10 +636,29 @@ func (p *propRank) run() (*propOut, error) {
 // runEngine runs the case on R in-process ranks, twice on each engine (two
 // layouts of the same routing), and returns both runs' outputs.
 func runEngine(t *testing.T, c *propCase, in *propInputs) (first, second []*propOut) {
+	first, second = make([]*propOut, c.R), make([]*propOut, c.R)
+	eachRank(t, c, func(r int, e *executor.Engine) error {
+		for run, dst := range [][]*propOut{first, second} {
+			p := &propRank{t: t, e: e, c: c, in: in, r: r, decoy: run == 1 && c.mode == executor.Blocking}
+			o, err := p.run()
+			if err != nil {
+				return fmt.Errorf("run %d: %w", run+1, err)
+			}
+			dst[r] = o
+		}
+		return nil
+	})
+	return first, second
+}
+
+// eachRank runs fn on each of the case's R in-process ranks, each with an
+// engine of the case's config on one host backend, and fails the test
+// with the first error (prefixed with its rank).
+func eachRank(t *testing.T, c *propCase, fn func(r int, e *executor.Engine) error) {
+	t.Helper()
 	groups := comm.NewLocal(c.R)
 	b := device.NewHost()
 	defer b.Close()
-	first, second = make([]*propOut, c.R), make([]*propOut, c.R)
 	var g errgroup.Group
 	for r := range c.R {
 		g.Go(func() (err error) {
@@ -652,13 +671,8 @@ func runEngine(t *testing.T, c *propCase, in *propInputs) (first, second []*prop
 					err = fmt.Errorf("rank %d: Close: %w", r, cerr)
 				}
 			}()
-			for run, dst := range [][]*propOut{first, second} {
-				p := &propRank{t: t, e: e, c: c, in: in, r: r, decoy: run == 1 && c.mode == executor.Blocking}
-				o, err := p.run()
-				if err != nil {
-					return fmt.Errorf("rank %d run %d: %w", r, run+1, err)
-				}
-				dst[r] = o
+			if err := fn(r, e); err != nil {
+				return fmt.Errorf("rank %d: %w", r, err)
 			}
 			return nil
 		})
@@ -666,7 +680,6 @@ func runEngine(t *testing.T, c *propCase, in *propInputs) (first, second []*prop
 	if err := g.Wait(); err != nil {
 		t.Fatalf("%v: %v", c, err)
 	}
-	return first, second
 }
 
 // checker compares outputs and reports the first mismatch of each.
