@@ -318,7 +318,8 @@ func (g *gpuEngine) signalPeers(slot int64, op uint32) error {
 		g.peerTable(regionFlags), int32(g.R), slot+int64(g.me), g.ownView(regionFlags, g.counterOff(), 8), op)
 }
 
-// arrive signals this rank's pushes and waits for every peer's.
+// arrive signals this rank's pushes and waits for every peer's, which must
+// carry the same op (for data calls, flagOp's).
 func (g *gpuEngine) arrive(op uint32) error {
 	if err := g.signalPeers(g.arrivedSlot(), op); err != nil {
 		return err
@@ -620,27 +621,48 @@ func (g *gpuEngine) deviceMap(h *Handle) permute.DeviceMap {
 	return permute.DeviceMap{Rows: rows, TopK: g.K, Pos: h.gpu.pos, RowCap: h.recvRows, PermCap: h.permRows}
 }
 
-// pushRows enqueues steps 1-4 of one round (roundRows, or roundScales of
-// an fp8 call) of dispatch: rows of x (and weights w) into the
-// destinations' receive windows.
-func (g *gpuEngine) pushRows(h *Handle, x, w *device.Tensor, round uint64, op uint32) error {
+// pushRows enqueues steps 1-4 of one round of dispatch: rows of x (and
+// weights w, and fp8 scales sx; either may be nil) into the destinations'
+// receive windows. With several domains sx must be nil: an fp8 call's
+// scales take a round of their own there (roundScales).
+func (g *gpuEngine) pushRows(h *Handle, x, w, sx *device.Tensor, round uint64, op uint32) error {
 	if g.hier != nil {
+		if sx != nil {
+			return fmt.Errorf("executor: CUDA path: scales pushed with their rows across domains")
+		}
 		return g.hierPush(h, x, w, round, op)
 	}
 	if err := g.begin(); err != nil {
 		return err
 	}
-	rb := rowBytes(x)
-	if err := g.pushEntries(x.Buffer(), buf(w), rb, h.gpu.entTok, h.gpu.entDest, h.gpu.entRow, h.numTokens*g.W); err != nil {
+	sb := 0
+	if sx != nil {
+		sb = rowBytes(sx)
+	}
+	if err := g.pushEntries(x.Buffer(), buf(w), buf(sx), rowBytes(x), sb, h.gpu.entTok, h.gpu.entDest, h.gpu.entRow, h.numTokens*g.W); err != nil {
 		return err
 	}
-	return g.arrive(op)
+	return g.arrive(flagOp(op, x.DType(), w != nil))
 }
 
-// pushEntries launches goep_ep_push over entries of x (rows of rb bytes)
-// and w (nil: none): the entry tables tok, dest and row as goep_ep_push
-// reads them.
-func (g *gpuEngine) pushEntries(x, w *device.Buffer, rb int, tok, dest, row *device.Buffer, entries int) error {
+// flagOp is the operation a data call's arrive flags carry: the call's op
+// with the dtype of its rows (bits 3-5) and whether weights travel (bit
+// 6), so that ranks running the same call on rows of different dtypes, or
+// with and without weights, fail it with ErrPeerMismatch instead of
+// reading each other's rows wrongly (the host path compares the same in
+// its exchange's signature). Never opRejected: ops fit in bits 0-2.
+func flagOp(op uint32, dt device.DType, weighted bool) uint32 {
+	v := op | uint32(dt)<<3
+	if weighted {
+		v |= 1 << 6
+	}
+	return v
+}
+
+// pushEntries launches goep_ep_push over entries of x (rows of rb bytes),
+// w (nil: none) and sx (fp8 scales, rows of sb bytes; nil: none): the
+// entry tables tok, dest and row as goep_ep_push reads them.
+func (g *gpuEngine) pushEntries(x, w, sx *device.Buffer, rb, sb int, tok, dest, row *device.Buffer, entries int) error {
 	if entries == 0 {
 		return nil
 	}
@@ -650,16 +672,23 @@ func (g *gpuEngine) pushEntries(x, w *device.Buffer, rb int, tok, dest, row *dev
 		return err
 	}
 	return g.s.Launch(g.push, grid, block, 0, x, w, tok, dest, row,
-		int64(entries), g.peerTable(regionRecv), int64(rb), int64(g.recvWOff), int32(g.K), unit, chunk)
+		int64(entries), g.peerTable(regionRecv), int64(rb), int64(g.recvWOff), int32(g.K), unit, chunk,
+		sx, int64(g.scaleOff()), int64(sb))
 }
 
-// copyRecv enqueues goep_ep_copy_out from the receive window into out
-// (rows of rb bytes; nil: none) and outW (weights; nil: none).
-func (g *gpuEngine) copyRecv(h *Handle, rb int, out, outW *device.Tensor) error {
+// scaleOff is where the receive window keeps an fp8 call's scales: after
+// the rows area's first recvCap*H bytes, which its fp8 rows fill (an fp8
+// row and its scales, H + H/32 bytes, fit in the 4H bytes a row has).
+func (g *gpuEngine) scaleOff() int { return g.recvCap * g.H }
+
+// copyRecv enqueues goep_ep_copy_out from the receive window's rows at
+// byte off into out (rows of rb bytes; nil: none) and outW (weights; nil:
+// none).
+func (g *gpuEngine) copyRecv(h *Handle, off, rb int, out, outW *device.Tensor) error {
 	if h.recvRows == 0 || out == nil && outW == nil {
 		return nil
 	}
-	src := g.ownView(regionRecv, 0, h.recvRows*rb)
+	src := g.ownView(regionRecv, off, h.recvRows*rb)
 	srcW := g.ownView(regionRecv, g.recvWOff, h.recvRows*g.K*4)
 	var ob *device.Buffer
 	if out != nil {
@@ -680,28 +709,35 @@ func (g *gpuEngine) copyRecv(h *Handle, rb int, out, outW *device.Tensor) error 
 }
 
 // dispatch enqueues Dispatch: the rows of x with their weights w (may be
-// nil), then, for fp8 rows, their scales sx in a second round.
+// nil) and, for fp8 rows, their scales sx: in one domain with the rows,
+// with several in a second round.
 func (g *gpuEngine) dispatch(h *Handle, x, w, sx *device.Tensor, out DispatchOutput) error {
 	if !g.ready(h) {
 		return nil
 	}
-	if err := g.dispatchRound(h, x, w, roundRows, out.RecvX, out.RecvWeights, out.RecvIdx); err != nil {
+	if sx == nil || g.hier == nil {
+		return g.dispatchRound(h, x, w, sx, roundRows, out.RecvX, out.RecvWeights, out.RecvScales, out.RecvIdx)
+	}
+	if err := g.dispatchRound(h, x, w, nil, roundRows, out.RecvX, out.RecvWeights, nil, out.RecvIdx); err != nil {
 		return err
 	}
-	if sx == nil {
-		return nil
-	}
-	return g.dispatchRound(h, sx, nil, roundScales, out.RecvScales, nil, nil)
+	return g.dispatchRound(h, sx, nil, nil, roundScales, out.RecvScales, nil, nil, nil)
 }
 
-// dispatchRound enqueues one round of Dispatch: x's rows (weights w) into
-// recv (recvW), and the handle's RecvIdx into recvIdx (nil: not copied).
-func (g *gpuEngine) dispatchRound(h *Handle, x, w *device.Tensor, round uint64, recv, recvW, recvIdx *device.Tensor) error {
-	if err := g.pushRows(h, x, w, round, uint32(opDispatch)); err != nil {
+// dispatchRound enqueues one round of Dispatch: x's rows (weights w,
+// scales sx) into recv (recvW, recvS), and the handle's RecvIdx into
+// recvIdx (nil: not copied).
+func (g *gpuEngine) dispatchRound(h *Handle, x, w, sx *device.Tensor, round uint64, recv, recvW, recvS, recvIdx *device.Tensor) error {
+	if err := g.pushRows(h, x, w, sx, round, uint32(opDispatch)); err != nil {
 		return err
 	}
-	if err := g.copyRecv(h, rowBytes(x), recv, recvW); err != nil {
+	if err := g.copyRecv(h, 0, rowBytes(x), recv, recvW); err != nil {
 		return err
+	}
+	if sx != nil {
+		if err := g.copyRecv(h, g.scaleOff(), rowBytes(sx), recvS, nil); err != nil {
+			return err
+		}
 	}
 	if recvIdx != nil {
 		if err := g.copyIdx(h, recvIdx); err != nil {
@@ -723,30 +759,31 @@ func (g *gpuEngine) copyIdx(h *Handle, out *device.Tensor) error {
 }
 
 // dispatchPermute enqueues DispatchPermute: the permute kernel reads the
-// received rows straight from the receive window. For fp8 rows a second
-// round moves and permutes their scales sx.
+// received rows straight from the receive window. For fp8 rows their
+// scales sx move and are permuted too: in one domain with the rows, with
+// several in a second round.
 func (g *gpuEngine) dispatchPermute(h *Handle, x, w, sx *device.Tensor, out DispatchPermuteOutput) error {
 	if !g.ready(h) {
 		return nil
 	}
-	if err := g.dispatchPermuteRound(h, x, w, roundRows, out.X, out.Weights, out.RecvWeights, out.RecvIdx); err != nil {
+	if sx == nil || g.hier == nil {
+		return g.dispatchPermuteRound(h, x, w, sx, roundRows, out.X, out.Weights, out.Scales, out.RecvWeights, out.RecvIdx)
+	}
+	if err := g.dispatchPermuteRound(h, x, w, nil, roundRows, out.X, out.Weights, nil, out.RecvWeights, out.RecvIdx); err != nil {
 		return err
 	}
-	if sx == nil {
-		return nil
-	}
-	return g.dispatchPermuteRound(h, sx, nil, roundScales, out.Scales, nil, nil, nil)
+	return g.dispatchPermuteRound(h, sx, nil, nil, roundScales, out.Scales, nil, nil, nil, nil)
 }
 
 // dispatchPermuteRound enqueues one round of DispatchPermute: x's rows
-// (weights w) permuted into px (pw), the received weights into recvW and
-// the handle's RecvIdx into recvIdx (nil: not copied).
-func (g *gpuEngine) dispatchPermuteRound(h *Handle, x, w *device.Tensor, round uint64, px, pw, recvW, recvIdx *device.Tensor) error {
-	if err := g.pushRows(h, x, w, round, uint32(opDispatchPermute)); err != nil {
+// (weights w, scales sx) permuted into px (pw, ps), the received weights
+// into recvW and the handle's RecvIdx into recvIdx (nil: not copied).
+func (g *gpuEngine) dispatchPermuteRound(h *Handle, x, w, sx *device.Tensor, round uint64, px, pw, ps, recvW, recvIdx *device.Tensor) error {
+	if err := g.pushRows(h, x, w, sx, round, uint32(opDispatchPermute)); err != nil {
 		return err
 	}
 	rb := rowBytes(x)
-	if err := g.copyRecv(h, rb, nil, recvW); err != nil {
+	if err := g.copyRecv(h, 0, rb, nil, recvW); err != nil {
 		return err
 	}
 	if recvIdx != nil {
@@ -761,6 +798,12 @@ func (g *gpuEngine) dispatchPermuteRound(h *Handle, x, w *device.Tensor, round u
 	}
 	if err := g.permuteFrom(h, px, pw, src, srcW); err != nil {
 		return err
+	}
+	if sx != nil {
+		sb := rowBytes(sx)
+		if err := g.permuteFrom(h, ps, nil, g.ownView(regionRecv, g.scaleOff(), max(h.recvRows*sb, 0)), nil); err != nil {
+			return err
+		}
 	}
 	return g.finish(uint32(opDispatchPermute))
 }
@@ -898,7 +941,7 @@ func (g *gpuEngine) scatterRows(h *Handle, z, zw *device.Tensor, op uint32) erro
 			return err
 		}
 	}
-	return g.arrive(op)
+	return g.arrive(flagOp(op, z.DType(), zw != nil))
 }
 
 // combine enqueues Combine (and DispatchBackward with zw): every received

@@ -414,7 +414,9 @@ func init() { extraModes["gpu-faults"] = gpuFaults }
 // gpuFaults runs, on every rank: a layout whose input rank 1 rejects on
 // the host, a layout of routing with an expert out of range on rank 1
 // (found on the GPU by every rank), a dispatch whose input rank 1 rejects
-// on the host; a good dispatch (the engine must be usable again); such a
+// on the host; a good dispatch (the engine must be usable again); a
+// dispatch of fp32 rows on rank 1 and bf16 elsewhere, then a good one;
+// such a
 // rejected dispatch again, followed at once by a layout (which must work
 // on every rank, the rejection being reported by the next Synchronize) and
 // a good dispatch; then a dispatch that rank 1 joins only after the
@@ -466,6 +468,20 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 	res["reject.sync"] = str(e.Synchronize(ctx))
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
 	res["after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	// Rank 1 dispatches fp32 rows where its peers dispatch bf16: the
+	// arrive flags carry the dtype, so every rank fails the call, and the
+	// engine works after.
+	x32 := xt
+	if g.Rank() == 1 {
+		if x32, err = e.NewTensor(device.FP32, 16, cfg.Hidden); err != nil {
+			return nil, err
+		}
+		clear(x32.Bytes())
+	}
+	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: x32})
+	res["dtype"] = str(errors.Join(err, e.Synchronize(ctx)))
+	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+	res["dtype.after"] = str(errors.Join(err, e.Synchronize(ctx)))
 	// A layout right after a rejected dispatch, before any Synchronize:
 	// it works on every rank (none may go on with a handle its peers
 	// lack), and the next Synchronize reports the rejection.
@@ -554,6 +570,12 @@ func TestCUDAFaults(t *testing.T) {
 		}
 		if d["after"] != "nil" {
 			t.Errorf("rank %d: dispatch after the rejected one: %s", r, d["after"])
+		}
+		if !strings.Contains(d["dtype"], "rows of another dtype") {
+			t.Errorf("rank %d: dispatch of fp32 rows on rank 1 and bf16 elsewhere: %q, want a peer mismatch", r, d["dtype"])
+		}
+		if d["dtype.after"] != "nil" {
+			t.Errorf("rank %d: dispatch after the dtype mismatch: %s", r, d["dtype.after"])
 		}
 	}
 }

@@ -343,7 +343,7 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, round uint64, op ui
 	if err := g.begin(); err != nil {
 		return err
 	}
-	if err := g.pushEntries(x.Buffer(), buf(w), rb, h.gpu.entTok, h.gpu.entDest, h.gpu.entRow, h.numTokens*g.W); err != nil {
+	if err := g.pushEntries(x.Buffer(), buf(w), nil, rb, 0, h.gpu.entTok, h.gpu.entDest, h.gpu.entRow, h.numTokens*g.W); err != nil {
 		return err
 	}
 	var fw *device.Buffer
@@ -351,10 +351,10 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, round uint64, op ui
 		fw = hx.fwdW
 	}
 	t := h.gpu.hier
-	if err := g.pushEntries(hx.fwdX, fw, rb, t.fEntTok, t.fEntDest, t.fEntRow, hx.M*hx.maxT*g.W); err != nil {
+	if err := g.pushEntries(hx.fwdX, fw, nil, rb, 0, t.fEntTok, t.fEntDest, t.fEntRow, hx.M*hx.maxT*g.W); err != nil {
 		return err
 	}
-	return g.arrive(op)
+	return g.arrive(flagOp(op, x.DType(), w != nil))
 }
 
 // fromRail fills dst from byte off of slot, the last rail round's receive
@@ -437,7 +437,8 @@ func (g *gpuEngine) railSend(pl railPayload, c nvlink.Call, ep uint64, parity in
 		}
 		// The weights area precedes the rows in a slot: at -area from them.
 		if err := g.s.Launch(g.push, grid, block, 0, pl.src, pl.w, pl.tok, pl.dest, pl.row,
-			int64(pl.entries), hx.slotRows, int64(rb), int64(-hr.area), int32(g.K), unit, chunk); err != nil {
+			int64(pl.entries), hx.slotRows, int64(rb), int64(-hr.area), int32(g.K), unit, chunk,
+			(*device.Buffer)(nil), int64(0), int64(0)); err != nil {
 			return nil, e.noteFailure(err)
 		}
 	}

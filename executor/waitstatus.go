@@ -38,7 +38,7 @@ func waitError(codes []byte, base int) error {
 	case len(rejected) > 0:
 		return fmt.Errorf("executor: rank(s) %v rejected their input to a collective call: %w", rejected, ErrInvalidInput)
 	case len(mismatched) > 0:
-		return fmt.Errorf("executor: rank(s) %v ran another collective call: %w", mismatched, ErrPeerMismatch)
+		return fmt.Errorf("executor: rank(s) %v ran another collective call, or this one on rows of another dtype or with weights where this rank had none (or none where it had them): %w", mismatched, ErrPeerMismatch)
 	default:
 		return errors.New("executor: a GPU wait failed without naming a rank")
 	}

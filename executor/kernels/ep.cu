@@ -162,13 +162,16 @@ extern "C" __global__ void goep_ep_signal(uint64_t *const *peerFlags, int32_t ra
 // with row = dstRow[j] >= 0, row s = srcRow[j] (j when srcRow is null) of
 // x (rowBytes) goes to row row of the rows area of peer dstPeer[j]
 // (peerBase[dstPeer[j]]) and, when w is not null, w[s*K:(s+1)*K] to the
-// peer's weights area (peerBase + wOff) at row*K. Blocks: grid.x blocks
-// take chunks of chunk consecutive items in turn (block b: chunks b, b +
-// grid.x, ...), grid.y chunks of the row's units.
+// peer's weights area (peerBase + wOff) at row*K, and, when sx is not
+// null, row s of sx (sBytes, a multiple of 4: an fp8 row's scales) to the
+// peer's scales area (peerBase + sOff) at row*sBytes. Blocks: grid.x
+// blocks take chunks of chunk consecutive items in turn (block b: chunks
+// b, b + grid.x, ...), grid.y chunks of the row's units.
 __device__ __forceinline__ void put_rows(const uint8_t *x, const float *w, const int32_t *srcRow,
 					 const int32_t *dstPeer, const int32_t *dstRow, int64_t items,
 					 uint8_t *const *peerBase, int64_t rowBytes, int64_t wOff,
-					 int32_t topk, int32_t unit, int64_t chunk)
+					 int32_t topk, int32_t unit, int64_t chunk, const uint8_t *sx,
+					 int64_t sOff, int64_t sBytes)
 {
 	for (int64_t c = (int64_t)blockIdx.x * chunk; c < items; c += (int64_t)gridDim.x * chunk) {
 		int64_t end = c + chunk < items ? c + chunk : items;
@@ -184,19 +187,28 @@ __device__ __forceinline__ void put_rows(const uint8_t *x, const float *w, const
 				float *pw = (float *)(base + wOff);
 				pw[(int64_t)row * topk + threadIdx.x] = w[s * topk + threadIdx.x];
 			}
+			if (sx != nullptr && blockIdx.y == 0) {
+				const uint32_t *ss = (const uint32_t *)(sx + s * sBytes);
+				uint32_t *sd = (uint32_t *)(base + sOff + (int64_t)row * sBytes);
+				for (int64_t u = threadIdx.x; u < sBytes / 4; u += blockDim.x) {
+					sd[u] = ss[u];
+				}
+			}
 		}
 	}
 }
 
 // goep_ep_push is dispatch's push: entry j (token entTok[j]'s copy for its
 // destination entDest[j], at row entRow[j] of that destination's receive
-// window, -1: none) as put_rows.
+// window, -1: none) as put_rows, with the fp8 scales sx (null: none).
 extern "C" __global__ void goep_ep_push(const uint8_t *x, const float *w, const int32_t *entTok,
 					const int32_t *entDest, const int32_t *entRow,
 					int64_t entries, uint8_t *const *peerBase, int64_t rowBytes,
-					int64_t wOff, int32_t topk, int32_t unit, int64_t chunk)
+					int64_t wOff, int32_t topk, int32_t unit, int64_t chunk,
+					const uint8_t *sx, int64_t sOff, int64_t sBytes)
 {
-	put_rows(x, w, entTok, entDest, entRow, entries, peerBase, rowBytes, wOff, topk, unit, chunk);
+	put_rows(x, w, entTok, entDest, entRow, entries, peerBase, rowBytes, wOff, topk, unit, chunk,
+		 sx, sOff, sBytes);
 }
 
 // goep_ep_scatter is combine's scatter: received row i of z (and zw) goes
@@ -207,7 +219,8 @@ extern "C" __global__ void goep_ep_scatter(const uint8_t *z, const float *zw,
 					   int64_t rows, uint8_t *const *peerBase, int64_t rowBytes,
 					   int64_t wOff, int32_t topk, int32_t unit, int64_t chunk)
 {
-	put_rows(z, zw, nullptr, dstRank, dstRow, rows, peerBase, rowBytes, wOff, topk, unit, chunk);
+	put_rows(z, zw, nullptr, dstRank, dstRow, rows, peerBase, rowBytes, wOff, topk, unit, chunk,
+		 nullptr, 0, 0);
 }
 
 // rail_store writes descriptor pos of the rail's feed ring (package rdma's
