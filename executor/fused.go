@@ -38,9 +38,9 @@ func (e *Engine) DispatchPermute(ctx context.Context, h *Handle, in DispatchInpu
 // DispatchPermuteInto is DispatchPermute writing into outputs the caller
 // allocated (shapes and dtypes as DispatchPermute's; Weights and
 // RecvWeights given exactly when TopkWeights is, Scales exactly when X is
-// FP8). In capacity mode it needs
-// no host synchronization and no allocation, so it can be captured into a
-// CUDA graph (device.CUDAStream.BeginCapture on Engine.Stream).
+// FP8). In capacity mode it needs no host synchronization and no
+// allocation, so it can be captured into a CUDA graph
+// (device.CUDAStream.BeginCapture on Engine.Stream).
 func (e *Engine) DispatchPermuteInto(ctx context.Context, h *Handle, in DispatchInput, out DispatchPermuteOutput) error {
 	if err := e.checkHandle(h); err != nil {
 		return e.reject(opDispatchPermute, err)
