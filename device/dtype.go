@@ -3,6 +3,7 @@ package device
 import (
 	"fmt"
 	"math"
+	"sort"
 )
 
 // DType is the element type of a tensor.
@@ -83,4 +84,56 @@ func Float32ToBF16(f float32) uint16 {
 	}
 	u += 0x7fff + (u>>16)&1
 	return uint16(u >> 16)
+}
+
+// FP8E4M3ToFloat32 widens an fp8 e4m3 bit pattern (PyTorch's
+// float8_e4m3fn: sign, 4 exponent bits of bias 7, 3 mantissa bits; no
+// infinities; S.1111.111 is NaN) to float32 exactly.
+func FP8E4M3ToFloat32(b byte) float32 {
+	sign := float32(1)
+	if b&0x80 != 0 {
+		sign = -1
+	}
+	e, m := int(b>>3&0xf), int(b&7)
+	switch {
+	case e == 15 && m == 7:
+		return float32(math.Copysign(math.NaN(), float64(sign)))
+	case e == 0: // zero and subnormals: m/8 x 2^-6
+		return sign * float32(math.Ldexp(float64(m), -9))
+	}
+	return sign * float32(math.Ldexp(float64(8+m), e-10))
+}
+
+// Float32ToFP8E4M3 rounds f to the nearest fp8 e4m3 value, ties to even,
+// as PyTorch's float8_e4m3fn conversion does: a magnitude that rounds
+// beyond the largest finite value (448), infinities and NaN become NaN
+// (0x7f, with f's sign); there is no saturation.
+func Float32ToFP8E4M3(f float32) byte {
+	var sign byte
+	if math.Signbit(float64(f)) {
+		sign = 0x80
+	}
+	a := math.Abs(float64(f))
+	if math.IsNaN(a) || a > 464 { // 464: halfway from 448 to 480, which rounds to even (448)
+		return sign | 0x7f
+	}
+	// The codes 0x00..0x7e are the non-negative finite values in
+	// increasing order: find the nearest, ties to the even code.
+	lo := sort.Search(0x7f, func(c int) bool { return float64(FP8E4M3ToFloat32(byte(c))) >= a })
+	if lo == 0 {
+		return sign
+	}
+	if lo == 0x7f {
+		return sign | 0x7e
+	}
+	below, above := float64(FP8E4M3ToFloat32(byte(lo-1))), float64(FP8E4M3ToFloat32(byte(lo)))
+	switch {
+	case a-below < above-a:
+		return sign | byte(lo-1)
+	case a-below > above-a:
+		return sign | byte(lo)
+	case (lo-1)%2 == 0:
+		return sign | byte(lo-1)
+	}
+	return sign | byte(lo)
 }

@@ -165,7 +165,8 @@ type copier interface {
 
 // Encoding helpers: goep's data is little-endian, as on every GPU host.
 
-// EncodeFloat32 converts values to dtype dt (BF16 or FP32) bytes.
+// EncodeFloat32 converts values to dtype dt (BF16, FP32 or FP8E4M3) bytes,
+// rounding to nearest even (fp8: Float32ToFP8E4M3).
 func EncodeFloat32(dt DType, v []float32) []byte {
 	out := make([]byte, len(v)*dt.Size())
 	for i, f := range v {
@@ -174,12 +175,14 @@ func EncodeFloat32(dt DType, v []float32) []byte {
 			binary.LittleEndian.PutUint16(out[2*i:], Float32ToBF16(f))
 		case FP32:
 			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(f))
+		case FP8E4M3:
+			out[i] = Float32ToFP8E4M3(f)
 		}
 	}
 	return out
 }
 
-// DecodeFloat32 converts BF16 or FP32 bytes to float32 values.
+// DecodeFloat32 converts BF16, FP32 or FP8E4M3 bytes to float32 values.
 func DecodeFloat32(dt DType, b []byte) []float32 {
 	n := len(b) / dt.Size()
 	out := make([]float32, n)
@@ -189,19 +192,27 @@ func DecodeFloat32(dt DType, b []byte) []float32 {
 	return out
 }
 
-// LoadFloat32 reads element i of a BF16 or FP32 array as float32.
+// LoadFloat32 reads element i of a BF16, FP32 or FP8E4M3 array as float32
+// (exactly).
 func LoadFloat32(dt DType, b []byte, i int) float32 {
-	if dt == BF16 {
+	switch dt {
+	case BF16:
 		return BF16ToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
+	case FP8E4M3:
+		return FP8E4M3ToFloat32(b[i])
 	}
 	return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 }
 
-// StoreFloat32 writes f into element i of a BF16 (rounding to nearest even)
-// or FP32 array.
+// StoreFloat32 writes f into element i of a BF16 or FP8E4M3 (rounding to
+// nearest even) or FP32 array.
 func StoreFloat32(dt DType, b []byte, i int, f float32) {
-	if dt == BF16 {
+	switch dt {
+	case BF16:
 		binary.LittleEndian.PutUint16(b[2*i:], Float32ToBF16(f))
+		return
+	case FP8E4M3:
+		b[i] = Float32ToFP8E4M3(f)
 		return
 	}
 	binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
