@@ -399,3 +399,71 @@ func TestCUDASharedAlias(t *testing.T) {
 		t.Fatal("OpenShared of freed memory of this process succeeded")
 	}
 }
+
+// TestCUDAFreeDuringCapture frees, while a capture is recording, a buffer
+// allocated before it (by Close, and by a dropped tensor's cleanup on the
+// garbage collector's goroutine) and one allocated inside it. A captured
+// cuMemFreeAsync must be of a graph allocation (CUDA_ERROR_INVALID_VALUE
+// otherwise), so the first kind must wait for EndCapture and the second
+// must become the graph's free node: the graph then replays, the stream
+// keeps no error and every buffer is returned.
+func TestCUDAFreeDuringCapture(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	const n = 1 << 20
+	out, _ := NewTensor(s, BF16, n/2)
+	for round := range 4 {
+		before, _ := NewTensor(s, BF16, n/2)
+		func() {
+			for range 8 {
+				_, _ = NewTensor(s, FP32, 1000) // dropped: freed by their cleanups
+			}
+		}()
+		if err := s.BeginCapture(); err != nil {
+			t.Fatal(err)
+		}
+		tmp, err := s.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := errors.Join(s.Memset(tmp, 0, n, byte(0x40+round)), s.Copy(out.Buffer(), 0, tmp, 0, n)); err != nil {
+			t.Fatal(err)
+		}
+		s.Free(tmp) // the graph's free node
+		done := make(chan struct{})
+		go func() { before.Close(); close(done) }()
+		<-done
+		runtime.GC()
+		runtime.GC()
+		g, err := s.EndCapture()
+		if err != nil {
+			t.Fatalf("round %d: end capture: %v", round, err)
+		}
+		for range 2 {
+			if err := g.Launch(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		syncCUDA(t, s)
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := Download(t.Context(), out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, bytes.Repeat([]byte{byte(0x40 + round)}, n)) {
+			t.Fatalf("round %d: the replayed graph wrote the wrong bytes", round)
+		}
+	}
+	out.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.LiveBuffers() != 0 && time.Now().Before(deadline) {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	syncCUDA(t, s)
+	if n := c.LiveBuffers(); n != 0 {
+		t.Fatalf("%d buffers live after every buffer was freed", n)
+	}
+}

@@ -314,8 +314,13 @@ type CUDAStream struct {
 	closed bool
 	held   []any // what queued work uses; dropped (funcs called) when it is done
 
-	captureFrom int  // len(held) when the current capture began
-	capturing   bool // between BeginCapture and EndCapture
+	captureFrom int         // len(held) when the current capture began
+	capturing   atomic.Bool // between BeginCapture and EndCapture
+	// afterCapture are buffers allocated outside the current capture
+	// whose free was asked for during it (by Close, or by a dropped
+	// tensor's cleanup): a free captured into the graph must be of a graph
+	// allocation, so EndCapture frees them (guarded by mu).
+	afterCapture []*Buffer
 
 	// small is pinned staging memory kept for small downloads (counts,
 	// status words), which would otherwise pay a cuMemHostAlloc each.
@@ -402,20 +407,32 @@ func (s *CUDAStream) Alloc(n int) (*Buffer, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("device: CUDA alloc of %d bytes", n)
 	}
-	p, err := s.s.Alloc(n)
+	// On the driver thread, so that the capture state cannot change
+	// between reading it and allocating.
+	var p cuda.DevicePtr
+	var graph bool
+	err := s.c.dev.Do(func() error {
+		graph = s.capturing.Load()
+		var err error
+		p, err = s.s.Alloc(n)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA alloc: %w", err)
 	}
 	if p != 0 {
 		s.c.live.Add(1)
 	}
-	return &Buffer{size: n, dev: uint64(p), stream: s}, nil
+	return &Buffer{size: n, dev: uint64(p), stream: s, graph: graph}, nil
 }
 
 // Free implements Stream: the memory goes back to the pool once the work
 // enqueued on s before this call is done (cuMemFreeAsync). After s was
-// closed (which drained it) the free goes through the backend. A failure
-// is kept as the stream's error. Safe to call more than once.
+// closed (which drained it) the free goes through the backend. During a
+// capture (BeginCapture) the free of a buffer allocated inside it is
+// captured into the graph, and that of any other buffer waits for
+// EndCapture. A failure is kept as the stream's error. Safe to call more
+// than once, and from any goroutine (a dropped tensor's cleanup calls it).
 func (s *CUDAStream) Free(b *Buffer) {
 	if b == nil || b.stream == nil || !b.freed.CompareAndSwap(false, true) {
 		return
@@ -426,15 +443,34 @@ func (s *CUDAStream) Free(b *Buffer) {
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
-	var err error
 	if closed {
-		err = s.c.freeSpare(b.dev)
-	} else {
-		err = s.s.Free(cuda.DevicePtr(b.dev))
+		s.freed(b, s.c.freeSpare(b.dev))
+		return
 	}
+	// On the driver thread, so that no capture begins or ends between
+	// the check and the free.
+	err := s.c.dev.Do(func() error {
+		if s.capturing.Load() && !b.graph {
+			s.mu.Lock()
+			s.afterCapture = append(s.afterCapture, b)
+			s.mu.Unlock()
+			return nil
+		}
+		s.freed(b, s.s.Free(cuda.DevicePtr(b.dev)))
+		return nil
+	})
 	if err != nil {
-		_ = s.fail("free", err)
-		return // leaked rather than reused under queued work
+		s.freed(b, err) // the device is closed
+	}
+}
+
+// freed accounts for the free of b that returned err: on failure the
+// memory is leaked rather than reused under queued work, and the error is
+// kept as the stream's.
+func (s *CUDAStream) freed(b *Buffer, err error) {
+	if err != nil {
+		_ = s.fail("free", fmt.Errorf("%#x: %w", b.dev, err))
+		return
 	}
 	s.c.live.Add(-1)
 }
@@ -561,7 +597,12 @@ func (s *CUDAStream) Close() error {
 	serr := s.Synchronize(context.Background())
 	s.mu.Lock()
 	s.closed = true
+	later := s.afterCapture // closed during a capture
+	s.afterCapture = nil
 	s.mu.Unlock()
+	for _, b := range later {
+		s.freed(b, s.c.freeSpare(b.dev))
+	}
 	cerr := s.s.Close()
 	s.c.streams.Add(-1)
 	s.smallMu.Lock()
@@ -610,6 +651,16 @@ func (s *CUDAStream) Copy(dst *Buffer, dstOff int, src *Buffer, srcOff, n int) e
 	return s.fail("copy", s.s.CopyDtoD(cuda.DevicePtr(dst.dev+uint64(dstOff)), cuda.DevicePtr(src.dev+uint64(srcOff)), n))
 }
 
+// Enqueue runs f on the driver thread of s's GPU, so that the driver calls
+// f makes (launches, copies and memsets on s, stream-ordered allocations
+// and frees) run there directly instead of each handing its call to that
+// thread and waiting: a hand-off costs several microseconds, and the
+// ranks of one process sharing the GPU share its thread. f must only
+// enqueue work: it must not wait for the GPU (Synchronize, uploads,
+// downloads) nor for another goroutine, since every stream of the GPU
+// waits for the thread while f runs.
+func (s *CUDAStream) Enqueue(f func() error) error { return s.c.dev.Do(f) }
+
 // Launch enqueues kernel k on s with the given grid and block shapes (zero
 // components count as 1) and dynamic shared memory bytes. Arguments are
 // passed at their own sizes, as the kernel declares them: int32, uint32,
@@ -653,7 +704,7 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 	}
 	// Memory allocated during a capture (graph memory nodes) is not mapped
 	// until the graph runs, so captured launches are not checked.
-	if s.c.checkPointers.Load() && !s.capturing {
+	if s.c.checkPointers.Load() && !s.capturing.Load() {
 		for i, a := range cargs {
 			p, ok := a.(cuda.DevicePtr)
 			if !ok || p == 0 {
@@ -769,24 +820,46 @@ type Graph struct {
 // instead of running it (stream capture). Only work that needs no host
 // synchronization can be captured: kernels, copies between device
 // buffers, memsets, stream-ordered allocations and frees.
+//
+// Memory allocated during the capture is a graph allocation (a memory node
+// of the graph): free it in the same capture, as the fused calls do with
+// their temporaries, or pass the outputs in (the Into calls). Frees asked
+// for during the capture of memory allocated before it, by Close or by a
+// dropped tensor's cleanup on another goroutine, are not captured: they
+// are enqueued when the capture ends.
 func (s *CUDAStream) BeginCapture() error {
-	s.mu.Lock()
-	n := len(s.held)
-	s.mu.Unlock()
-	s.captureFrom = n
-	if err := s.s.BeginCapture(); err != nil {
-		return s.fail("begin capture", err)
-	}
-	s.capturing = true
-	return nil
+	return s.c.dev.Do(func() error {
+		s.mu.Lock()
+		s.captureFrom = len(s.held)
+		s.mu.Unlock()
+		if err := s.s.BeginCapture(); err != nil {
+			return s.fail("begin capture", err)
+		}
+		s.capturing.Store(true)
+		return nil
+	})
 }
 
 // EndCapture ends the capture and returns the graph. The buffers the
-// captured work uses stay referenced by the graph until Close.
+// captured work uses stay referenced by the graph until Close. The frees
+// put off during the capture are enqueued on s now, also when the capture
+// failed.
 func (s *CUDAStream) EndCapture() (*Graph, error) {
-	s.capturing = false
-	g, err := s.s.EndCapture()
-	if err != nil {
+	var g *cuda.Graph
+	var err error
+	derr := s.c.dev.Do(func() error {
+		g, err = s.s.EndCapture()
+		s.capturing.Store(false)
+		s.mu.Lock()
+		later := s.afterCapture
+		s.afterCapture = nil
+		s.mu.Unlock()
+		for _, b := range later {
+			s.freed(b, s.s.Free(cuda.DevicePtr(b.dev)))
+		}
+		return nil
+	})
+	if err = errors.Join(err, derr); err != nil {
 		return nil, s.fail("end capture", err)
 	}
 	s.mu.Lock()

@@ -229,6 +229,7 @@ type Buffer struct {
 	stream Stream
 	freed  atomic.Bool
 	shared int8 // CUDA shared memory: sharedOwn, sharedOpened, sharedAlias; else 0
+	graph  bool // CUDA: allocated during a stream capture (a graph allocation)
 }
 
 // Kinds of CUDA shared buffers (AllocShared, OpenShared).

@@ -153,6 +153,8 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 			graph.Close()
 		}
 		dpo.Close()
+		ti.Close()
+		xt.Close()
 		x8.Close()
 		s8.Close()
 		z.Close()
