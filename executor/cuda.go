@@ -621,6 +621,18 @@ func (g *gpuEngine) deviceMap(h *Handle) permute.DeviceMap {
 	return permute.DeviceMap{Rows: rows, TopK: g.K, Pos: h.gpu.pos, RowCap: h.recvRows, PermCap: h.permRows}
 }
 
+// enqueue runs f, which only enqueues work on the engine's stream, in one
+// hand-off to the GPU's driver thread (device.CUDAStream.Enqueue): a call's
+// launches, copies and memsets then cost one hand-off instead of one each,
+// and the ranks of a process sharing the GPU take turns once per call.
+// With several domains f runs as it is: those calls wait for the rail.
+func (g *gpuEngine) enqueue(f func() error) error {
+	if g.hier != nil {
+		return f()
+	}
+	return g.s.Enqueue(f)
+}
+
 // pushRows enqueues steps 1-4 of one round of dispatch: rows of x (and
 // weights w, and fp8 scales sx; either may be nil) into the destinations'
 // receive windows. With several domains sx must be nil: an fp8 call's

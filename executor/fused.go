@@ -92,7 +92,7 @@ func checkOptional1(name string, t *device.Tensor, want bool, rows int) error {
 // scales sx; either may be nil) into out.
 func (e *Engine) dispatchPermute(h *Handle, x, w, sx *device.Tensor, out DispatchPermuteOutput) error {
 	if e.gpu != nil {
-		return e.gpu.dispatchPermute(h, x, w, sx, out)
+		return e.gpu.enqueue(func() error { return e.gpu.dispatchPermute(h, x, w, sx, out) })
 	}
 	e.stream.Go("dispatch-permute", func() error {
 		lay, err := e.ready(h)
@@ -179,7 +179,7 @@ func (e *Engine) UnpermuteCombineInto(ctx context.Context, h *Handle, in Unpermu
 // unpermuteCombine enqueues UnpermuteCombine into out.
 func (e *Engine) unpermuteCombine(h *Handle, y, w, out *device.Tensor) error {
 	if e.gpu != nil {
-		return e.gpu.unpermuteCombine(h, y, w, out)
+		return e.gpu.enqueue(func() error { return e.gpu.unpermuteCombine(h, y, w, out) })
 	}
 	e.stream.Go("unpermute-combine", func() error {
 		lay, err := e.ready(h)

@@ -43,7 +43,7 @@ func (e *Engine) Permute(ctx context.Context, h *Handle, in PermuteInput) (Permu
 	}
 	out := PermuteOutput{X: o[0], Weights: o[1], Scales: o[2]}
 	if e.gpu != nil {
-		return out, e.gpu.permute(h, x, w, sx, out)
+		return out, e.gpu.enqueue(func() error { return e.gpu.permute(h, x, w, sx, out) })
 	}
 	e.stream.Go("permute", func() error {
 		lay, err := e.ready(h)
@@ -92,7 +92,7 @@ func (e *Engine) unpermute(h *Handle, y, w *device.Tensor) (*device.Tensor, erro
 		return nil, err
 	}
 	if e.gpu != nil {
-		return out, e.gpu.unpermute(h, y, w, out)
+		return out, e.gpu.enqueue(func() error { return e.gpu.unpermute(h, y, w, out) })
 	}
 	e.stream.Go("unpermute", func() error {
 		lay, err := e.ready(h)
@@ -143,7 +143,7 @@ func (e *Engine) UnpermuteBackward(ctx context.Context, h *Handle, in UnpermuteB
 	}
 	out := UnpermuteBackwardOutput{GradY: o[0], GradWeights: o[1]}
 	if e.gpu != nil {
-		return out, e.gpu.unpermuteBackward(h, g, y, w, out)
+		return out, e.gpu.enqueue(func() error { return e.gpu.unpermuteBackward(h, g, y, w, out) })
 	}
 	e.stream.Go("unpermute backward", func() error {
 		lay, err := e.ready(h)

@@ -52,3 +52,5 @@ func (g *gpuEngine) unpermuteBackward(*Handle, *device.Tensor, *device.Tensor, *
 func (g *gpuEngine) unpermute(*Handle, *device.Tensor, *device.Tensor, *device.Tensor) error {
 	return ErrUnsupported
 }
+
+func (g *gpuEngine) enqueue(f func() error) error { return f() }

@@ -132,7 +132,7 @@ func (e *Engine) Dispatch(ctx context.Context, h *Handle, in DispatchInput) (Dis
 	}
 	out := DispatchOutput{RecvX: o[0], RecvIdx: o[1], RecvWeights: o[2], RecvScales: o[3]}
 	if e.gpu != nil {
-		return out, e.gpu.dispatch(h, x, w, sx, out)
+		return out, e.gpu.enqueue(func() error { return e.gpu.dispatch(h, x, w, sx, out) })
 	}
 	e.stream.Go("dispatch", func() error {
 		lay, err := e.ready(h)
@@ -294,7 +294,7 @@ func (e *Engine) combine(h *Handle, z, zw *device.Tensor) (DispatchBackwardOutpu
 	}
 	out := DispatchBackwardOutput{GradX: o[0], GradTopkWeights: o[1]}
 	if e.gpu != nil {
-		return out, e.gpu.combine(h, z, zw, out, uint32(opCombine))
+		return out, e.gpu.enqueue(func() error { return e.gpu.combine(h, z, zw, out, uint32(opCombine)) })
 	}
 	e.stream.Go("combine", func() error {
 		lay, err := e.ready(h)
