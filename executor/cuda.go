@@ -840,15 +840,12 @@ func (g *gpuEngine) permuteFrom(h *Handle, px, pw *device.Tensor, src, srcW *dev
 		pwb = pw.Buffer()
 	}
 	if g.e.cfg.Mode == Capacity {
-		// Positions change with each layout; zero everything first so that
-		// the work needs no count from the host (graph capture).
-		if err := g.s.Memset(px.Buffer(), 0, h.permRows*rb, 0); err != nil {
+		// Positions change with each layout: the rows the permute leaves
+		// (padding, dropped rows, the capacity past the valid rows) are
+		// found from the device positions and zeroed, so that the work
+		// needs no count from the host (graph capture).
+		if err := g.pk.ZeroUnwritten(g.s, px.Buffer(), rb, pwb, g.deviceMap(h)); err != nil {
 			return err
-		}
-		if pwb != nil {
-			if err := g.s.Memset(pwb, 0, h.permRows*4, 0); err != nil {
-				return err
-			}
 		}
 	}
 	if err := g.pk.Permute(g.s, kdt, kcols, px.Buffer(), pwb, src, srcW, g.deviceMap(h)); err != nil {
@@ -906,7 +903,8 @@ func (g *gpuEngine) unpermuteBackward(h *Handle, gradOut, y, w *device.Tensor, o
 	rb := g.H * dt.Size()
 	m := g.deviceMap(h)
 	if g.e.cfg.Mode == Capacity {
-		if err := g.s.Memset(out.GradY.Buffer(), 0, h.permRows*rb, 0); err != nil {
+		// The rows goep_ep_permute_scaled leaves, as in permuteFrom.
+		if err := g.pk.ZeroUnwritten(g.s, out.GradY.Buffer(), rb, nil, m); err != nil {
 			return err
 		}
 	}

@@ -32,6 +32,8 @@ type CUDAKernels struct {
 	unpermute   [2]*device.Kernel
 	zeroRows    *device.Kernel
 	zeroDropped *device.Kernel
+	markRows    *device.Kernel
+	zeroMarked  *device.Kernel // goep_zero_unmarked
 	// dnan is the default NaN of this CPU's float arithmetic (the result
 	// of inf - inf), which the host loops produce and the kernels copy.
 	dnan uint32
@@ -124,6 +126,8 @@ func LoadCUDAKernels(b *device.CUDA) (*CUDAKernels, error) {
 		{&k.unpermute[1], "goep_unpermute_fp32"},
 		{&k.zeroRows, "goep_zero_rows"},
 		{&k.zeroDropped, "goep_zero_dropped"},
+		{&k.markRows, "goep_mark_rows"},
+		{&k.zeroMarked, "goep_zero_unmarked"},
 	}
 	for _, n := range names {
 		if *n.dst, err = mod.Kernel(n.name); err != nil {
@@ -402,6 +406,55 @@ func (k *CUDAKernels) ZeroDropped(s *device.CUDAStream, px *device.Buffer, rowBy
 		return err
 	}
 	return s.Launch(k.zeroDropped, grid, block, 0, px, pw, int64(rowBytes), m.Pos, int64(from), int64(to), int64(m.PermCap), unit)
+}
+
+// ZeroUnwritten enqueues on s the zeroing of every row of px (PermCap
+// rows of rowBytes) and pw[p] (if pw is not nil) that Permute under m
+// does not write: the rows p < PermCap that no slot of the first
+// min(Rows, RowCap) rows maps to. Followed or preceded by Permute, px and
+// pw are then what ZeroPadding, Permute and ZeroDropped give on the host
+// for Rows <= RowCap (as the executor's maps have; beyond, the positions
+// of rows [RowCap, Rows), which ZeroDropped leaves, are zeroed too),
+// from the device positions alone: no count or offset comes from the host
+// (capacity mode, graph capture), and only the unwritten rows are stored,
+// where zeroing the whole capacity first stores every written row twice.
+// It marks the written rows in a byte a row (goep_mark_rows, in stream-
+// ordered scratch memory), then zeroes the unmarked ones
+// (goep_zero_unmarked).
+func (k *CUDAKernels) ZeroUnwritten(s *device.CUDAStream, px *device.Buffer, rowBytes int, pw *device.Buffer, m DeviceMap) error {
+	const op = "zero unwritten"
+	if err := checkMap(op, m); err != nil {
+		return err
+	}
+	if rowBytes < 0 {
+		return fmt.Errorf("permute: CUDA %s: rows of %d bytes", op, rowBytes)
+	}
+	if err := errors.Join(need(op, "px", px, m.PermCap*rowBytes, true), need(op, "pw", pw, 4*m.PermCap, false)); err != nil {
+		return err
+	}
+	if m.PermCap == 0 || rowBytes == 0 && pw == nil {
+		return nil
+	}
+	marks, err := s.Alloc(m.PermCap)
+	if err != nil {
+		return fmt.Errorf("permute: CUDA %s: %w", op, err)
+	}
+	defer s.Free(marks) // stream-ordered: after the kernels below
+	if err := s.Memset(marks, 0, m.PermCap, 0); err != nil {
+		return err
+	}
+	if slots := m.rows() * m.TopK; slots > 0 {
+		if err := s.Launch(k.markRows, [3]uint32{uint32((slots + 255) / 256), 1, 1}, [3]uint32{256, 1, 1}, 0,
+			marks, m.Pos, int64(slots), int64(m.PermCap)); err != nil {
+			return err
+		}
+	}
+	// 8 warps a block, a warp a row; at most 8192 blocks, which stride
+	// over larger capacities.
+	const warps = 8
+	blocks := min((m.PermCap+warps-1)/warps, 8192)
+	return s.Launch(k.zeroMarked, [3]uint32{uint32(blocks), 1, 1}, [3]uint32{32 * warps, 1, 1}, 0,
+		px, pw, int64(rowBytes), marks, int64(m.PermCap), unitFor(rowBytes, px))
 }
 
 func b32(v bool) int32 {

@@ -288,6 +288,16 @@ func runCase(t *testing.T, r *rand.Rand, s *device.CUDAStream, k *CUDAKernels, c
 	must(t, k.Permute(s, dt, hidden, dpx, dpwArg, dx, dw, dm))
 	must(t, k.ZeroDropped(s, dpx, rb, dpwArg, dm))
 	must(t, k.Unpermute(s, dt, hidden, dout, dy, dwArg, dm))
+	// The capacity-mode path: the rows Permute leaves found from the
+	// positions alone, zeroed before it (the outputs hold the fill).
+	tpx2, dpx2 := devBuf(t, s, bytes.Repeat([]byte{fill}, m.PermCap*rb), rb, shift)
+	tpw2, dpw2 := devBuf(t, s, pwBytes, 16, 0)
+	var dpw2Arg *device.Buffer
+	if c.weighted {
+		dpw2Arg = dpw2
+	}
+	must(t, k.ZeroUnwritten(s, dpx2, rb, dpw2Arg, dm))
+	must(t, k.Permute(s, dt, hidden, dpx2, dpw2Arg, dx, dw, dm))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	must(t, s.Synchronize(ctx))
@@ -298,6 +308,19 @@ func runCase(t *testing.T, r *rand.Rand, s *device.CUDAStream, k *CUDAKernels, c
 		wantPW = device.EncodeFloat32(device.FP32, pw)
 	}
 	checkBuf(t, "permuted weights", device.FP32, 16, tpw, wantPW, 0)
+	// ZeroUnwritten also zeroes the positions of rows past RowCap below
+	// Rows, which host ZeroDropped leaves (the executor's maps have Rows
+	// at most RowCap).
+	px2, pw2 := slices.Clone(px), slices.Clone(pw)
+	m2 := m
+	m2.Rows = rows
+	ZeroDropped(px2, rb, pwOrNil(pw2, c.weighted), m2)
+	wantPW2 := pwBytes
+	if c.weighted {
+		wantPW2 = device.EncodeFloat32(device.FP32, pw2)
+	}
+	checkBuf(t, "permuted rows (zero unwritten)", dt, rb, tpx2, px2, shift)
+	checkBuf(t, "permuted weights (zero unwritten)", device.FP32, 16, tpw2, wantPW2, 0)
 	checkBuf(t, "unpermuted rows", dt, rb, tout, out, shift)
 	runtime.KeepAlive(keep)
 }
@@ -358,6 +381,16 @@ func TestCUDABadInput(t *testing.T) {
 	}
 	if err := k.ZeroRows(s, small, 16, nil, 0, 5); err == nil {
 		t.Error("zeroing 5 rows of 16 bytes in 64 bytes was accepted")
+	}
+	if err := k.ZeroUnwritten(s, small, 16, nil, m); err == nil {
+		t.Error("zeroing the unwritten rows of a map whose Pos is too short was accepted")
+	}
+	m.Rows, m.RowCap = 4, 4
+	if err := k.ZeroUnwritten(s, small, 16, nil, m); err == nil {
+		t.Error("zeroing the unwritten rows of 8 rows of 16 bytes in 64 bytes was accepted")
+	}
+	if err := k.ZeroUnwritten(s, small, -8, nil, m); err == nil {
+		t.Error("zeroing the unwritten rows of -8 bytes was accepted")
 	}
 	must(t, s.Synchronize(t.Context()))
 }

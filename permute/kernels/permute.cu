@@ -657,3 +657,53 @@ extern "C" __global__ void goep_zero_dropped(void *px, float *pw, int64_t rowByt
 		pw[p] = 0.0f;
 	}
 }
+
+// goep_mark_rows marks the rows Permute writes: for each slot s < slots
+// with p = pos[s] in [0, permCap), mark[p] = 1 (threads of slots sharing a
+// row store the same byte). mark must be zeroed first. One thread a slot.
+extern "C" __global__ void goep_mark_rows(uint8_t *mark, const int32_t *pos, int64_t slots,
+					  int64_t permCap)
+{
+	int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if (s >= slots) {
+		return;
+	}
+	int64_t p = pos[s];
+	if (p >= 0 && p < permCap) {
+		mark[p] = 1;
+	}
+}
+
+// goep_zero_unmarked zeroes every row p < permCap of px (rowBytes each, in
+// units of unit = 16, 2 or 1 bytes) with mark[p] == 0, and pw[p] when pw
+// is not null. A warp a row: warp w of block b takes rows b*W + w, then
+// every gridDim.x*W rows after it (W warps a block), so a grid of any
+// size covers the capacity and a marked row costs one load.
+extern "C" __global__ void goep_zero_unmarked(void *px, float *pw, int64_t rowBytes,
+					      const uint8_t *mark, int64_t permCap, int32_t unit)
+{
+	const int64_t warps = blockDim.x / 32, lane = threadIdx.x % 32;
+	const int64_t units = rowBytes / unit;
+	for (int64_t p = (int64_t)blockIdx.x * warps + threadIdx.x / 32; p < permCap;
+	     p += (int64_t)gridDim.x * warps) {
+		if (mark[p] != 0) {
+			continue;
+		}
+		char *row = (char *)px + p * rowBytes;
+		for (int64_t j = lane; j < units; j += 32) {
+			switch (unit) {
+			case 16:
+				((uint4 *)row)[j] = make_uint4(0, 0, 0, 0);
+				break;
+			case 2:
+				((uint16_t *)row)[j] = 0;
+				break;
+			default:
+				row[j] = 0;
+			}
+		}
+		if (pw != nullptr && lane == 0) {
+			pw[p] = 0.0f;
+		}
+	}
+}
