@@ -467,3 +467,95 @@ func TestCUDAFreeDuringCapture(t *testing.T) {
 		t.Fatalf("%d buffers live after every buffer was freed", n)
 	}
 }
+
+// TestCUDALargeTransfers uploads and downloads buffers larger than a
+// staging chunk (and one of exactly a chunk): every byte arrives, and after
+// WarmStaging no transfer allocates pinned memory, which would wait for
+// every stream of the context (a peer's wait kernel among them).
+func TestCUDALargeTransfers(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	if err := c.WarmStaging(); err != nil {
+		t.Fatal(err)
+	}
+	before := c.stage.allocs.Load()
+	for i, n := range []int{stageChunk, 2*stageChunk + 4098, 3*stageChunk - 2, smallStage + 2} {
+		x, err := NewTensor(s, BF16, n/2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := pattern(n, 11+i)
+		if err := Upload(t.Context(), x, want); err != nil {
+			t.Fatal(err)
+		}
+		got, err := Download(t.Context(), x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%d bytes: download differs from upload", n)
+		}
+		if off := stageChunk/2 + 2; n > off+stageChunk {
+			// A view whose chunks straddle the tensor's.
+			v, err := x.Buffer().View(off, n-off)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err = s.DownloadBuffer(t.Context(), v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want[off:]) {
+				t.Fatalf("%d bytes: download of a view from byte %d differs", n, off)
+			}
+		}
+		x.Close()
+	}
+	if n := c.stage.allocs.Load() - before; n != 0 {
+		t.Fatalf("%d pinned staging buffers allocated after WarmStaging", n)
+	}
+	// Downloads of tensors whose last use is the call, with the garbage
+	// collector running throughout: a tensor's cleanup may run while its
+	// chunks are still being copied, and its free must wait for them.
+	n := 3*stageChunk + 2
+	want := pattern(n, 5)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				runtime.GC()
+			}
+		}
+	}()
+	fresh := func() *Tensor {
+		x, err := NewTensor(s, BF16, n/2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := Upload(t.Context(), x, want); err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	for i := range 8 {
+		got, err := Download(t.Context(), fresh())
+		if err != nil {
+			close(stop)
+			<-done
+			t.Fatalf("download %d of a dropped tensor: %v", i, err)
+		}
+		if !bytes.Equal(got, want) {
+			close(stop)
+			<-done
+			t.Fatalf("download %d of a dropped tensor differs", i)
+		}
+	}
+	close(stop)
+	<-done
+	syncCUDA(t, s)
+}

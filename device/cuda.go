@@ -53,21 +53,32 @@ type stagePool struct {
 	free   map[int][]*cuda.HostBuffer // by Len
 	kept   int                        // bytes in free
 	warmed int                        // bytes allocated by WarmStaging
+	allocs atomic.Int64               // buffers allocated by get (tests)
 }
 
 // maxStageKept bounds the bytes the pool keeps, beyond what WarmStaging
 // allocated; a buffer returned past it is freed.
 const maxStageKept = 1 << 30
 
+// stageChunk is the largest staging buffer a transfer uses: a larger
+// upload or download moves in chunks of it through one buffer, so that
+// after WarmStaging no transfer of any size allocates pinned memory (a
+// rank downloading a large output would otherwise stall its peers' wait
+// kernels, and so itself, until their timeout; see stagePool). Chunks
+// cost a wait each: a few percent of a transfer of this size.
+const stageChunk = 16 << 20
+
 // WarmStaging allocates, once, one pinned staging buffer of every size
-// class up to n bytes, so that uploads and downloads of up to n bytes
-// allocate nothing later (a pinned allocation serializes with every
-// stream of the context; see stagePool). An engine calls it at creation,
-// before its peers' kernels can wait on it. Each call adds a set: ranks of
-// one process sharing the backend each warm their own.
-func (c *CUDA) WarmStaging(n int) error {
+// class a transfer uses (64 KiB to stageChunk, 32 MiB in all), so that
+// uploads and downloads allocate nothing later (a pinned allocation
+// serializes with every stream of the context; see stagePool). An engine
+// calls it at creation, before its peers' kernels can wait on it. Each
+// call adds a set: ranks of one process sharing the backend each warm
+// their own, so that their transfers at the same time allocate nothing
+// either. (Transfers of one rank from several goroutines at once may.)
+func (c *CUDA) WarmStaging() error {
 	p := &c.stage
-	for cl := stageClass(1); cl <= stageClass(n); cl <<= 1 {
+	for cl := stageClass(1); cl <= stageChunk; cl <<= 1 {
 		h, err := c.dev.AllocHost(cl)
 		if err != nil {
 			return fmt.Errorf("device: warm staging buffers: %w", err)
@@ -104,6 +115,7 @@ func (p *stagePool) get(d *cuda.Device, n int) (*cuda.HostBuffer, error) {
 		return h, nil
 	}
 	p.mu.Unlock()
+	p.allocs.Add(1)
 	return d.AllocHost(c)
 }
 
@@ -440,6 +452,9 @@ func (s *CUDAStream) Free(b *Buffer) {
 	if b.dev == 0 {
 		return
 	}
+	// A transfer of b in progress finishes first.
+	b.xfer.Lock()
+	b.xfer.Unlock()
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
@@ -733,42 +748,60 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 	return nil
 }
 
-// upload copies data into b through pinned staging memory and waits.
+// upload copies data into b through pinned staging memory and waits. Data
+// larger than stageChunk moves in chunks through one staging buffer.
 func (s *CUDAStream) upload(ctx context.Context, b *Buffer, data []byte) error {
 	if len(data) == 0 {
 		return s.Synchronize(ctx)
 	}
-	stage, err := s.c.stage.get(s.c.dev, len(data))
+	b.xfer.RLock()
+	defer b.xfer.RUnlock()
+	stage, err := s.c.stage.get(s.c.dev, min(len(data), stageChunk))
 	if err != nil {
 		return fmt.Errorf("device: CUDA upload: %w", err)
 	}
-	copy(stage.Bytes(), data)
-	if err := s.s.CopyHtoD(cuda.DevicePtr(b.dev), stage, 0, len(data)); err != nil {
-		return errors.Join(fmt.Errorf("device: CUDA upload: %w", err), s.c.stage.put(stage))
+	for off := 0; off < len(data); off += stageChunk {
+		n := min(len(data)-off, stageChunk)
+		copy(stage.Bytes(), data[off:off+n])
+		if err := s.s.CopyHtoD(cuda.DevicePtr(b.dev+uint64(off)), stage, 0, n); err != nil {
+			return errors.Join(fmt.Errorf("device: CUDA upload: %w", err), s.c.stage.put(stage))
+		}
+		// The staging buffer is reused (or returned) once the copy is done.
+		last := off+n == len(data)
+		if err := s.syncStaged(ctx, stage, "upload", !last); err != nil || last {
+			return err
+		}
 	}
-	return s.syncStaged(ctx, stage, "upload", false)
+	return nil
 }
 
 // download copies b to the host through pinned staging memory, after the
-// work queued before it.
+// work queued before it. A buffer larger than stageChunk moves in chunks
+// through one staging buffer.
 func (s *CUDAStream) download(ctx context.Context, b *Buffer) ([]byte, error) {
 	if b.size == 0 {
 		return []byte{}, s.Synchronize(ctx)
 	}
+	b.xfer.RLock()
+	defer b.xfer.RUnlock()
 	if b.size <= smallStage {
 		return s.downloadSmall(ctx, b)
 	}
-	stage, err := s.c.stage.get(s.c.dev, b.size)
+	stage, err := s.c.stage.get(s.c.dev, min(b.size, stageChunk))
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA download: %w", err)
 	}
-	if err := s.s.CopyDtoH(stage, 0, cuda.DevicePtr(b.dev), b.size); err != nil {
-		return nil, errors.Join(fmt.Errorf("device: CUDA download: %w", err), s.c.stage.put(stage))
+	out := make([]byte, b.size)
+	for off := 0; off < b.size; off += stageChunk {
+		n := min(b.size-off, stageChunk)
+		if err := s.s.CopyDtoH(stage, 0, cuda.DevicePtr(b.dev+uint64(off)), n); err != nil {
+			return nil, errors.Join(fmt.Errorf("device: CUDA download: %w", err), s.c.stage.put(stage))
+		}
+		if err := s.syncStaged(ctx, stage, "download", true); err != nil {
+			return nil, err
+		}
+		copy(out[off:], stage.Bytes()[:n])
 	}
-	if err := s.syncStaged(ctx, stage, "download", true); err != nil {
-		return nil, err
-	}
-	out := append([]byte(nil), stage.Bytes()[:b.size]...)
 	if err := s.c.stage.put(stage); err != nil {
 		return nil, fmt.Errorf("device: CUDA download: %w", err)
 	}

@@ -230,6 +230,11 @@ type Buffer struct {
 	freed  atomic.Bool
 	shared int8 // CUDA shared memory: sharedOwn, sharedOpened, sharedAlias; else 0
 	graph  bool // CUDA: allocated during a stream capture (a graph allocation)
+	// xfer is read-held by a CUDA upload or download of the buffer, which
+	// may span several copies and waits: a free (a dropped tensor's
+	// cleanup, say, once the caller's last use was the transfer's start)
+	// waits for it instead of handing the memory back under it.
+	xfer sync.RWMutex
 }
 
 // Kinds of CUDA shared buffers (AllocShared, OpenShared).

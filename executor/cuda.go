@@ -189,16 +189,11 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.
 	}
 	lerr := g.load(ctx)
 	if lerr == nil {
-		// Pinned staging for the layout's tables (and, with several
-		// domains, the rail's rows), allocated now: a pinned allocation
-		// later could stall a peer's wait kernel (device.CUDA.WarmStaging).
-		K, W, maxT := g.K, g.W, cfg.MaxTokensPerRank
-		n := 4 * (maxT*(3*W+K) + g.recvCap*(2+2*K))
-		if e.hier != nil {
-			M := e.hier.M
-			n = max(n, M*maxT*g.H*4, 4*(M*maxT*(3*W+K)+maxT*(2+K+M)))
-		}
-		lerr = b.WarmStaging(n)
+		// Pinned staging for every transfer (the layout's tables, with
+		// several domains the rail's rows, the caller's uploads and
+		// downloads), allocated now: a pinned allocation later could stall
+		// a peer's wait kernel (device.CUDA.WarmStaging).
+		lerr = b.WarmStaging()
 	}
 	if lerr == nil && e.hier != nil {
 		g.hier, lerr = newGPUHier(ctx, g)
