@@ -109,7 +109,8 @@ memcheck() {
 	if [ -n "$level" ]; then export GOEP_LOG_LEVEL=$level; else unset GOEP_LOG_LEVEL; fi
 	# TestCUDALayoutKernels runs goroutine ranks too: under the sanitizer
 	# about one run in seven ends in a GPU wait timeout (20 s) in a
-	# capacity-mode Relayout (seen 2026-12-03, 0 memcheck errors each time).
+	# capacity-mode Relayout (seen 2026-12-03, 0 memcheck errors each time;
+	# once more on 2026-12-04 after 57 s, 0 errors, cause not recorded).
 	sanitize memcheck-graph 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDA(Graph|Issue756|LayoutKernels)' -test.v
 	# TestCUDAInterop hands the engine a host address on purpose: the
 	# refusal under test is cuPointerGetAttribute's CUDA_ERROR_INVALID_VALUE,
