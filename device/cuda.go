@@ -452,9 +452,23 @@ func (s *CUDAStream) Free(b *Buffer) {
 	if b.dev == 0 {
 		return
 	}
-	// A transfer of b in progress finishes first.
-	b.xfer.Lock()
+	if !b.xfer.TryLock() {
+		// A transfer of b is in progress: b is freed when it ends, without
+		// blocking the caller, which may be the driver thread the transfer
+		// needs. (Later than asked is still after the queued work.)
+		go func() {
+			b.xfer.Lock()
+			b.xfer.Unlock()
+			s.free(b)
+		}()
+		return
+	}
 	b.xfer.Unlock()
+	s.free(b)
+}
+
+// free is Free once no transfer uses b.
+func (s *CUDAStream) free(b *Buffer) {
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
