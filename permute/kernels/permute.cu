@@ -506,15 +506,9 @@ __device__ __forceinline__ void unpermute_rows(void *__restrict__ out, const voi
 	}
 }
 
-// zero_row zeroes the units of row p that this thread covers.
-__device__ __forceinline__ void zero_row(void *px, int64_t rowBytes, int32_t unit, int64_t p)
+// zero_unit zeroes unit j (of unit = 16, 2 or 1 bytes) of row.
+__device__ __forceinline__ void zero_unit(char *row, int32_t unit, int64_t j)
 {
-	int64_t j = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
-	int64_t units = rowBytes / unit;
-	if (j >= units) {
-		return;
-	}
-	char *row = (char *)px + p * rowBytes;
 	switch (unit) {
 	case 16:
 		((uint4 *)row)[j] = make_uint4(0, 0, 0, 0);
@@ -525,6 +519,17 @@ __device__ __forceinline__ void zero_row(void *px, int64_t rowBytes, int32_t uni
 	default:
 		row[j] = 0;
 	}
+}
+
+// zero_row zeroes the units of row p that this thread covers.
+__device__ __forceinline__ void zero_row(void *px, int64_t rowBytes, int32_t unit, int64_t p)
+{
+	int64_t j = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+	int64_t units = rowBytes / unit;
+	if (j >= units) {
+		return;
+	}
+	zero_unit((char *)px + p * rowBytes, unit, j);
 }
 
 } // namespace goep_permute
@@ -691,16 +696,7 @@ extern "C" __global__ void goep_zero_unmarked(void *px, float *pw, int64_t rowBy
 		}
 		char *row = (char *)px + p * rowBytes;
 		for (int64_t j = lane; j < units; j += 32) {
-			switch (unit) {
-			case 16:
-				((uint4 *)row)[j] = make_uint4(0, 0, 0, 0);
-				break;
-			case 2:
-				((uint16_t *)row)[j] = 0;
-				break;
-			default:
-				row[j] = 0;
-			}
+			zero_unit(row, unit, j);
 		}
 		if (pw != nullptr && lane == 0) {
 			pw[p] = 0.0f;
