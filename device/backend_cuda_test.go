@@ -411,9 +411,10 @@ func TestCUDASharedAlias(t *testing.T) {
 // allocated before it (by Close, and by a dropped tensor's cleanup on the
 // garbage collector's goroutine) and one allocated inside it. A captured
 // cuMemFreeAsync must be of a graph allocation (CUDA_ERROR_INVALID_VALUE
-// otherwise), so the first kind must wait for EndCapture and the second
-// must become the graph's free node: the graph then replays, the stream
-// keeps no error and every buffer is returned.
+// otherwise), so the first kind must wait for EndCapture (or, for a
+// buffer the graph writes, for the graph's Close) and the second must
+// become the graph's free node: the graph then replays, the stream keeps
+// no error and every buffer is returned.
 func TestCUDAFreeDuringCapture(t *testing.T) {
 	c := newCUDA(t)
 	s := newCUDAStream(t, c)
@@ -421,6 +422,7 @@ func TestCUDAFreeDuringCapture(t *testing.T) {
 	out, _ := NewTensor(s, BF16, n/2)
 	for round := range 4 {
 		before, _ := NewTensor(s, BF16, n/2)
+		used, _ := NewTensor(s, BF16, n/2) // written by the graph, closed during the capture
 		func() {
 			for range 8 {
 				_, _ = NewTensor(s, FP32, 1000) // dropped: freed by their cleanups
@@ -433,18 +435,24 @@ func TestCUDAFreeDuringCapture(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := errors.Join(s.Memset(tmp, 0, n, byte(0x40+round)), s.Copy(out.Buffer(), 0, tmp, 0, n)); err != nil {
+		if err := errors.Join(s.Memset(tmp, 0, n, byte(0x40+round)), s.Copy(out.Buffer(), 0, tmp, 0, n),
+			s.Copy(used.Buffer(), 0, tmp, 0, n)); err != nil {
 			t.Fatal(err)
 		}
 		s.Free(tmp) // the graph's free node
 		done := make(chan struct{})
-		go func() { before.Close(); close(done) }()
+		go func() { before.Close(); used.Close(); close(done) }()
 		<-done
 		runtime.GC()
 		runtime.GC()
 		g, err := s.EndCapture()
 		if err != nil {
 			t.Fatalf("round %d: end capture: %v", round, err)
+		}
+		// before was freed at EndCapture; used, which the graph writes,
+		// is the graph's to free at its Close.
+		if len(g.frees) != 1 || g.frees[0] != used.Buffer() {
+			t.Fatalf("round %d: the graph frees %d buffers at Close, want 1 (the one it writes)", round, len(g.frees))
 		}
 		for range 2 {
 			if err := g.Launch(s); err != nil {

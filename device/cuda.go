@@ -23,6 +23,8 @@ import (
 type CUDA struct {
 	dev *cuda.Device
 
+	// mu's holders call the driver (through its worker), so it is never
+	// taken on the worker: inside Device.Do, as in CUDAStream.Enqueue's f.
 	mu     sync.Mutex
 	closed bool
 	spare  *cuda.Stream // frees of buffers whose stream was closed; made on first use
@@ -34,7 +36,10 @@ type CUDA struct {
 
 	stage stagePool // pinned staging buffers of uploads and downloads
 
-	hostMaps []*HostMapping // live MapHost mappings, guarded by mu
+	// hostMaps are the live MapHost mappings, guarded by hostMu, which
+	// Launch's pointer check takes on the driver's worker (inside Enqueue).
+	hostMu   sync.Mutex
+	hostMaps []*HostMapping
 
 	delayMod *Module // goep_delay's module, loaded by the first Delay; guarded by mu
 	delay    *Kernel
@@ -68,8 +73,8 @@ const maxStageKept = 1 << 30
 // cost a wait each: a few percent of a transfer of this size.
 const stageChunk = 16 << 20
 
-// WarmStaging allocates, once, one pinned staging buffer of every size
-// class a transfer uses (64 KiB to stageChunk, 32 MiB in all), so that
+// WarmStaging allocates one pinned staging buffer of every size class a
+// transfer uses (64 KiB to stageChunk, just under 32 MiB in all), so that
 // uploads and downloads allocate nothing later (a pinned allocation
 // serializes with every stream of the context; see stagePool). An engine
 // calls it at creation, before its peers' kernels can wait on it. Each
@@ -665,7 +670,24 @@ func (s *CUDAStream) Memset(b *Buffer, off, n int, v byte) error {
 	if err := checkRange("memset", b, off, n); err != nil {
 		return s.fail("memset", err)
 	}
-	return s.fail("memset", s.s.Memset8(cuda.DevicePtr(b.dev+uint64(off)), v, n))
+	if err := s.s.Memset8(cuda.DevicePtr(b.dev+uint64(off)), v, n); err != nil {
+		return s.fail("memset", err)
+	}
+	s.holdCaptured(b)
+	return nil
+}
+
+// holdCaptured holds the buffers of a memset or copy recorded by a
+// capture, as Launch holds its arguments always: the graph keeps what its
+// work uses (EndCapture). Eager copies and memsets hold nothing (a free
+// after them is stream-ordered).
+func (s *CUDAStream) holdCaptured(b ...*Buffer) {
+	if !s.capturing.Load() {
+		return
+	}
+	for _, v := range b {
+		s.hold(v)
+	}
 }
 
 // Copy enqueues a device-to-device copy of n bytes from src[srcOff:] to
@@ -677,7 +699,11 @@ func (s *CUDAStream) Copy(dst *Buffer, dstOff int, src *Buffer, srcOff, n int) e
 	if err := checkRange("copy", src, srcOff, n); err != nil {
 		return s.fail("copy", err)
 	}
-	return s.fail("copy", s.s.CopyDtoD(cuda.DevicePtr(dst.dev+uint64(dstOff)), cuda.DevicePtr(src.dev+uint64(srcOff)), n))
+	if err := s.s.CopyDtoD(cuda.DevicePtr(dst.dev+uint64(dstOff)), cuda.DevicePtr(src.dev+uint64(srcOff)), n); err != nil {
+		return s.fail("copy", err)
+	}
+	s.holdCaptured(dst, src)
+	return nil
 }
 
 // Enqueue runs f on the driver thread of s's GPU, so that the driver calls
@@ -770,6 +796,9 @@ func (s *CUDAStream) upload(ctx context.Context, b *Buffer, data []byte) error {
 	}
 	b.xfer.RLock()
 	defer b.xfer.RUnlock()
+	if b.freed.Load() {
+		return fmt.Errorf("device: CUDA upload: %w: the buffer was freed", ErrClosed)
+	}
 	stage, err := s.c.stage.get(s.c.dev, min(len(data), stageChunk))
 	if err != nil {
 		return fmt.Errorf("device: CUDA upload: %w", err)
@@ -798,6 +827,9 @@ func (s *CUDAStream) download(ctx context.Context, b *Buffer) ([]byte, error) {
 	}
 	b.xfer.RLock()
 	defer b.xfer.RUnlock()
+	if b.freed.Load() {
+		return nil, fmt.Errorf("device: CUDA download: %w: the buffer was freed", ErrClosed)
+	}
 	if b.size <= smallStage {
 		return s.downloadSmall(ctx, b)
 	}
@@ -861,6 +893,10 @@ func (s *CUDAStream) UploadBuffer(ctx context.Context, b *Buffer, data []byte) e
 type Graph struct {
 	g    *cuda.Graph
 	held []any
+	// frees are buffers the graph uses whose free was asked for during
+	// the capture (a dropped tensor's cleanup): Close frees them on s.
+	frees []*Buffer
+	s     *CUDAStream
 }
 
 // BeginCapture starts recording the work enqueued on s into a graph
@@ -889,19 +925,27 @@ func (s *CUDAStream) BeginCapture() error {
 
 // EndCapture ends the capture and returns the graph. The buffers the
 // captured work uses stay referenced by the graph until Close. The frees
-// put off during the capture are enqueued on s now, also when the capture
-// failed.
+// put off during the capture are enqueued on s now (also when the capture
+// failed), except those of buffers the captured work uses: the graph's
+// Close frees them.
 func (s *CUDAStream) EndCapture() (*Graph, error) {
 	var g *cuda.Graph
 	var err error
+	var held []any
+	var kept []*Buffer
 	derr := s.c.dev.Do(func() error {
 		g, err = s.s.EndCapture()
 		s.capturing.Store(false)
 		s.mu.Lock()
 		later := s.afterCapture
 		s.afterCapture = nil
+		held = append([]any(nil), s.held[min(s.captureFrom, len(s.held)):]...)
 		s.mu.Unlock()
 		for _, b := range later {
+			if err == nil && heldBuffer(held, b) {
+				kept = append(kept, b)
+				continue
+			}
 			s.freed(b, s.s.Free(cuda.DevicePtr(b.dev)))
 		}
 		return nil
@@ -909,10 +953,25 @@ func (s *CUDAStream) EndCapture() (*Graph, error) {
 	if err = errors.Join(err, derr); err != nil {
 		return nil, s.fail("end capture", err)
 	}
-	s.mu.Lock()
-	held := append([]any(nil), s.held[min(s.captureFrom, len(s.held)):]...)
-	s.mu.Unlock()
-	return &Graph{g: g, held: held}, nil
+	return &Graph{g: g, held: held, frees: kept, s: s}, nil
+}
+
+// heldBuffer reports whether held (what captured work uses) holds b, as a
+// buffer or as a tensor's.
+func heldBuffer(held []any, b *Buffer) bool {
+	for _, v := range held {
+		switch v := v.(type) {
+		case *Buffer:
+			if v == b {
+				return true
+			}
+		case *Tensor:
+			if v != nil && v.buf == b {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Launch enqueues the graph's work on s.
@@ -924,8 +983,13 @@ func (g *Graph) Launch(s *CUDAStream) error {
 	return nil
 }
 
-// Close destroys the graph; its launches must have completed.
+// Close destroys the graph; its launches must have completed. Buffers the
+// graph uses whose free was asked for during its capture are freed now.
 func (g *Graph) Close() error {
 	g.held = nil
+	for _, b := range g.frees {
+		g.s.free(b)
+	}
+	g.frees = nil
 	return g.g.Close()
 }

@@ -30,9 +30,9 @@ func (c *CUDA) MapHost(mem []byte) (*HostMapping, error) {
 		return nil, fmt.Errorf("device: CUDA map host memory: %w", err)
 	}
 	m := &HostMapping{c: c, reg: reg, buf: &Buffer{size: len(mem), dev: uint64(reg.DevicePtr())}}
-	c.mu.Lock()
+	c.hostMu.Lock()
 	c.hostMaps = append(c.hostMaps, m)
-	c.mu.Unlock()
+	c.hostMu.Unlock()
 	return m, nil
 }
 
@@ -43,14 +43,14 @@ func (m *HostMapping) Buffer() *Buffer { return m.buf }
 // Close unmaps the memory; the streams that used it have been
 // synchronized. A second Close returns nil.
 func (m *HostMapping) Close() error {
-	m.c.mu.Lock()
+	m.c.hostMu.Lock()
 	for i, o := range m.c.hostMaps {
 		if o == m {
 			m.c.hostMaps = append(m.c.hostMaps[:i], m.c.hostMaps[i+1:]...)
 			break
 		}
 	}
-	m.c.mu.Unlock()
+	m.c.hostMu.Unlock()
 	if err := m.reg.Unregister(); err != nil {
 		return fmt.Errorf("device: CUDA unmap host memory: %w", err)
 	}
@@ -59,8 +59,8 @@ func (m *HostMapping) Close() error {
 
 // hostMapped reports whether p lies inside a live HostMapping.
 func (c *CUDA) hostMapped(p uint64) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.hostMu.Lock()
+	defer c.hostMu.Unlock()
 	for _, m := range c.hostMaps {
 		if p >= m.buf.dev && p-m.buf.dev < uint64(m.buf.size) {
 			return true

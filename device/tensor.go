@@ -123,6 +123,8 @@ func Upload(ctx context.Context, t *Tensor, data []byte) error {
 		return fmt.Errorf("device: upload into %v: %w: memory without a stream (wrapped or a view); copy on a stream (CUDAStream.UploadBuffer)", t, ErrUnsupported)
 	}
 	if c, ok := t.buf.stream.(copier); ok {
+		// t's cleanup frees t.buf: t stays reachable until the copy is done.
+		defer runtime.KeepAlive(t)
 		return c.upload(ctx, t.buf, data)
 	}
 	hs, ok := t.buf.stream.(*HostStream)
@@ -145,6 +147,7 @@ func Download(ctx context.Context, t *Tensor) ([]byte, error) {
 		return nil, fmt.Errorf("device: download of %v: %w: memory without a stream (wrapped or a view); copy on a stream (CUDAStream.DownloadBuffer)", t, ErrUnsupported)
 	}
 	if c, ok := t.buf.stream.(copier); ok {
+		defer runtime.KeepAlive(t) // as in Upload
 		return c.download(ctx, t.buf)
 	}
 	if err := t.buf.stream.Synchronize(ctx); err != nil {
