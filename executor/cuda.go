@@ -87,6 +87,10 @@ type gpuEngine struct {
 	// hostLayout makes layout run on the host all the same (tests).
 	lk         *gpuLayout
 	hostLayout bool
+	// marks is the scratch of permute.CUDAKernels.ZeroUnwritten in
+	// capacity mode (a byte a permuted row), allocated with the engine so
+	// that the capacity-mode calls allocate nothing (graph capture).
+	marks *device.Buffer
 }
 
 // gpuTables are a handle's layout tables in device memory (one Int32
@@ -194,6 +198,9 @@ func newGPUEngine(ctx context.Context, e *Engine, b *device.CUDA, caller device.
 		// downloads), allocated now: a pinned allocation later could stall
 		// a peer's wait kernel (device.CUDA.WarmStaging).
 		lerr = b.WarmStaging()
+	}
+	if lerr == nil && cfg.Mode == Capacity {
+		g.marks, lerr = g.s.Alloc(cfg.MaxPermutedTokens)
 	}
 	if lerr == nil && e.hier != nil {
 		g.hier, lerr = newGPUHier(ctx, g)
@@ -839,7 +846,7 @@ func (g *gpuEngine) permuteFrom(h *Handle, px, pw *device.Tensor, src, srcW *dev
 		// (padding, dropped rows, the capacity past the valid rows) are
 		// found from the device positions and zeroed, so that the work
 		// needs no count from the host (graph capture).
-		if err := g.pk.ZeroUnwritten(g.s, px.Buffer(), rb, pwb, g.deviceMap(h)); err != nil {
+		if err := g.pk.ZeroUnwritten(g.s, px.Buffer(), rb, pwb, g.deviceMap(h), g.marks); err != nil {
 			return err
 		}
 	}
@@ -899,7 +906,7 @@ func (g *gpuEngine) unpermuteBackward(h *Handle, gradOut, y, w *device.Tensor, o
 	m := g.deviceMap(h)
 	if g.e.cfg.Mode == Capacity {
 		// The rows goep_ep_permute_scaled leaves, as in permuteFrom.
-		if err := g.pk.ZeroUnwritten(g.s, out.GradY.Buffer(), rb, nil, m); err != nil {
+		if err := g.pk.ZeroUnwritten(g.s, out.GradY.Buffer(), rb, nil, m, g.marks); err != nil {
 			return err
 		}
 	}
@@ -1070,6 +1077,9 @@ func (g *gpuEngine) close() error {
 	}
 	if g.peers != nil {
 		g.s.Free(g.peers)
+	}
+	if g.marks != nil {
+		g.s.Free(g.marks)
 	}
 	errs = append(errs, g.hier.close(g))
 	errs = append(errs, g.lk.close(g))

@@ -385,7 +385,7 @@ func (k *CUDAKernels) ZeroPadding(s *device.CUDAStream, px *device.Buffer, rowBy
 }
 
 // ZeroDropped enqueues ZeroDropped on s: for every slot s' of Pos at or
-// past min(Rows, RowCap)*TopK (all of Pos's int32s, slots = Pos.Size()/4)
+// past Rows*TopK (all of Pos's int32s, slots = Pos.Size()/4)
 // with p = Pos[s'] in [0, PermCap), row p of px (rowBytes each) and pw[p]
 // (if pw is not nil) are zeroed. px holds PermCap rows.
 func (k *CUDAKernels) ZeroDropped(s *device.CUDAStream, px *device.Buffer, rowBytes int, pw *device.Buffer, m DeviceMap) error {
@@ -418,28 +418,31 @@ func (k *CUDAKernels) ZeroDropped(s *device.CUDAStream, px *device.Buffer, rowBy
 // from the device positions alone: no count or offset comes from the host
 // (capacity mode, graph capture), and only the unwritten rows are stored,
 // where zeroing the whole capacity first stores every written row twice.
-// It marks the written rows in a byte a row (goep_mark_rows, in stream-
-// ordered scratch memory), then zeroes the unmarked ones
-// (goep_zero_unmarked).
-func (k *CUDAKernels) ZeroUnwritten(s *device.CUDAStream, px *device.Buffer, rowBytes int, pw *device.Buffer, m DeviceMap) error {
+// It marks the written rows in a byte a row of marks (goep_mark_rows;
+// PermCap bytes of scratch, or nil: stream-ordered memory allocated for
+// the call), then zeroes the unmarked rows (goep_zero_unmarked).
+func (k *CUDAKernels) ZeroUnwritten(s *device.CUDAStream, px *device.Buffer, rowBytes int, pw *device.Buffer, m DeviceMap, marks *device.Buffer) error {
 	const op = "zero unwritten"
 	if err := checkMap(op, m); err != nil {
 		return err
 	}
-	if rowBytes < 0 {
-		return fmt.Errorf("permute: CUDA %s: rows of %d bytes", op, rowBytes)
+	if rowBytes < 0 || px == nil {
+		return fmt.Errorf("permute: CUDA %s: rows of %d bytes (px %v)", op, rowBytes, px != nil)
 	}
-	if err := errors.Join(need(op, "px", px, m.PermCap*rowBytes, true), need(op, "pw", pw, 4*m.PermCap, false)); err != nil {
+	if err := errors.Join(need(op, "px", px, m.PermCap*rowBytes, true), need(op, "pw", pw, 4*m.PermCap, false),
+		need(op, "marks", marks, m.PermCap, false)); err != nil {
 		return err
 	}
 	if m.PermCap == 0 || rowBytes == 0 && pw == nil {
 		return nil
 	}
-	marks, err := s.Alloc(m.PermCap)
-	if err != nil {
-		return fmt.Errorf("permute: CUDA %s: %w", op, err)
+	if marks == nil {
+		var err error
+		if marks, err = s.Alloc(m.PermCap); err != nil {
+			return fmt.Errorf("permute: CUDA %s: %w", op, err)
+		}
+		defer s.Free(marks) // stream-ordered: after the kernels below
 	}
-	defer s.Free(marks) // stream-ordered: after the kernels below
 	if err := s.Memset(marks, 0, m.PermCap, 0); err != nil {
 		return err
 	}
