@@ -88,22 +88,28 @@ func TestCUDAUploadDownload(t *testing.T) {
 		if n > 0 && x.Buffer().DevicePtr() == 0 {
 			t.Fatal("a CUDA tensor has no device address")
 		}
-		want := pattern(2*n, i)
-		if err := Upload(t.Context(), x, want); err != nil {
-			t.Fatal(err)
-		}
-		got, err := Download(t.Context(), x)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("%d elements: download differs from upload", n)
-		}
+		roundTrip(t, x, pattern(2*n, i))
 		x.Close()
 	}
 	syncCUDA(t, s)
 	if n := c.LiveBuffers(); n != 0 {
 		t.Fatalf("%d buffers live after every tensor was closed", n)
+	}
+}
+
+// roundTrip uploads want into x, downloads x and fails t if the bytes
+// differ.
+func roundTrip(t *testing.T, x *Tensor, want []byte) {
+	t.Helper()
+	if err := Upload(t.Context(), x, want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Download(t.Context(), x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%v (%d bytes): download differs from upload", x, len(want))
 	}
 }
 
@@ -492,28 +498,31 @@ func TestCUDALargeTransfers(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := pattern(n, 11+i)
-		if err := Upload(t.Context(), x, want); err != nil {
-			t.Fatal(err)
-		}
-		got, err := Download(t.Context(), x)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("%d bytes: download differs from upload", n)
-		}
+		roundTrip(t, x, want)
 		if off := stageChunk/2 + 2; n > off+stageChunk {
 			// A view whose chunks straddle the tensor's.
 			v, err := x.Buffer().View(off, n-off)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err = s.DownloadBuffer(t.Context(), v)
+			got, err := s.DownloadBuffer(t.Context(), v)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(got, want[off:]) {
 				t.Fatalf("%d bytes: download of a view from byte %d differs", n, off)
+			}
+			// And an upload into it: the bytes before the view stay.
+			tail := pattern(n-off, 99)
+			if err := s.UploadBuffer(t.Context(), v, tail); err != nil {
+				t.Fatal(err)
+			}
+			got, err = Download(t.Context(), x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got[:off], want[:off]) || !bytes.Equal(got[off:], tail) {
+				t.Fatalf("%d bytes: upload into a view from byte %d: wrong bytes", n, off)
 			}
 		}
 		x.Close()
