@@ -809,11 +809,13 @@ func (s *CUDAStream) upload(ctx context.Context, b *Buffer, data []byte) error {
 		if err := s.s.CopyHtoD(cuda.DevicePtr(b.dev+uint64(off)), stage, 0, n); err != nil {
 			return errors.Join(fmt.Errorf("device: CUDA upload: %w", err), s.c.stage.put(stage))
 		}
-		// The staging buffer is reused (or returned) once the copy is done.
-		last := off+n == len(data)
-		if err := s.syncStaged(ctx, stage, "upload", !last); err != nil || last {
+		// The staging buffer is reused once the copy is done.
+		if err := s.syncStaged(ctx, stage, "upload", true); err != nil {
 			return err
 		}
+	}
+	if err := s.c.stage.put(stage); err != nil {
+		return fmt.Errorf("device: CUDA upload: %w", err)
 	}
 	return nil
 }

@@ -419,8 +419,8 @@ func (k *CUDAKernels) ZeroDropped(s *device.CUDAStream, px *device.Buffer, rowBy
 // (capacity mode, graph capture), and only the unwritten rows are stored,
 // where zeroing the whole capacity first stores every written row twice.
 // It marks the written rows in a byte a row of marks (goep_mark_rows;
-// PermCap bytes of scratch, or nil: stream-ordered memory allocated for
-// the call), then zeroes the unmarked rows (goep_zero_unmarked).
+// the caller's scratch of at least PermCap bytes, kept so that the call
+// allocates nothing), then zeroes the unmarked rows (goep_zero_unmarked).
 func (k *CUDAKernels) ZeroUnwritten(s *device.CUDAStream, px *device.Buffer, rowBytes int, pw *device.Buffer, m DeviceMap, marks *device.Buffer) error {
 	const op = "zero unwritten"
 	if err := checkMap(op, m); err != nil {
@@ -430,18 +430,11 @@ func (k *CUDAKernels) ZeroUnwritten(s *device.CUDAStream, px *device.Buffer, row
 		return fmt.Errorf("permute: CUDA %s: rows of %d bytes (px %v)", op, rowBytes, px != nil)
 	}
 	if err := errors.Join(need(op, "px", px, m.PermCap*rowBytes, true), need(op, "pw", pw, 4*m.PermCap, false),
-		need(op, "marks", marks, m.PermCap, false)); err != nil {
+		need(op, "marks", marks, m.PermCap, true)); err != nil {
 		return err
 	}
 	if m.PermCap == 0 || rowBytes == 0 && pw == nil {
 		return nil
-	}
-	if marks == nil {
-		var err error
-		if marks, err = s.Alloc(m.PermCap); err != nil {
-			return fmt.Errorf("permute: CUDA %s: %w", op, err)
-		}
-		defer s.Free(marks) // stream-ordered: after the kernels below
 	}
 	if err := s.Memset(marks, 0, m.PermCap, 0); err != nil {
 		return err

@@ -296,14 +296,9 @@ func runCase(t *testing.T, r *rand.Rand, s *device.CUDAStream, k *CUDAKernels, c
 	if c.weighted {
 		dpw2Arg = dpw2
 	}
-	// Scratch of the caller's half the time (a kept buffer larger than
-	// PermCap, holding old marks), else allocated for the call.
-	var marks *device.Buffer
-	if r.IntN(2) == 0 {
-		tm, vm := devBuf(t, s, bytes.Repeat([]byte{1}, m.PermCap+7), 16, 0)
-		keep = append(keep, tm)
-		marks = vm
-	}
+	// The marks scratch: larger than PermCap, holding old marks.
+	tm, marks := devBuf(t, s, bytes.Repeat([]byte{1}, m.PermCap+7), 16, 0)
+	keep = append(keep, tm)
 	must(t, k.ZeroUnwritten(s, dpx2, rb, dpw2Arg, dm, marks))
 	must(t, k.Permute(s, dt, hidden, dpx2, dpw2Arg, dx, dw, dm))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -390,18 +385,21 @@ func TestCUDABadInput(t *testing.T) {
 	if err := k.ZeroRows(s, small, 16, nil, 0, 5); err == nil {
 		t.Error("zeroing 5 rows of 16 bytes in 64 bytes was accepted")
 	}
-	if err := k.ZeroUnwritten(s, small, 16, nil, m, nil); err == nil {
+	if err := k.ZeroUnwritten(s, small, 16, nil, m, small); err == nil {
 		t.Error("zeroing the unwritten rows of a map whose Pos is too short was accepted")
 	}
 	m.Rows, m.RowCap = 4, 4
-	if err := k.ZeroUnwritten(s, small, 16, nil, m, nil); err == nil {
+	if err := k.ZeroUnwritten(s, small, 16, nil, m, small); err == nil {
 		t.Error("zeroing the unwritten rows of 8 rows of 16 bytes in 64 bytes was accepted")
 	}
-	if err := k.ZeroUnwritten(s, small, -8, nil, m, nil); err == nil {
+	if err := k.ZeroUnwritten(s, small, -8, nil, m, small); err == nil {
 		t.Error("zeroing the unwritten rows of -8 bytes was accepted")
 	}
-	if err := k.ZeroUnwritten(s, nil, 0, small, m, nil); err == nil {
+	if err := k.ZeroUnwritten(s, nil, 0, small, m, small); err == nil {
 		t.Error("zeroing the unwritten weights without rows was accepted")
+	}
+	if err := k.ZeroUnwritten(s, small, 8, nil, m, nil); err == nil {
+		t.Error("zeroing the unwritten rows without marks scratch was accepted")
 	}
 	tiny, err := s.Alloc(4)
 	must(t, err)
