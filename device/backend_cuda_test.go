@@ -456,9 +456,14 @@ func TestCUDAFreeDuringCapture(t *testing.T) {
 			t.Fatalf("round %d: end capture: %v", round, err)
 		}
 		// before was freed at EndCapture; used, which the graph writes,
-		// is the graph's to free at its Close.
-		if len(g.frees) != 1 || g.frees[0] != used.Buffer() {
-			t.Fatalf("round %d: the graph frees %d buffers at Close, want 1 (the one it writes)", round, len(g.frees))
+		// is the graph's to free at its Close. The graph uses out and
+		// used (tmp is its own allocation).
+		um := used.Buffer().bufMem
+		um.gmu.Lock()
+		graphs, later := um.graphs, um.freeLater
+		um.gmu.Unlock()
+		if graphs != 1 || !later || len(g.mems) != 2 {
+			t.Fatalf("round %d: the graph uses %d memories, want 2; the one it writes counts %d graphs (want 1), its free put off: %v", round, len(g.mems), graphs, later)
 		}
 		for range 2 {
 			if err := g.Launch(s); err != nil {
@@ -479,6 +484,116 @@ func TestCUDAFreeDuringCapture(t *testing.T) {
 	}
 	out.Close()
 	waitFreed(t, c, s, "every buffer was freed")
+}
+
+// TestCUDAGraphKeepsMemory: the memory a graph's work uses stays allocated
+// while the graph lives, whatever becomes of its tensors after the capture:
+// dropped and collected, closed, or reachable only through a view that the
+// graph holds. Memory handed back too early would be reused by the
+// scribbled tensors and the replays would copy their bytes. The graph's
+// Close (or its collection, when dropped) frees that memory.
+func TestCUDAGraphKeepsMemory(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	const n = 1 << 20
+	want := pattern(n, 5)
+	out, _ := NewTensor(s, BF16, n/2)
+	g := func() *Graph {
+		src, _ := NewTensor(s, BF16, n) // the graph reads a view of its second half
+		if err := Upload(t.Context(), src, append(make([]byte, n), want...)); err != nil {
+			t.Fatal(err)
+		}
+		view, err := src.Buffer().View(n, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mid, _ := NewTensor(s, BF16, n/2)    // dropped after the capture
+		closed, _ := NewTensor(s, BF16, n/2) // closed after the capture
+		if err := s.BeginCapture(); err != nil {
+			t.Fatal(err)
+		}
+		if err := errors.Join(s.Copy(mid.Buffer(), 0, view, 0, n), s.Copy(closed.Buffer(), 0, mid.Buffer(), 0, n),
+			s.Copy(out.Buffer(), 0, closed.Buffer(), 0, n)); err != nil {
+			t.Fatal(err)
+		}
+		g, err := s.EndCapture()
+		if err != nil {
+			t.Fatal(err)
+		}
+		closed.Close()
+		return g
+	}()
+	for round := range 3 {
+		runtime.GC()
+		runtime.GC()
+		var junk []*Tensor
+		for range 8 {
+			j, err := NewTensor(s, BF16, n/2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Memset(j.Buffer(), 0, n, 0xEE); err != nil {
+				t.Fatal(err)
+			}
+			junk = append(junk, j)
+		}
+		if err := s.Memset(out.Buffer(), 0, n, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+		got, err := Download(t.Context(), out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i := firstDiff(got, want); i >= 0 {
+			t.Fatalf("round %d: the replayed graph copied byte %d = %#x, want %#x: memory it uses was freed", round, i, got[i], want[i])
+		}
+		for _, j := range junk {
+			j.Close()
+		}
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	waitFreed(t, c, s, "the graph's Close")
+
+	// A dropped graph frees what it kept when it is collected.
+	func() {
+		x, _ := NewTensor(s, BF16, n/2)
+		if err := s.BeginCapture(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Memset(x.Buffer(), 0, n, 1); err != nil {
+			t.Fatal(err)
+		}
+		g, err := s.EndCapture()
+		if err != nil {
+			t.Fatal(err)
+		}
+		x.Close()
+		if err := g.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+		syncCUDA(t, s)
+	}()
+	waitFreed(t, c, s, "a graph was dropped")
+}
+
+// firstDiff is the first index where a and b differ (-1: none; a length
+// difference counts at the shorter length).
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
 }
 
 // TestCUDALargeTransfers uploads and downloads buffers larger than a

@@ -440,7 +440,7 @@ func (s *CUDAStream) Alloc(n int) (*Buffer, error) {
 	if p != 0 {
 		s.c.live.Add(1)
 	}
-	return &Buffer{size: n, dev: uint64(p), stream: s, graph: graph}, nil
+	return &Buffer{bufMem: &bufMem{size: n, dev: uint64(p), stream: s, graph: graph}}, nil
 }
 
 // Free implements Stream: the memory goes back to the pool once the work
@@ -448,15 +448,22 @@ func (s *CUDAStream) Alloc(n int) (*Buffer, error) {
 // closed (which drained it) the free goes through the backend. During a
 // capture (BeginCapture) the free of a buffer allocated inside it is
 // captured into the graph, and that of any other buffer waits for
-// EndCapture. A failure is kept as the stream's error. Safe to call more
-// than once, and from any goroutine (a dropped tensor's cleanup calls it).
+// EndCapture. The free of a buffer that a graph's work uses waits for the
+// Close of the last such graph. A failure is kept as the stream's error.
+// Safe to call more than once, and from any goroutine (a dropped buffer's
+// cleanup calls it).
 func (s *CUDAStream) Free(b *Buffer) {
 	if b == nil || b.stream == nil || !b.freed.CompareAndSwap(false, true) {
 		return
 	}
-	if b.dev == 0 {
-		return
+	if b.dev == 0 || b.deferToGraphs() {
+		return // nothing to free, or a graph's last Close frees it
 	}
+	s.freeUnused(b)
+}
+
+// freeUnused frees b (freed already marked) once no transfer uses it.
+func (s *CUDAStream) freeUnused(b *Buffer) {
 	if !b.xfer.TryLock() {
 		// A transfer of b is in progress: b is freed when it ends, without
 		// blocking the caller, which may be the driver thread the transfer
@@ -510,8 +517,9 @@ func (s *CUDAStream) freed(b *Buffer, err error) {
 }
 
 // View returns n bytes of a CUDA buffer from byte off, as a buffer that
-// cannot be freed (it is a window on b's memory). Work that uses the view
-// must keep b's tensor alive.
+// cannot be freed (it is a window on b's memory). The view keeps b
+// reachable, so work that holds the view (a launch, a graph) keeps b's
+// memory allocated too; Close of b's tensor still frees it.
 func (b *Buffer) View(off, n int) (*Buffer, error) {
 	if b.dev == 0 && b.size > 0 || b.region != nil {
 		return nil, fmt.Errorf("device: view: %w on host buffers", ErrUnsupported)
@@ -519,7 +527,7 @@ func (b *Buffer) View(off, n int) (*Buffer, error) {
 	if off < 0 || n < 0 || off > b.size || n > b.size-off {
 		return nil, fmt.Errorf("device: view [%d, %d+%d) of a %d-byte buffer", off, off, n, b.size)
 	}
-	return &Buffer{size: n, dev: b.dev + uint64(off)}, nil
+	return &Buffer{bufMem: &bufMem{size: n, dev: b.dev + uint64(off)}, parent: b}, nil
 }
 
 // cudaEvent is the CUDA backend's Event.
@@ -892,13 +900,21 @@ func (s *CUDAStream) UploadBuffer(ctx context.Context, b *Buffer, data []byte) e
 }
 
 // Graph is GPU work captured from a CUDA stream, replayable with Launch.
-type Graph struct {
+// The memory its work uses stays allocated while it lives: a tensor freed
+// (closed or dropped) after the capture is freed at the graph's Close, or
+// once the graph itself is dropped.
+type Graph struct{ *graphState }
+
+// graphState is a Graph's state, apart from it for the cleanup that closes
+// a dropped graph.
+type graphState struct {
 	g    *cuda.Graph
-	held []any
-	// frees are buffers the graph uses whose free was asked for during
-	// the capture (a dropped tensor's cleanup): Close frees them on s.
-	frees []*Buffer
-	s     *CUDAStream
+	once sync.Once
+	err  error
+	// mems is the memory the captured work uses (the buffers of goep's
+	// streams that the capture did not allocate): each counts the graph in
+	// its graphs until Close.
+	mems []*bufMem
 }
 
 // BeginCapture starts recording the work enqueued on s into a graph
@@ -925,55 +941,72 @@ func (s *CUDAStream) BeginCapture() error {
 	})
 }
 
-// EndCapture ends the capture and returns the graph. The buffers the
-// captured work uses stay referenced by the graph until Close. The frees
-// put off during the capture are enqueued on s now (also when the capture
-// failed), except those of buffers the captured work uses: the graph's
-// Close frees them.
+// EndCapture ends the capture and returns the graph. The memory the
+// captured work uses stays allocated until the graph is closed (or
+// dropped). The frees put off during the capture are enqueued on s now
+// (also when the capture failed), except those of memory the graph uses,
+// which its Close frees.
 func (s *CUDAStream) EndCapture() (*Graph, error) {
 	var g *cuda.Graph
 	var err error
-	var held []any
-	var kept []*Buffer
+	var mems []*bufMem
 	derr := s.c.dev.Do(func() error {
 		g, err = s.s.EndCapture()
 		s.capturing.Store(false)
 		s.mu.Lock()
 		later := s.afterCapture
 		s.afterCapture = nil
-		held = append([]any(nil), s.held[min(s.captureFrom, len(s.held)):]...)
+		held := s.held[min(s.captureFrom, len(s.held)):]
+		if err == nil {
+			mems = capturedMemory(held)
+		}
 		s.mu.Unlock()
+		for _, m := range mems {
+			m.useInGraph()
+		}
 		for _, b := range later {
-			if err == nil && heldBuffer(held, b) {
-				kept = append(kept, b)
-				continue
+			if !b.deferToGraphs() {
+				s.freed(b, s.s.Free(cuda.DevicePtr(b.dev)))
 			}
-			s.freed(b, s.s.Free(cuda.DevicePtr(b.dev)))
 		}
 		return nil
 	})
 	if err = errors.Join(err, derr); err != nil {
 		return nil, s.fail("end capture", err)
 	}
-	return &Graph{g: g, held: held, frees: kept, s: s}, nil
+	st := &graphState{g: g, mems: mems}
+	graph := &Graph{st}
+	runtime.AddCleanup(graph, func(st *graphState) { _ = st.close() }, st)
+	return graph, nil
 }
 
-// heldBuffer reports whether held (what captured work uses) holds b, as a
-// buffer or as a tensor's.
-func heldBuffer(held []any, b *Buffer) bool {
+// capturedMemory is the memory that captured work holds (held: buffers,
+// tensors, views), once each: memory of goep's streams, not allocated by
+// the capture (graph allocations are the graph's own).
+func capturedMemory(held []any) []*bufMem {
+	var mems []*bufMem
+	seen := map[*bufMem]bool{}
 	for _, v := range held {
+		var b *Buffer
 		switch v := v.(type) {
 		case *Buffer:
-			if v == b {
-				return true
-			}
+			b = v
 		case *Tensor:
-			if v != nil && v.buf == b {
-				return true
+			if v != nil {
+				b = v.buf
 			}
 		}
+		if b == nil {
+			continue
+		}
+		m := b.root().bufMem
+		if m.stream == nil || m.graph || m.dev == 0 || seen[m] {
+			continue
+		}
+		seen[m] = true
+		mems = append(mems, m)
 	}
-	return false
+	return mems
 }
 
 // Launch enqueues the graph's work on s.
@@ -985,13 +1018,23 @@ func (g *Graph) Launch(s *CUDAStream) error {
 	return nil
 }
 
-// Close destroys the graph; its launches must have completed. Buffers the
-// graph uses whose free was asked for during its capture are freed now.
-func (g *Graph) Close() error {
-	g.held = nil
-	for _, b := range g.frees {
-		g.s.free(b)
-	}
-	g.frees = nil
-	return g.g.Close()
+// Close destroys the graph; its launches must have completed. Memory the
+// graph used whose free was asked for while it lived is freed now (on its
+// own stream), unless another graph still uses it. Safe to call more than
+// once.
+func (g *Graph) Close() error { return g.close() }
+
+func (st *graphState) close() error {
+	st.once.Do(func() {
+		st.err = st.g.Close()
+		for _, m := range st.mems {
+			if m.graphClosed() {
+				if s, ok := m.stream.(*CUDAStream); ok {
+					s.freeUnused(&Buffer{bufMem: m})
+				}
+			}
+		}
+		st.mems = nil
+	})
+	return st.err
 }

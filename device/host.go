@@ -221,7 +221,22 @@ func (h *Host) NewStream() (Stream, error) {
 // Buffer is a region of device memory. On the host backend Host() is its
 // bytes; guard bytes surround it. On the CUDA backend DevicePtr() is its
 // address and Host() is nil.
+//
+// A tensor's memory is freed when its Buffer can no longer be reached (or
+// at Close), not its Tensor: queued work, a CUDA graph, another tensor
+// over the same buffer and a view of it all keep the Buffer, and so the
+// memory, alive.
 type Buffer struct {
+	*bufMem
+	// parent is the buffer a view is a window on: the view keeps it
+	// reachable, and so its memory allocated.
+	parent *Buffer
+}
+
+// bufMem is a Buffer's state, apart from the Buffer so that the cleanup
+// that frees a dropped buffer's memory can hold it without keeping the
+// Buffer reachable.
+type bufMem struct {
 	size   int
 	region []byte  // whole mapping, guards included (host)
 	reg    *region // nil for a peer's buffer mapped from a ShareHandle
@@ -231,10 +246,62 @@ type Buffer struct {
 	shared int8 // CUDA shared memory: sharedOwn, sharedOpened, sharedAlias; else 0
 	graph  bool // CUDA: allocated during a stream capture (a graph allocation)
 	// xfer is read-held by a CUDA upload or download of the buffer, which
-	// may span several copies and waits: a free (a dropped tensor's
-	// cleanup, say, once the caller's last use was the transfer's start)
-	// waits for it instead of handing the memory back under it.
+	// may span several copies and waits: a free (Close on another
+	// goroutine, say) waits for it instead of handing the memory back
+	// under it.
 	xfer sync.RWMutex
+	// graphs counts the CUDA graphs (Graph) whose captured work uses the
+	// buffer; a free asked for while it is not zero (freeLater) waits for
+	// the last of them to be closed. Guarded by gmu.
+	gmu       sync.Mutex
+	graphs    int
+	freeLater bool
+}
+
+// freeByCleanup is the cleanup NewTensor attaches to a tensor's Buffer: it
+// frees the memory of a buffer dropped without Close, in stream order (so
+// after the work already queued on it).
+func freeByCleanup(m *bufMem) { m.stream.Free(&Buffer{bufMem: m}) }
+
+// root is the buffer that owns b's memory: b, or the buffer b is a view of.
+func (b *Buffer) root() *Buffer {
+	for b.parent != nil {
+		b = b.parent
+	}
+	return b
+}
+
+// useInGraph counts a graph that uses b's memory.
+func (m *bufMem) useInGraph() {
+	m.gmu.Lock()
+	m.graphs++
+	m.gmu.Unlock()
+}
+
+// deferToGraphs reports whether a graph uses the memory, and if so notes
+// that the last graph's Close (graphClosed) must free it.
+func (m *bufMem) deferToGraphs() bool {
+	m.gmu.Lock()
+	defer m.gmu.Unlock()
+	if m.graphs == 0 {
+		return false
+	}
+	m.freeLater = true
+	return true
+}
+
+// graphClosed drops a graph's use of the memory and reports whether the
+// memory must be freed now (the last graph is gone and a free was asked
+// for while it lived).
+func (m *bufMem) graphClosed() bool {
+	m.gmu.Lock()
+	defer m.gmu.Unlock()
+	m.graphs--
+	if m.graphs > 0 || !m.freeLater {
+		return false
+	}
+	m.freeLater = false
+	return true
 }
 
 // Kinds of CUDA shared buffers (AllocShared, OpenShared).
@@ -392,7 +459,7 @@ func (s *HostStream) Alloc(n int) (*Buffer, error) {
 		m[i] = guardByte
 		m[guardSize+n+i] = guardByte
 	}
-	return &Buffer{size: n, region: m, reg: r, stream: s}, nil
+	return &Buffer{bufMem: &bufMem{size: n, region: m, reg: r, stream: s}}, nil
 }
 
 // Free implements Stream.

@@ -296,3 +296,36 @@ func TestForScratch(t *testing.T) {
 		}
 	}
 }
+
+// TestBufferGraphUses: a free asked for while graphs use a buffer's memory
+// is put off until the last of them is closed, and happens once.
+func TestBufferGraphUses(t *testing.T) {
+	m := &bufMem{size: 8}
+	if m.deferToGraphs() {
+		t.Fatal("a free was put off with no graph using the memory")
+	}
+	m.useInGraph()
+	m.useInGraph()
+	if m.graphClosed() {
+		t.Fatal("closing a graph asked for a free nobody asked for")
+	}
+	m.useInGraph()
+	if !m.deferToGraphs() {
+		t.Fatal("a free was not put off while two graphs use the memory")
+	}
+	if m.graphClosed() {
+		t.Fatal("the memory was freed while a graph still uses it")
+	}
+	if !m.graphClosed() {
+		t.Fatal("the last graph's Close did not free the memory whose free was put off")
+	}
+	m.useInGraph()
+	if m.graphClosed() {
+		t.Fatal("a free was done twice")
+	}
+	root := &Buffer{bufMem: m}
+	v := &Buffer{bufMem: &bufMem{size: 4}, parent: &Buffer{bufMem: &bufMem{size: 6}, parent: root}}
+	if v.root() != root || root.root() != root {
+		t.Fatal("root of a view of a view is not the buffer that owns the memory")
+	}
+}

@@ -29,7 +29,7 @@ func (c *CUDA) MapHost(mem []byte) (*HostMapping, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA map host memory: %w", err)
 	}
-	m := &HostMapping{c: c, reg: reg, buf: &Buffer{size: len(mem), dev: uint64(reg.DevicePtr())}}
+	m := &HostMapping{c: c, reg: reg, buf: &Buffer{bufMem: &bufMem{size: len(mem), dev: uint64(reg.DevicePtr())}}}
 	c.hostMu.Lock()
 	c.hostMaps = append(c.hostMaps, m)
 	c.hostMu.Unlock()

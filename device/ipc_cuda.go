@@ -60,7 +60,7 @@ func (c *CUDA) AllocShared(n int) (*Buffer, GPUShareHandle, error) {
 		sharedRefs.m[uint64(p)] = &sharedRef{c: c, size: n, ipc: h, refs: 1}
 		sharedRefs.mu.Unlock()
 	}
-	return &Buffer{size: n, dev: uint64(p), shared: sharedOwn},
+	return &Buffer{bufMem: &bufMem{size: n, dev: uint64(p), shared: sharedOwn}},
 		GPUShareHandle{PID: os.Getpid(), Addr: uint64(p), Size: n, IPC: h}, nil
 }
 
@@ -76,13 +76,13 @@ func (c *CUDA) OpenShared(h GPUShareHandle) (*Buffer, error) {
 			return nil, fmt.Errorf("device: CUDA open shared memory %#x of this process: no such live allocation", h.Addr)
 		}
 		r.refs++
-		return &Buffer{size: h.Size, dev: h.Addr, shared: sharedAlias}, nil
+		return &Buffer{bufMem: &bufMem{size: h.Size, dev: h.Addr, shared: sharedAlias}}, nil
 	}
 	p, err := c.dev.OpenIPCHandle(cuda.IPCHandle(h.IPC))
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA open shared memory of process %d: %w", h.PID, err)
 	}
-	return &Buffer{size: h.Size, dev: uint64(p), shared: sharedOpened}, nil
+	return &Buffer{bufMem: &bufMem{size: h.Size, dev: uint64(p), shared: sharedOpened}}, nil
 }
 
 // FreeShared releases a buffer of AllocShared or OpenShared (cuMemFree or
@@ -173,7 +173,7 @@ func (c *CUDA) WrapDeviceMemory(p uint64, n int) (*Buffer, error) {
 			return nil, fmt.Errorf("device: CUDA wrap memory %#x: not device memory (DESIGN invariant 1)", p)
 		}
 	}
-	return &Buffer{size: n, dev: p}, nil
+	return &Buffer{bufMem: &bufMem{size: n, dev: p}}, nil
 }
 
 // Handle is the stream's CUstream as an integer, for other libraries of the

@@ -92,7 +92,7 @@ func MapShared(h ShareHandle) (*Mapping, error) {
 // owner's buffer (after its guard bytes). It cannot be freed: it belongs to
 // its owner.
 func (m *Mapping) Buffer(size int) *Buffer {
-	return &Buffer{size: size, region: m.mem}
+	return &Buffer{bufMem: &bufMem{size: size, region: m.mem}}
 }
 
 // Unmap releases the mapping. Buffers made from it must not be used after.

@@ -9,8 +9,10 @@ import (
 )
 
 // Tensor is a dense row-major array in device memory. Its memory is freed in
-// stream order by Close or, if the caller forgets, when it is garbage
-// collected; either way work already queued on it completes first.
+// stream order by Close or, if the caller forgets, once its Buffer is
+// garbage collected; either way work already queued on it completes first.
+// Queued work and CUDA graphs hold the Buffer, so dropping the tensor while
+// they use it is safe.
 type Tensor struct {
 	buf   *Buffer
 	shape []int
@@ -34,7 +36,7 @@ func NewTensor(s Stream, dt DType, shape ...int) (*Tensor, error) {
 		return nil, err
 	}
 	t := &Tensor{buf: buf, shape: append([]int(nil), shape...), dtype: dt}
-	runtime.AddCleanup(t, func(b *Buffer) { b.Free() }, buf)
+	runtime.AddCleanup(buf, freeByCleanup, buf.bufMem)
 	return t, nil
 }
 
@@ -94,7 +96,8 @@ func (t *Tensor) RowBytes() int {
 	return t.Len() / t.Rows() * t.dtype.Size()
 }
 
-// Buffer returns the underlying memory. Work that uses it must keep t alive.
+// Buffer returns the underlying memory. Holding it (as queued work and
+// graphs do) keeps the memory allocated until t's Close.
 func (t *Tensor) Buffer() *Buffer { return t.buf }
 
 // Bytes is the host view of the data (host backend only; nil elsewhere).
@@ -123,7 +126,8 @@ func Upload(ctx context.Context, t *Tensor, data []byte) error {
 		return fmt.Errorf("device: upload into %v: %w: memory without a stream (wrapped or a view); copy on a stream (CUDAStream.UploadBuffer)", t, ErrUnsupported)
 	}
 	if c, ok := t.buf.stream.(copier); ok {
-		// t's cleanup frees t.buf: t stays reachable until the copy is done.
+		// t.buf's cleanup would free it: t stays reachable until the copy
+		// is done.
 		defer runtime.KeepAlive(t)
 		return c.upload(ctx, t.buf, data)
 	}

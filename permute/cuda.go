@@ -24,8 +24,8 @@ var permutePTX []byte
 // the reference loop), NaN payloads included. Counts and capacities reach
 // the kernels by value; every pointer they receive is a device buffer
 // (DESIGN.md invariant 1). Sizes are checked on the host before anything is
-// enqueued, so no kernel writes outside its buffers. The caller keeps the
-// tensors behind the buffers alive until the work has completed.
+// enqueued, so no kernel writes outside its buffers. The launches hold
+// the buffers (device.CUDAStream.Launch) until the work has completed.
 type CUDAKernels struct {
 	mod         *device.Module
 	permute     [2]*device.Kernel // BF16, FP32
