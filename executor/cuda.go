@@ -969,7 +969,14 @@ func (g *gpuEngine) combine(h *Handle, z, zw *device.Tensor, out DispatchBackwar
 	if err := g.scatterRows(h, z, zw, op); err != nil {
 		return err
 	}
-	dt := z.DType()
+	return g.sumCombined(h, z.DType(), out, zw != nil, op)
+}
+
+// sumCombined enqueues the last steps of a combine, once every rank's rows
+// are in the combine windows: each token's entries summed in destination
+// order into out.GradX (and, when weighted, the weights into
+// out.GradTopkWeights), and the done signal.
+func (g *gpuEngine) sumCombined(h *Handle, dt device.DType, out DispatchBackwardOutput, weighted bool, op uint32) error {
 	rb := g.H * dt.Size()
 	if T := h.numTokens; T > 0 {
 		src := g.ownView(regionComb, 0, T*g.W*rb)
@@ -988,7 +995,7 @@ func (g *gpuEngine) combine(h *Handle, z, zw *device.Tensor, out DispatchBackwar
 			di = 1
 		}
 		var gw *device.Tensor
-		if zw != nil {
+		if weighted {
 			gw = out.GradTopkWeights
 		}
 		if err := g.s.Launch(g.sum[di], grid, block, 0, out.GradX, gw, src, srcW, h.gpu.entRow, h.gpu.slotEnt,
@@ -999,21 +1006,47 @@ func (g *gpuEngine) combine(h *Handle, z, zw *device.Tensor, out DispatchBackwar
 	return g.finish(op)
 }
 
-// unpermuteCombine enqueues UnpermuteCombine: Unpermute into a temporary
-// (rounded to the dtype, as the unfused call writes it), then Combine.
+// unpermuteCombine enqueues UnpermuteCombine. In one domain it is fused:
+// the unpermute stores each received row straight into the combine window
+// of the rank that sums it, at its entry (permute.CUDAKernels.
+// UnpermuteScatter), which are the bytes that Unpermute into a temporary
+// and then combine's scatter would store there. The sums that follow are
+// therefore the unfused calls' bit for bit, and the rows are not written
+// to and read back from a temporary. Across domains: Unpermute into a
+// temporary (rounded to the dtype, as the unfused call writes it), then
+// Combine.
 func (g *gpuEngine) unpermuteCombine(h *Handle, y, w, out *device.Tensor) error {
 	if !g.ready(h) {
 		return nil
 	}
-	z, err := g.e.NewTensor(y.DType(), h.recvRows, g.H)
-	if err != nil {
+	op := uint32(opUnpermuteCombine)
+	if g.hier != nil {
+		z, err := g.e.NewTensor(y.DType(), h.recvRows, g.H)
+		if err != nil {
+			return err
+		}
+		defer z.Close() // stream-ordered: after the work below
+		if err := g.unpermute(h, y, w, z); err != nil {
+			return err
+		}
+		return g.combine(h, z, nil, DispatchBackwardOutput{GradX: out}, op)
+	}
+	if err := g.begin(); err != nil {
 		return err
 	}
-	defer z.Close() // stream-ordered: after the work below
-	if err := g.unpermute(h, y, w, z); err != nil {
+	to := permute.Targets{
+		Bases: g.peerTable(regionComb), Rank: h.gpu.recvSrc, Row: h.gpu.recvEnt,
+		// Every rank's windows have the same layout (unitOf's assumption
+		// in scatterRows too).
+		Aligned: g.win.Own[regionComb].DevicePtr()%16 == 0,
+	}
+	if err := g.pk.UnpermuteScatter(g.s, y.DType(), g.H, to, y.Buffer(), buf(w), g.deviceMap(h)); err != nil {
 		return err
 	}
-	return g.combine(h, z, nil, DispatchBackwardOutput{GradX: out}, uint32(opUnpermuteCombine))
+	if err := g.arrive(flagOp(op, y.DType(), false)); err != nil {
+		return err
+	}
+	return g.sumCombined(h, y.DType(), DispatchBackwardOutput{GradX: out}, false, op)
 }
 
 // synchronize waits for the GPU work and reports what the waits found.

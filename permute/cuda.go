@@ -30,6 +30,9 @@ type CUDAKernels struct {
 	mod         *device.Module
 	permute     [2]*device.Kernel // BF16, FP32
 	unpermute   [2]*device.Kernel
+	// unpermuteScatter is unpermute storing each row at its own target
+	// (UnpermuteScatter).
+	unpermuteScatter [2]*device.Kernel
 	zeroRows    *device.Kernel
 	zeroDropped *device.Kernel
 	markRows    *device.Kernel
@@ -124,6 +127,8 @@ func LoadCUDAKernels(b *device.CUDA) (*CUDAKernels, error) {
 		{&k.permute[1], "goep_permute_fp32"},
 		{&k.unpermute[0], "goep_unpermute_bf16"},
 		{&k.unpermute[1], "goep_unpermute_fp32"},
+		{&k.unpermuteScatter[0], "goep_unpermute_scatter_bf16"},
+		{&k.unpermuteScatter[1], "goep_unpermute_scatter_fp32"},
 		{&k.zeroRows, "goep_zero_rows"},
 		{&k.zeroDropped, "goep_zero_dropped"},
 		{&k.markRows, "goep_mark_rows"},
@@ -323,17 +328,7 @@ func (k *CUDAKernels) Unpermute(s *device.CUDAStream, dt device.DType, hidden in
 	}
 	if rows > 0 {
 		vec := aligned16(rb, out, y)
-		units := hidden
-		if vec {
-			units = rb / 16
-		}
-		cfg := k.unpermuteCfg
-		cfg.block = min(cfg.block, maxUnpermuteBlock)
-		if m.TopK <= 4 && cfg.unitsSmallTopK > 0 {
-			cfg.units = cfg.unitsSmallTopK
-		}
-		cfg.units = max(cfg.units, unpermuteGroup(m.TopK))
-		grid, block, err := rowShape(op, rows, units, cfg)
+		grid, block, err := k.unpermuteShape(op, dt, hidden, rows, m.TopK, vec)
 		if err != nil {
 			return err
 		}
@@ -343,6 +338,75 @@ func (k *CUDAKernels) Unpermute(s *device.CUDAStream, dt device.DType, hidden in
 		}
 	}
 	return k.ZeroRows(s, out, rb, nil, rows, m.RowCap)
+}
+
+// unpermuteShape is the launch shape of Unpermute and UnpermuteScatter
+// over rows rows of hidden elements (16-byte units when vec).
+func (k *CUDAKernels) unpermuteShape(op string, dt device.DType, hidden, rows, topk int, vec bool) (grid, block [3]uint32, err error) {
+	units := hidden
+	if vec {
+		units = hidden * dt.Size() / 16
+	}
+	cfg := k.unpermuteCfg
+	cfg.block = min(cfg.block, maxUnpermuteBlock)
+	if topk <= 4 && cfg.unitsSmallTopK > 0 {
+		cfg.units = cfg.unitsSmallTopK
+	}
+	cfg.units = max(cfg.units, unpermuteGroup(topk))
+	return rowShape(op, rows, units, cfg)
+}
+
+// Targets says where UnpermuteScatter stores its rows: row i at row Row[i]
+// (rows of the call's row size) of the buffer whose device address is
+// Bases[Rank[i]], and nowhere when Row[i] < 0. The tables are device
+// memory (uint64 addresses; int32 ranks and rows, at least one a row read)
+// that the caller fills, as the executor's layout does with the peers'
+// mapped combine windows and each received row's entry there; the kernel
+// trusts them, so every address, rank and row must be valid, and no two
+// rows may share a target row.
+type Targets struct {
+	Bases *device.Buffer // uint64 [targets]
+	Rank  *device.Buffer // int32 [rows]
+	Row   *device.Buffer // int32 [rows]
+	// Aligned says every base is 16-byte aligned (16-byte accesses are
+	// used when the row size is a multiple of 16 and y is aligned too).
+	Aligned bool
+}
+
+// UnpermuteScatter is Unpermute with each output row i stored at its
+// target (Targets) instead of row i of an output: the bytes stored are
+// Unpermute's for that row, bit for bit. Rows past min(Rows, RowCap) are
+// not stored (Unpermute zeroes them). It fuses an unpermute with the
+// scatter of its rows that follows, saving a pass over them.
+func (k *CUDAKernels) UnpermuteScatter(s *device.CUDAStream, dt device.DType, hidden int, to Targets, y, w *device.Buffer, m DeviceMap) error {
+	const op = "unpermute scatter"
+	di, err := dtypeIndex(op, dt)
+	if err != nil {
+		return err
+	}
+	if err := errors.Join(checkHidden(op, hidden), checkMap(op, m)); err != nil {
+		return err
+	}
+	rb, rows := hidden*dt.Size(), m.rows()
+	if err := errors.Join(
+		need(op, "y", y, m.PermCap*rb, true),
+		need(op, "w", w, 4*rows*m.TopK, false),
+		need(op, "target bases", to.Bases, 8, rows > 0),
+		need(op, "target ranks", to.Rank, 4*rows, true),
+		need(op, "target rows", to.Row, 4*rows, true),
+	); err != nil {
+		return err
+	}
+	if rows == 0 {
+		return nil
+	}
+	vec := to.Aligned && aligned16(rb, y)
+	grid, block, err := k.unpermuteShape(op, dt, hidden, rows, m.TopK, vec)
+	if err != nil {
+		return err
+	}
+	return s.Launch(k.unpermuteScatter[di], grid, block, 0, to.Bases, to.Rank, to.Row,
+		y, w, m.Pos, int64(rows), int32(m.TopK), int64(m.PermCap), int64(hidden), b32(vec), k.dnan)
 }
 
 // ZeroRows enqueues ZeroRows on s: rows [lo, hi) of b (rowBytes each) are

@@ -5,6 +5,7 @@ package permute
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"math"
@@ -301,9 +302,47 @@ func runCase(t *testing.T, r *rand.Rand, s *device.CUDAStream, k *CUDAKernels, c
 	keep = append(keep, tm)
 	must(t, k.ZeroUnwritten(s, dpx2, rb, dpw2Arg, dm, marks))
 	must(t, k.Permute(s, dt, hidden, dpx2, dpw2Arg, dx, dw, dm))
+	// UnpermuteScatter: the same rows stored at their targets, in two
+	// buffers, in a random order within each, some rows nowhere; each
+	// target has a spare row that must keep the fill.
+	var nt [2]int
+	trank, trow := make([]int32, rows), make([]int32, rows)
+	for i := range rows {
+		q := r.IntN(2)
+		trank[i], trow[i] = int32(q), -1
+		if r.IntN(8) != 0 {
+			trow[i] = int32(nt[q])
+			nt[q]++
+		}
+	}
+	perms := [2][]int{r.Perm(nt[0]), r.Perm(nt[1])}
+	var wantTo [2][]byte
+	for q := range 2 {
+		wantTo[q] = bytes.Repeat([]byte{fill}, (nt[q]+1)*rb)
+	}
+	for i := range rows {
+		if q := trank[i]; trow[i] >= 0 {
+			trow[i] = int32(perms[q][trow[i]])
+			copy(wantTo[q][int(trow[i])*rb:], out[i*rb:(i+1)*rb])
+		}
+	}
+	var tto [2]*device.Tensor
+	var bases []byte
+	aligned := true
+	for q := range 2 {
+		var v *device.Buffer
+		tto[q], v = devBuf(t, s, bytes.Repeat([]byte{fill}, (nt[q]+1)*rb), rb, shift)
+		bases = binary.LittleEndian.AppendUint64(bases, v.DevicePtr())
+		aligned = aligned && v.DevicePtr()%16 == 0
+	}
+	to := Targets{Bases: in(bases, 16, 0), Rank: in(device.EncodeInt32(trank), 16, 0), Row: in(device.EncodeInt32(trow), 16, 0), Aligned: aligned}
+	must(t, k.UnpermuteScatter(s, dt, hidden, to, dy, dwArg, dm))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	must(t, s.Synchronize(ctx))
+	for q := range 2 {
+		checkBuf(t, fmt.Sprintf("unpermuted rows scattered to target %d", q), dt, rb, tto[q], wantTo[q], shift)
+	}
 
 	checkBuf(t, "permuted rows", dt, rb, tpx, px, shift)
 	wantPW := pwBytes
@@ -381,6 +420,12 @@ func TestCUDABadInput(t *testing.T) {
 	m.Rows, m.RowCap = 5, 5 // (Rows past RowCap are dropped rows, not an error)
 	if err := k.Unpermute(s, device.BF16, 1, small, small, nil, m); err == nil {
 		t.Error("a map whose Pos holds 8 slots for 5 rows of top-2 was accepted")
+	}
+	if err := k.UnpermuteScatter(s, device.BF16, 1, Targets{Bases: small, Rank: small}, small, nil, DeviceMap{Rows: 4, TopK: 2, Pos: pos, RowCap: 4, PermCap: 2}); err == nil {
+		t.Error("an unpermute scatter without its target rows was accepted")
+	}
+	if err := k.UnpermuteScatter(s, device.BF16, 1, Targets{Bases: small, Rank: small, Row: pos}, small, nil, DeviceMap{Rows: 9, TopK: 1, Pos: small, RowCap: 9, PermCap: 8}); err == nil {
+		t.Error("an unpermute scatter of 9 rows with 8 target rows was accepted")
 	}
 	if err := k.ZeroRows(s, small, 16, nil, 0, 5); err == nil {
 		t.Error("zeroing 5 rows of 16 bytes in 64 bytes was accepted")

@@ -451,12 +451,20 @@ __device__ __forceinline__ void unpermute_units(void *out, const void *y, const 
 // are all non-NaN is bit-identical to the host's, and any other unit is
 // redone by unpermute_exact. A row with no valid slot is zero (+0). The
 // rows of y are read once (streaming loads, ld.global.cs).
-template <bool BF16, int N>
+//
+// Row i is stored at row i of out or, when SCATTER, at row toRow[i] of the
+// buffer at to[toRank[i]] (nowhere when toRow[i] < 0; out is not used).
+// The functions below store unit j of row i at out + (i*units + j) units,
+// so SCATTER gives them out = target row - i rows (an address computed in
+// integers, which wrap; only out + i rows is ever accessed), and the
+// non-SCATTER kernels compile as they did before SCATTER existed.
+template <bool BF16, int N, bool SCATTER>
 __device__ __forceinline__ void unpermute_rows(void *__restrict__ out, const void *__restrict__ y,
 					       const float *__restrict__ w,
 					       const int32_t *__restrict__ pos, int64_t rows,
 					       int32_t topk, int64_t permCap, int64_t hidden,
-					       uint32_t dnan)
+					       uint32_t dnan, uint8_t *const *to,
+					       const int32_t *toRank, const int32_t *toRow)
 {
 	typedef Unit<BF16, N> U;
 	typedef typename U::R R;
@@ -466,6 +474,13 @@ __device__ __forceinline__ void unpermute_rows(void *__restrict__ out, const voi
 	int64_t stride = (int64_t)gridDim.y * blockDim.x;
 	if (i >= rows || j0 >= units) {
 		return;
+	}
+	if (SCATTER) {
+		int64_t r = toRow[i];
+		if (r < 0) {
+			return;
+		}
+		out = (void *)((uintptr_t)to[toRank[i]] + (uintptr_t)((r - i) * units * (int64_t)sizeof(R)));
 	}
 	const R *yr = (const R *)y;
 	const int32_t *pi = pos + i * topk;
@@ -606,9 +621,11 @@ goep_unpermute_bf16(void *out, const void *y, const float *w, const int32_t *pos
 		    int32_t topk, int64_t permCap, int64_t hidden, int32_t vec16, uint32_t dnan)
 {
 	if (vec16) {
-		unpermute_rows<true, 8>(out, y, w, pos, rows, topk, permCap, hidden, dnan);
+		unpermute_rows<true, 8, false>(out, y, w, pos, rows, topk, permCap, hidden, dnan, nullptr,
+					     nullptr, nullptr);
 	} else {
-		unpermute_rows<true, 1>(out, y, w, pos, rows, topk, permCap, hidden, dnan);
+		unpermute_rows<true, 1, false>(out, y, w, pos, rows, topk, permCap, hidden, dnan, nullptr,
+					     nullptr, nullptr);
 	}
 }
 
@@ -619,9 +636,49 @@ goep_unpermute_fp32(void *out, const void *y, const float *w, const int32_t *pos
 		    int32_t topk, int64_t permCap, int64_t hidden, int32_t vec16, uint32_t dnan)
 {
 	if (vec16) {
-		unpermute_rows<false, 4>(out, y, w, pos, rows, topk, permCap, hidden, dnan);
+		unpermute_rows<false, 4, false>(out, y, w, pos, rows, topk, permCap, hidden, dnan, nullptr,
+					     nullptr, nullptr);
 	} else {
-		unpermute_rows<false, 1>(out, y, w, pos, rows, topk, permCap, hidden, dnan);
+		unpermute_rows<false, 1, false>(out, y, w, pos, rows, topk, permCap, hidden, dnan, nullptr,
+					     nullptr, nullptr);
+	}
+}
+
+// goep_unpermute_scatter_bf16 is goep_unpermute_bf16 with each output row
+// stored elsewhere: row i at row toRow[i] (rows of hidden elements) of the
+// buffer at address to[toRank[i]], not at all when toRow[i] < 0
+// (permute.CUDAKernels.UnpermuteScatter; the executor's fused
+// unpermute-combine stores into the peers' combine windows). 16-byte units
+// when vec16 (every destination row 16-byte aligned).
+extern "C" __global__ void __launch_bounds__(maxUnpermuteBlock, minUnpermuteBlocksBF16)
+goep_unpermute_scatter_bf16(uint8_t *const *to, const int32_t *toRank, const int32_t *toRow,
+			    const void *y, const float *w, const int32_t *pos, int64_t rows,
+			    int32_t topk, int64_t permCap, int64_t hidden, int32_t vec16,
+			    uint32_t dnan)
+{
+	if (vec16) {
+		unpermute_rows<true, 8, true>(nullptr, y, w, pos, rows, topk, permCap, hidden, dnan, to,
+					      toRank, toRow);
+	} else {
+		unpermute_rows<true, 1, true>(nullptr, y, w, pos, rows, topk, permCap, hidden, dnan, to,
+					      toRank, toRow);
+	}
+}
+
+// goep_unpermute_scatter_fp32 is goep_unpermute_scatter_bf16 for FP32
+// rows.
+extern "C" __global__ void __launch_bounds__(maxUnpermuteBlock, minUnpermuteBlocksFP32)
+goep_unpermute_scatter_fp32(uint8_t *const *to, const int32_t *toRank, const int32_t *toRow,
+			    const void *y, const float *w, const int32_t *pos, int64_t rows,
+			    int32_t topk, int64_t permCap, int64_t hidden, int32_t vec16,
+			    uint32_t dnan)
+{
+	if (vec16) {
+		unpermute_rows<false, 4, true>(nullptr, y, w, pos, rows, topk, permCap, hidden, dnan, to,
+					       toRank, toRow);
+	} else {
+		unpermute_rows<false, 1, true>(nullptr, y, w, pos, rows, topk, permCap, hidden, dnan, to,
+					       toRank, toRow);
 	}
 }
 
