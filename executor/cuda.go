@@ -1006,31 +1006,19 @@ func (g *gpuEngine) sumCombined(h *Handle, dt device.DType, out DispatchBackward
 	return g.finish(op)
 }
 
-// unpermuteCombine enqueues UnpermuteCombine. In one domain it is fused:
-// the unpermute stores each received row straight into the combine window
-// of the rank that sums it, at its entry (permute.CUDAKernels.
+// unpermuteCombine enqueues UnpermuteCombine, fused: the unpermute stores
+// each received row straight into the combine window of the rank of its
+// domain that sums it, at its entry (permute.CUDAKernels.
 // UnpermuteScatter), which are the bytes that Unpermute into a temporary
-// and then combine's scatter would store there. The sums that follow are
-// therefore the unfused calls' bit for bit, and the rows are not written
-// to and read back from a temporary. Across domains: Unpermute into a
-// temporary (rounded to the dtype, as the unfused call writes it), then
-// Combine.
+// and then combine's scatter (scatterRows) would store there. The sums
+// that follow, in the domain and across domains, are therefore the
+// unfused calls' bit for bit, and the rows are not written to and read
+// back from a temporary.
 func (g *gpuEngine) unpermuteCombine(h *Handle, y, w, out *device.Tensor) error {
 	if !g.ready(h) {
 		return nil
 	}
 	op := uint32(opUnpermuteCombine)
-	if g.hier != nil {
-		z, err := g.e.NewTensor(y.DType(), h.recvRows, g.H)
-		if err != nil {
-			return err
-		}
-		defer z.Close() // stream-ordered: after the work below
-		if err := g.unpermute(h, y, w, z); err != nil {
-			return err
-		}
-		return g.combine(h, z, nil, DispatchBackwardOutput{GradX: out}, op)
-	}
 	if err := g.begin(); err != nil {
 		return err
 	}
@@ -1046,7 +1034,11 @@ func (g *gpuEngine) unpermuteCombine(h *Handle, y, w, out *device.Tensor) error 
 	if err := g.arrive(flagOp(op, y.DType(), false)); err != nil {
 		return err
 	}
-	return g.sumCombined(h, y.DType(), DispatchBackwardOutput{GradX: out}, false, op)
+	res := DispatchBackwardOutput{GradX: out}
+	if g.hier != nil {
+		return g.hierSum(h, y.DType(), false, res, op)
+	}
+	return g.sumCombined(h, y.DType(), res, false, op)
 }
 
 // synchronize waits for the GPU work and reports what the waits found.

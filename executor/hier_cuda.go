@@ -471,18 +471,24 @@ func (g *gpuEngine) railSend(pl railPayload, c nvlink.Call, ep uint64, parity in
 
 // hierCombine is combine with several domains.
 func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBackwardOutput, op uint32) error {
+	if err := g.scatterRows(h, z, zw, op); err != nil {
+		return err
+	}
+	return g.hierSum(h, z.DType(), zw != nil, out, op)
+}
+
+// hierSum is the rest of a combine with several domains, once every
+// rank's rows of dtype dt (and weights, when weighted) are in the domain's
+// combine windows: the partial sums, the rail round and the merge.
+func (g *gpuEngine) hierSum(h *Handle, dt device.DType, weighted bool, out DispatchBackwardOutput, op uint32) error {
 	e, hx := g.e, g.hier
 	ht := h.gpu.hier
-	dt := z.DType()
 	rb := g.H * dt.Size()
 	di := 0
 	if dt == device.FP32 {
 		di = 1
 	}
 	T, K, W, maxT, M := h.numTokens, g.K, g.W, hx.maxT, hx.M
-	if err := g.scatterRows(h, z, zw, op); err != nil {
-		return err
-	}
 	// Temporaries, freed in stream order after the merge.
 	own, err := e.NewTensor(device.FP32, max(T, 1), g.H)
 	if err != nil {
@@ -505,7 +511,7 @@ func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBac
 	}
 	defer partW.Close()
 	var gw, pgw *device.Tensor
-	if zw != nil {
+	if weighted {
 		gw, pgw = ownW, partW
 	}
 	sum := func(k *device.Kernel, out, gw *device.Tensor, entBase, tokens int, live, slots *device.Buffer, outRB int) error {
@@ -542,14 +548,14 @@ func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBac
 	// The partials cross the rail.
 	ctx, cancel := g.railCtx()
 	defer cancel()
-	c := nvlink.Call{Op: uint64(op), Sig: sig(h, dt, zw != nil)}
+	c := nvlink.Call{Op: uint64(op), Sig: sig(h, dt, weighted)}
 	var recv func(n int) []byte
 	var rerr error
 	if hx.feed != nil && g.pending == nil {
 		// GPU-fed: the slots' headers carry this call's GPU wait outcome
 		// to the rail peers; this rank learns it from the synchronize.
 		var pw *device.Buffer
-		if zw != nil {
+		if weighted {
 			pw = partW.Buffer()
 		}
 		recv, rerr = e.railExchange(c.Op, c.Sig, nil, nil, func(ctx context.Context, ep uint64, parity int) (func(context.Context) error, error) {
@@ -570,7 +576,7 @@ func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBac
 		if status == nil {
 			ps, status = g.s.DownloadBuffer(ctx, part.Buffer())
 		}
-		if status == nil && zw != nil {
+		if status == nil && weighted {
 			pws, status = g.s.DownloadBuffer(ctx, partW.Buffer())
 		}
 		var fill func(n int, area, rows []byte) (int, int, int)
@@ -608,7 +614,7 @@ func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBac
 		if err := g.fromRail(ctx, dst, n, railHeader+e.hier.area, slot); err != nil {
 			return errors.Join(e.noteFailure(err), g.railRead())
 		}
-		if zw != nil {
+		if weighted {
 			dw, _ := remW.Buffer().View(n*maxT*K*4, cnt*K*4)
 			if err := g.fromRail(ctx, dw, n, railHeader, slot); err != nil {
 				return errors.Join(e.noteFailure(err), g.railRead())
@@ -626,7 +632,7 @@ func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBac
 		return err
 	}
 	var ogw *device.Tensor
-	if zw != nil {
+	if weighted {
 		ogw = out.GradTopkWeights
 	}
 	return g.s.Launch(hx.merge[di], grid, block, 0, out.GradX, ogw, own, ht.ownLive, ownW, rem, remW,
