@@ -167,6 +167,19 @@ func dtypeIndex(op string, dt device.DType) (int, error) {
 	return 0, fmt.Errorf("permute: CUDA %s: dtype %v (want bf16 or fp32)", op, dt)
 }
 
+// checkRowOp checks the dtype, row size and map of a row operation and
+// returns the dtype's kernel index, the row bytes and the rows read.
+func checkRowOp(op string, dt device.DType, hidden int, m DeviceMap) (di, rowBytes, rows int, err error) {
+	di, err = dtypeIndex(op, dt)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if err := errors.Join(checkHidden(op, hidden), checkMap(op, m)); err != nil {
+		return 0, 0, 0, err
+	}
+	return di, hidden * dt.Size(), m.rows(), nil
+}
+
 // need checks that b (nil allowed when !required) holds at least n bytes.
 func need(op, what string, b *device.Buffer, n int, required bool) error {
 	if b == nil {
@@ -258,14 +271,10 @@ func checkHidden(op string, hidden int) error {
 // (padding) are left alone: zero them with ZeroPadding.
 func (k *CUDAKernels) Permute(s *device.CUDAStream, dt device.DType, hidden int, px, pw, x, w *device.Buffer, m DeviceMap) error {
 	const op = "permute"
-	di, err := dtypeIndex(op, dt)
+	di, rb, rows, err := checkRowOp(op, dt, hidden, m)
 	if err != nil {
 		return err
 	}
-	if err := errors.Join(checkHidden(op, hidden), checkMap(op, m)); err != nil {
-		return err
-	}
-	rb, rows := hidden*dt.Size(), m.rows()
 	if err := errors.Join(
 		need(op, "px", px, m.PermCap*rb, true),
 		need(op, "x", x, rows*rb, true),
@@ -311,14 +320,10 @@ func (k *CUDAKernels) Permute(s *device.CUDAStream, dt device.DType, hidden int,
 // holds RowCap rows.
 func (k *CUDAKernels) Unpermute(s *device.CUDAStream, dt device.DType, hidden int, out, y, w *device.Buffer, m DeviceMap) error {
 	const op = "unpermute"
-	di, err := dtypeIndex(op, dt)
+	di, rb, rows, err := checkRowOp(op, dt, hidden, m)
 	if err != nil {
 		return err
 	}
-	if err := errors.Join(checkHidden(op, hidden), checkMap(op, m)); err != nil {
-		return err
-	}
-	rb, rows := hidden*dt.Size(), m.rows()
 	if err := errors.Join(
 		need(op, "out", out, m.RowCap*rb, true),
 		need(op, "y", y, m.PermCap*rb, true),
@@ -380,14 +385,10 @@ type Targets struct {
 // scatter of its rows that follows, saving a pass over them.
 func (k *CUDAKernels) UnpermuteScatter(s *device.CUDAStream, dt device.DType, hidden int, to Targets, y, w *device.Buffer, m DeviceMap) error {
 	const op = "unpermute scatter"
-	di, err := dtypeIndex(op, dt)
+	di, rb, rows, err := checkRowOp(op, dt, hidden, m)
 	if err != nil {
 		return err
 	}
-	if err := errors.Join(checkHidden(op, hidden), checkMap(op, m)); err != nil {
-		return err
-	}
-	rb, rows := hidden*dt.Size(), m.rows()
 	if err := errors.Join(
 		need(op, "y", y, m.PermCap*rb, true),
 		need(op, "w", w, 4*rows*m.TopK, false),
