@@ -27,16 +27,16 @@ var permutePTX []byte
 // enqueued, so no kernel writes outside its buffers. The launches hold
 // the buffers (device.CUDAStream.Launch) until the work has completed.
 type CUDAKernels struct {
-	mod         *device.Module
-	permute     [2]*device.Kernel // BF16, FP32
-	unpermute   [2]*device.Kernel
+	mod       *device.Module
+	permute   [2]*device.Kernel // BF16, FP32
+	unpermute [2]*device.Kernel
 	// unpermuteScatter is unpermute storing each row at its own target
 	// (UnpermuteScatter).
 	unpermuteScatter [2]*device.Kernel
-	zeroRows    *device.Kernel
-	zeroDropped *device.Kernel
-	markRows    *device.Kernel
-	zeroMarked  *device.Kernel // goep_zero_unmarked
+	zeroRows         *device.Kernel
+	zeroDropped      *device.Kernel
+	markRows         *device.Kernel
+	zeroMarked       *device.Kernel // goep_zero_unmarked
 	// dnan is the default NaN of this CPU's float arithmetic (the result
 	// of inf - inf), which the host loops produce and the kernels copy.
 	dnan uint32
