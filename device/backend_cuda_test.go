@@ -523,33 +523,11 @@ func TestCUDAGraphKeepsMemory(t *testing.T) {
 		closed.Close()
 		return g
 	}()
-	for round := range 3 {
+	for range 3 {
 		runtime.GC()
 		runtime.GC()
-		var junk []*Tensor
-		for range 8 {
-			j, err := NewTensor(s, BF16, n/2)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Memset(j.Buffer(), 0, n, 0xEE); err != nil {
-				t.Fatal(err)
-			}
-			junk = append(junk, j)
-		}
-		if err := s.Memset(out.Buffer(), 0, n, 0); err != nil {
-			t.Fatal(err)
-		}
-		if err := g.Launch(s); err != nil {
-			t.Fatal(err)
-		}
-		got, err := Download(t.Context(), out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i := firstDiff(got, want); i >= 0 {
-			t.Fatalf("round %d: the replayed graph copied byte %d = %#x, want %#x: memory it uses was freed", round, i, got[i], want[i])
-		}
+		junk := scribble(t, s, 8, n)
+		replayCopy(t, s, g, out, want)
 		for _, j := range junk {
 			j.Close()
 		}
@@ -580,6 +558,150 @@ func TestCUDAGraphKeepsMemory(t *testing.T) {
 		syncCUDA(t, s)
 	}()
 	waitFreed(t, c, s, "a graph was dropped")
+}
+
+// scribble allocates k tensors of n bytes on s and sets their bytes to
+// 0xEE, so that memory freed too early and reused shows in what reads it.
+func scribble(t *testing.T, s *CUDAStream, k, n int) []*Tensor {
+	t.Helper()
+	var junk []*Tensor
+	for range k {
+		j, err := NewTensor(s, BF16, n/2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Memset(j.Buffer(), 0, n, 0xEE); err != nil {
+			t.Fatal(err)
+		}
+		junk = append(junk, j)
+	}
+	return junk
+}
+
+// replayCopy zeroes out, launches g (which copies want into out) on s and
+// checks out's bytes.
+func replayCopy(t *testing.T, s *CUDAStream, g *Graph, out *Tensor, want []byte) {
+	t.Helper()
+	if err := s.Memset(out.Buffer(), 0, len(want), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Launch(s); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Download(t.Context(), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(got, want); i >= 0 {
+		t.Fatalf("the replayed graph copied byte %d = %#x, want %#x: memory it uses was freed", i, got[i], want[i])
+	}
+}
+
+// TestCUDAFreeRacesEndCapture: a free asked for before EndCapture whose
+// driver call runs after it, of memory the new graph uses, waits for the
+// graph's Close. (The graph counts the memory on the driver thread, where
+// the free looks again; the driver thread is held so that EndCapture's
+// call is queued before the free's.)
+func TestCUDAFreeRacesEndCapture(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	const n = 1 << 20
+	want := pattern(n, 9)
+	src, _ := NewTensor(s, BF16, n/2)
+	out, _ := NewTensor(s, BF16, n/2)
+	if err := Upload(t.Context(), src, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Copy(out.Buffer(), 0, src.Buffer(), 0, n); err != nil {
+		t.Fatal(err)
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_ = s.Enqueue(func() error {
+			close(started)
+			<-release
+			return nil
+		})
+	}()
+	<-started
+	var g *Graph
+	var gerr error
+	ended, closed := make(chan struct{}), make(chan struct{})
+	go func() { g, gerr = s.EndCapture(); close(ended) }()
+	time.Sleep(50 * time.Millisecond)
+	go func() { src.Close(); close(closed) }()
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	<-ended
+	<-closed
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	if n := c.LiveBuffers(); n != 2 {
+		t.Fatalf("%d buffers live after the race, want 2 (the graph keeps the closed one)", n)
+	}
+	junk := scribble(t, s, 4, n)
+	replayCopy(t, s, g, out, want)
+	for _, j := range junk {
+		j.Close()
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	waitFreed(t, c, s, "the graph's Close")
+}
+
+// TestCUDAFreeOtherStreamDuringCapture: memory of another stream, used by
+// a capture and closed during it, stays allocated until the graph's Close;
+// memory of that stream that the capture does not use is freed when the
+// capture ends.
+func TestCUDAFreeOtherStreamDuringCapture(t *testing.T) {
+	c := newCUDA(t)
+	s1 := newCUDAStream(t, c)
+	s2 := newCUDAStream(t, c)
+	const n = 1 << 20
+	want := pattern(n, 13)
+	src, _ := NewTensor(s1, BF16, n/2) // the caller's, say
+	other, _ := NewTensor(s1, BF16, n/2)
+	out, _ := NewTensor(s2, BF16, n/2)
+	if err := Upload(t.Context(), src, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Copy(out.Buffer(), 0, src.Buffer(), 0, n); err != nil {
+		t.Fatal(err)
+	}
+	src.Close()
+	other.Close()
+	if n := c.LiveBuffers(); n != 3 {
+		t.Fatalf("%d buffers live during the capture, want 3 (the frees wait for its end)", n)
+	}
+	g, err := s2.EndCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	syncCUDA(t, s1)
+	if n := c.LiveBuffers(); n != 2 {
+		t.Fatalf("%d buffers live after the capture, want 2 (the graph keeps the one it reads)", n)
+	}
+	junk := scribble(t, s1, 4, n)
+	syncCUDA(t, s1)
+	replayCopy(t, s2, g, out, want)
+	for _, j := range junk {
+		j.Close()
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	syncCUDA(t, s2)
+	waitFreed(t, c, s1, "the graph's Close")
 }
 
 // firstDiff is the first index where a and b differ (-1: none; a length

@@ -43,6 +43,15 @@ type CUDA struct {
 
 	delayMod *Module // goep_delay's module, loaded by the first Delay; guarded by mu
 	delay    *Kernel
+
+	// captures counts the streams of this GPU between BeginCapture and
+	// EndCapture. afterCapture are the buffers whose free was asked for
+	// meanwhile, not allocated by a capture: a capture may use memory of
+	// any stream (a caller's tensor, say), and a captured free must be of
+	// a graph allocation, so they wait for the last capture to end
+	// (flushFrees). Both are read and changed on the driver thread only.
+	captures     int
+	afterCapture []*Buffer
 }
 
 // stagePool keeps the pinned staging buffers of uploads and downloads for
@@ -333,11 +342,6 @@ type CUDAStream struct {
 
 	captureFrom int         // len(held) when the current capture began
 	capturing   atomic.Bool // between BeginCapture and EndCapture
-	// afterCapture are buffers allocated outside the current capture
-	// whose free was asked for during it (by Close, or by a dropped
-	// tensor's cleanup): a free captured into the graph must be of a graph
-	// allocation, so EndCapture frees them (guarded by mu).
-	afterCapture []*Buffer
 
 	// small is pinned staging memory kept for small downloads (counts,
 	// status words), which would otherwise pay a cuMemHostAlloc each.
@@ -479,30 +483,57 @@ func (s *CUDAStream) freeUnused(b *Buffer) {
 	s.free(b)
 }
 
-// free is Free once no transfer uses b.
+// free is Free once no transfer uses b. The checks run on the driver
+// thread, where captures begin and end and graphs count the memory they
+// use, so that neither can happen between a check and the free.
 func (s *CUDAStream) free(b *Buffer) {
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
-		s.freed(b, s.c.freeSpare(b.dev))
-		return
-	}
-	// On the driver thread, so that no capture begins or ends between
-	// the check and the free.
+	spare := false
 	err := s.c.dev.Do(func() error {
-		if s.capturing.Load() && !b.graph {
-			s.mu.Lock()
-			s.afterCapture = append(s.afterCapture, b)
-			s.mu.Unlock()
-			return nil
+		switch {
+		case b.deferToGraphs():
+			// A graph counted b after Free's first look: its Close frees b.
+		case s.c.captures > 0 && !b.graph:
+			s.c.afterCapture = append(s.c.afterCapture, b)
+		case s.isClosed():
+			spare = true
+		default:
+			s.freed(b, s.s.Free(cuda.DevicePtr(b.dev)))
 		}
-		s.freed(b, s.s.Free(cuda.DevicePtr(b.dev)))
 		return nil
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		s.freed(b, err) // the device is closed
+	case spare:
+		// Off the driver thread: freeSpare takes CUDA.mu.
+		s.freed(b, s.c.freeSpare(b.dev))
 	}
+}
+
+func (s *CUDAStream) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// flushFrees, on the driver thread when the last capture has ended, frees
+// the buffers whose free waited for it, except those a graph now uses (its
+// Close frees them). It returns those whose stream was closed meanwhile,
+// for freeSpare off the driver thread.
+func (c *CUDA) flushFrees() (spare []*Buffer) {
+	later := c.afterCapture
+	c.afterCapture = nil
+	for _, b := range later {
+		bs, ok := b.stream.(*CUDAStream)
+		switch {
+		case !ok || b.deferToGraphs():
+		case bs.isClosed():
+			spare = append(spare, b)
+		default:
+			bs.freed(b, bs.s.Free(cuda.DevicePtr(b.dev)))
+		}
+	}
+	return spare
 }
 
 // freed accounts for the free of b that returned err: on failure the
@@ -628,7 +659,8 @@ func (s *CUDAStream) Synchronize(ctx context.Context) error {
 
 // Close implements Stream: it waits for the queued work, destroys the
 // stream and returns the kept error. Buffers of the stream freed later go
-// back through the backend.
+// back through the backend. A capture in progress on s is ended and its
+// graph discarded.
 func (s *CUDAStream) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -636,16 +668,18 @@ func (s *CUDAStream) Close() error {
 		return nil
 	}
 	s.mu.Unlock()
+	var gerr error
+	if s.capturing.Load() {
+		// A failed EndCapture keeps its error for the Synchronize below.
+		if g, err := s.EndCapture(); err == nil {
+			gerr = g.Close()
+		}
+	}
 	serr := s.Synchronize(context.Background())
 	s.mu.Lock()
 	s.closed = true
-	later := s.afterCapture // closed during a capture
-	s.afterCapture = nil
 	s.mu.Unlock()
-	for _, b := range later {
-		s.freed(b, s.c.freeSpare(b.dev))
-	}
-	cerr := s.s.Close()
+	cerr := errors.Join(gerr, s.s.Close())
 	s.c.streams.Add(-1)
 	s.smallMu.Lock()
 	if s.small != nil {
@@ -802,9 +836,11 @@ func (s *CUDAStream) upload(ctx context.Context, b *Buffer, data []byte) error {
 	if len(data) == 0 {
 		return s.Synchronize(ctx)
 	}
-	b.xfer.RLock()
-	defer b.xfer.RUnlock()
-	if b.freed.Load() {
+	// A view's transfer holds the buffer that owns the memory.
+	owner := b.root()
+	owner.xfer.RLock()
+	defer owner.xfer.RUnlock()
+	if owner.freed.Load() {
 		return fmt.Errorf("device: CUDA upload: %w: the buffer was freed", ErrClosed)
 	}
 	stage, err := s.c.stage.get(s.c.dev, min(len(data), stageChunk))
@@ -835,9 +871,11 @@ func (s *CUDAStream) download(ctx context.Context, b *Buffer) ([]byte, error) {
 	if b.size == 0 {
 		return []byte{}, s.Synchronize(ctx)
 	}
-	b.xfer.RLock()
-	defer b.xfer.RUnlock()
-	if b.freed.Load() {
+	// A view's transfer holds the buffer that owns the memory.
+	owner := b.root()
+	owner.xfer.RLock()
+	defer owner.xfer.RUnlock()
+	if owner.freed.Load() {
 		return nil, fmt.Errorf("device: CUDA download: %w: the buffer was freed", ErrClosed)
 	}
 	if b.size <= smallStage {
@@ -925,9 +963,9 @@ type graphState struct {
 // Memory allocated during the capture is a graph allocation (a memory node
 // of the graph): free it in the same capture, as the fused calls do with
 // their temporaries, or pass the outputs in (the Into calls). Frees asked
-// for during the capture of memory allocated before it, by Close or by a
+// for during the capture of memory allocated outside it, by Close or by a
 // dropped tensor's cleanup on another goroutine, are not captured: they
-// are enqueued when the capture ends.
+// are enqueued when the last capture of the GPU ends.
 func (s *CUDAStream) BeginCapture() error {
 	return s.c.dev.Do(func() error {
 		s.mu.Lock()
@@ -937,25 +975,27 @@ func (s *CUDAStream) BeginCapture() error {
 			return s.fail("begin capture", err)
 		}
 		s.capturing.Store(true)
+		s.c.captures++
 		return nil
 	})
 }
 
 // EndCapture ends the capture and returns the graph. The memory the
 // captured work uses stays allocated until the graph is closed (or
-// dropped). The frees put off during the capture are enqueued on s now
-// (also when the capture failed), except those of memory the graph uses,
-// which its Close frees.
+// dropped). When no other capture of the GPU is in progress, the frees put
+// off meanwhile are enqueued now (also when the capture failed), except
+// those of memory a graph uses, which the graph's Close frees.
 func (s *CUDAStream) EndCapture() (*Graph, error) {
 	var g *cuda.Graph
 	var err error
 	var mems []*bufMem
+	var spare []*Buffer
 	derr := s.c.dev.Do(func() error {
 		g, err = s.s.EndCapture()
-		s.capturing.Store(false)
+		if s.capturing.Swap(false) {
+			s.c.captures--
+		}
 		s.mu.Lock()
-		later := s.afterCapture
-		s.afterCapture = nil
 		held := s.held[min(s.captureFrom, len(s.held)):]
 		if err == nil {
 			mems = capturedMemory(held)
@@ -964,13 +1004,14 @@ func (s *CUDAStream) EndCapture() (*Graph, error) {
 		for _, m := range mems {
 			m.useInGraph()
 		}
-		for _, b := range later {
-			if !b.deferToGraphs() {
-				s.freed(b, s.s.Free(cuda.DevicePtr(b.dev)))
-			}
+		if s.c.captures == 0 {
+			spare = s.c.flushFrees()
 		}
 		return nil
 	})
+	for _, b := range spare {
+		b.stream.(*CUDAStream).freed(b, s.c.freeSpare(b.dev))
+	}
 	if err = errors.Join(err, derr); err != nil {
 		return nil, s.fail("end capture", err)
 	}

@@ -223,9 +223,10 @@ func (h *Host) NewStream() (Stream, error) {
 // address and Host() is nil.
 //
 // A tensor's memory is freed when its Buffer can no longer be reached (or
-// at Close), not its Tensor: queued work, a CUDA graph, another tensor
-// over the same buffer and a view of it all keep the Buffer, and so the
-// memory, alive.
+// at Close), not its Tensor: queued work, another tensor over the same
+// buffer and a view of it keep the Buffer, and so the memory, alive. A CUDA
+// graph whose work uses the memory puts its free off until the graph's
+// Close (Graph).
 type Buffer struct {
 	*bufMem
 	// parent is the buffer a view is a window on: the view keeps it
@@ -245,10 +246,10 @@ type bufMem struct {
 	freed  atomic.Bool
 	shared int8 // CUDA shared memory: sharedOwn, sharedOpened, sharedAlias; else 0
 	graph  bool // CUDA: allocated during a stream capture (a graph allocation)
-	// xfer is read-held by a CUDA upload or download of the buffer, which
-	// may span several copies and waits: a free (Close on another
-	// goroutine, say) waits for it instead of handing the memory back
-	// under it.
+	// xfer is read-held by a CUDA upload or download of the buffer (or of
+	// a view of it), which may span several copies and waits: a free (Close
+	// on another goroutine, say) waits for it instead of handing the memory
+	// back under it.
 	xfer sync.RWMutex
 	// graphs counts the CUDA graphs (Graph) whose captured work uses the
 	// buffer; a free asked for while it is not zero (freeLater) waits for

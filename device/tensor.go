@@ -11,8 +11,9 @@ import (
 // Tensor is a dense row-major array in device memory. Its memory is freed in
 // stream order by Close or, if the caller forgets, once its Buffer is
 // garbage collected; either way work already queued on it completes first.
-// Queued work and CUDA graphs hold the Buffer, so dropping the tensor while
-// they use it is safe.
+// Queued work holds the Buffer and a CUDA graph counts the memory its work
+// uses (Graph), so dropping or closing the tensor while they use it is
+// safe.
 type Tensor struct {
 	buf   *Buffer
 	shape []int
@@ -96,8 +97,9 @@ func (t *Tensor) RowBytes() int {
 	return t.Len() / t.Rows() * t.dtype.Size()
 }
 
-// Buffer returns the underlying memory. Holding it (as queued work and
-// graphs do) keeps the memory allocated until t's Close.
+// Buffer returns the underlying memory. Holding it (as queued work does)
+// keeps the memory allocated until t's Close; a graph whose work uses it
+// keeps it until the graph's Close.
 func (t *Tensor) Buffer() *Buffer { return t.buf }
 
 // Bytes is the host view of the data (host backend only; nil elsewhere).
