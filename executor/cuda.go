@@ -343,6 +343,14 @@ func (g *gpuEngine) reject() {
 	}
 }
 
+// abandon ends a collective call that failed on this rank between its
+// begin and its arrive (a launch refused, say): the peers see opRejected
+// and fail the call at once instead of at their timeout, and the epochs
+// stay in step. It returns err with any error of the signals.
+func (g *gpuEngine) abandon(err error) error {
+	return errors.Join(err, g.signalPeers(g.arrivedSlot(), opRejected), g.finish(opRejected))
+}
+
 func roundUp(n, m int) int { return (n + m - 1) / m * m }
 
 // rowShape is the launch shape of a row kernel: grid.x = items, blocks of
@@ -654,7 +662,7 @@ func (g *gpuEngine) pushRows(h *Handle, x, w, sx *device.Tensor, round uint64, o
 		sb = rowBytes(sx)
 	}
 	if err := g.pushEntries(x.Buffer(), buf(w), buf(sx), rowBytes(x), sb, h.gpu.entTok, h.gpu.entDest, h.gpu.entRow, h.numTokens*g.W); err != nil {
-		return err
+		return g.abandon(err)
 	}
 	return g.arrive(flagOp(op, x.DType(), w != nil))
 }
@@ -946,11 +954,11 @@ func (g *gpuEngine) scatterRows(h *Handle, z, zw *device.Tensor, op uint32) erro
 		unit := unitOf(rb, z.Buffer(), g.win.Own[regionComb])
 		grid, block, chunk, err := g.commShape(h.recvRows, rb/int(unit))
 		if err != nil {
-			return err
+			return g.abandon(err)
 		}
 		if err := g.s.Launch(g.scatter, grid, block, 0, z, zw, h.gpu.recvSrc, h.gpu.recvEnt, int64(h.recvRows),
 			g.peerTable(regionComb), int64(rb), int64(g.combWOff), int32(g.K), unit, chunk); err != nil {
-			return err
+			return g.abandon(err)
 		}
 	}
 	return g.arrive(flagOp(op, z.DType(), zw != nil))
@@ -1029,7 +1037,7 @@ func (g *gpuEngine) unpermuteCombine(h *Handle, y, w, out *device.Tensor) error 
 		Aligned: g.win.Own[regionComb].DevicePtr()%16 == 0,
 	}
 	if err := g.pk.UnpermuteScatter(g.s, y.DType(), g.H, to, y.Buffer(), buf(w), g.deviceMap(h)); err != nil {
-		return err
+		return g.abandon(err)
 	}
 	if err := g.arrive(flagOp(op, y.DType(), false)); err != nil {
 		return err

@@ -364,11 +364,13 @@ func (k *CUDAKernels) unpermuteShape(op string, dt device.DType, hidden, rows, t
 // Targets says where UnpermuteScatter stores its rows: row i at row Row[i]
 // (rows of the call's row size) of the buffer whose device address is
 // Bases[Rank[i]], and nowhere when Row[i] < 0. The tables are device
-// memory (uint64 addresses; int32 ranks and rows, at least one a row read)
-// that the caller fills, as the executor's layout does with the peers'
-// mapped combine windows and each received row's entry there; the kernel
-// trusts them, so every address, rank and row must be valid, and no two
-// rows may share a target row.
+// memory (uint64 addresses; int32 ranks and rows, one per row read) that
+// the caller fills, as the executor's layout does with the peers' mapped
+// combine windows and each received row's entry there; the kernel trusts
+// them, so every address, rank and row must be valid, and no two rows may
+// share a target row. The launch holds the three tables but not the
+// memory their addresses point to: the caller keeps that allocated until
+// the work (or a graph that captured it) is done.
 type Targets struct {
 	Bases *device.Buffer // uint64 [targets]
 	Rank  *device.Buffer // int32 [rows]
