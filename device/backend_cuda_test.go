@@ -488,10 +488,12 @@ func TestCUDAFreeDuringCapture(t *testing.T) {
 
 // TestCUDAGraphKeepsMemory: the memory a graph's work uses stays allocated
 // while the graph lives, whatever becomes of its tensors after the capture:
-// dropped and collected, closed, or reachable only through a view that the
-// graph holds. Memory handed back too early would be reused by the
-// scribbled tensors and the replays would copy their bytes. The graph's
-// Close (or its collection, when dropped) frees that memory.
+// dropped (one used only through a view), or closed. Memory handed back
+// too early would be reused by the scribbled tensors and the replays would
+// copy their bytes. (The first round's synchronize releases the stream's
+// hold on the dropped tensors, so the later rounds run after their
+// cleanups.) The graph's Close, or its collection when dropped, frees that
+// memory.
 func TestCUDAGraphKeepsMemory(t *testing.T) {
 	c := newCUDA(t)
 	s := newCUDAStream(t, c)
@@ -702,6 +704,68 @@ func TestCUDAFreeOtherStreamDuringCapture(t *testing.T) {
 	out.Close()
 	syncCUDA(t, s2)
 	waitFreed(t, c, s1, "the graph's Close")
+}
+
+// TestCUDACaptureFreeEdges: frees put off by captures on two streams wait
+// for the last one to end; a put-off free whose stream was closed meanwhile
+// goes through the spare stream; Close of a capturing stream ends the
+// capture, after which frees are immediate again.
+func TestCUDACaptureFreeEdges(t *testing.T) {
+	c := newCUDA(t)
+	s1 := newCUDAStream(t, c)
+	s2 := newCUDAStream(t, c)
+	s3, err := c.NewCUDAStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := func(want int, when string) {
+		t.Helper()
+		if n := c.LiveBuffers(); n != int64(want) {
+			t.Fatalf("%d buffers live %s, want %d", n, when, want)
+		}
+	}
+	x, _ := NewTensor(s3, BF16, 64) // closed during the captures, then its stream
+	y, _ := NewTensor(s3, BF16, 64)
+	for _, s := range []*CUDAStream{s1, s2} {
+		if err := s.BeginCapture(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x.Close()
+	y.Close()
+	if err := s3.Close(); err != nil {
+		t.Fatal(err)
+	}
+	live(2, "during two captures")
+	g1, err := s1.EndCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	live(2, "while the second capture goes on")
+	g2, err := s2.EndCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFreed(t, c, s1, "both captures ended (the frees of a closed stream)")
+	if err := errors.Join(g1.Close(), g2.Close()); err != nil {
+		t.Fatal(err)
+	}
+
+	s4, err := c.NewCUDAStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s4.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s4.Close(); err != nil {
+		t.Fatalf("close during a capture: %v", err)
+	}
+	z, _ := NewTensor(s1, BF16, 64)
+	live(1, "after an allocation")
+	z.Close()
+	live(0, "after a free with no capture in progress")
+	syncCUDA(t, s1)
 }
 
 // firstDiff is the first index where a and b differ (-1: none; a length

@@ -235,6 +235,14 @@ func (c *CUDA) NewCUDAStream() (*CUDAStream, error) {
 	return &CUDAStream{c: c, s: s, small: small}, nil
 }
 
+// freeSpareLater frees b, whose stream was closed, with freeSpare on a
+// goroutine of its own: freeSpare takes CUDA.mu, whose holders wait for
+// the driver thread, and the caller may be on that thread (a Close inside
+// CUDAStream.Enqueue's f, say).
+func (c *CUDA) freeSpareLater(b *Buffer) {
+	go func() { b.stream.(*CUDAStream).freed(b, c.freeSpare(b.dev)) }()
+}
+
 // freeSpare frees p on the backend's spare stream: the buffer's own stream
 // was closed, which drained it, so no queued work uses p.
 func (c *CUDA) freeSpare(p uint64) error {
@@ -277,6 +285,13 @@ func (c *CUDA) Close() error {
 	if delayMod != nil {
 		errs = append(errs, delayMod.Close())
 	}
+	// Frees still waiting for a capture that never ended: the memory goes
+	// with the context.
+	_ = c.dev.Do(func() error {
+		c.live.Add(-int64(len(c.afterCapture)))
+		c.afterCapture, c.captures = nil, 0
+		return nil
+	})
 	errs = append(errs, c.stage.close(), c.dev.Close())
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("device: CUDA close: %w", err)
@@ -505,8 +520,7 @@ func (s *CUDAStream) free(b *Buffer) {
 	case err != nil:
 		s.freed(b, err) // the device is closed
 	case spare:
-		// Off the driver thread: freeSpare takes CUDA.mu.
-		s.freed(b, s.c.freeSpare(b.dev))
+		s.c.freeSpareLater(b)
 	}
 }
 
@@ -968,12 +982,13 @@ type graphState struct {
 // are enqueued when the last capture of the GPU ends.
 func (s *CUDAStream) BeginCapture() error {
 	return s.c.dev.Do(func() error {
+		if err := s.s.BeginCapture(); err != nil {
+			// (Also on a stream capturing already: that capture goes on.)
+			return s.fail("begin capture", err)
+		}
 		s.mu.Lock()
 		s.captureFrom = len(s.held)
 		s.mu.Unlock()
-		if err := s.s.BeginCapture(); err != nil {
-			return s.fail("begin capture", err)
-		}
 		s.capturing.Store(true)
 		s.c.captures++
 		return nil
@@ -1010,7 +1025,7 @@ func (s *CUDAStream) EndCapture() (*Graph, error) {
 		return nil
 	})
 	for _, b := range spare {
-		b.stream.(*CUDAStream).freed(b, s.c.freeSpare(b.dev))
+		s.c.freeSpareLater(b)
 	}
 	if err = errors.Join(err, derr); err != nil {
 		return nil, s.fail("end capture", err)

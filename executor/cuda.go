@@ -343,12 +343,20 @@ func (g *gpuEngine) reject() {
 	}
 }
 
-// abandon ends a collective call that failed on this rank between its
-// begin and its arrive (a launch refused, say): the peers see opRejected
-// and fail the call at once instead of at their timeout, and the epochs
-// stay in step. It returns err with any error of the signals.
-func (g *gpuEngine) abandon(err error) error {
-	return errors.Join(err, g.signalPeers(g.arrivedSlot(), opRejected), g.finish(opRejected))
+// abandon ends call op, which failed on this rank between its begin and
+// its arrive (a launch refused, say): the domain's peers see opRejected and
+// fail the call at once instead of at their timeout (they report this rank
+// as having rejected its input; the cause is in this rank's error), and
+// the epochs stay in step. With several domains a combine-like call's rail
+// round, which follows the domain exchange, carries the failure to the
+// rail peers (a dispatch-like call's came before). It returns err with any
+// error of the signals.
+func (g *gpuEngine) abandon(op uint32, err error) error {
+	err = errors.Join(err, g.signalPeers(g.arrivedSlot(), opRejected), g.finish(opRejected))
+	if g.hier != nil && !dispatchLike(uint64(op)) {
+		_, _ = g.e.railRound(uint64(op), [4]uint64{}, err, nil)
+	}
+	return err
 }
 
 func roundUp(n, m int) int { return (n + m - 1) / m * m }
@@ -662,7 +670,7 @@ func (g *gpuEngine) pushRows(h *Handle, x, w, sx *device.Tensor, round uint64, o
 		sb = rowBytes(sx)
 	}
 	if err := g.pushEntries(x.Buffer(), buf(w), buf(sx), rowBytes(x), sb, h.gpu.entTok, h.gpu.entDest, h.gpu.entRow, h.numTokens*g.W); err != nil {
-		return g.abandon(err)
+		return g.abandon(op, err)
 	}
 	return g.arrive(flagOp(op, x.DType(), w != nil))
 }
@@ -954,11 +962,11 @@ func (g *gpuEngine) scatterRows(h *Handle, z, zw *device.Tensor, op uint32) erro
 		unit := unitOf(rb, z.Buffer(), g.win.Own[regionComb])
 		grid, block, chunk, err := g.commShape(h.recvRows, rb/int(unit))
 		if err != nil {
-			return g.abandon(err)
+			return g.abandon(op, err)
 		}
 		if err := g.s.Launch(g.scatter, grid, block, 0, z, zw, h.gpu.recvSrc, h.gpu.recvEnt, int64(h.recvRows),
 			g.peerTable(regionComb), int64(rb), int64(g.combWOff), int32(g.K), unit, chunk); err != nil {
-			return g.abandon(err)
+			return g.abandon(op, err)
 		}
 	}
 	return g.arrive(flagOp(op, z.DType(), zw != nil))
@@ -1037,7 +1045,7 @@ func (g *gpuEngine) unpermuteCombine(h *Handle, y, w, out *device.Tensor) error 
 		Aligned: g.win.Own[regionComb].DevicePtr()%16 == 0,
 	}
 	if err := g.pk.UnpermuteScatter(g.s, y.DType(), g.H, to, y.Buffer(), buf(w), g.deviceMap(h)); err != nil {
-		return g.abandon(err)
+		return g.abandon(op, err)
 	}
 	if err := g.arrive(flagOp(op, y.DType(), false)); err != nil {
 		return err

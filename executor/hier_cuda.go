@@ -344,7 +344,7 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, round uint64, op ui
 		return err
 	}
 	if err := g.pushEntries(x.Buffer(), buf(w), nil, rb, 0, h.gpu.entTok, h.gpu.entDest, h.gpu.entRow, h.numTokens*g.W); err != nil {
-		return err
+		return g.abandon(op, err)
 	}
 	var fw *device.Buffer
 	if w != nil {
@@ -352,7 +352,7 @@ func (g *gpuEngine) hierPush(h *Handle, x, w *device.Tensor, round uint64, op ui
 	}
 	t := h.gpu.hier
 	if err := g.pushEntries(hx.fwdX, fw, nil, rb, 0, t.fEntTok, t.fEntDest, t.fEntRow, hx.M*hx.maxT*g.W); err != nil {
-		return err
+		return g.abandon(op, err)
 	}
 	return g.arrive(flagOp(op, x.DType(), w != nil))
 }
