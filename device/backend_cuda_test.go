@@ -528,17 +528,9 @@ func TestCUDAGraphKeepsMemory(t *testing.T) {
 	for range 3 {
 		runtime.GC()
 		runtime.GC()
-		junk := scribble(t, s, 8, n)
-		replayCopy(t, s, g, out, want)
-		for _, j := range junk {
-			j.Close()
-		}
+		replayCopy(t, s, g, out, want, s, 8)
 	}
-	if err := g.Close(); err != nil {
-		t.Fatal(err)
-	}
-	out.Close()
-	waitFreed(t, c, s, "the graph's Close")
+	closeGraph(t, c, s, g, out)
 
 	// A dropped graph frees what it kept when it is collected.
 	func() {
@@ -580,10 +572,18 @@ func scribble(t *testing.T, s *CUDAStream, k, n int) []*Tensor {
 	return junk
 }
 
-// replayCopy zeroes out, launches g (which copies want into out) on s and
-// checks out's bytes.
-func replayCopy(t *testing.T, s *CUDAStream, g *Graph, out *Tensor, want []byte) {
+// replayCopy scribbles over k new tensors of js (scribble), zeroes out,
+// launches g (which copies want into out) on s, checks out's bytes and
+// closes the scribbled tensors.
+func replayCopy(t *testing.T, s *CUDAStream, g *Graph, out *Tensor, want []byte, js *CUDAStream, k int) {
 	t.Helper()
+	junk := scribble(t, js, k, len(want))
+	defer func() {
+		for _, j := range junk {
+			j.Close()
+		}
+	}()
+	syncCUDA(t, js)
 	if err := s.Memset(out.Buffer(), 0, len(want), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -597,6 +597,17 @@ func replayCopy(t *testing.T, s *CUDAStream, g *Graph, out *Tensor, want []byte)
 	if i := firstDiff(got, want); i >= 0 {
 		t.Fatalf("the replayed graph copied byte %d = %#x, want %#x: memory it uses was freed", i, got[i], want[i])
 	}
+}
+
+// closeGraph closes g and out, then waits until every buffer of c is
+// freed (waitFreed on s).
+func closeGraph(t *testing.T, c *CUDA, s *CUDAStream, g *Graph, out *Tensor) {
+	t.Helper()
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	waitFreed(t, c, s, "the graph's Close")
 }
 
 // TestCUDAFreeRacesEndCapture: a free asked for before EndCapture whose
@@ -645,16 +656,8 @@ func TestCUDAFreeRacesEndCapture(t *testing.T) {
 	if n := c.LiveBuffers(); n != 2 {
 		t.Fatalf("%d buffers live after the race, want 2 (the graph keeps the closed one)", n)
 	}
-	junk := scribble(t, s, 4, n)
-	replayCopy(t, s, g, out, want)
-	for _, j := range junk {
-		j.Close()
-	}
-	if err := g.Close(); err != nil {
-		t.Fatal(err)
-	}
-	out.Close()
-	waitFreed(t, c, s, "the graph's Close")
+	replayCopy(t, s, g, out, want, s, 4)
+	closeGraph(t, c, s, g, out)
 }
 
 // TestCUDAFreeOtherStreamDuringCapture: memory of another stream, used by
@@ -692,18 +695,9 @@ func TestCUDAFreeOtherStreamDuringCapture(t *testing.T) {
 	if n := c.LiveBuffers(); n != 2 {
 		t.Fatalf("%d buffers live after the capture, want 2 (the graph keeps the one it reads)", n)
 	}
-	junk := scribble(t, s1, 4, n)
+	replayCopy(t, s2, g, out, want, s1, 4)
 	syncCUDA(t, s1)
-	replayCopy(t, s2, g, out, want)
-	for _, j := range junk {
-		j.Close()
-	}
-	if err := g.Close(); err != nil {
-		t.Fatal(err)
-	}
-	out.Close()
-	syncCUDA(t, s2)
-	waitFreed(t, c, s1, "the graph's Close")
+	closeGraph(t, c, s2, g, out)
 }
 
 // TestCUDACaptureFreeEdges: frees put off by captures on two streams wait
