@@ -97,6 +97,29 @@ func TestCUDAUploadDownload(t *testing.T) {
 	}
 }
 
+// TestCUDATrimMemory: the memory of freed tensors stays in goep's pool
+// after a synchronize, for the next allocations, until TrimMemory.
+func TestCUDATrimMemory(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	const n = 32 << 20
+	x, err := NewTensor(s, BF16, n/2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.Close()
+	syncCUDA(t, s)
+	if got, err := c.dev.PoolReserved(); err != nil || got < n {
+		t.Fatalf("the pool holds %d bytes after a closed tensor and a synchronize (%v), want at least %d", got, err, n)
+	}
+	if err := c.TrimMemory(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.dev.PoolReserved(); err != nil || got != 0 || c.LiveBuffers() != 0 {
+		t.Fatalf("the pool holds %d bytes after TrimMemory (%v), want 0 (%d buffers live)", got, err, c.LiveBuffers())
+	}
+}
+
 // roundTrip uploads want into x, downloads x and fails t if the bytes
 // differ.
 func roundTrip(t *testing.T, x *Tensor, want []byte) {

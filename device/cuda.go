@@ -82,6 +82,20 @@ const maxStageKept = 1 << 30
 // cost a wait each: a few percent of a transfer of this size.
 const stageChunk = 16 << 20
 
+// TrimMemory waits for all work of the GPU's context (every stream of the
+// process on this GPU), then hands the device memory that goep's
+// stream-ordered pool keeps for reuse back to the driver. The pool keeps
+// freed memory on purpose: a pool that handed it back at every
+// synchronization (the driver's default) would map it again for the next
+// call's outputs. Call TrimMemory when goep's peak use should go back to
+// other users of the GPU, between phases of a job, say.
+func (c *CUDA) TrimMemory() error {
+	if err := c.dev.TrimPool(0); err != nil {
+		return fmt.Errorf("device: CUDA trim memory: %w", err)
+	}
+	return nil
+}
+
 // WarmStaging allocates one pinned staging buffer of every size class a
 // transfer uses (64 KiB to stageChunk, just under 32 MiB in all), so that
 // uploads and downloads allocate nothing later (a pinned allocation

@@ -139,6 +139,36 @@ func TestCopyRoundTrip(t *testing.T) {
 	}
 }
 
+// TestPoolKeepsMemory: memory freed to the device's pool stays reserved
+// across a synchronization (the release threshold; the context's default
+// pool would hand it back there) until TrimPool.
+func TestPoolKeepsMemory(t *testing.T) {
+	d := openDevice(t)
+	if !d.Features().MemoryPools {
+		t.Skip("no memory pools")
+	}
+	s := newStream(t, d)
+	const n = 64 << 20
+	p, err := s.Alloc(n)
+	must(t, err)
+	must(t, s.Free(p))
+	ctx, cancel := context.WithTimeout(t.Context(), deadline)
+	defer cancel()
+	must(t, s.Synchronize(ctx))
+	got, err := d.PoolReserved()
+	must(t, err)
+	if got < n {
+		t.Fatalf("the pool holds %d bytes after a free and a synchronize, want at least %d", got, n)
+	}
+	must(t, d.TrimPool(0))
+	if got, err = d.PoolReserved(); err != nil || got != 0 {
+		t.Fatalf("the pool holds %d bytes after TrimPool(0) (%v), want 0", got, err)
+	}
+	if err := d.TrimPool(-1); err == nil {
+		t.Fatal("TrimPool(-1) was accepted")
+	}
+}
+
 func TestMemset32(t *testing.T) {
 	d := openDevice(t)
 	s := newStream(t, d)
@@ -433,7 +463,7 @@ func TestIPCSameProcess(t *testing.T) {
 	}
 	t.Logf("opening own IPC handle: %v", err)
 
-	// Stream-ordered memory (default pool) is not exportable: a typed error.
+	// Stream-ordered memory (the device's pool) is not exportable: a typed error.
 	s := newStream(t, d)
 	a, err := s.Alloc(4096)
 	must(t, err)

@@ -115,6 +115,10 @@ type Device struct {
 	// deferred frees of the cuMemAlloc fallback (no memory pools), each
 	// behind an event recorded on the freeing stream. Worker-only.
 	deferred []deferredFree
+
+	// pool is Stream.Alloc's memory pool (nil without memory pools; see
+	// openPool). Set in init, cleared at shutdown, both on the worker.
+	pool C.CUmemoryPool
 }
 
 type call struct {
@@ -200,6 +204,9 @@ func (d *Device) init() error {
 		return joinRelease(err, d.dev)
 	}
 	if err := result("cuCtxSetCurrent", C.cuCtxSetCurrent(d.ctx)); err != nil {
+		return joinRelease(err, d.dev)
+	}
+	if err := d.openPool(); err != nil {
 		return joinRelease(err, d.dev)
 	}
 	return nil
@@ -334,7 +341,7 @@ func (d *Device) Close() error {
 
 // shutdown runs on the worker after quit.
 func (d *Device) shutdown() error {
-	err := d.reapDeferred(true)
+	err := errors.Join(d.reapDeferred(true), d.closePool())
 	if rerr := result("cuDevicePrimaryCtxRelease", C.cuDevicePrimaryCtxRelease(d.dev)); rerr != nil {
 		err = errors.Join(err, rerr)
 	}

@@ -91,7 +91,7 @@ import (
 
 // GetIPCHandle exports memory from Device.Alloc (cuMemAlloc) for other
 // processes on the host (cuIpcGetMemHandle). Memory from Stream.Alloc (the
-// default memory pool) cannot be exported this way.
+// device's memory pool) cannot be exported this way.
 func (d *Device) GetIPCHandle(p DevicePtr) (IPCHandle, error) {
 	var h IPCHandle
 	// The handle is copied through C memory: cgo forbids C keeping a Go

@@ -4,6 +4,36 @@ package cuda
 
 /*
 #include <cuda.h>
+#include <string.h>
+
+// goep_pool_create makes a stream-ordered memory pool of device ordinal
+// whose freed memory stays reserved for reuse (release threshold: all of
+// it) until trimmed or destroyed.
+static CUresult goep_pool_create(CUmemoryPool *pool, int ordinal) {
+	CUmemPoolProps props;
+	memset(&props, 0, sizeof props);
+	props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	props.location.id = ordinal;
+	CUresult r = cuMemPoolCreate(pool, &props);
+	if (r != CUDA_SUCCESS) {
+		return r;
+	}
+	cuuint64_t all = ~(cuuint64_t)0;
+	r = cuMemPoolSetAttribute(*pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &all);
+	if (r != CUDA_SUCCESS) {
+		cuMemPoolDestroy(*pool);
+	}
+	return r;
+}
+
+static CUresult goep_pool_reserved(CUmemoryPool pool, unsigned long long *n) {
+	cuuint64_t v = 0;
+	CUresult r = cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v);
+	*n = v;
+	return r;
+}
 */
 import "C"
 
@@ -27,13 +57,14 @@ func checkSize(op string, n int) error {
 }
 
 // Alloc returns n bytes of device memory usable by work enqueued on s after
-// this call (cuMemAllocAsync from the device's default memory pool). On a
+// this call (cuMemAllocFromPoolAsync from the device's pool, see
+// Device.TrimPool). On a
 // device without memory pools (Features.MemoryPools false) it falls back to
 // cuMemAlloc, which is not stream-ordered but returns memory that no queued
 // work uses. n == 0 returns the null pointer, which Free accepts.
 //
-// Memory from Alloc cannot be exported with GetIPCHandle (the default pool
-// is not IPC-capable); use Device.Alloc for that.
+// Memory from Alloc cannot be exported with GetIPCHandle (the pool is not
+// IPC-capable); use Device.Alloc for that.
 func (s *Stream) Alloc(n int) (DevicePtr, error) {
 	if err := checkSize("alloc", n); err != nil || n == 0 {
 		return 0, err
@@ -43,8 +74,8 @@ func (s *Stream) Alloc(n int) (DevicePtr, error) {
 		if err := s.d.reapDeferred(false); err != nil {
 			return err
 		}
-		if s.d.feat.MemoryPools {
-			return result("cuMemAllocAsync", C.cuMemAllocAsync(&p, C.size_t(n), cs))
+		if s.d.pool != nil {
+			return result("cuMemAllocFromPoolAsync", C.cuMemAllocFromPoolAsync(&p, C.size_t(n), s.d.pool, cs))
 		}
 		return result("cuMemAlloc", C.cuMemAlloc(&p, C.size_t(n)))
 	})
@@ -337,4 +368,64 @@ func (h *HostRegistration) Unregister() error {
 		h.p = nil
 		return err
 	})
+}
+
+// The device's pool (Features.MemoryPools): Stream.Alloc's memory comes
+// from a pool of this package's own, not the context's default pool, so
+// that its settings stay goep's and do not change those of other users of
+// the process (a framework's cudaMallocAsync). Its release threshold keeps
+// freed memory reserved for the next allocations: with the default
+// threshold (0) the driver hands unused pool memory back at every
+// synchronization, and the next allocation of that size maps it again.
+
+// openPool creates the pool; on the worker, in init.
+func (d *Device) openPool() error {
+	if !d.feat.MemoryPools {
+		return nil
+	}
+	return result("cuMemPoolCreate", C.goep_pool_create(&d.pool, C.int(d.ordinal)))
+}
+
+// closePool destroys the pool; on the worker, at shutdown. Memory still
+// allocated from it is released when it is freed (cuMemPoolDestroy).
+func (d *Device) closePool() error {
+	if d.pool == nil {
+		return nil
+	}
+	p := d.pool
+	d.pool = nil
+	return result("cuMemPoolDestroy", C.cuMemPoolDestroy(p))
+}
+
+// TrimPool waits for all work of the context (cuCtxSynchronize: the pool
+// releases only memory whose frees it has seen complete), then hands the
+// memory the pool keeps reserved, beyond keep bytes, back to the driver
+// (cuMemPoolTrimTo). Without memory pools it does nothing.
+func (d *Device) TrimPool(keep int) error {
+	if err := checkSize("trim pool", keep); err != nil {
+		return err
+	}
+	return d.Do(func() error {
+		if d.pool == nil {
+			return nil
+		}
+		// The pool releases only memory whose frees it has seen complete.
+		if err := result("cuCtxSynchronize", C.cuCtxSynchronize()); err != nil {
+			return err
+		}
+		return result("cuMemPoolTrimTo", C.cuMemPoolTrimTo(d.pool, C.size_t(keep)))
+	})
+}
+
+// PoolReserved is the device memory the pool holds, in use or kept for
+// reuse (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT); 0 without memory pools.
+func (d *Device) PoolReserved() (int64, error) {
+	var n C.ulonglong
+	err := d.Do(func() error {
+		if d.pool == nil {
+			return nil
+		}
+		return result("cuMemPoolGetAttribute", C.goep_pool_reserved(d.pool, &n))
+	})
+	return int64(n), err
 }
