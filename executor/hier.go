@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
@@ -289,8 +290,11 @@ func (e *Engine) railExchange(op uint64, sg [4]uint64, status error, fill func(n
 	if !dispatchLike(op) {
 		timeout *= 2
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	base, lost := context.WithCancelCause(context.Background())
+	defer lost(nil)
+	ctx, cancel := context.WithTimeout(base, timeout)
 	defer cancel()
+	defer e.watchDomain(lost)()
 	parity := int(ep % 2)
 	var peers []int
 	for n := range h.M {
@@ -408,11 +412,58 @@ func (e *Engine) railPost(ctx context.Context, ep uint64, parity int, op uint64,
 
 // railFatal records a transport failure (timeout, lost peer) as fatal.
 func (e *Engine) railFatal(err error) error {
-	err = fmt.Errorf("executor: rail round %d: %w", e.hier.epoch, e.hier.railErr(err))
+	var dl *domainLost
+	if errors.As(err, &dl) {
+		err = dl.err // global ranks already
+	} else {
+		err = e.hier.railErr(err)
+	}
+	err = fmt.Errorf("executor: rail round %d: %w", e.hier.epoch, err)
 	if fatal(err) {
 		e.failed.CompareAndSwap(nil, &err)
 	}
 	return err
+}
+
+// domainLost is the cause with which watchDomain ends a rail round's
+// waits: the loss of a member of this rank's domain (err names it by
+// global rank).
+type domainLost struct{ err error }
+
+func (d *domainLost) Error() string { return d.err.Error() }
+func (d *domainLost) Unwrap() error { return d.err }
+
+// watchDomain looks at the processes of this rank's domain peers every
+// 20 ms until the returned stop is called, and cancels a rail round's
+// waits (cancel, with a *domainLost) when one has exited. A rank waiting
+// for its rail peer may otherwise wait out the whole timeout for a peer
+// that stopped at that loss: when a rank dies after finishing its part of
+// a call with its domain, the ranks of the other domain fail the call
+// (their rail round with it fails) while its domain peer completes it and
+// waits in the next call's rail round for a rail peer that has stopped
+// (TestMultiProcessDomainsKill). Every call needs the domain, so the
+// round fails at once, naming the lost rank.
+func (e *Engine) watchDomain(cancel context.CancelCauseFunc) (stop func()) {
+	if e.domain == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := e.domain.LostPeers(); err != nil {
+					cancel(&domainLost{err: err})
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 // dispatchLike reports whether op runs its rail round before its domain

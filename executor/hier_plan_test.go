@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/goep/goep/comm"
 )
 
 // TestHierPlan checks the GPU tables of the hierarchical path (planHier)
@@ -340,5 +343,27 @@ func TestRailHeadDevice(t *testing.T) {
 	putRailHead(b, railHead{op: opCombine})
 	if getRailHead(b).dev {
 		t.Fatal("a host header reads as a device one")
+	}
+}
+
+// TestRailFatalDomainLost: a rail round ended by watchDomain fails the
+// engine for good, naming the lost domain peer by its global rank (not
+// read as a rail index, as the transport's own losses are).
+func TestRailFatalDomainLost(t *testing.T) {
+	e := &Engine{hier: &hierarchy{D: 2, M: 2, domain: 1, local: 1, epoch: 5}}
+	lost := &comm.PeerLostError{Op: "nvlink domain of rank 3", Ranks: []int{2}, Cause: "process exited"}
+	err := e.railFatal(fmt.Errorf("rdma: wait for epoch 5 on rank 1: %w", &domainLost{err: lost}))
+	var pe *comm.PeerLostError
+	if !errors.As(err, &pe) || !slices.Equal(pe.Ranks, []int{2}) {
+		t.Fatalf("railFatal = %v, want a *comm.PeerLostError naming rank 2", err)
+	}
+	if e.failed.Load() == nil {
+		t.Fatal("a lost domain peer did not fail the engine")
+	}
+	// The transport's own loss names rail index 0: global rank 0*2+1.
+	e = &Engine{hier: &hierarchy{D: 2, M: 2, domain: 1, local: 1, epoch: 5}}
+	err = e.railFatal(&comm.PeerLostError{Op: "flush", Ranks: []int{0}, Cause: "process exited"})
+	if !errors.As(err, &pe) || !slices.Equal(pe.Ranks, []int{1}) {
+		t.Fatalf("railFatal = %v, want rail index 0 named as rank 1", err)
 	}
 }

@@ -376,6 +376,24 @@ func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) 
 	}
 }
 
+// LostPeers returns a *comm.PeerLostError naming the peers of this domain
+// in other processes whose process has exited, or nil when every one runs.
+// It reads /proc, so call it at most every livenessInterval or so (the
+// executor's rail waits do, while this rank waits for another domain: a
+// domain that lost a member can complete no call).
+func (d *Domain) LostPeers() error {
+	var dead []int
+	for p, pid := range d.pids {
+		if p != d.rank && pid != myPID && !processAlive(pid) {
+			dead = append(dead, p)
+		}
+	}
+	if len(dead) == 0 {
+		return nil
+	}
+	return &comm.PeerLostError{Op: fmt.Sprintf("nvlink domain of rank %d", d.global[d.rank]), Ranks: d.globalRanks(dead), Cause: "process exited"}
+}
+
 // livenessInterval is how often a waiter looks at its peers' processes
 // (and the longest it sleeps without re-checking the deadline).
 const livenessInterval = 20 * time.Millisecond

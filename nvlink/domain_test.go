@@ -3,6 +3,8 @@ package nvlink
 import (
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -147,5 +149,25 @@ func TestExchangeTimeoutNamesMissingRank(t *testing.T) {
 		if err := ds[r].Exchange(Call{Op: 1}, nil); err == nil || !strings.Contains(err.Error(), "failed earlier") || !errors.As(err, &te) {
 			t.Errorf("rank %d: exchange after a timeout: %v, want the earlier failure", r, err)
 		}
+	}
+}
+
+// TestLostPeers: a peer whose process has exited is named (by global
+// rank); live processes and this process are not.
+func TestLostPeers(t *testing.T) {
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Skipf("cannot run a child process: %v", err)
+	}
+	gone := cmd.Process.Pid // exited and reaped
+	d := &Domain{rank: 0, global: []int{4, 5, 6}, pids: []int{myPID, os.Getppid(), myPID}}
+	if err := d.LostPeers(); err != nil {
+		t.Fatalf("live peers reported lost: %v", err)
+	}
+	d.pids[2] = gone
+	err := d.LostPeers()
+	var pe *comm.PeerLostError
+	if !errors.As(err, &pe) || !slices.Equal(pe.Ranks, []int{6}) || !errors.Is(err, comm.ErrPeerLost) {
+		t.Fatalf("LostPeers = %v, want a *comm.PeerLostError naming rank 6", err)
 	}
 }
