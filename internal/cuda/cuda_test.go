@@ -147,6 +147,9 @@ func TestPoolKeepsMemory(t *testing.T) {
 	if !d.Features().MemoryPools {
 		t.Skip("no memory pools")
 	}
+	if err := d.PoolError(); err != nil {
+		t.Fatalf("the device's pool was not made: %v", err)
+	}
 	s := newStream(t, d)
 	const n = 64 << 20
 	p, err := s.Alloc(n)

@@ -77,6 +77,9 @@ func (s *Stream) Alloc(n int) (DevicePtr, error) {
 		if s.d.pool != nil {
 			return result("cuMemAllocFromPoolAsync", C.cuMemAllocFromPoolAsync(&p, C.size_t(n), s.d.pool, cs))
 		}
+		if s.d.feat.MemoryPools { // the pool could not be made (PoolError)
+			return result("cuMemAllocAsync", C.cuMemAllocAsync(&p, C.size_t(n), cs))
+		}
 		return result("cuMemAlloc", C.cuMemAlloc(&p, C.size_t(n)))
 	})
 	if err != nil {
@@ -378,13 +381,22 @@ func (h *HostRegistration) Unregister() error {
 // threshold (0) the driver hands unused pool memory back at every
 // synchronization, and the next allocation of that size maps it again.
 
-// openPool creates the pool; on the worker, in init.
-func (d *Device) openPool() error {
+// openPool creates the pool; on the worker, in init. A device whose driver
+// refuses it keeps working with the context's default pool (PoolError
+// says why): the pool only spares the driver work.
+func (d *Device) openPool() {
 	if !d.feat.MemoryPools {
-		return nil
+		return
 	}
-	return result("cuMemPoolCreate", C.goep_pool_create(&d.pool, C.int(d.ordinal)))
+	if err := result("cuMemPoolCreate", C.goep_pool_create(&d.pool, C.int(d.ordinal))); err != nil {
+		d.pool, d.poolErr = nil, err
+	}
 }
+
+// PoolError is why the device's pool could not be made (nil: it was, or
+// the device has no memory pools); Stream.Alloc then uses the context's
+// default pool.
+func (d *Device) PoolError() error { return d.poolErr }
 
 // closePool destroys the pool; on the worker, at shutdown. Memory still
 // allocated from it is released when it is freed (cuMemPoolDestroy).
