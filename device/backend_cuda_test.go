@@ -785,6 +785,28 @@ func TestCUDACaptureFreeEdges(t *testing.T) {
 	syncCUDA(t, s1)
 }
 
+// TestCapturedMemory: what a graph counts is each memory its captured
+// work holds, once, as the buffer that owns it (a view's root, a tensor's
+// buffer), leaving out the capture's own allocations, memory without a
+// stream (wrapped, shared) and empty buffers. No GPU needed.
+func TestCapturedMemory(t *testing.T) {
+	s := &CUDAStream{}
+	own := &Buffer{bufMem: &bufMem{size: 64, dev: 0x1000, stream: s}}
+	other := &Buffer{bufMem: &bufMem{size: 64, dev: 0x2000, stream: s}}
+	graphAlloc := &Buffer{bufMem: &bufMem{size: 64, dev: 0x3000, stream: s, graph: true}}
+	wrapped := &Buffer{bufMem: &bufMem{size: 64, dev: 0x4000}}
+	empty := &Buffer{bufMem: &bufMem{stream: s}}
+	view := &Buffer{bufMem: &bufMem{size: 8, dev: 0x1008}, parent: own}
+	viewOfView := &Buffer{bufMem: &bufMem{size: 4, dev: 0x100c}, parent: view}
+	var nilTensor *Tensor
+	// own is held only through its views.
+	held := []any{viewOfView, view, &Tensor{buf: other}, other, graphAlloc, wrapped, empty, nilTensor, func() {}}
+	got := capturedMemory(held)
+	if len(got) != 2 || got[0] != own.bufMem || got[1] != other.bufMem {
+		t.Fatalf("captured memory: %d entries, want own's and other's once each", len(got))
+	}
+}
+
 // firstDiff is the first index where a and b differ (-1: none; a length
 // difference counts at the shorter length).
 func firstDiff(a, b []byte) int {
