@@ -807,6 +807,25 @@ func TestCapturedMemory(t *testing.T) {
 	}
 }
 
+// TestFlushFrees: when the last capture ends, a put-off free of memory a
+// graph now uses waits for the graph's Close, and one of a closed stream
+// goes to the spare stream. No GPU needed (neither reaches the driver).
+func TestFlushFrees(t *testing.T) {
+	closed := &CUDAStream{closed: true}
+	open := &CUDAStream{}
+	used := &Buffer{bufMem: &bufMem{size: 64, dev: 0x1000, stream: open}}
+	used.useInGraph()
+	orphan := &Buffer{bufMem: &bufMem{size: 64, dev: 0x2000, stream: closed}}
+	c := &CUDA{afterCapture: []*Buffer{used, orphan}}
+	spare := c.flushFrees()
+	if len(spare) != 1 || spare[0] != orphan || len(c.afterCapture) != 0 {
+		t.Fatalf("flushFrees: %d for the spare stream, %d left, want the closed stream's only and none left", len(spare), len(c.afterCapture))
+	}
+	if !used.graphClosed() {
+		t.Fatal("the graph's Close did not free the memory whose free was put off at the capture's end")
+	}
+}
+
 // firstDiff is the first index where a and b differ (-1: none; a length
 // difference counts at the shorter length).
 func firstDiff(a, b []byte) int {
