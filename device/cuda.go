@@ -489,8 +489,8 @@ func (s *CUDAStream) Free(b *Buffer) {
 	if b == nil || b.stream == nil || !b.freed.CompareAndSwap(false, true) {
 		return
 	}
-	if b.dev == 0 || b.deferToGraphs() {
-		return // nothing to free, or a graph's last Close frees it
+	if b.dev == 0 {
+		return
 	}
 	s.freeUnused(b)
 }
@@ -518,16 +518,11 @@ func (s *CUDAStream) freeUnused(b *Buffer) {
 func (s *CUDAStream) free(b *Buffer) {
 	spare := false
 	err := s.c.dev.Do(func() error {
-		switch {
-		case b.deferToGraphs():
-			// A graph counted b after Free's first look: its Close frees b.
-		case s.c.captures > 0 && !b.graph:
+		if s.c.captures > 0 && !b.graph {
 			s.c.afterCapture = append(s.c.afterCapture, b)
-		case s.isClosed():
-			spare = true
-		default:
-			s.freed(b, s.s.Free(cuda.DevicePtr(b.dev)))
+			return nil
 		}
+		spare = s.freeOnDriver(b)
 		return nil
 	})
 	switch {
@@ -538,6 +533,21 @@ func (s *CUDAStream) free(b *Buffer) {
 	}
 }
 
+// freeOnDriver, on the driver thread and with no capture in progress,
+// frees b on s, its stream, unless a graph uses b (the last graph's Close
+// frees it). It reports whether s was closed: the caller then frees b on
+// the spare stream, off the driver thread (freeSpareLater).
+func (s *CUDAStream) freeOnDriver(b *Buffer) (spare bool) {
+	switch {
+	case b.deferToGraphs():
+	case s.isClosed():
+		return true
+	default:
+		s.freed(b, s.s.Free(cuda.DevicePtr(b.dev)))
+	}
+	return false
+}
+
 func (s *CUDAStream) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -545,20 +555,14 @@ func (s *CUDAStream) isClosed() bool {
 }
 
 // flushFrees, on the driver thread when the last capture has ended, frees
-// the buffers whose free waited for it, except those a graph now uses (its
-// Close frees them). It returns those whose stream was closed meanwhile,
-// for freeSpare off the driver thread.
+// the buffers whose free waited for it (freeOnDriver). It returns those
+// whose stream was closed meanwhile, for freeSpare off the driver thread.
 func (c *CUDA) flushFrees() (spare []*Buffer) {
 	later := c.afterCapture
 	c.afterCapture = nil
 	for _, b := range later {
-		bs, ok := b.stream.(*CUDAStream)
-		switch {
-		case !ok || b.deferToGraphs():
-		case bs.isClosed():
+		if b.stream.(*CUDAStream).freeOnDriver(b) {
 			spare = append(spare, b)
-		default:
-			bs.freed(b, bs.s.Free(cuda.DevicePtr(b.dev)))
 		}
 	}
 	return spare
@@ -1099,9 +1103,7 @@ func (st *graphState) close() error {
 		st.err = st.g.Close()
 		for _, m := range st.mems {
 			if m.graphClosed() {
-				if s, ok := m.stream.(*CUDAStream); ok {
-					s.freeUnused(&Buffer{bufMem: m})
-				}
+				m.stream.(*CUDAStream).freeUnused(&Buffer{bufMem: m})
 			}
 		}
 		st.mems = nil
