@@ -979,13 +979,20 @@ func (g *gpuEngine) combine(h *Handle, z, zw *device.Tensor, out DispatchBackwar
 	if !g.ready(h) {
 		return nil
 	}
-	if g.hier != nil {
-		return g.hierCombine(h, z, zw, out, op)
-	}
 	if err := g.scatterRows(h, z, zw, op); err != nil {
 		return err
 	}
-	return g.sumCombined(h, z.DType(), out, zw != nil, op)
+	return g.sumWindows(h, z.DType(), zw != nil, out, op)
+}
+
+// sumWindows enqueues the rest of a combine once every rank's rows (and
+// weights, when weighted) are in the combine windows: sumCombined in one
+// domain, hierSum across domains.
+func (g *gpuEngine) sumWindows(h *Handle, dt device.DType, weighted bool, out DispatchBackwardOutput, op uint32) error {
+	if g.hier != nil {
+		return g.hierSum(h, dt, weighted, out, op)
+	}
+	return g.sumCombined(h, dt, out, weighted, op)
 }
 
 // sumCombined enqueues the last steps of a combine, once every rank's rows
@@ -1050,11 +1057,7 @@ func (g *gpuEngine) unpermuteCombine(h *Handle, y, w, out *device.Tensor) error 
 	if err := g.arrive(flagOp(op, y.DType(), false)); err != nil {
 		return err
 	}
-	res := DispatchBackwardOutput{GradX: out}
-	if g.hier != nil {
-		return g.hierSum(h, y.DType(), false, res, op)
-	}
-	return g.sumCombined(h, y.DType(), res, false, op)
+	return g.sumWindows(h, y.DType(), false, DispatchBackwardOutput{GradX: out}, op)
 }
 
 // synchronize waits for the GPU work and reports what the waits found.

@@ -469,14 +469,6 @@ func (g *gpuEngine) railSend(pl railPayload, c nvlink.Call, ep uint64, parity in
 	}, nil
 }
 
-// hierCombine is combine with several domains.
-func (g *gpuEngine) hierCombine(h *Handle, z, zw *device.Tensor, out DispatchBackwardOutput, op uint32) error {
-	if err := g.scatterRows(h, z, zw, op); err != nil {
-		return err
-	}
-	return g.hierSum(h, z.DType(), zw != nil, out, op)
-}
-
 // hierSum is the rest of a combine with several domains, once every
 // rank's rows of dtype dt (and weights, when weighted) are in the domain's
 // combine windows: the partial sums, the rail round and the merge.
