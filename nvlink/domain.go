@@ -347,13 +347,7 @@ func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) 
 		}
 		if now.Sub(lastCheck) >= livenessInterval {
 			lastCheck = now
-			var dead []int
-			for _, p := range pending {
-				if d.pids[p] != myPID && !processAlive(d.pids[p]) {
-					dead = append(dead, p)
-				}
-			}
-			if len(dead) > 0 {
+			if dead := d.exited(pending); len(dead) > 0 {
 				d.failed = &comm.PeerLostError{Op: d.opName(phase), Ranks: d.globalRanks(dead), Cause: "process exited"}
 				return d.failed
 			}
@@ -382,16 +376,27 @@ func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) 
 // executor's rail waits do, while this rank waits for another domain: a
 // domain that lost a member can complete no call).
 func (d *Domain) LostPeers() error {
-	var dead []int
-	for p, pid := range d.pids {
-		if p != d.rank && pid != myPID && !processAlive(pid) {
-			dead = append(dead, p)
-		}
+	all := make([]int, len(d.pids)) // this rank's own process is skipped
+	for p := range all {
+		all[p] = p
 	}
+	dead := d.exited(all)
 	if len(dead) == 0 {
 		return nil
 	}
 	return &comm.PeerLostError{Op: fmt.Sprintf("nvlink domain of rank %d", d.global[d.rank]), Ranks: d.globalRanks(dead), Cause: "process exited"}
+}
+
+// exited returns the domain indices among ps of the peers in other
+// processes whose process has exited.
+func (d *Domain) exited(ps []int) []int {
+	var dead []int
+	for _, p := range ps {
+		if d.pids[p] != myPID && !processAlive(d.pids[p]) {
+			dead = append(dead, p)
+		}
+	}
+	return dead
 }
 
 // livenessInterval is how often a waiter looks at its peers' processes
