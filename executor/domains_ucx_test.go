@@ -3,11 +3,18 @@
 package executor_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor"
 )
 
 // Several NVLink domains across processes (tag ucx): the ranks of a world
@@ -57,5 +64,90 @@ func TestMultiProcessDomainsKill(t *testing.T) {
 				"GOEP_RANKS_PER_DOMAIN=2", "GOEP_RDMA_SHARED_MEMORY="+strconv.FormatBool(tr == "shm"))
 			checkKilled(t, got, lerr, log)
 		})
+	}
+}
+
+func init() { extraModes["hier-late"] = hierLate }
+
+// hierLate runs, on the host backend with 2 domains of 2 ranks: a good
+// dispatch and combine, then a combine that rank 1 joins only after the
+// 2 s deadline. Each rank returns (and its process exits) as soon as its
+// combine does, so rank 2, failed by rank 0's report, is gone while rank 3
+// still waits in its rail round for rank 1. It reports what the two
+// combines returned.
+func hierLate(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
+	cfg := executor.Config{NumExperts: 4 * g.Size(), TopK: 2, Hidden: 64, MaxTokensPerRank: 16, RanksPerDomain: 2, Timeout: 2 * time.Second}
+	e, err := executor.New(ctx, g, b, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	idx, x, _, T := mpInputs(9, g.Rank(), cfg, device.BF16)
+	ti, err1 := e.NewTensor(device.Int32, T, cfg.TopK)
+	xt, err2 := e.NewTensor(device.BF16, T, cfg.Hidden)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, err
+	}
+	if err := errors.Join(device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, xt, x)); err != nil {
+		return nil, err
+	}
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	combine := func(late bool) string {
+		out, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+		if err != nil {
+			return "dispatch: " + err.Error()
+		}
+		if late {
+			time.Sleep(3 * time.Second)
+		}
+		_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
+		if err = errors.Join(err, e.Synchronize(ctx)); err != nil {
+			return err.Error()
+		}
+		return "nil"
+	}
+	res := map[string]string{"good": combine(false)}
+	res["late"] = combine(g.Rank() == 1)
+	return []map[string]string{res}, nil
+}
+
+// TestMultiProcessDomainsLate: a rank late to a combine is named by the
+// ranks that time out waiting for it (rank 0, its domain peer, and rank 2
+// through rank 0's report), and rank 3, whose domain peer rank 2 has
+// finished the call and exited meanwhile, either completes the combine or
+// names rank 1: the loss of a domain peer after the domain half of a
+// combine-like call is no failure of its rail round.
+func TestMultiProcessDomainsLate(t *testing.T) {
+	if os.Getenv("GOEP_MP_MODE") != "" {
+		t.Skip("child")
+	}
+	got, lerr, log := runWorldN(t, "spawn", "hier-late", 4, time.Minute, "GOEP_RANKS_PER_DOMAIN=2", "GOEP_RDMA_SHARED_MEMORY=true")
+	if lerr != nil {
+		t.Fatalf("launcher: %v\n%s", lerr, log)
+	}
+	for r, res := range got {
+		if res.Err != "" || len(res.Digests) != 1 {
+			t.Fatalf("rank %d: %q\n%s", r, res.Err, log)
+		}
+		d := res.Digests[0]
+		t.Logf("rank %d: %v", r, d)
+		if d["good"] != "nil" {
+			t.Errorf("rank %d: the combine before the late one: %q", r, d["good"])
+		}
+		late := d["late"]
+		switch r {
+		case 0, 2:
+			if !strings.Contains(late, "timed out") || !strings.Contains(late, "[1]") {
+				t.Errorf("rank %d combine with rank 1 late: %q, want a timeout naming rank 1", r, late)
+			}
+		case 3:
+			if late != "nil" && !strings.Contains(late, "[1]") && !strings.Contains(late, "rank 1 ") {
+				t.Errorf("rank 3 combine with rank 1 late: %q, want success or rank 1 named", late)
+			}
+		}
 	}
 }

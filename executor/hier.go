@@ -294,7 +294,9 @@ func (e *Engine) railExchange(op uint64, sg [4]uint64, status error, fill func(n
 	defer lost(nil)
 	ctx, cancel := context.WithTimeout(base, timeout)
 	defer cancel()
-	defer e.watchDomain(lost)()
+	if dispatchLike(op) {
+		defer e.watchDomain(lost)()
+	}
 	parity := int(ep % 2)
 	var peers []int
 	for n := range h.M {
@@ -441,8 +443,11 @@ func (d *domainLost) Unwrap() error { return d.err }
 // a call with its domain, the ranks of the other domain fail the call
 // (their rail round with it fails) while its domain peer completes it and
 // waits in the next call's rail round for a rail peer that has stopped
-// (TestMultiProcessDomainsKill). Every call needs the domain, so the
-// round fails at once, naming the lost rank.
+// (TestMultiProcessDomainsKill). A dispatch-like call needs its domain
+// after its round, so the round fails at once, naming the lost rank. A
+// combine-like call's round is not watched: its domain half is done, and a
+// domain peer may have finished the call and exited while this rank waits
+// for a late rail peer (TestMultiProcessDomainsLate).
 func (e *Engine) watchDomain(cancel context.CancelCauseFunc) (stop func()) {
 	if e.domain == nil {
 		return func() {}
