@@ -84,7 +84,9 @@ type Config struct {
 	MaxPermutedTokens int
 	// Overflow is the capacity-mode overflow policy.
 	Overflow Overflow
-	// Timeout bounds every cross-rank wait; 0 means GOEP_TIMEOUT or 60 s.
+	// Timeout bounds every cross-rank wait of a call; 0 means GOEP_TIMEOUT
+	// or 60 s. New's setup waits at least 30 s whatever it says (a GPU's
+	// first module loads JIT-compile goep's kernels).
 	Timeout time.Duration
 
 	// SMs and ChunkRows tune how the row copies between ranks spread over

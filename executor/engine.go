@@ -88,6 +88,18 @@ func WithStream(s device.Stream) Option { return func(o *options) { o.stream = s
 // the names "executor" and "layout", never per token or per chunk.
 func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
 
+// setupTimeout is the least time New's setup (the domain, the rail, the
+// GPU's windows and kernels, after the configs are compared) waits for the
+// other ranks, whatever Config.Timeout says: a rank's first CUDA context
+// and module loads, which JIT-compile goep's PTX when the driver's cache is
+// cold, take seconds, so a Timeout sized for calls would fail New on a
+// fresh machine.
+const setupTimeout = 30 * time.Second
+
+// testHookSetup, when a test sets it, runs on every rank as New's setup
+// starts (to make one rank's setup slow).
+var testHookSetup func(rank int)
+
 // New creates this rank's engine. It is collective over g: every rank must
 // call it with an equal Config (compared field by field; a difference is
 // ErrPeerMismatch on every rank, naming the field and the ranks).
@@ -160,7 +172,10 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	for i := range global {
 		global[i] = i
 	}
-	dctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	if testHookSetup != nil {
+		testHookSetup(g.Rank())
+	}
+	dctx, cancel := context.WithTimeout(ctx, max(cfg.Timeout, setupTimeout))
 	defer cancel()
 	var dom *nvlink.Domain
 	var hier *hierarchy

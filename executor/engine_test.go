@@ -349,3 +349,36 @@ func TestBadTuningKnobs(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowSetup: a rank whose setup (after the configs are compared) takes
+// longer than Config.Timeout, as a GPU's first module loads do on a cold
+// JIT cache, is waited for: New succeeds on every rank, and the engines
+// work.
+func TestSlowSetup(t *testing.T) {
+	const R, E, K, H, T = 4, 8, 2, 16, 4
+	testHookSetup = func(rank int) {
+		if rank == 1 {
+			time.Sleep(time.Second)
+		}
+	}
+	defer func() { testHookSetup = nil }()
+	for _, d := range []int{R, 2} { // one domain; two, with the rail
+		t.Run(fmt.Sprintf("D=%d", d), func(t *testing.T) {
+			cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T, RanksPerDomain: d, Timeout: 100 * time.Millisecond}
+			errs := runRanks(t, R, cfg, func(ctx context.Context, e *Engine) error {
+				idx, _, _ := rankInputs(1, e.Rank(), T, K, E, H, device.BF16)
+				ti, err := upload(ctx, e, device.Int32, device.EncodeInt32(idx), T, K)
+				if err != nil {
+					return err
+				}
+				_, err = e.Layout(ctx, LayoutInput{TopkIdx: ti})
+				return err
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+		})
+	}
+}
