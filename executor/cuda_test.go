@@ -419,7 +419,8 @@ func init() { extraModes["gpu-faults"] = gpuFaults }
 // such a
 // rejected dispatch again, followed at once by a layout (which must work
 // on every rank, the rejection being reported by the next Synchronize) and
-// a good dispatch; then a dispatch that rank 1 joins only after the
+// a good dispatch; abandonSteps (a dispatch and a combine whose launches
+// fail on rank 1, its input freed); then a dispatch that rank 1 joins only after the
 // others' 2 s deadline. It reports what each step returned.
 func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
 	R := g.Size()
@@ -496,6 +497,9 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 	res["stale.layout"] = str(err)
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
 	res["stale.after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	if err := abandonSteps(ctx, e, h, b, g.Rank(), xt, res); err != nil {
+		return nil, err
+	}
 	if g.Rank() == 1 {
 		time.Sleep(4 * time.Second)
 	}
@@ -521,13 +525,106 @@ func faultInputs(ctx context.Context, e *executor.Engine, seed uint64, rank int,
 	return idx, ti, xt, bad, err
 }
 
+// freedTensor returns a tensor of the given shape over device memory that
+// its owner has freed (a plain cuMemAlloc, wrapped as a framework's tensor
+// would be, then freed): a launch that receives it fails GOEP_DEBUG_POINTERS's
+// check after its call has begun, which is how the fault tests make a
+// launch fail on one rank.
+func freedTensor(b device.Backend, dt device.DType, shape ...int) (*device.Tensor, error) {
+	cb, ok := b.(*device.CUDA)
+	if !ok {
+		return nil, fmt.Errorf("freedTensor: backend %T, want *device.CUDA", b)
+	}
+	n := dt.Size()
+	for _, d := range shape {
+		n *= d
+	}
+	raw, _, err := cb.AllocShared(n)
+	if err != nil {
+		return nil, err
+	}
+	ext, err := cb.WrapDeviceMemory(raw.DevicePtr(), n)
+	if err != nil {
+		return nil, errors.Join(err, cb.FreeShared(raw))
+	}
+	if err := cb.FreeShared(raw); err != nil {
+		return nil, err
+	}
+	// The address must be dead now, or the launch would not fail.
+	if _, err := cb.WrapDeviceMemory(raw.DevicePtr(), n); err == nil {
+		return nil, fmt.Errorf("freedTensor: %#x is still device memory after its free", raw.DevicePtr())
+	}
+	return device.TensorOf(ext, dt, shape...)
+}
+
+// abandonSteps runs, with rank 1's input in freed memory (freedTensor), a
+// dispatch and a combine whose launch fails on rank 1 after the call has
+// begun: rank 1 abandons the call, and its peers fail it at once, naming
+// rank 1, instead of at their timeout. Then a good dispatch and combine
+// (the engines and their epochs must be in step again). It records each
+// step's result in res: "abandon.dispatch", "abandon.combine",
+// "abandon.after".
+func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b device.Backend, rank int, xt *device.Tensor, res map[string]string) error {
+	str := func(err error) string {
+		if err == nil {
+			return "nil"
+		}
+		return err.Error()
+	}
+	x := xt
+	if rank == 1 {
+		var err error
+		if x, err = freedTensor(b, xt.DType(), xt.Shape()...); err != nil {
+			return err
+		}
+	}
+	_, err := e.Dispatch(ctx, h, executor.DispatchInput{X: x})
+	res["abandon.dispatch"] = str(errors.Join(err, e.Synchronize(ctx)))
+	out, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+	if err := errors.Join(err, e.Synchronize(ctx)); err != nil {
+		return err
+	}
+	z := out.RecvX
+	if rank == 1 {
+		if z, err = freedTensor(b, z.DType(), z.Shape()...); err != nil {
+			return err
+		}
+	}
+	_, err = e.Combine(ctx, h, executor.CombineInput{Z: z})
+	res["abandon.combine"] = str(errors.Join(err, e.Synchronize(ctx)))
+	out, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+	if err == nil {
+		_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
+	}
+	res["abandon.after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	return nil
+}
+
+// checkAbandon checks what abandonSteps recorded on rank r: each failed
+// step's error contains want(step) (rank 1's own: its failed check; its
+// peers': the rank that told them, at once rather than at their timeout),
+// and the calls after work.
+func checkAbandon(t *testing.T, r int, d map[string]string, want func(step string) string) {
+	t.Helper()
+	for _, step := range []string{"abandon.dispatch", "abandon.combine"} {
+		if w := want(step); !strings.Contains(d[step], w) {
+			t.Errorf("rank %d %s with rank 1's input freed: %q, want %q", r, step, d[step], w)
+		}
+	}
+	if d["abandon.after"] != "nil" {
+		t.Errorf("rank %d: dispatch and combine after the abandoned calls: %s", r, d["abandon.after"])
+	}
+}
+
 // TestCUDAFaults: with 3 processes on the GPU, a rank that rejects its
 // input makes every peer's call fail with an error naming it (and the
-// engine works again after), and a rank that does not come makes its
+// engine works again after), a rank whose launch fails after its call
+// began (GOEP_DEBUG_POINTERS's check of freed memory) makes them fail at
+// once, naming it, and a rank that does not come makes its
 // peers' GPU waits time out after Config.Timeout with an error naming it.
 func TestCUDAFaults(t *testing.T) {
 	needGPU(t)
-	got, lerr, log := runWorldN(t, "spawn", "gpu-faults", 3, 2*time.Minute, "GOEP_MP_BACKEND=cuda")
+	got, lerr, log := runWorldN(t, "spawn", "gpu-faults", 3, 2*time.Minute, "GOEP_MP_BACKEND=cuda", "GOEP_DEBUG_POINTERS=1")
 	if lerr != nil {
 		t.Fatalf("launcher: %v\n%s", lerr, log)
 	}
@@ -577,6 +674,14 @@ func TestCUDAFaults(t *testing.T) {
 		if d["dtype.after"] != "nil" {
 			t.Errorf("rank %d: dispatch after the dtype mismatch: %s", r, d["dtype.after"])
 		}
+		// Rank 1's launches fail the pointer check; abandon tells its
+		// peers at once.
+		checkAbandon(t, r, d, func(string) string {
+			if r == 1 {
+				return "is not device memory"
+			}
+			return "rank(s) [1] rejected"
+		})
 	}
 }
 

@@ -22,7 +22,9 @@ func init() { extraModes["gpu-hier-faults"] = gpuHierFaults }
 // domain peer, rank 0, finds the rejection in its GPU waits and reports
 // it to its rail peer, rank 2, in the headers its GPU writes: the GPU-fed
 // rail); a dispatch whose input rank 1 rejects; a good dispatch and
-// combine (the engines must be usable again); then a combine that rank 1
+// combine (the engines must be usable again); abandonSteps (a dispatch
+// and a combine whose launches fail on rank 1, its input freed); then a
+// combine that rank 1
 // joins only after the 2 s deadline (rank 0's GPU waits time out, and its
 // GPU-written headers tell rank 2). It reports what each step returned,
 // with Synchronize, and whether the rail is GPU-fed.
@@ -76,6 +78,9 @@ func gpuHierFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: in})
 	res["reject.dispatch"] = str(errors.Join(err, e.Synchronize(ctx)))
 	res["after"] = str(pair())
+	if err := abandonSteps(ctx, e, h, b, g.Rank(), xt, res); err != nil {
+		return nil, err
+	}
 	out, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
 	if err := errors.Join(err, e.Synchronize(ctx)); err != nil {
 		return nil, err
@@ -94,7 +99,8 @@ func gpuHierFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 // naming it, including the rank of the other domain that learns it only
 // from its rail peer's header (written by that peer's GPU on the GPU-fed
 // rail); a rejected dispatch fails every rank; the engines work again
-// after; a rank late to a combine is named, as timed out, by its domain
+// after; a rank whose launch fails after its call began is named at once
+// (abandon); a rank late to a combine is named, as timed out, by its domain
 // peer and, through that peer's header, by the other domain's rank.
 func TestCUDADomainsFaults(t *testing.T) {
 	needGPU(t)
@@ -151,6 +157,26 @@ func checkHierFaults(t *testing.T, r int, d map[string]string, staging bool) {
 			t.Errorf("rank 2: %q, %q; want both through rank 0's rail header", rc, late)
 		}
 	}
+	// Rank 1's launches fail the pointer check (its staged dispatch, the
+	// download of its rows first); rank 0 sees its abandon in the domain,
+	// rank 3 in its rail round, rank 2 through rank 0's rail header
+	// (combine) or through rank 3 (dispatch, whose rail round comes first).
+	checkAbandon(t, r, d, func(step string) string {
+		switch {
+		case r == 1 && staging && step == "abandon.dispatch":
+			return "cuMemcpyDtoHAsync: CUDA_ERROR_INVALID_VALUE"
+		case r == 1:
+			return "is not device memory"
+		case r == 0:
+			return "rank(s) [1] rejected"
+		case r == 3:
+			return "rank 1 reported"
+		case step == "abandon.combine":
+			return "rank 0 reported: executor: rank(s) [1] rejected"
+		default:
+			return "rank(s) [3] rejected"
+		}
+	})
 	if r != 1 && rd == "nil" {
 		t.Errorf("rank %d dispatch after rank 1 rejected its input: no error", r)
 	}
