@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -347,7 +348,12 @@ func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) 
 		}
 		if now.Sub(lastCheck) >= livenessInterval {
 			lastCheck = now
-			if dead := d.exited(pending); len(dead) > 0 {
+			// A peer may have stored what this rank waits for, then
+			// finished and exited, after the check above: its stores are
+			// visible once its exit is, so only a dead peer that is still
+			// not ready is lost.
+			dead := slices.DeleteFunc(d.exited(pending), ready)
+			if len(dead) > 0 {
 				d.failed = &comm.PeerLostError{Op: d.opName(phase), Ranks: d.globalRanks(dead), Cause: "process exited"}
 				return d.failed
 			}

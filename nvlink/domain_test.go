@@ -171,3 +171,30 @@ func TestLostPeers(t *testing.T) {
 		t.Fatalf("LostPeers = %v, want a *comm.PeerLostError naming rank 6", err)
 	}
 }
+
+// TestWaitPeerDoneThenExited: a peer that stored what this rank waits for
+// and then exited, between this rank's look at the flags and its look at
+// the processes, is not lost: wait looks at a dead peer's flag again.
+func TestWaitPeerDoneThenExited(t *testing.T) {
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Skipf("cannot run a child process: %v", err)
+	}
+	gone := cmd.Process.Pid // exited and reaped
+	ctrl := make([]byte, doneOffset+16)
+	d := &Domain{rank: 0, global: []int{0, 1}, pids: []int{myPID, gone}, ctrl: ctrl, peers: [][]byte{ctrl, make([]byte, doneOffset+16)}}
+	// The peer's flag is missing at the first two looks (the second one
+	// comes after the liveness interval, with the process check) and there
+	// from the third: the look wait takes after finding the process gone.
+	looks := 0
+	err := d.wait("done", time.Now().Add(10*time.Second), func(p int) bool {
+		if p != 1 {
+			return true
+		}
+		looks++
+		return looks > 2
+	})
+	if err != nil {
+		t.Fatalf("wait = %v, want success: the peer's flag was there when its exit was seen", err)
+	}
+}
