@@ -252,8 +252,17 @@ func (e *Engine) Stream() device.Stream { return e.data }
 
 // NewTensor allocates an uninitialised tensor on the engine's stream.
 func (e *Engine) NewTensor(dt device.DType, shape ...int) (*device.Tensor, error) {
+	if testHookAlloc != nil {
+		if err := testHookAlloc(e.rank); err != nil {
+			return nil, err
+		}
+	}
 	return device.NewTensor(e.data, dt, shape...)
 }
+
+// testHookAlloc, when a test sets it, runs before every NewTensor of the
+// engines; an error fails the allocation (out of memory on one rank).
+var testHookAlloc func(rank int) error
 
 // Synchronize waits for all queued work and returns its first error. A
 // timeout fails the engine for good.

@@ -29,7 +29,7 @@ func (e *Engine) DispatchPermute(ctx context.Context, h *Handle, in DispatchInpu
 		outSpec{dt: device.FP32, shape: []int{h.recvRows, K}, skip: w == nil},
 		outSpec{dt: device.FP32, shape: []int{h.permRows, e.scaleCols()}, skip: sx == nil})
 	if err != nil {
-		return DispatchPermuteOutput{}, err
+		return DispatchPermuteOutput{}, e.reject(opDispatchPermute, err)
 	}
 	out := DispatchPermuteOutput{X: o[0], Weights: o[1], RecvIdx: o[2], RecvWeights: o[3], Scales: o[4]}
 	return out, e.dispatchPermute(h, x, w, sx, out)
@@ -154,7 +154,7 @@ func (e *Engine) UnpermuteCombine(ctx context.Context, h *Handle, in UnpermuteIn
 	}
 	out, err := e.NewTensor(in.Y.DType(), h.numTokens, e.cfg.Hidden)
 	if err != nil {
-		return nil, err
+		return nil, e.reject(opUnpermuteCombine, err)
 	}
 	return out, e.unpermuteCombine(h, in.Y, in.RecvWeights, out)
 }

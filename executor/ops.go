@@ -128,7 +128,7 @@ func (e *Engine) Dispatch(ctx context.Context, h *Handle, in DispatchInput) (Dis
 		outSpec{dt: device.FP32, shape: []int{h.recvRows, K}, skip: w == nil},
 		outSpec{dt: device.FP32, shape: []int{h.recvRows, e.scaleCols()}, skip: sx == nil})
 	if err != nil {
-		return DispatchOutput{}, err
+		return DispatchOutput{}, e.reject(opDispatch, err) // the peers must not wait for this rank
 	}
 	out := DispatchOutput{RecvX: o[0], RecvIdx: o[1], RecvWeights: o[2], RecvScales: o[3]}
 	if e.gpu != nil {
@@ -290,7 +290,7 @@ func (e *Engine) combine(h *Handle, z, zw *device.Tensor) (DispatchBackwardOutpu
 		outSpec{dt: z.DType(), shape: []int{h.numTokens, H}},
 		outSpec{dt: device.FP32, shape: []int{h.numTokens, K}, skip: zw == nil})
 	if err != nil {
-		return DispatchBackwardOutput{}, err
+		return DispatchBackwardOutput{}, e.reject(opCombine, err)
 	}
 	out := DispatchBackwardOutput{GradX: o[0], GradTopkWeights: o[1]}
 	if e.gpu != nil {
