@@ -1011,7 +1011,7 @@ func (g *gpuEngine) sumCombined(h *Handle, dt device.DType, out DispatchBackward
 		}
 		grid, block, err := rowShape(T, units, g.K)
 		if err != nil {
-			return err
+			return errors.Join(err, g.finish(op)) // the peers' next call must not wait for this rank
 		}
 		di := 0
 		if dt == device.FP32 {
@@ -1023,7 +1023,7 @@ func (g *gpuEngine) sumCombined(h *Handle, dt device.DType, out DispatchBackward
 		}
 		if err := g.s.Launch(g.sum[di], grid, block, 0, out.GradX, gw, src, srcW, h.gpu.entRow, h.gpu.slotEnt,
 			int64(T), int32(g.W), int64(g.H), int32(g.K), v, g.dnan); err != nil {
-			return err
+			return errors.Join(err, g.finish(op))
 		}
 	}
 	return g.finish(op)

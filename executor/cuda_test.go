@@ -563,7 +563,8 @@ func freedTensor(b device.Backend, dt device.DType, shape ...int) (*device.Tenso
 // rank 1, instead of at their timeout. Then a good dispatch and combine
 // (the engines and their epochs must be in step again). It records each
 // step's result in res: "abandon.dispatch", "abandon.combine",
-// "abandon.after".
+// "abandon.after". Then an unpermute-combine whose sum fails on rank 1
+// after its arrive (its output freed): "sum.unpermute", "sum.after".
 func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b device.Backend, rank int, xt *device.Tensor, res map[string]string) error {
 	str := func(err error) string {
 		if err == nil {
@@ -597,6 +598,27 @@ func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b
 		_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
 	}
 	res["abandon.after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	// A call that fails on rank 1 after its arrive (the sum's launch, its
+	// output freed): rank 1 still signals done, so its peers, which need
+	// nothing more of it, complete the call and the next one.
+	dp, err := e.DispatchPermute(ctx, h, executor.DispatchInput{X: xt})
+	if err := errors.Join(err, e.Synchronize(ctx)); err != nil {
+		return err
+	}
+	o, err := e.NewTensor(xt.DType(), xt.Shape()...)
+	if rank == 1 {
+		o, err = freedTensor(b, xt.DType(), xt.Shape()...)
+	}
+	if err != nil {
+		return err
+	}
+	err = e.UnpermuteCombineInto(ctx, h, executor.UnpermuteInput{Y: dp.X}, o)
+	res["sum.unpermute"] = str(errors.Join(err, e.Synchronize(ctx)))
+	out, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+	if err == nil {
+		_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
+	}
+	res["sum.after"] = str(errors.Join(err, e.Synchronize(ctx)))
 	return nil
 }
 
@@ -613,6 +635,12 @@ func checkAbandon(t *testing.T, r int, d map[string]string, want func(step strin
 	}
 	if d["abandon.after"] != "nil" {
 		t.Errorf("rank %d: dispatch and combine after the abandoned calls: %s", r, d["abandon.after"])
+	}
+	if su := d["sum.unpermute"]; r == 1 && !strings.Contains(su, "is not device memory") || r != 1 && su != "nil" {
+		t.Errorf("rank %d unpermute-combine into rank 1's freed output: %q, want rank 1's pointer check and success elsewhere", r, su)
+	}
+	if d["sum.after"] != "nil" {
+		t.Errorf("rank %d: dispatch and combine after that: %s", r, d["sum.after"])
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +24,8 @@ func init() { extraModes["gpu-hier-faults"] = gpuHierFaults }
 // it to its rail peer, rank 2, in the headers its GPU writes: the GPU-fed
 // rail); a dispatch whose input rank 1 rejects; a good dispatch and
 // combine (the engines must be usable again); abandonSteps (a dispatch
-// and a combine whose launches fail on rank 1, its input freed); then a
+// and a combine whose launches fail on rank 1, its input freed); a combine
+// whose partial sums cannot allocate their temporaries on rank 1; then a
 // combine that rank 1
 // joins only after the 2 s deadline (rank 0's GPU waits time out, and its
 // GPU-written headers tell rank 2). It reports what each step returned,
@@ -81,6 +83,25 @@ func gpuHierFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 	if err := abandonSteps(ctx, e, h, b, g.Rank(), xt, res); err != nil {
 		return nil, err
 	}
+	// A combine whose second allocation on rank 1, the first temporary of
+	// its partial sums (hierSum), fails: after the domain exchange, before
+	// the rail round, which must still carry the failure to rank 3.
+	var countdown atomic.Int32 // rank 1's own
+	executor.SetAllocHook(func(rank int) error {
+		if rank == 1 && countdown.Add(-1) == 0 {
+			return errors.New("injected: out of memory")
+		}
+		return nil
+	})
+	defer executor.SetAllocHook(nil)
+	out, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+	if err := errors.Join(err, e.Synchronize(ctx)); err != nil {
+		return nil, err
+	}
+	countdown.Store(2)
+	_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
+	res["alloc.combine"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["alloc.after"] = str(pair())
 	out, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
 	if err := errors.Join(err, e.Synchronize(ctx)); err != nil {
 		return nil, err
@@ -161,6 +182,18 @@ func checkHierFaults(t *testing.T, r int, d map[string]string, staging bool) {
 	// download of its rows first); rank 0 sees its abandon in the domain,
 	// rank 3 in its rail round, rank 2 through rank 0's rail header
 	// (combine) or through rank 3 (dispatch, whose rail round comes first).
+	// Rank 1 failed its partial sums' allocation; rank 3 hears it in the
+	// rail round, ranks 0 and 2 need nothing of rank 1 after the domain
+	// exchange.
+	switch ac := d["alloc.combine"]; {
+	case r == 1 && !strings.Contains(ac, "injected: out of memory"),
+		r == 3 && !strings.Contains(ac, "rank 1 reported: injected: out of memory"),
+		(r == 0 || r == 2) && ac != "nil":
+		t.Errorf("rank %d combine with rank 1's partial sums not allocated: %q", r, ac)
+	}
+	if d["alloc.after"] != "nil" {
+		t.Errorf("rank %d: dispatch and combine after that: %s", r, d["alloc.after"])
+	}
 	checkAbandon(t, r, d, func(step string) string {
 		switch {
 		case r == 1 && staging && step == "abandon.dispatch":

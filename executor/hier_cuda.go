@@ -484,22 +484,22 @@ func (g *gpuEngine) hierSum(h *Handle, dt device.DType, weighted bool, out Dispa
 	// Temporaries, freed in stream order after the merge.
 	own, err := e.NewTensor(device.FP32, max(T, 1), g.H)
 	if err != nil {
-		return err
+		return g.sumFailed(h, dt, weighted, op, err, false)
 	}
 	defer own.Close()
 	ownW, err := e.NewTensor(device.FP32, max(T, 1), K)
 	if err != nil {
-		return err
+		return g.sumFailed(h, dt, weighted, op, err, false)
 	}
 	defer ownW.Close()
 	part, err := e.NewTensor(dt, M*maxT, g.H)
 	if err != nil {
-		return err
+		return g.sumFailed(h, dt, weighted, op, err, false)
 	}
 	defer part.Close()
 	partW, err := e.NewTensor(device.FP32, M*maxT, K)
 	if err != nil {
-		return err
+		return g.sumFailed(h, dt, weighted, op, err, false)
 	}
 	defer partW.Close()
 	var gw, pgw *device.Tensor
@@ -529,13 +529,13 @@ func (g *gpuEngine) hierSum(h *Handle, dt device.DType, weighted bool, out Dispa
 		ownK = g.sum[1]
 	}
 	if err := sum(ownK, own, gw, 0, T, h.gpu.entRow, h.gpu.slotEnt, g.H*4); err != nil {
-		return err
+		return g.sumFailed(h, dt, weighted, op, err, false)
 	}
 	if err := sum(g.sum[di], part, pgw, maxT*W, M*maxT, ht.fEntRow, ht.fSlotEnt, rb); err != nil {
-		return err
+		return g.sumFailed(h, dt, weighted, op, err, false)
 	}
 	if err := g.finish(op); err != nil {
-		return err
+		return g.sumFailed(h, dt, weighted, op, err, true)
 	}
 	// The partials cross the rail.
 	ctx, cancel := g.railCtx()
@@ -583,12 +583,12 @@ func (g *gpuEngine) hierSum(h *Handle, dt device.DType, weighted bool, out Dispa
 	// Every rank's own tokens: its partials from the other domains.
 	rem, err := e.NewTensor(dt, M*maxT, g.H)
 	if err != nil {
-		return err
+		return errors.Join(err, g.railRead())
 	}
 	defer rem.Close()
 	remW, err := e.NewTensor(device.FP32, M*maxT, K)
 	if err != nil {
-		return err
+		return errors.Join(err, g.railRead())
 	}
 	defer remW.Close()
 	for n := range M {
@@ -629,6 +629,21 @@ func (g *gpuEngine) hierSum(h *Handle, dt device.DType, weighted bool, out Dispa
 	}
 	return g.s.Launch(hx.merge[di], grid, block, 0, out.GradX, ogw, own, ht.ownLive, ownW, rem, remW,
 		ht.remIdx, ht.slotDom, int64(T), int32(M), int32(hx.domain), int64(maxT), int64(g.H), int32(K), g.dnan)
+}
+
+// sumFailed ends a combine-like call that failed on this rank after its
+// domain exchange and before its rail round (a temporary not allocated, a
+// launch refused): it signals done unless finished says that was done
+// (the domain's next call must not wait for this rank), and sends the
+// failure in the call's rail round, so that the rail peers fail the call
+// at once instead of at their timeout. It returns err with any error of
+// the signal.
+func (g *gpuEngine) sumFailed(h *Handle, dt device.DType, weighted bool, op uint32, err error, finished bool) error {
+	if !finished {
+		err = errors.Join(err, g.finish(op))
+	}
+	_, _ = g.e.railRound(uint64(op), sig(h, dt, weighted), err, nil)
+	return err
 }
 
 // hierReject is reject with several domains: the domain's GPU signals and

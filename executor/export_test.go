@@ -1,0 +1,6 @@
+package executor
+
+// SetAllocHook sets, for the tests of package executor_test (the
+// multi-process children), the hook that runs before every NewTensor of
+// the engines; nil clears it.
+func SetAllocHook(f func(rank int) error) { testHookAlloc = f }
