@@ -63,6 +63,32 @@ sanitize() {
 		--show-backtrace device ${SANITIZER_FLAGS:-} "$@"
 }
 
+# sanitize_ranks NAME SECONDS CMD... is sanitize with memcheck for tests
+# of goroutine ranks sharing the GPU in one process. The sanitizer
+# serializes kernels, so a rank's wait kernel can hold the GPU while the
+# peer it waits for cannot run: the wait times out (GOEP_TIMEOUT, 30 s
+# here, so that such a run ends well within the step's deadline), the
+# test fails naming the rank, and memcheck has found nothing. Such a run
+# says nothing either way, so it runs again, up to 3 times in all; a
+# report with errors, or any other failure, fails the step at once.
+sanitize_ranks() {
+	local name=$1 secs=$2 attempt before
+	shift 2
+	for attempt in 1 2 3; do
+		before=$failed
+		GOEP_SANITIZER_TIMEOUT=30s sanitize "$name" "$secs" memcheck "$@"
+		[ "$failed" = "$before" ] && return
+		if [ $attempt -lt 3 ] && grep -q 'timed out waiting for rank' "$out/$name.log" &&
+			grep -q 'ERROR SUMMARY: 0 errors' "$out/$name.log"; then
+			failed=$before
+			cp "$out/$name.log" "$out/$name.attempt$attempt.log"
+			echo "    (attempt $attempt: GPU wait timeouts under the sanitizer's serialization, 0 memcheck errors; again)"
+			continue
+		fi
+		return
+	done
+}
+
 tests() {
 	# What the host offers (NVML, UCX's transports: RDMA devices, CUDA
 	# support), for the notes.
@@ -88,18 +114,18 @@ memcheck() {
 	# IPC-mapped windows), every child checked.
 	SANITIZER_FLAGS="--target-processes all" sanitize memcheck-multiprocess 300 memcheck \
 		$bin/executor.test -gpu -test.run 'TestCUDAMultiProcess/ranks=(2|4)/spawn' -test.v
-	# Goroutine ranks: the sanitizer serializes kernels, so a rank's wait
-	# kernel can hold the GPU while the peer it waits for cannot run; such
-	# runs may end in GPU wait timeouts (reported, not wrong results).
-	sanitize memcheck-one-domain 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=4' -test.v
+	# Goroutine ranks (sanitize_ranks: a run may end in GPU wait timeouts,
+	# reported, not wrong results; seen in 2 of 4 full runs on 2026-12-04,
+	# 0 memcheck errors each time).
+	sanitize_ranks memcheck-one-domain 300 $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=4' -test.v
 	# GOEP_LOG_LEVEL=debug: every engine logs its domain's window
 	# addresses ("GPU windows"), to read a report's addresses against.
 	local level=${GOEP_LOG_LEVEL-}
 	export GOEP_LOG_LEVEL=debug
-	sanitize memcheck-domains 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=(2|1)' -test.v
+	sanitize_ranks memcheck-domains 300 $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=(2|1)' -test.v
 	# The world of the open finding alone (seed 4: rank 1 has no tokens),
 	# every error printed.
-	PRINT_LIMIT=0 sanitize memcheck-domains-seed4 300 memcheck $bin/executor.test -gpu -mp.seed=4 \
+	PRINT_LIMIT=0 sanitize_ranks memcheck-domains-seed4 300 $bin/executor.test -gpu -mp.seed=4 \
 		-test.run 'TestCUDADomains$/D=2' -test.v
 	# The same worlds as processes (UCX over shared memory), every child
 	# checked: each rank's windows are then its own allocations and the
@@ -111,7 +137,7 @@ memcheck() {
 	# about one run in seven ends in a GPU wait timeout (20 s) in a
 	# capacity-mode Relayout (seen 2026-12-03, 0 memcheck errors each time;
 	# once more on 2026-12-04 after 57 s, 0 errors, cause not recorded).
-	sanitize memcheck-graph 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDA(Graph|Issue756|LayoutKernels)' -test.v
+	sanitize_ranks memcheck-graph 300 $bin/executor.test -gpu -test.run 'TestCUDA(Graph|Issue756|LayoutKernels)' -test.v
 	# TestCUDAInterop hands the engine a host address on purpose: the
 	# refusal under test is cuPointerGetAttribute's CUDA_ERROR_INVALID_VALUE,
 	# which memcheck would report as an API error.
