@@ -653,15 +653,7 @@ func checkAbandon(t *testing.T, r int, d map[string]string, want func(step strin
 func TestCUDAFaults(t *testing.T) {
 	needGPU(t)
 	got, lerr, log := runWorldN(t, "spawn", "gpu-faults", 3, 2*time.Minute, "GOEP_MP_BACKEND=cuda", "GOEP_DEBUG_POINTERS=1")
-	if lerr != nil {
-		t.Fatalf("launcher: %v\n%s", lerr, log)
-	}
-	for r, res := range got {
-		if res.Err != "" || len(res.Digests) != 1 {
-			t.Fatalf("rank %d: %q\n%s", r, res.Err, log)
-		}
-		d := res.Digests[0]
-		t.Logf("rank %d: %v", r, d)
+	for r, d := range reportedSteps(t, got, lerr, log) {
 		if r == 1 {
 			if !strings.Contains(d["layout.reject"], "TopkIdx") {
 				t.Errorf("rank 1 layout with a bad TopkIdx: %q, want a shape error", d["layout.reject"])

@@ -130,14 +130,8 @@ func TestCUDADomainsFaults(t *testing.T) {
 			got, lerr, log := runWorldN(t, "spawn", "gpu-hier-faults", 4, 2*time.Minute,
 				"GOEP_MP_BACKEND=cuda", "GOEP_RANKS_PER_DOMAIN=2", "GOEP_RDMA_SHARED_MEMORY=true", "GOEP_DEBUG_POINTERS=1",
 				"GOEP_RAIL_HOST_STAGING="+strconv.FormatBool(staging))
-			if lerr != nil {
-				t.Fatalf("launcher: %v\n%s", lerr, log)
-			}
-			for r, res := range got {
-				if res.Err != "" || len(res.Digests) != 1 {
-					t.Fatalf("rank %d: %q\n%s", r, res.Err, log)
-				}
-				checkHierFaults(t, r, res.Digests[0], staging)
+			for r, d := range reportedSteps(t, got, lerr, log) {
+				checkHierFaults(t, r, d, staging)
 			}
 		})
 	}
@@ -145,7 +139,6 @@ func TestCUDADomainsFaults(t *testing.T) {
 
 func checkHierFaults(t *testing.T, r int, d map[string]string, staging bool) {
 	t.Helper()
-	t.Logf("rank %d: %v", r, d)
 	if want := strconv.FormatBool(!staging); d["fed"] != want {
 		t.Errorf("rank %d: GPU-fed rail %s, want %s", r, d["fed"], want)
 	}

@@ -126,15 +126,7 @@ func TestMultiProcessDomainsLate(t *testing.T) {
 		t.Skip("child")
 	}
 	got, lerr, log := runWorldN(t, "spawn", "hier-late", 4, time.Minute, "GOEP_RANKS_PER_DOMAIN=2", "GOEP_RDMA_SHARED_MEMORY=true")
-	if lerr != nil {
-		t.Fatalf("launcher: %v\n%s", lerr, log)
-	}
-	for r, res := range got {
-		if res.Err != "" || len(res.Digests) != 1 {
-			t.Fatalf("rank %d: %q\n%s", r, res.Err, log)
-		}
-		d := res.Digests[0]
-		t.Logf("rank %d: %v", r, d)
+	for r, d := range reportedSteps(t, got, lerr, log) {
 		if d["good"] != "nil" {
 			t.Errorf("rank %d: the combine before the late one: %q", r, d["good"])
 		}

@@ -610,6 +610,23 @@ func reportedDigests(t *testing.T, got []mpResult, lerr error, log string) [][]m
 	return out
 }
 
+// reportedSteps is reportedDigests for the modes that report one map of
+// step results per rank (the fault modes): it fails the test unless every
+// rank reported exactly one, logs them, and returns them by rank.
+func reportedSteps(t *testing.T, got []mpResult, lerr error, log string) []map[string]string {
+	t.Helper()
+	all := reportedDigests(t, got, lerr, log)
+	out := make([]map[string]string, len(all))
+	for r, d := range all {
+		if len(d) != 1 {
+			t.Fatalf("rank %d reported %d maps of step results, want 1\n%s", r, len(d), log)
+		}
+		out[r] = d[0]
+		t.Logf("rank %d: %v", r, out[r])
+	}
+	return out
+}
+
 // compareDigests checks every output digest of every rank and case.
 func compareDigests(t *testing.T, want, got [][]map[string]string, gotIs, wantIs string) {
 	t.Helper()
