@@ -424,13 +424,15 @@ func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, s
 		return g.deviceLayout(ctx, h, idx)
 	}
 	e, cfg := g.e, g.e.cfg
+	// A failure before the exchange joins it as a rejection: the peers
+	// must not wait for this rank.
 	raw, err := g.s.DownloadBuffer(ctx, idx.Buffer())
 	if err != nil {
-		return e.noteFailure(err)
+		return e.reject(opLayout, e.noteFailure(err))
 	}
 	hidx, err := device.NewTensor(e.stream, device.Int32, idx.Shape()...)
 	if err != nil {
-		return err
+		return e.reject(opLayout, err)
 	}
 	defer hidx.Close()
 	copy(hidx.Bytes(), raw)

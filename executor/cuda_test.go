@@ -497,7 +497,7 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 	res["stale.layout"] = str(err)
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
 	res["stale.after"] = str(errors.Join(err, e.Synchronize(ctx)))
-	if err := abandonSteps(ctx, e, h, b, g.Rank(), xt, res); err != nil {
+	if err := abandonSteps(ctx, e, h, b, g.Rank(), ti, xt, res); err != nil {
 		return nil, err
 	}
 	if g.Rank() == 1 {
@@ -558,20 +558,36 @@ func freedTensor(b device.Backend, dt device.DType, shape ...int) (*device.Tenso
 }
 
 // abandonSteps runs, with rank 1's input in freed memory (freedTensor), a
-// dispatch and a combine whose launch fails on rank 1 after the call has
-// begun: rank 1 abandons the call, and its peers fail it at once, naming
-// rank 1, instead of at their timeout. Then a good dispatch and combine
+// layout, a dispatch and a combine that fail on rank 1: a launch after the
+// call has begun (rank 1 abandons the call), or, for the layout with
+// several domains (on the host), the download of the routing before it
+// (rank 1 rejects the call). Its peers fail the call at once, naming rank
+// 1, instead of at their timeout. Then a good dispatch and combine
 // (the engines and their epochs must be in step again). It records each
-// step's result in res: "abandon.dispatch", "abandon.combine",
-// "abandon.after". Then an unpermute-combine whose sum fails on rank 1
+// step's result in res: "abandon.layout", "abandon.layout.after" (a good
+// layout), "abandon.dispatch", "abandon.combine", "abandon.after". Then an unpermute-combine whose sum fails on rank 1
 // after its arrive (its output freed): "sum.unpermute", "sum.after".
-func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b device.Backend, rank int, xt *device.Tensor, res map[string]string) error {
+func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b device.Backend, rank int, ti, xt *device.Tensor, res map[string]string) error {
 	str := func(err error) string {
 		if err == nil {
 			return "nil"
 		}
 		return err.Error()
 	}
+	idx := ti
+	if rank == 1 {
+		var err error
+		if idx, err = freedTensor(b, ti.DType(), ti.Shape()...); err != nil {
+			return err
+		}
+	}
+	_, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: idx})
+	res["abandon.layout"] = str(errors.Join(err, e.Synchronize(ctx)))
+	h2, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err == nil {
+		err = errors.Join(e.Synchronize(ctx), h2.Close())
+	}
+	res["abandon.layout.after"] = str(err)
 	x := xt
 	if rank == 1 {
 		var err error
@@ -579,7 +595,7 @@ func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b
 			return err
 		}
 	}
-	_, err := e.Dispatch(ctx, h, executor.DispatchInput{X: x})
+	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: x})
 	res["abandon.dispatch"] = str(errors.Join(err, e.Synchronize(ctx)))
 	out, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
 	if err := errors.Join(err, e.Synchronize(ctx)); err != nil {
@@ -628,10 +644,13 @@ func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b
 // and the calls after work.
 func checkAbandon(t *testing.T, r int, d map[string]string, want func(step string) string) {
 	t.Helper()
-	for _, step := range []string{"abandon.dispatch", "abandon.combine"} {
+	for _, step := range []string{"abandon.layout", "abandon.dispatch", "abandon.combine"} {
 		if w := want(step); !strings.Contains(d[step], w) {
 			t.Errorf("rank %d %s with rank 1's input freed: %q, want %q", r, step, d[step], w)
 		}
+	}
+	if d["abandon.layout.after"] != "nil" {
+		t.Errorf("rank %d: layout after the failed one: %s", r, d["abandon.layout.after"])
 	}
 	if d["abandon.after"] != "nil" {
 		t.Errorf("rank %d: dispatch and combine after the abandoned calls: %s", r, d["abandon.after"])

@@ -156,9 +156,14 @@ func (g *gpuEngine) deviceLayout(ctx context.Context, h *Handle, idx *device.Ten
 	if err := g.begin(); err != nil {
 		return err
 	}
-	err = errors.Join(g.s.Launch(lk.put, grid, block, 0, idx, g.peerTable(regionRoute),
-		int64(g.R), int64(g.me), int64(cfg.MaxTokensPerRank), int64(K), int64(T)),
-		g.arrive(uint32(opLayout)))
+	if err := g.s.Launch(lk.put, grid, block, 0, idx, g.peerTable(regionRoute),
+		int64(g.R), int64(g.me), int64(cfg.MaxTokensPerRank), int64(K), int64(T)); err != nil {
+		// This rank's routing is not in the peers' windows: they must
+		// not count what an earlier layout left there, so they see the
+		// call rejected (abandon signals done too).
+		return g.abandon(uint32(opLayout), err)
+	}
+	err = g.arrive(uint32(opLayout))
 	// 3: counts and summary.
 	if err == nil {
 		scanThreads := min(1024, roundUp(g.R*d.L, 32))
