@@ -385,12 +385,12 @@ func TestSlowSetup(t *testing.T) {
 }
 
 // TestAllocFailure: a collective call whose outputs cannot be allocated on
-// one rank (out of memory there) fails on every rank at once, naming that
-// rank rather than timing out, and every engine works again after: for
-// Dispatch, Combine, DispatchPermute and UnpermuteCombine.
+// one rank (out of memory there) fails on every rank at once with that
+// rank's cause rather than a timeout, and every engine works again after:
+// for Dispatch, Combine, DispatchPermute and UnpermuteCombine, in one
+// domain and with two (the cause then crosses the rail too).
 func TestAllocFailure(t *testing.T) {
-	const R, E, K, H, T = 3, 6, 2, 16, 8
-	cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T, Timeout: 5 * time.Second}
+	const K, H, T = 2, 16, 8
 	errOOM := errors.New("injected: out of memory")
 	var failNext atomic.Bool // set and consumed by rank 1 only
 	testHookAlloc = func(rank int) error {
@@ -400,57 +400,69 @@ func TestAllocFailure(t *testing.T) {
 		return nil
 	}
 	defer func() { testHookAlloc = nil }()
-	errs := runRanks(t, R, cfg, func(ctx context.Context, e *Engine) error {
-		idx, x, _ := rankInputs(3, e.Rank(), T, K, E, H, device.BF16)
-		ti, err := upload(ctx, e, device.Int32, device.EncodeInt32(idx), T, K)
-		if err != nil {
-			return err
-		}
-		xt, err := upload(ctx, e, device.BF16, x, T, H)
-		if err != nil {
-			return err
-		}
-		h, err := e.Layout(ctx, LayoutInput{TopkIdx: ti})
-		if err != nil {
-			return err
-		}
-		d, err := e.Dispatch(ctx, h, DispatchInput{X: xt})
-		if err != nil {
-			return err
-		}
-		dp, err := e.DispatchPermute(ctx, h, DispatchInput{X: xt})
-		if err = errors.Join(err, e.Synchronize(ctx)); err != nil {
-			return err
-		}
-		calls := []struct {
-			name string
-			call func() error
-		}{
-			{"dispatch", func() error { _, err := e.Dispatch(ctx, h, DispatchInput{X: xt}); return err }},
-			{"combine", func() error { _, err := e.Combine(ctx, h, CombineInput{Z: d.RecvX}); return err }},
-			{"dispatch-permute", func() error { _, err := e.DispatchPermute(ctx, h, DispatchInput{X: xt}); return err }},
-			{"unpermute-combine", func() error { _, err := e.UnpermuteCombine(ctx, h, UnpermuteInput{Y: dp.X}); return err }},
-		}
-		for _, c := range calls {
-			if e.Rank() == 1 {
-				failNext.Store(true)
+	for _, w := range []struct{ R, D int }{{3, 3}, {4, 2}} {
+		t.Run(fmt.Sprintf("R=%d,D=%d", w.R, w.D), func(t *testing.T) {
+			E := 2 * w.R
+			cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T, RanksPerDomain: w.D, Timeout: 5 * time.Second}
+			errs := runRanks(t, w.R, cfg, func(ctx context.Context, e *Engine) error {
+				return allocFailureSteps(ctx, e, &failNext, errOOM, E, K, H, T)
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
 			}
-			err := errors.Join(c.call(), e.Synchronize(ctx))
-			switch {
-			case e.Rank() == 1 && !errors.Is(err, errOOM):
-				return fmt.Errorf("%s with its outputs not allocated: %v, want the allocation's error", c.name, err)
-			case e.Rank() != 1 && (err == nil || errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "rank 1 reported: injected")):
-				return fmt.Errorf("%s after rank 1 could not allocate: %v, want an error naming rank 1 at once", c.name, err)
-			}
-			if err := errors.Join(c.call(), e.Synchronize(ctx)); err != nil {
-				return fmt.Errorf("%s after the failed one: %v", c.name, err)
-			}
+		})
+	}
+}
+
+// allocFailureSteps is one rank of TestAllocFailure: each call once with
+// rank 1's allocation failing with oom (failNext), then again.
+func allocFailureSteps(ctx context.Context, e *Engine, failNext *atomic.Bool, oom error, E, K, H, T int) error {
+	idx, x, _ := rankInputs(3, e.Rank(), T, K, E, H, device.BF16)
+	ti, err := upload(ctx, e, device.Int32, device.EncodeInt32(idx), T, K)
+	if err != nil {
+		return err
+	}
+	xt, err := upload(ctx, e, device.BF16, x, T, H)
+	if err != nil {
+		return err
+	}
+	h, err := e.Layout(ctx, LayoutInput{TopkIdx: ti})
+	if err != nil {
+		return err
+	}
+	d, err := e.Dispatch(ctx, h, DispatchInput{X: xt})
+	if err != nil {
+		return err
+	}
+	dp, err := e.DispatchPermute(ctx, h, DispatchInput{X: xt})
+	if err = errors.Join(err, e.Synchronize(ctx)); err != nil {
+		return err
+	}
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"dispatch", func() error { _, err := e.Dispatch(ctx, h, DispatchInput{X: xt}); return err }},
+		{"combine", func() error { _, err := e.Combine(ctx, h, CombineInput{Z: d.RecvX}); return err }},
+		{"dispatch-permute", func() error { _, err := e.DispatchPermute(ctx, h, DispatchInput{X: xt}); return err }},
+		{"unpermute-combine", func() error { _, err := e.UnpermuteCombine(ctx, h, UnpermuteInput{Y: dp.X}); return err }},
+	}
+	for _, c := range calls {
+		if e.Rank() == 1 {
+			failNext.Store(true)
 		}
-		return nil
-	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
+		err := errors.Join(c.call(), e.Synchronize(ctx))
+		switch {
+		case e.Rank() == 1 && !errors.Is(err, oom):
+			return fmt.Errorf("%s with its outputs not allocated: %v, want the allocation's error", c.name, err)
+		case e.Rank() != 1 && (err == nil || errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "reported: injected: out of memory")):
+			return fmt.Errorf("%s after rank 1 could not allocate: %v, want rank 1's cause at once", c.name, err)
+		}
+		if err := errors.Join(c.call(), e.Synchronize(ctx)); err != nil {
+			return fmt.Errorf("%s after the failed one: %v", c.name, err)
 		}
 	}
+	return nil
 }
