@@ -419,9 +419,9 @@ func init() { extraModes["gpu-faults"] = gpuFaults }
 // such a
 // rejected dispatch again, followed at once by a layout (which must work
 // on every rank, the rejection being reported by the next Synchronize) and
-// a good dispatch; abandonSteps (a dispatch and a combine whose launches
-// fail on rank 1, its input freed); then a dispatch that rank 1 joins only after the
-// others' 2 s deadline. It reports what each step returned.
+// a good dispatch; abandonSteps (calls that fail on rank 1, its input or
+// output freed); then a dispatch that rank 1 joins only after the others'
+// 2 s deadline. It reports what each step returned.
 func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
 	R := g.Size()
 	cfg := executor.Config{NumExperts: 4 * R, TopK: 2, Hidden: 64, MaxTokensPerRank: 16, Timeout: 2 * time.Second}
@@ -562,11 +562,12 @@ func freedTensor(b device.Backend, dt device.DType, shape ...int) (*device.Tenso
 // call has begun (rank 1 abandons the call), or, for the layout with
 // several domains (on the host), the download of the routing before it
 // (rank 1 rejects the call). Its peers fail the call at once, naming rank
-// 1, instead of at their timeout. Then a good dispatch and combine
-// (the engines and their epochs must be in step again). It records each
+// 1, instead of at their timeout, and the calls after work (the engines
+// and their epochs must be in step again). Then an unpermute-combine whose
+// sum fails on rank 1 after its arrive (its output freed). It records each
 // step's result in res: "abandon.layout", "abandon.layout.after" (a good
-// layout), "abandon.dispatch", "abandon.combine", "abandon.after". Then an unpermute-combine whose sum fails on rank 1
-// after its arrive (its output freed): "sum.unpermute", "sum.after".
+// layout), "abandon.dispatch", "abandon.combine", "abandon.after" (a good
+// dispatch and combine), "sum.unpermute", "sum.after".
 func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b device.Backend, rank int, ti, xt *device.Tensor, res map[string]string) error {
 	str := func(err error) string {
 		if err == nil {

@@ -23,8 +23,8 @@ func init() { extraModes["gpu-hier-faults"] = gpuHierFaults }
 // domain peer, rank 0, finds the rejection in its GPU waits and reports
 // it to its rail peer, rank 2, in the headers its GPU writes: the GPU-fed
 // rail); a dispatch whose input rank 1 rejects; a good dispatch and
-// combine (the engines must be usable again); abandonSteps (a dispatch
-// and a combine whose launches fail on rank 1, its input freed); a combine
+// combine (the engines must be usable again); abandonSteps (calls that
+// fail on rank 1, its input or output freed); a combine
 // whose partial sums cannot allocate their temporaries on rank 1; then a
 // combine that rank 1
 // joins only after the 2 s deadline (rank 0's GPU waits time out, and its
@@ -171,10 +171,6 @@ func checkHierFaults(t *testing.T, r int, d map[string]string, staging bool) {
 			t.Errorf("rank 2: %q, %q; want both through rank 0's rail header", rc, late)
 		}
 	}
-	// Rank 1's launches fail the pointer check (its staged dispatch, the
-	// download of its rows first); rank 0 sees its abandon in the domain,
-	// rank 3 in its rail round, rank 2 through rank 0's rail header
-	// (combine) or through rank 3 (dispatch, whose rail round comes first).
 	// Rank 1 failed its partial sums' allocation; rank 3 hears it in the
 	// rail round, ranks 0 and 2 need nothing of rank 1 after the domain
 	// exchange.
@@ -187,6 +183,10 @@ func checkHierFaults(t *testing.T, r int, d map[string]string, staging bool) {
 	if d["alloc.after"] != "nil" {
 		t.Errorf("rank %d: dispatch and combine after that: %s", r, d["alloc.after"])
 	}
+	// Rank 1's launches fail the pointer check (its staged dispatch, the
+	// download of its rows first); rank 0 sees its abandon in the domain,
+	// rank 3 in its rail round, rank 2 through rank 0's rail header
+	// (combine) or through rank 3 (dispatch, whose rail round comes first).
 	checkAbandon(t, r, d, func(step string) string {
 		if step == "abandon.layout" {
 			// The layout runs on the host with several domains: rank
