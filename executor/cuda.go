@@ -763,20 +763,16 @@ func (g *gpuEngine) dispatchRound(h *Handle, x, w, sx *device.Tensor, round uint
 	if err := g.pushRows(h, x, w, sx, round, uint32(opDispatch)); err != nil {
 		return err
 	}
-	if err := g.copyRecv(h, 0, rowBytes(x), recv, recvW); err != nil {
-		return err
+	// Past the arrive, done is signalled whatever fails here: the peers'
+	// next call waits for it.
+	err := g.copyRecv(h, 0, rowBytes(x), recv, recvW)
+	if err == nil && sx != nil {
+		err = g.copyRecv(h, g.scaleOff(), rowBytes(sx), recvS, nil)
 	}
-	if sx != nil {
-		if err := g.copyRecv(h, g.scaleOff(), rowBytes(sx), recvS, nil); err != nil {
-			return err
-		}
+	if err == nil && recvIdx != nil {
+		err = g.copyIdx(h, recvIdx)
 	}
-	if recvIdx != nil {
-		if err := g.copyIdx(h, recvIdx); err != nil {
-			return err
-		}
-	}
-	return g.finish(uint32(opDispatch))
+	return errors.Join(err, g.finish(uint32(opDispatch)))
 }
 
 // hold keeps the stream busy for d (tests).
@@ -814,6 +810,14 @@ func (g *gpuEngine) dispatchPermuteRound(h *Handle, x, w, sx *device.Tensor, rou
 	if err := g.pushRows(h, x, w, sx, round, uint32(opDispatchPermute)); err != nil {
 		return err
 	}
+	// Past the arrive, done is signalled whatever fails (dispatchRound).
+	return errors.Join(g.permuteArrived(h, x, w, sx, px, pw, ps, recvW, recvIdx), g.finish(uint32(opDispatchPermute)))
+}
+
+// permuteArrived is the rest of a DispatchPermute round once this rank's
+// rows have arrived: the received weights and RecvIdx, and the permute of
+// the receive window into px (pw, ps).
+func (g *gpuEngine) permuteArrived(h *Handle, x, w, sx, px, pw, ps, recvW, recvIdx *device.Tensor) error {
 	rb := rowBytes(x)
 	if err := g.copyRecv(h, 0, rb, nil, recvW); err != nil {
 		return err
@@ -837,7 +841,7 @@ func (g *gpuEngine) dispatchPermuteRound(h *Handle, x, w, sx *device.Tensor, rou
 			return err
 		}
 	}
-	return g.finish(uint32(opDispatchPermute))
+	return nil
 }
 
 // kernelRows is how the permute kernels see rows of cols elements of dt:

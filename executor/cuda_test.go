@@ -564,10 +564,12 @@ func freedTensor(b device.Backend, dt device.DType, shape ...int) (*device.Tenso
 // (rank 1 rejects the call). Its peers fail the call at once, naming rank
 // 1, instead of at their timeout, and the calls after work (the engines
 // and their epochs must be in step again). Then an unpermute-combine whose
-// sum fails on rank 1 after its arrive (its output freed). It records each
-// step's result in res: "abandon.layout", "abandon.layout.after" (a good
-// layout), "abandon.dispatch", "abandon.combine", "abandon.after" (a good
-// dispatch and combine), "sum.unpermute", "sum.after".
+// sum fails on rank 1 after its arrive (its output freed), and a
+// dispatch-permute whose permute does. It records each step's result in
+// res: "abandon.layout", "abandon.layout.after" (a good layout),
+// "abandon.dispatch", "abandon.combine", "abandon.after" (a good dispatch
+// and combine), "sum.unpermute", "sum.after", "permute.into",
+// "permute.after".
 func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b device.Backend, rank int, ti, xt *device.Tensor, res map[string]string) error {
 	str := func(err error) string {
 		if err == nil {
@@ -636,6 +638,25 @@ func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b
 		_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
 	}
 	res["sum.after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	// The same for a dispatch-permute: its permute fails on rank 1 after
+	// the arrive (its output X freed); done is still signalled.
+	px, err1 := e.NewTensor(xt.DType(), h.PermutedRows(), xt.Shape()[1])
+	pidx, err2 := e.NewTensor(device.Int32, h.RecvRows(), e.Config().TopK)
+	if err := errors.Join(err1, err2); err != nil {
+		return err
+	}
+	if rank == 1 {
+		if px, err = freedTensor(b, xt.DType(), h.PermutedRows(), xt.Shape()[1]); err != nil {
+			return err
+		}
+	}
+	err = e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: xt}, executor.DispatchPermuteOutput{X: px, RecvIdx: pidx})
+	res["permute.into"] = str(errors.Join(err, e.Synchronize(ctx)))
+	out, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+	if err == nil {
+		_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
+	}
+	res["permute.after"] = str(errors.Join(err, e.Synchronize(ctx)))
 	return nil
 }
 
@@ -661,6 +682,12 @@ func checkAbandon(t *testing.T, r int, d map[string]string, want func(step strin
 	}
 	if d["sum.after"] != "nil" {
 		t.Errorf("rank %d: dispatch and combine after that: %s", r, d["sum.after"])
+	}
+	if pi := d["permute.into"]; r == 1 && !strings.Contains(pi, "is not device memory") || r != 1 && pi != "nil" {
+		t.Errorf("rank %d dispatch-permute into rank 1's freed output: %q, want rank 1's pointer check and success elsewhere", r, pi)
+	}
+	if d["permute.after"] != "nil" {
+		t.Errorf("rank %d: dispatch and combine after that: %s", r, d["permute.after"])
 	}
 }
 
