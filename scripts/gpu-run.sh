@@ -115,8 +115,8 @@ memcheck() {
 	SANITIZER_FLAGS="--target-processes all" sanitize memcheck-multiprocess 300 memcheck \
 		$bin/executor.test -gpu -test.run 'TestCUDAMultiProcess/ranks=(2|4)/spawn' -test.v
 	# Goroutine ranks (sanitize_ranks: a run may end in GPU wait timeouts,
-	# reported, not wrong results; seen in 2 of 4 full runs on 2026-12-04,
-	# 0 memcheck errors each time).
+	# reported, not wrong results; seen in 2 of 3 runs of this group in the
+	# eleventh session, 2026-12-04, 0 memcheck errors each time).
 	sanitize_ranks memcheck-one-domain 300 $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=4' -test.v
 	# GOEP_LOG_LEVEL=debug: every engine logs its domain's window
 	# addresses ("GPU windows"), to read a report's addresses against.
