@@ -441,21 +441,15 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 	if err := errors.Join(err4, err5, device.Upload(ctx, tw, device.EncodeInt32(wrong))); err != nil {
 		return nil, err
 	}
-	str := func(err error) string {
-		if err == nil {
-			return "nil"
-		}
-		return err.Error()
-	}
 	res := map[string]string{}
 	li, ri := ti, ti
 	if g.Rank() == 1 {
 		li, ri = badIdx, tw
 	}
 	_, err = e.Layout(ctx, executor.LayoutInput{TopkIdx: li})
-	res["layout.reject"] = str(err)
+	res["layout.reject"] = errText(err)
 	_, err = e.Layout(ctx, executor.LayoutInput{TopkIdx: ri})
-	res["layout.routing"] = str(err)
+	res["layout.routing"] = errText(err)
 	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
 	if err != nil {
 		return nil, err
@@ -465,10 +459,10 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 		in = bad
 	}
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: in})
-	res["reject.call"] = str(err)
-	res["reject.sync"] = str(e.Synchronize(ctx))
+	res["reject.call"] = errText(err)
+	res["reject.sync"] = errText(e.Synchronize(ctx))
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
-	res["after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["after"] = errText(errors.Join(err, e.Synchronize(ctx)))
 	// Rank 1 dispatches fp32 rows where its peers dispatch bf16: the
 	// arrive flags carry the dtype, so every rank fails the call, and the
 	// engine works after.
@@ -480,9 +474,9 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 		clear(x32.Bytes())
 	}
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: x32})
-	res["dtype"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["dtype"] = errText(errors.Join(err, e.Synchronize(ctx)))
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
-	res["dtype.after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["dtype.after"] = errText(errors.Join(err, e.Synchronize(ctx)))
 	// A layout right after a rejected dispatch, before any Synchronize:
 	// it works on every rank (none may go on with a handle its peers
 	// lack), and the next Synchronize reports the rejection.
@@ -494,9 +488,9 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 	if err == nil {
 		h2.Close()
 	}
-	res["stale.layout"] = str(err)
+	res["stale.layout"] = errText(err)
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
-	res["stale.after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["stale.after"] = errText(errors.Join(err, e.Synchronize(ctx)))
 	if err := abandonSteps(ctx, e, h, b, g.Rank(), ti, xt, res); err != nil {
 		return nil, err
 	}
@@ -505,7 +499,7 @@ func gpuFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 	}
 	start := time.Now()
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
-	res["timeout"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["timeout"] = errText(errors.Join(err, e.Synchronize(ctx)))
 	res["timeout.after"] = time.Since(start).Round(100 * time.Millisecond).String()
 	return []map[string]string{res}, nil
 }
@@ -571,52 +565,34 @@ func freedTensor(b device.Backend, dt device.DType, shape ...int) (*device.Tenso
 // and combine), "sum.unpermute", "sum.after", "permute.into",
 // "permute.after".
 func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b device.Backend, rank int, ti, xt *device.Tensor, res map[string]string) error {
-	str := func(err error) string {
-		if err == nil {
-			return "nil"
-		}
-		return err.Error()
+	idx, err := freedOnRank1(b, rank, ti)
+	if err != nil {
+		return err
 	}
-	idx := ti
-	if rank == 1 {
-		var err error
-		if idx, err = freedTensor(b, ti.DType(), ti.Shape()...); err != nil {
-			return err
-		}
-	}
-	_, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: idx})
-	res["abandon.layout"] = str(errors.Join(err, e.Synchronize(ctx)))
+	_, err = e.Layout(ctx, executor.LayoutInput{TopkIdx: idx})
+	res["abandon.layout"] = errText(errors.Join(err, e.Synchronize(ctx)))
 	h2, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
 	if err == nil {
 		err = errors.Join(e.Synchronize(ctx), h2.Close())
 	}
-	res["abandon.layout.after"] = str(err)
-	x := xt
-	if rank == 1 {
-		var err error
-		if x, err = freedTensor(b, xt.DType(), xt.Shape()...); err != nil {
-			return err
-		}
+	res["abandon.layout.after"] = errText(err)
+	x, err := freedOnRank1(b, rank, xt)
+	if err != nil {
+		return err
 	}
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: x})
-	res["abandon.dispatch"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["abandon.dispatch"] = errText(errors.Join(err, e.Synchronize(ctx)))
 	out, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
 	if err := errors.Join(err, e.Synchronize(ctx)); err != nil {
 		return err
 	}
-	z := out.RecvX
-	if rank == 1 {
-		if z, err = freedTensor(b, z.DType(), z.Shape()...); err != nil {
-			return err
-		}
+	z, err := freedOnRank1(b, rank, out.RecvX)
+	if err != nil {
+		return err
 	}
 	_, err = e.Combine(ctx, h, executor.CombineInput{Z: z})
-	res["abandon.combine"] = str(errors.Join(err, e.Synchronize(ctx)))
-	out, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
-	if err == nil {
-		_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
-	}
-	res["abandon.after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["abandon.combine"] = errText(errors.Join(err, e.Synchronize(ctx)))
+	res["abandon.after"] = errText(goodPair(ctx, e, h, xt))
 	// A call that fails on rank 1 after its arrive (the sum's launch, its
 	// output freed): rank 1 still signals done, so its peers, which need
 	// nothing more of it, complete the call and the next one.
@@ -625,19 +601,15 @@ func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b
 		return err
 	}
 	o, err := e.NewTensor(xt.DType(), xt.Shape()...)
-	if rank == 1 {
-		o, err = freedTensor(b, xt.DType(), xt.Shape()...)
+	if err == nil {
+		o, err = freedOnRank1(b, rank, o)
 	}
 	if err != nil {
 		return err
 	}
 	err = e.UnpermuteCombineInto(ctx, h, executor.UnpermuteInput{Y: dp.X}, o)
-	res["sum.unpermute"] = str(errors.Join(err, e.Synchronize(ctx)))
-	out, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
-	if err == nil {
-		_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
-	}
-	res["sum.after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["sum.unpermute"] = errText(errors.Join(err, e.Synchronize(ctx)))
+	res["sum.after"] = errText(goodPair(ctx, e, h, xt))
 	// The same for a dispatch-permute: its permute fails on rank 1 after
 	// the arrive (its output X freed); done is still signalled.
 	px, err1 := e.NewTensor(xt.DType(), h.PermutedRows(), xt.Shape()[1])
@@ -645,19 +617,33 @@ func abandonSteps(ctx context.Context, e *executor.Engine, h *executor.Handle, b
 	if err := errors.Join(err1, err2); err != nil {
 		return err
 	}
-	if rank == 1 {
-		if px, err = freedTensor(b, xt.DType(), h.PermutedRows(), xt.Shape()[1]); err != nil {
-			return err
-		}
+	if px, err = freedOnRank1(b, rank, px); err != nil {
+		return err
 	}
 	err = e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: xt}, executor.DispatchPermuteOutput{X: px, RecvIdx: pidx})
-	res["permute.into"] = str(errors.Join(err, e.Synchronize(ctx)))
-	out, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
-	if err == nil {
-		_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
-	}
-	res["permute.after"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["permute.into"] = errText(errors.Join(err, e.Synchronize(ctx)))
+	res["permute.after"] = errText(goodPair(ctx, e, h, xt))
 	return nil
+}
+
+// freedOnRank1 is t on every rank but 1, which gets a tensor of t's dtype
+// and shape in freed memory (freedTensor).
+func freedOnRank1(b device.Backend, rank int, t *device.Tensor) (*device.Tensor, error) {
+	if rank != 1 {
+		return t, nil
+	}
+	return freedTensor(b, t.DType(), t.Shape()...)
+}
+
+// goodPair runs a dispatch of xt and a combine of what it received, and
+// synchronizes: the calls that must work after a fault.
+func goodPair(ctx context.Context, e *executor.Engine, h *executor.Handle, xt *device.Tensor) error {
+	out, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
+	if err != nil {
+		return errors.Join(err, e.Synchronize(ctx))
+	}
+	_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
+	return errors.Join(err, e.Synchronize(ctx))
 }
 
 // checkAbandon checks what abandonSteps recorded on rank r: each failed

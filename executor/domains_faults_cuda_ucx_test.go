@@ -47,22 +47,8 @@ func gpuHierFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 		return nil, err
 	}
 	defer h.Close()
-	str := func(err error) string {
-		if err == nil {
-			return "nil"
-		}
-		return err.Error()
-	}
 	res := map[string]string{"fed": strconv.FormatBool(e.RailFed())}
-	pair := func() error {
-		out, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
-		if err != nil {
-			return err
-		}
-		_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
-		return errors.Join(err, e.Synchronize(ctx))
-	}
-	res["good"] = str(pair())
+	res["good"] = errText(goodPair(ctx, e, h, xt))
 	out, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
 	if err := errors.Join(err, e.Synchronize(ctx)); err != nil {
 		return nil, err
@@ -72,14 +58,14 @@ func gpuHierFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 		z = bad
 	}
 	_, err = e.Combine(ctx, h, executor.CombineInput{Z: z})
-	res["reject.combine"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["reject.combine"] = errText(errors.Join(err, e.Synchronize(ctx)))
 	in := xt
 	if g.Rank() == 1 {
 		in = bad
 	}
 	_, err = e.Dispatch(ctx, h, executor.DispatchInput{X: in})
-	res["reject.dispatch"] = str(errors.Join(err, e.Synchronize(ctx)))
-	res["after"] = str(pair())
+	res["reject.dispatch"] = errText(errors.Join(err, e.Synchronize(ctx)))
+	res["after"] = errText(goodPair(ctx, e, h, xt))
 	if err := abandonSteps(ctx, e, h, b, g.Rank(), ti, xt, res); err != nil {
 		return nil, err
 	}
@@ -100,8 +86,8 @@ func gpuHierFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 	}
 	countdown.Store(2)
 	_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
-	res["alloc.combine"] = str(errors.Join(err, e.Synchronize(ctx)))
-	res["alloc.after"] = str(pair())
+	res["alloc.combine"] = errText(errors.Join(err, e.Synchronize(ctx)))
+	res["alloc.after"] = errText(goodPair(ctx, e, h, xt))
 	out, err = e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
 	if err := errors.Join(err, e.Synchronize(ctx)); err != nil {
 		return nil, err
@@ -110,7 +96,7 @@ func gpuHierFaults(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 		time.Sleep(3 * time.Second)
 	}
 	_, err = e.Combine(ctx, h, executor.CombineInput{Z: out.RecvX})
-	res["late.combine"] = str(errors.Join(err, e.Synchronize(ctx)))
+	res["late.combine"] = errText(errors.Join(err, e.Synchronize(ctx)))
 	return []map[string]string{res}, nil
 }
 

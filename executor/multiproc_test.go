@@ -610,6 +610,15 @@ func reportedDigests(t *testing.T, got []mpResult, lerr error, log string) [][]m
 	return out
 }
 
+// errText is err's text for the fault modes' step results, "nil" for
+// none.
+func errText(err error) string {
+	if err == nil {
+		return "nil"
+	}
+	return err.Error()
+}
+
 // reportedSteps is reportedDigests for the modes that report one map of
 // step results per rank (the fault modes): it fails the test unless every
 // rank reported exactly one, logs them, and returns them by rank.
