@@ -1004,35 +1004,40 @@ func (g *gpuEngine) sumWindows(h *Handle, dt device.DType, weighted bool, out Di
 // sumCombined enqueues the last steps of a combine, once every rank's rows
 // are in the combine windows: each token's entries summed in destination
 // order into out.GradX (and, when weighted, the weights into
-// out.GradTopkWeights), and the done signal.
+// out.GradTopkWeights), and the done signal, which is sent whatever fails
+// before it (past the arrive, the peers' next call waits for it).
 func (g *gpuEngine) sumCombined(h *Handle, dt device.DType, out DispatchBackwardOutput, weighted bool, op uint32) error {
-	rb := g.H * dt.Size()
-	if T := h.numTokens; T > 0 {
-		src := g.ownView(regionComb, 0, T*g.W*rb)
-		srcW := g.ownView(regionComb, g.combWOff, T*g.W*g.K*4)
-		vec := rb%16 == 0 && out.GradX.Buffer().DevicePtr()%16 == 0
-		units, v := g.H, int32(0)
-		if vec {
-			units, v = rb/16, 1
-		}
-		grid, block, err := rowShape(T, units, g.K)
-		if err != nil {
-			return errors.Join(err, g.finish(op)) // the peers' next call must not wait for this rank
-		}
-		di := 0
-		if dt == device.FP32 {
-			di = 1
-		}
-		var gw *device.Tensor
-		if weighted {
-			gw = out.GradTopkWeights
-		}
-		if err := g.s.Launch(g.sum[di], grid, block, 0, out.GradX, gw, src, srcW, h.gpu.entRow, h.gpu.slotEnt,
-			int64(T), int32(g.W), int64(g.H), int32(g.K), v, g.dnan); err != nil {
-			return errors.Join(err, g.finish(op))
-		}
+	return errors.Join(g.sumOwn(h, dt, out, weighted), g.finish(op))
+}
+
+// sumOwn is sumCombined's sum.
+func (g *gpuEngine) sumOwn(h *Handle, dt device.DType, out DispatchBackwardOutput, weighted bool) error {
+	T := h.numTokens
+	if T == 0 {
+		return nil
 	}
-	return g.finish(op)
+	rb := g.H * dt.Size()
+	src := g.ownView(regionComb, 0, T*g.W*rb)
+	srcW := g.ownView(regionComb, g.combWOff, T*g.W*g.K*4)
+	vec := rb%16 == 0 && out.GradX.Buffer().DevicePtr()%16 == 0
+	units, v := g.H, int32(0)
+	if vec {
+		units, v = rb/16, 1
+	}
+	grid, block, err := rowShape(T, units, g.K)
+	if err != nil {
+		return err
+	}
+	di := 0
+	if dt == device.FP32 {
+		di = 1
+	}
+	var gw *device.Tensor
+	if weighted {
+		gw = out.GradTopkWeights
+	}
+	return g.s.Launch(g.sum[di], grid, block, 0, out.GradX, gw, src, srcW, h.gpu.entRow, h.gpu.slotEnt,
+		int64(T), int32(g.W), int64(g.H), int32(g.K), v, g.dnan)
 }
 
 // unpermuteCombine enqueues UnpermuteCombine, fused: the unpermute stores
