@@ -249,12 +249,29 @@ func crossRankMax(ctx context.Context, g comm.Group, times []float64) ([]float64
 // copy of the same bytes timed the same way in the same run. Ranks are
 // processes (the GPU time-slices between their contexts, which dominates
 // every time) and goroutines of one process (one context: the ranks'
-// streams run concurrently, as separate GPUs would).
+// streams run concurrently, as separate GPUs would). With -gpu.spread G
+// (a multi-GPU host) it runs G processes instead, one on each GPU, the
+// pushes crossing NVLink.
 func TestCUDABenchmark(t *testing.T) {
 	if !*gpuBench {
 		t.Skip("run the test binary with -gpu.bench on a GPU host")
 	}
 	const n = 4
+	if g := *gpuSpread; g > 0 {
+		// One process per GPU, the shape of a cluster's node.
+		t.Run(fmt.Sprintf("processes=%d/gpus=%d", g, g), func(t *testing.T) {
+			got, lerr, log := runWorldN(t, "spawn", "bench", g, 8*time.Minute, "GOEP_MP_BACKEND=cuda",
+				"GOEP_MP_GPU=local", fmt.Sprintf("GOEP_MP_GPUS=%d", g))
+			if lerr != nil {
+				t.Fatalf("launcher: %v\n%s", lerr, log)
+			}
+			if got[0].Err != "" {
+				t.Fatalf("rank 0: %s\n%s", got[0].Err, log)
+			}
+			logBench(t, g, "GPUs, one process each", got[0].Digests)
+		})
+		return
+	}
 	t.Run("processes", func(t *testing.T) {
 		got, lerr, log := runWorldN(t, "spawn", "bench", n, 8*time.Minute, "GOEP_MP_BACKEND=cuda")
 		if lerr != nil {
@@ -263,7 +280,7 @@ func TestCUDABenchmark(t *testing.T) {
 		if got[0].Err != "" {
 			t.Fatalf("rank 0: %s\n%s", got[0].Err, log)
 		}
-		logBench(t, n, got[0].Digests)
+		logBench(t, n, "ranks on one GPU", got[0].Digests)
 	})
 	t.Run("goroutines", func(t *testing.T) {
 		b, err := device.NewCUDA(0)
@@ -295,12 +312,12 @@ func TestCUDABenchmark(t *testing.T) {
 		if t.Failed() {
 			t.FailNow()
 		}
-		logBench(t, n, res[0])
+		logBench(t, n, "ranks on one GPU", res[0])
 	})
 }
 
-func logBench(t *testing.T, n int, rows []map[string]string) {
-	t.Logf("%d ranks on one GPU; times are the cross-rank maximum per iteration, median (p90) of 30 after 5", n)
+func logBench(t *testing.T, n int, where string, rows []map[string]string) {
+	t.Logf("%d %s; times are the cross-rank maximum per iteration, median (p90) of 30 after 5", n, where)
 	for _, r := range rows {
 		bytes, _ := strconv.Atoi(r["nvl_bytes"])
 		bytes8, _ := strconv.Atoi(r["nvl_bytes_fp8"])

@@ -26,7 +26,7 @@ import (
 
 var (
 	gpuFlag   = flag.Bool("gpu", false, "run the CUDA tests (needs a GPU)")
-	gpuSpread = flag.Int("gpu.spread", 0, "TestCUDAMultiProcess: put each process on its own GPU (process r on GPU r, up to this many GPUs; worlds of 1, 2, 4 and 8 that fit) instead of sharing GPU 0")
+	gpuSpread = flag.Int("gpu.spread", 0, "TestCUDAMultiProcess and TestCUDABenchmark: spread the processes over this many GPUs (process r on GPU r mod G) instead of sharing GPU 0")
 )
 
 func needGPU(t *testing.T) *device.CUDA {
@@ -54,16 +54,22 @@ func needGPU(t *testing.T) *device.CUDA {
 // padded and not, ragged and empty ranks). Every launch checks that its
 // pointers are device memory (GOEP_DEBUG_POINTERS).
 //
-// With -gpu.spread G (a multi-GPU host) every process has its own GPU
-// (GOEP_DEVICE = its local rank, as launcher.Bootstrap sets it), so the
-// windows are mapped across GPUs and the pushes cross NVLink; the worlds
-// are those of 1, 2, 4 and 8 processes that fit in G GPUs.
+// With -gpu.spread G (a multi-GPU host) process r runs on GPU r mod G
+// (GOEP_DEVICE, which launcher.Bootstrap sets to the local rank, mod G),
+// so the windows are mapped across GPUs and the pushes cross NVLink. The
+// worlds are those of 1, 2, 4 and 8 processes that fit in G GPUs, one
+// each, and 2G processes (when at most 8), two on each GPU: every
+// process then maps one peer's windows on its own GPU and the others'
+// across NVLink.
 func TestCUDAMultiProcess(t *testing.T) {
 	needGPU(t)
 	worlds, env := []int{1, 2, 4}, []string{"GOEP_MP_BACKEND=cuda", "GOEP_DEBUG_POINTERS=1"}
 	if *gpuSpread > 0 {
 		worlds = slices.DeleteFunc([]int{1, 2, 4, 8}, func(n int) bool { return n > *gpuSpread })
-		env = append(env, "GOEP_MP_GPU=local")
+		if n := 2 * *gpuSpread; n <= 8 {
+			worlds = append(worlds, n)
+		}
+		env = append(env, "GOEP_MP_GPU=local", fmt.Sprintf("GOEP_MP_GPUS=%d", *gpuSpread))
 	}
 	for _, n := range worlds {
 		hows := []string{"spawn"}

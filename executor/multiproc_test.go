@@ -308,10 +308,13 @@ func TestMultiProcessChild(t *testing.T) {
 	if os.Getenv("GOEP_MP_BACKEND") == "cuda" {
 		dev := 0
 		if os.Getenv("GOEP_MP_GPU") == "local" {
-			// One GPU per process: Bootstrap set GOEP_DEVICE to the
-			// local rank.
+			// Spread over GOEP_MP_GPUS GPUs: Bootstrap set GOEP_DEVICE
+			// to the local rank; process r runs on GPU r mod G.
 			if dev, err = strconv.Atoi(os.Getenv("GOEP_DEVICE")); err != nil {
 				t.Fatalf("rank %d: GOEP_DEVICE: %v", env.Rank, err)
+			}
+			if gpus, err := strconv.Atoi(os.Getenv("GOEP_MP_GPUS")); err == nil && gpus > 0 {
+				dev %= gpus
 			}
 		}
 		cb, err := device.NewCUDA(dev)
@@ -428,6 +431,13 @@ func runWorldN(t *testing.T, how, mode string, n int, timeout time.Duration, ext
 	args := []string{os.Args[0], "-test.run", "^TestMultiProcessChild$", "-test.timeout", "2m"}
 	if *mpSeed != 0 {
 		args = append(args, fmt.Sprintf("-mp.seed=%d", *mpSeed))
+	}
+	// GOEP_MP_WRAP is a command line each child runs under (space
+	// separated), such as compute-sanitizer and its flags: a sanitizer
+	// started on this process does not follow the children, whose exec
+	// bypasses the C library it hooks.
+	if w := strings.Fields(os.Getenv("GOEP_MP_WRAP")); len(w) > 0 {
+		args = append(w, args...)
 	}
 	var out bytes.Buffer
 	var lerr error

@@ -112,7 +112,7 @@ tests() {
 memcheck() {
 	# One domain of 2 and 4 processes sharing the GPU (the GPU layout,
 	# IPC-mapped windows), every child checked.
-	SANITIZER_FLAGS="--target-processes all" sanitize memcheck-multiprocess 300 memcheck \
+	sanitize_children memcheck-multiprocess 300 \
 		$bin/executor.test -gpu -test.run 'TestCUDAMultiProcess/ranks=(2|4)/spawn' -test.v
 	# Goroutine ranks (sanitize_ranks: a run may end in GPU wait timeouts,
 	# reported, not wrong results; seen in 2 of 3 runs of this group in the
@@ -130,7 +130,7 @@ memcheck() {
 	# The same worlds as processes (UCX over shared memory), every child
 	# checked: each rank's windows are then its own allocations and the
 	# peers' IPC mappings, not addresses shared within one process.
-	SANITIZER_FLAGS="--target-processes all" sanitize memcheck-domains-processes 300 memcheck \
+	sanitize_children memcheck-domains-processes 300 \
 		$bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsProcesses/shm=true' -test.v
 	if [ -n "$level" ]; then export GOEP_LOG_LEVEL=$level; else unset GOEP_LOG_LEVEL; fi
 	# TestCUDALayoutKernels runs goroutine ranks too: under the sanitizer

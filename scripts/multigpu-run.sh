@@ -2,20 +2,28 @@
 # The multi-GPU runs of issue 7, on a host with G >= 2 GPUs (one process per
 # GPU), over the binaries of scripts/gpu-build.sh in .gpu/ (no Go needed):
 #
-#	bash .gpu/multigpu-run.sh [G]     (default: every GPU nvidia-smi lists)
+#	bash .gpu/multigpu-run.sh [G [GROUP...]]
 #
-#	1. the CUDA property tests with each process on its own GPU (1, 2, 4
-#	   and 8 processes that fit; spawned, and by mpirun from 4), every output
-#	   bit for bit against the host backend
-#	2. compute-sanitizer memcheck of the 2-GPU world
-#	3. eprun bench on the DeepSeek-V3 decode (128 tokens) and prefill
+# G is the number of GPUs (default, or "all": every GPU nvidia-smi lists).
+# The groups (default: all five, in this order; a device call of at most
+# 10 minutes may need them split):
+#
+#	1. property: the CUDA property tests with each process on its own GPU (1,
+#	   2, 4 and 8 processes that fit), and 2G processes, two on each GPU, when
+#	   at most 8; spawned, and by mpirun from 4; every output bit for bit
+#	   against the host backend
+#	2. memcheck: compute-sanitizer memcheck of the 2-process world (a
+#	   GPU each) and of 4 processes on 2 GPUs
+#	3. bench: eprun bench on the DeepSeek-V3 decode (128 tokens) and prefill
 #	   (4096 tokens) shapes at EP = G: every call, the fused calls and the
 #	   chained pair, bf16, blocking and capacity mode, under eprun launch
-#	   and under mpirun
-#	4. the NCCL baseline (scripts/a2a_baseline.py: all_to_all_single plus a
+#	   and under mpirun; and TestCUDABenchmark, G processes on G GPUs:
+#	   every call launched from the host (eager) and as a CUDA graph (no
+#	   host gaps), beside a device-to-device copy
+#	4. nccl: the NCCL baseline (scripts/a2a_baseline.py: all_to_all_single plus a
 #	   permute) at the same shapes, with its D2D copy and the GPU 0 -> 1
 #	   peer copy (the NVLink ceiling), in the same session
-#	5. scripts/multigpu_report.py: every goep row against the peer copy and
+#	5. report: scripts/multigpu_report.py: every goep row against the peer copy and
 #	   NCCL, and issue 7's goals, as text and Markdown
 #
 # Each step's output goes to $OUT/<step>.log and its JSON to $OUT
@@ -34,7 +42,21 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAS
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export GOEP_TIMEOUT=${GOEP_TIMEOUT:-30s}
 bin=.gpu
-gpus=${1:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')}
+gpus=${1:-all}
+[ "$gpus" = all ] && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+shift || true
+groups=${*:-property memcheck bench nccl report}
+for g in $groups; do
+	case $g in
+	property | memcheck | bench | nccl | report) ;;
+	*)
+		echo "multigpu-run.sh: unknown group $g (want property, memcheck, bench, nccl or report)" >&2
+		exit 2
+		;;
+	esac
+done
+# want GROUP says whether GROUP was asked for.
+want() { [[ " $groups " == *" $1 "* ]]; }
 if ! [ "$gpus" -ge 2 ] 2>/dev/null; then
 	echo "multigpu-run.sh: need at least 2 GPUs (got ${gpus:-none}); on one GPU use gpu-run.sh" >&2
 	exit 2
@@ -43,15 +65,18 @@ failed=0
 
 
 nvidia-smi topo -m >"$out/topo.txt" 2>&1
+cat "$out/topo.txt"
 nvidia-smi -L | head -n 16
 echo "# $gpus GPUs, one process each"
 
-step property 900 $bin/executor.test -gpu -gpu.spread "$gpus" -test.run 'TestCUDAMultiProcess' -test.v
-GOEP_TIMEOUT=120s step memcheck-2gpu 900 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 99 --print-limit 20 \
-	$bin/executor.test -gpu -gpu.spread 2 -test.run 'TestCUDAMultiProcess/ranks=2/spawn' -test.v
+want property && step property 900 $bin/executor.test -gpu -gpu.spread "$gpus" -test.run 'TestCUDAMultiProcess' -test.v
+# Every rank under the sanitizer, with its own report (sanitize_children).
+want memcheck && sanitize_children memcheck-2gpu 900 \
+	$bin/executor.test -gpu -gpu.spread 2 -test.run 'TestCUDAMultiProcess/ranks=(2|4)/spawn' -test.v
 
 calls=dispatch,combine,dispatch-permute,unpermute-combine,dispatch-combine
-for shape in decode prefill; do
+want bench && step bench-eager-graph 600 $bin/executor.test -gpu -gpu.bench -gpu.spread "$gpus" -test.run 'TestCUDABenchmark' -test.v
+want bench && for shape in decode prefill; do
 	step "eprun-$shape-launch" 600 $bin/eprun launch -n "$gpus" -- $bin/eprun bench "deepseek-v3-$shape" \
 		--backend cuda --mode blocking,capacity --calls $calls --json "$out/eprun-$shape-launch.json"
 	# eprun is built without the mpi tag: under mpirun its ranks meet over
@@ -61,12 +86,14 @@ for shape in decode prefill; do
 		$bin/eprun bench "deepseek-v3-$shape" --backend cuda --mode blocking,capacity --calls $calls \
 		--json "$out/eprun-$shape-mpirun.json"
 done
-step nccl-a2a 900 $bin/eprun launch -n "$gpus" -- python3 scripts/a2a_baseline.py \
+want nccl && step nccl-a2a 900 $bin/eprun launch -n "$gpus" -- python3 scripts/a2a_baseline.py \
 	--tokens 128,4096 --hidden 7168 --experts 256 --topk 8 --dtype bf16 --json "$out/nccl-a2a.json"
 
 # Issue 7's table: goep against the peer copy and NCCL.
-step report 60 python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json"
-cat "$out/report.log"
-python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json" --markdown >"$out/report.md" 2>&1
+if want report; then
+	step report 60 python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json"
+	cat "$out/report.log"
+	python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json" --markdown >"$out/report.md" 2>&1
+fi
 echo "# $failed step(s) failed; logs and JSON in $out"
 exit $failed

@@ -20,3 +20,19 @@ step() {
 		tail -n 25 "$out/$name.log" | sed 's/^/    /'
 	fi
 }
+
+# sanitize_children NAME SECONDS CMD... is step for a test that spawns its
+# ranks as processes (executor.test's multi-process tests): every child
+# runs under compute-sanitizer memcheck (GOEP_MP_WRAP; the sanitizer's
+# --target-processes all does not follow a Go program's children, whose
+# exec bypasses the C library it hooks) and writes its own report,
+# $out/NAME.PID.log. A child whose report has errors exits 99 and fails
+# the test, and so the step; each report's summary line is printed.
+sanitize_children() {
+	local name=$1 secs=$2
+	shift 2
+	GOEP_TIMEOUT=${GOEP_SANITIZER_TIMEOUT:-120s} \
+		GOEP_MP_WRAP="compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit ${PRINT_LIMIT:-20} --show-backtrace device --log-file $out/$name.%p.log" \
+		step "$name" "$secs" "$@"
+	grep -H 'ERROR SUMMARY' "$out/$name".*.log || echo "    $name: no child's report (no child ran under the sanitizer)"
+}
