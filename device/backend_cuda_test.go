@@ -635,9 +635,9 @@ func closeGraph(t *testing.T, c *CUDA, s *CUDAStream, g *Graph, out *Tensor) {
 
 // TestCUDAFreeRacesEndCapture: a free asked for before EndCapture whose
 // driver call runs after it, of memory the new graph uses, waits for the
-// graph's Close. (The graph counts the memory on the driver thread, where
-// the free looks again; the driver thread is held so that EndCapture's
-// call is queued before the free's.)
+// graph's Close. (The graph counts the memory inside Device.Do, where the
+// free looks again; the device is held so that EndCapture's call waits
+// for it before the free's does.)
 func TestCUDAFreeRacesEndCapture(t *testing.T) {
 	c := newCUDA(t)
 	s := newCUDAStream(t, c)

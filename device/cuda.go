@@ -17,14 +17,15 @@ import (
 )
 
 // CUDA is the CUDA backend: one GPU, through the driver layer of
-// internal/cuda (its primary context, on one OS-thread-locked worker).
+// internal/cuda (its primary context, current on the OS thread of each
+// call, which is locked for it: cuda.Device.Do).
 // Memory is stream-ordered (cuMemAllocAsync / cuMemFreeAsync), so a free
 // never hands memory under queued work to anyone else (DESIGN invariant 2).
 type CUDA struct {
 	dev *cuda.Device
 
-	// mu's holders call the driver (through its worker), so it is never
-	// taken on the worker: inside Device.Do, as in CUDAStream.Enqueue's f.
+	// mu's holders call the driver (cuda.Device.Do), so it is never taken
+	// inside Device.Do, as in CUDAStream.Enqueue's f: mu, then the device.
 	mu     sync.Mutex
 	closed bool
 	spare  *cuda.Stream // frees of buffers whose stream was closed; made on first use
@@ -37,7 +38,7 @@ type CUDA struct {
 	stage stagePool // pinned staging buffers of uploads and downloads
 
 	// hostMaps are the live MapHost mappings, guarded by hostMu, which
-	// Launch's pointer check takes on the driver's worker (inside Enqueue).
+	// Launch's pointer check takes inside Device.Do (inside Enqueue).
 	hostMu   sync.Mutex
 	hostMaps []*HostMapping
 
@@ -49,7 +50,7 @@ type CUDA struct {
 	// meanwhile, not allocated by a capture: a capture may use memory of
 	// any stream (a caller's tensor, say), and a captured free must be of
 	// a graph allocation, so they wait for the last capture to end
-	// (flushFrees). Both are read and changed on the driver thread only.
+	// (flushFrees). Both are read and changed inside Device.Do only.
 	captures     int
 	afterCapture []*Buffer
 }
@@ -58,8 +59,8 @@ type CUDA struct {
 // reuse, by power-of-two size, until the backend closes. Allocating and
 // freeing pinned memory (cuMemHostAlloc, cuMemFreeHost) serializes with the
 // work of every stream of the context (CUDA's implicit synchronization),
-// and every driver call of a GPU goes through its one worker: with several
-// ranks of one process on one GPU, a free per copy could hold the worker
+// and the driver calls of a GPU are serialised (cuda.Device.Do): with several
+// ranks of one process on one GPU, a free per copy could hold the device
 // while a peer's kernel waits for a launch queued behind it, until the
 // kernel's timeout. After warm-up, copies allocate nothing.
 type stagePool struct {
@@ -251,7 +252,7 @@ func (c *CUDA) NewCUDAStream() (*CUDAStream, error) {
 
 // freeSpareLater frees b, whose stream was closed, with freeSpare on a
 // goroutine of its own: freeSpare takes CUDA.mu, whose holders wait for
-// the driver thread, and the caller may be on that thread (a Close inside
+// the device (Device.Do), and the caller may hold it (a Close inside
 // CUDAStream.Enqueue's f, say).
 func (c *CUDA) freeSpareLater(b *Buffer) {
 	go func() { b.stream.(*CUDAStream).freed(b, c.freeSpare(b.dev)) }()
@@ -457,7 +458,7 @@ func (s *CUDAStream) Alloc(n int) (*Buffer, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("device: CUDA alloc of %d bytes", n)
 	}
-	// On the driver thread, so that the capture state cannot change
+	// Inside Device.Do, so that the capture state cannot change
 	// between reading it and allocating.
 	var p cuda.DevicePtr
 	var graph bool
@@ -499,8 +500,8 @@ func (s *CUDAStream) Free(b *Buffer) {
 func (s *CUDAStream) freeUnused(b *Buffer) {
 	if !b.xfer.TryLock() {
 		// A transfer of b is in progress: b is freed when it ends, without
-		// blocking the caller, which may be the driver thread the transfer
-		// needs. (Later than asked is still after the queued work.)
+		// blocking the caller, which may hold the device (Device.Do) the
+		// transfer needs. (Later than asked is still after the queued work.)
 		go func() {
 			b.xfer.Lock()
 			b.xfer.Unlock()
@@ -512,8 +513,8 @@ func (s *CUDAStream) freeUnused(b *Buffer) {
 	s.free(b)
 }
 
-// free is Free once no transfer uses b. The checks run on the driver
-// thread, where captures begin and end and graphs count the memory they
+// free is Free once no transfer uses b. The checks run inside Device.Do,
+// where captures begin and end and graphs count the memory they
 // use, so that neither can happen between a check and the free.
 func (s *CUDAStream) free(b *Buffer) {
 	spare := false
@@ -533,10 +534,10 @@ func (s *CUDAStream) free(b *Buffer) {
 	}
 }
 
-// freeOnDriver, on the driver thread and with no capture in progress,
+// freeOnDriver, inside Device.Do and with no capture in progress,
 // frees b on s, its stream, unless a graph uses b (the last graph's Close
 // frees it). It reports whether s was closed: the caller then frees b on
-// the spare stream, off the driver thread (freeSpareLater).
+// the spare stream, outside Device.Do (freeSpareLater).
 func (s *CUDAStream) freeOnDriver(b *Buffer) (spare bool) {
 	switch {
 	case b.deferToGraphs():
@@ -554,9 +555,9 @@ func (s *CUDAStream) isClosed() bool {
 	return s.closed
 }
 
-// flushFrees, on the driver thread when the last capture has ended, frees
+// flushFrees, inside Device.Do when the last capture has ended, frees
 // the buffers whose free waited for it (freeOnDriver). It returns those
-// whose stream was closed meanwhile, for freeSpare off the driver thread.
+// whose stream was closed meanwhile, for freeSpare outside Device.Do.
 func (c *CUDA) flushFrees() (spare []*Buffer) {
 	later := c.afterCapture
 	c.afterCapture = nil
@@ -780,14 +781,13 @@ func (s *CUDAStream) Copy(dst *Buffer, dstOff int, src *Buffer, srcOff, n int) e
 	return nil
 }
 
-// Enqueue runs f on the driver thread of s's GPU, so that the driver calls
+// Enqueue runs f inside one Device.Do of s's GPU, so that the driver calls
 // f makes (launches, copies and memsets on s, stream-ordered allocations
-// and frees) run there directly instead of each handing its call to that
-// thread and waiting: a hand-off costs several microseconds, and the
-// ranks of one process sharing the GPU share its thread. f must only
+// and frees) hold the device once instead of once each, and the ranks of
+// one process sharing the GPU take turns once per call. f must only
 // enqueue work: it must not wait for the GPU (Synchronize, uploads,
 // downloads) nor for another goroutine, since every stream of the GPU
-// waits for the thread while f runs.
+// waits for the device while f runs.
 func (s *CUDAStream) Enqueue(f func() error) error { return s.c.dev.Do(f) }
 
 // Launch enqueues kernel k on s with the given grid and block shapes (zero

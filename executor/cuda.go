@@ -642,8 +642,8 @@ func (g *gpuEngine) deviceMap(h *Handle) permute.DeviceMap {
 }
 
 // enqueue runs f, which only enqueues work on the engine's stream, in one
-// hand-off to the GPU's driver thread (device.CUDAStream.Enqueue): a call's
-// launches, copies and memsets then cost one hand-off instead of one each,
+// hold of the GPU's driver (device.CUDAStream.Enqueue): a call's launches,
+// copies and memsets then take the device once instead of once each,
 // and the ranks of a process sharing the GPU take turns once per call.
 // With several domains f runs as it is: those calls wait for the rail.
 func (g *gpuEngine) enqueue(f func() error) error {

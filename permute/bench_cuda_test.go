@@ -140,8 +140,9 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 	// leading run, then synchronizes once, and returns each run's median
 	// GPU time. Each event pair must time its run alone: on an idle stream
 	// the start event fires when the host enqueues it, and the pair would
-	// also time the host's enqueueing (about 20 µs an op through goep's
-	// driver thread, which made every op here look that much slower, and
+	// also time the host's enqueueing (about 20 µs an op when goep handed
+	// every driver call to a worker thread, which made every op here look
+	// that much slower, and
 	// ops shorter than that twice as slow). So the stream first waits
 	// (Delay) for longer than the host takes to enqueue everything, and
 	// the GPU finds every run queued; a wait that proves too short is

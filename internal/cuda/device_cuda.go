@@ -94,9 +94,9 @@ type Features struct {
 	StreamMemOps64 bool
 }
 
-// Device is one GPU with its primary context retained, and the single
-// goroutine, locked to an OS thread with that context current, that makes
-// every driver call for it (see Do).
+// Device is one GPU with its primary context retained. Every driver call
+// for it is made inside Do, one at a time, on the calling goroutine's OS
+// thread, locked for the call, with that context current.
 type Device struct {
 	ordinal int
 	dev     C.CUdevice
@@ -106,89 +106,39 @@ type Device struct {
 	minor   int
 	feat    Features
 
-	tid    atomic.Int64 // OS thread of the worker while it runs, else 0
-	calls  chan *call
-	quit   chan struct{}
-	done   chan error // the worker's shutdown status
-	closed atomic.Bool
+	mu     sync.Mutex   // held by the Do in progress: calls are serialised
+	owner  atomic.Int64 // OS thread of the Do in progress, else 0
+	closed atomic.Bool  // set by Close, under mu
 
 	// deferred frees of the cuMemAlloc fallback (no memory pools), each
-	// behind an event recorded on the freeing stream. Worker-only.
+	// behind an event recorded on the freeing stream. Inside Do only.
 	deferred []deferredFree
 
 	// pool is Stream.Alloc's memory pool (nil without memory pools; see
-	// openPool). Set in init, cleared at shutdown, both on the worker.
+	// openPool). Set in init, cleared at shutdown, both inside Do.
 	pool    C.CUmemoryPool
 	poolErr error // why pool is nil on a device with memory pools
 }
 
-type call struct {
-	f        func() error
-	err      error
-	panicked bool
-	panicVal any
-	done     chan struct{}
-}
-
-var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
-
-// Open initialises the driver, retains the primary context of GPU ordinal
-// (cuInit, cuDeviceGet, cuDevicePrimaryCtxRetain) and starts the device's
-// worker goroutine, which locks itself to an OS thread and makes that
-// context current there (cuCtxSetCurrent). Using the primary context lets
-// goep share the GPU with other libraries of the process (PyTorch, NCCL).
-// Close releases it.
+// Open initialises the driver and retains the primary context of GPU
+// ordinal (cuInit, cuDeviceGet, cuDevicePrimaryCtxRetain). Using the
+// primary context lets goep share the GPU with other libraries of the
+// process (PyTorch, NCCL). Close releases it.
 func Open(ordinal int) (*Device, error) {
 	if ordinal < 0 {
 		return nil, fmt.Errorf("cuda: open device %d: negative ordinal", ordinal)
 	}
-	d := &Device{
-		ordinal: ordinal,
-		calls:   make(chan *call),
-		quit:    make(chan struct{}),
-		done:    make(chan error, 1),
-	}
-	ready := make(chan error, 1)
-	go d.run(ready)
-	if err := <-ready; err != nil {
+	d := &Device{ordinal: ordinal}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.owner.Store(int64(unix.Gettid()))
+	defer d.owner.Store(0)
+	if err := d.init(); err != nil {
 		return nil, fmt.Errorf("cuda: open device %d: %w", ordinal, err)
 	}
 	return d, nil
-}
-
-// run is the worker: it owns the OS thread on which the primary context is
-// current and runs the calls submitted by Do, one at a time, in order of
-// arrival. The thread is never unlocked, so it ends with the goroutine and
-// no other goroutine ever runs with this context current by accident.
-func (d *Device) run(ready chan<- error) {
-	runtime.LockOSThread()
-	if err := d.init(); err != nil {
-		ready <- err
-		return
-	}
-	d.tid.Store(int64(unix.Gettid()))
-	ready <- nil
-	for {
-		select {
-		case c := <-d.calls:
-			c.run()
-		case <-d.quit:
-			err := d.shutdown()
-			d.tid.Store(0)
-			d.done <- err
-			return
-		}
-	}
-}
-
-func (c *call) run() {
-	defer func() {
-		if p := recover(); p != nil {
-			c.panicked, c.panicVal = true, p
-		}
-		c.done <- struct{}{}
-	}()
-	c.err = c.f()
 }
 
 func (d *Device) init() error {
@@ -282,63 +232,69 @@ func (d *Device) ComputeCapability() (major, minor int) { return d.major, d.mino
 // Features are the device's optional capabilities.
 func (d *Device) Features() Features { return d.feat }
 
-// Do runs f on the device's worker goroutine, whose OS thread has the
-// device's primary context current, and returns f's error. Driver calls
-// depend on the calling thread's current context; goroutines move between
-// threads, so every driver call for the device must be made inside Do
-// (without it the driver answers CUDA_ERROR_INVALID_CONTEXT at random).
-// Every exported operation of this package does so itself.
+// Do runs f with the device's primary context current on the calling
+// goroutine's OS thread, which stays locked to the goroutine until f
+// returns, and returns f's error. Driver calls depend on the calling
+// thread's current context; goroutines move between threads, so every
+// driver call for the device must be made inside Do (without it the driver
+// answers CUDA_ERROR_INVALID_CONTEXT at random). Every exported operation
+// of this package does so itself.
 //
-// Calls from many goroutines are serialised in arrival order. Do may be
-// nested: called from inside f (on the worker), it runs its function
-// directly. A panic in f is re-raised in the caller of Do. f must not call
-// runtime.Goexit (t.FailNow), which would stop the worker, nor block for
+// Calls from many goroutines are serialised (a mutex; f runs on its
+// caller's goroutine, so a call costs no hand-off to another thread, which
+// on a virtual machine's idle CPUs costs tens of microseconds). Do may be
+// nested: called from inside f, it runs its function directly. A panic in
+// f unwinds through Do, which releases the device. f must not block for
 // long: every other user of the device waits behind it.
 func (d *Device) Do(f func() error) error {
-	if tid := d.tid.Load(); tid != 0 && int64(unix.Gettid()) == tid {
-		// On the worker already (a locked thread runs only its goroutine).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tid := int64(unix.Gettid())
+	if d.owner.Load() == tid {
+		// Inside f already (the thread is locked to its goroutine).
 		return f()
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.closed.Load() {
 		return fmt.Errorf("cuda: device %d: %w", d.ordinal, ErrClosed)
 	}
-	c := callPool.Get().(*call)
-	c.f = f
-	select {
-	case d.calls <- c:
-	case <-d.quit:
-		c.f = nil
-		callPool.Put(c)
-		return fmt.Errorf("cuda: device %d: %w", d.ordinal, ErrClosed)
+	// Another user of the thread (this goroutine before, another device,
+	// another library) may have left another context current.
+	if err := result("cuCtxSetCurrent", C.cuCtxSetCurrent(d.ctx)); err != nil {
+		return fmt.Errorf("cuda: device %d: %w", d.ordinal, err)
 	}
-	<-c.done
-	err, panicked, p := c.err, c.panicked, c.panicVal
-	*c = call{done: c.done}
-	callPool.Put(c)
-	if panicked {
-		panic(p)
-	}
-	return err
+	d.owner.Store(tid)
+	defer d.owner.Store(0)
+	return f()
 }
 
 // Close waits for the memory whose free was deferred (no memory pools) to
-// be released, releases the primary context (cuDevicePrimaryCtxRelease) and
-// stops the worker. Streams, events, modules and memory should be released
+// be released and releases the primary context (cuDevicePrimaryCtxRelease). Streams, events, modules and memory should be released
 // first; the driver frees what is left when the last user of the primary
 // context releases it. Later calls return errors wrapping ErrClosed; a
 // second Close returns nil. Close must not be called from inside Do.
 func (d *Device) Close() error {
-	if tid := d.tid.Load(); tid != 0 && int64(unix.Gettid()) == tid {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tid := int64(unix.Gettid())
+	if d.owner.Load() == tid {
 		return fmt.Errorf("cuda: close device %d: called from inside Do", d.ordinal)
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if !d.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	close(d.quit)
-	return <-d.done
+	if err := result("cuCtxSetCurrent", C.cuCtxSetCurrent(d.ctx)); err != nil {
+		return fmt.Errorf("cuda: close device %d: %w", d.ordinal, err)
+	}
+	d.owner.Store(tid)
+	defer d.owner.Store(0)
+	return d.shutdown()
 }
 
-// shutdown runs on the worker after quit.
+// shutdown runs inside Close, with the device held.
 func (d *Device) shutdown() error {
 	err := errors.Join(d.reapDeferred(true), d.closePool())
 	if rerr := result("cuDevicePrimaryCtxRelease", C.cuDevicePrimaryCtxRelease(d.dev)); rerr != nil {

@@ -8,10 +8,11 @@
 //
 // The driver keeps the current context per OS thread, and goroutines move
 // between threads. Open retains the device's primary context (shared with
-// any other library of the process) and starts one worker goroutine locked
-// to an OS thread on which that context is current; every driver call of
-// this package is made there, through Device.Do. Calls from many goroutines
-// are serialised; Do may be nested. Waits never block the worker: Stream and
+// any other library of the process); every driver call of this package is
+// made through Device.Do, which locks the calling goroutine to its OS
+// thread for the call and makes that context current there. Calls from
+// many goroutines are serialised (a mutex, no hand-off to another thread);
+// Do may be nested. Waits never hold the device: Stream and
 // Event Synchronize poll cuStreamQuery / cuEventQuery from the caller's
 // goroutine with short sleeps, bounded by a context.
 //

@@ -17,9 +17,9 @@ type Graph struct {
 }
 
 // BeginCapture starts capturing the work enqueued on s into a graph
-// (cuStreamBeginCapture, relaxed mode: goep makes every driver call from
-// one worker thread, and stream-ordered allocations are captured as graph
-// memory nodes). Work enqueued until EndCapture is recorded, not run.
+// (cuStreamBeginCapture, relaxed mode: goep's driver calls come from
+// whichever thread holds the device (Device.Do), and stream-ordered
+// allocations are captured as graph memory nodes). Work enqueued until EndCapture is recorded, not run.
 func (s *Stream) BeginCapture() error {
 	return s.do(func(cs C.CUstream) error {
 		return result("cuStreamBeginCapture", C.cuStreamBeginCapture(cs, C.CU_STREAM_CAPTURE_MODE_RELAXED))

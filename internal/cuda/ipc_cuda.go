@@ -139,7 +139,7 @@ func (d *Device) CloseIPCHandle(p DevicePtr) error {
 // shareable handle (CUmemGenericAllocationHandle).
 type Allocation struct {
 	d    *Device
-	h    C.CUmemGenericAllocationHandle // 0 once released; worker only
+	h    C.CUmemGenericAllocationHandle // 0 once released; inside Do only
 	size int
 	ht   HandleType
 }

@@ -381,7 +381,7 @@ func (h *HostRegistration) Unregister() error {
 // threshold (0) the driver hands unused pool memory back at every
 // synchronization, and the next allocation of that size maps it again.
 
-// openPool creates the pool; on the worker, in init. A device whose driver
+// openPool creates the pool; inside Open, in init. A device whose driver
 // refuses it keeps working with the context's default pool (PoolError
 // says why): the pool only spares the driver work.
 func (d *Device) openPool() {
@@ -398,7 +398,7 @@ func (d *Device) openPool() {
 // default pool.
 func (d *Device) PoolError() error { return d.poolErr }
 
-// closePool destroys the pool; on the worker, at shutdown. Memory still
+// closePool destroys the pool; inside Close, at shutdown. Memory still
 // allocated from it is released when it is freed (cuMemPoolDestroy).
 func (d *Device) closePool() error {
 	if d.pool == nil {

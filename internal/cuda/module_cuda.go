@@ -30,7 +30,7 @@ const jitLogSize = 16 << 10
 // Module is loaded GPU code (CUmodule).
 type Module struct {
 	d *Device
-	m C.CUmodule // nil once closed; worker only
+	m C.CUmodule // nil once closed; inside Do only
 }
 
 // LoadPTX JIT-compiles PTX text for the device and loads it

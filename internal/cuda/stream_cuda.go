@@ -22,7 +22,7 @@ import (
 // Stream is an ordered queue of GPU work (CUstream).
 type Stream struct {
 	d        *Device
-	s        C.CUstream // nil once closed; read and written on the worker only
+	s        C.CUstream // nil once closed; read and written inside Do only
 	borrowed bool       // a stream of another library (WrapStream): never destroyed here
 }
 
@@ -62,7 +62,7 @@ func (s *Stream) Handle() uintptr {
 // Device is the stream's device.
 func (s *Stream) Device() *Device { return s.d }
 
-// do runs f on the worker with the stream's handle, or fails with ErrClosed.
+// do runs f inside Do with the stream's handle, or fails with ErrClosed.
 func (s *Stream) do(f func(C.CUstream) error) error {
 	return s.d.Do(func() error {
 		if s.s == nil {
@@ -89,7 +89,7 @@ func (s *Stream) Query() (bool, error) {
 
 // Synchronize waits until all work enqueued on s has completed, or ctx is
 // done. It polls cuStreamQuery with short sleeps rather than blocking in
-// cuStreamSynchronize, so that the worker stays free for other goroutines
+// cuStreamSynchronize, so that the device stays free for other goroutines
 // and a deadline bounds the wait (DESIGN invariant 4). On ctx's end it
 // returns an error wrapping ctx.Err(); the work is still queued.
 func (s *Stream) Synchronize(ctx context.Context) error {
@@ -120,7 +120,7 @@ func (s *Stream) Close() error {
 // Event marks a point in a stream's work (CUevent).
 type Event struct {
 	d *Device
-	e C.CUevent // nil once closed; worker only
+	e C.CUevent // nil once closed; inside Do only
 }
 
 // NewEvent creates an event (cuEventCreate); with timing false it is created
