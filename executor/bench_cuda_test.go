@@ -141,7 +141,7 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 				if how == "graph" {
 					run = func() error { return graph.Launch(s) }
 				}
-				med, p90, err := timeCall(ctx, g, e, s, run, warm, iters)
+				med, p90, host, err := timeCall(ctx, g, e, s, run, warm, iters)
 
 				if err != nil {
 					graph.Close()
@@ -149,6 +149,7 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 				}
 				r[c.name+"_"+how+"_us"] = strconv.FormatFloat(med, 'f', 1, 64)
 				r[c.name+"_"+how+"_p90_us"] = strconv.FormatFloat(p90, 'f', 1, 64)
+				r[c.name+"_"+how+"_host_us"] = strconv.FormatFloat(host, 'f', 1, 64)
 			}
 			graph.Close()
 		}
@@ -183,41 +184,51 @@ func capture(s *device.CUDAStream, run func() error) (*device.Graph, error) {
 
 // timeCall times run with CUDA events on s, after a barrier each
 // iteration, and returns the median and p90 in microseconds of the
-// cross-rank maximum per iteration, warm-up excluded.
-func timeCall(ctx context.Context, g comm.Group, e *executor.Engine, s *device.CUDAStream, run func() error, warm, iters int) (med, p90 float64, err error) {
-	var times []float64
+// cross-rank maximum per iteration, warm-up excluded, and the median of
+// the cross-rank maximum of the host's time in run (enqueueing the call:
+// on an idle GPU the events also time that, where it exceeds the GPU's).
+func timeCall(ctx context.Context, g comm.Group, e *executor.Engine, s *device.CUDAStream, run func() error, warm, iters int) (med, p90, host float64, err error) {
+	var times, hosts []float64
 	for i := range warm + iters {
 		if err := g.Barrier(ctx); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		t0, err := s.RecordTimed()
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
+		start := time.Now()
 		if err := run(); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
+		h := time.Since(start)
 		t1, err := s.RecordTimed()
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		if err := e.Synchronize(ctx); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		d, err := device.Elapsed(t0, t1)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		if i >= warm {
 			times = append(times, float64(d)/float64(time.Microsecond))
+			hosts = append(hosts, float64(h)/float64(time.Microsecond))
 		}
 	}
 	maxed, err := crossRankMax(ctx, g, times)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
+	}
+	hmax, err := crossRankMax(ctx, g, hosts)
+	if err != nil {
+		return 0, 0, 0, err
 	}
 	slices.Sort(maxed)
-	return maxed[len(maxed)/2], maxed[len(maxed)*9/10], nil
+	slices.Sort(hmax)
+	return maxed[len(maxed)/2], maxed[len(maxed)*9/10], hmax[len(hmax)/2], nil
 }
 
 // crossRankMax all-gathers every rank's times and returns the maximum of
@@ -334,7 +345,7 @@ func logBench(t *testing.T, n int, where string, rows []map[string]string) {
 				copyUs, _ := strconv.ParseFloat(r[set.copy+"_"+how+"_us"], 64)
 				for _, c := range set.calls {
 					us, _ := strconv.ParseFloat(r[c+"_"+how+"_us"], 64)
-					t.Logf("  %-5s %-20s %9.1f us (p90 %8s)  %7.1f GB/s per rank  %.2f of copy", how, c, us, r[c+"_"+how+"_p90_us"], float64(set.bytes)/us/1e3, copyUs/us)
+					t.Logf("  %-5s %-20s %9.1f us (p90 %8s, host %7s)  %7.1f GB/s per rank  %.2f of copy", how, c, us, r[c+"_"+how+"_p90_us"], r[c+"_"+how+"_host_us"], float64(set.bytes)/us/1e3, copyUs/us)
 				}
 			}
 		}
