@@ -115,6 +115,31 @@ func (w *World) Recv(d int) []Source {
 	return out
 }
 
+// PeerRows is the rows of Recv(d) that rank d reads from another GPU: over
+// NVLink on a cluster's node, the bytes a peer-copy bandwidth bounds. A row
+// comes from its source rank when the source is in d's domain, else from
+// its forwarder there (the rank of d's domain with the source's local
+// index); it is a peer row unless that rank is d itself, whose rows are
+// copies within d's GPU. With one domain (RanksPerDomain 0 or Ranks) that
+// is every row but d's own tokens'. Rows a capacity drops are counted.
+func (w *World) PeerRows(d int) int {
+	D := w.RanksPerDomain
+	if D <= 0 {
+		D = w.Ranks
+	}
+	n := 0
+	for _, src := range w.Recv(d) {
+		via := src.Rank
+		if src.Rank/D != d/D {
+			via = d/D*D + src.Rank%D
+		}
+		if via != d {
+			n++
+		}
+	}
+	return n
+}
+
 // RDMARows is the DESIGN.md section 6 RDMA row count of rank s: the sum
 // over its tokens of the distinct destination domains, its own included.
 func (w *World) RDMARows(s int) int { return w.domainRows(s, true) }

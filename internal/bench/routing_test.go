@@ -123,6 +123,42 @@ func TestDomainRows(t *testing.T) {
 	}
 }
 
+// TestPeerRows counts by hand, on TestDomainRows's world, the rows each
+// rank reads from another GPU: with 2 domains of 2 (a row from the other
+// domain comes from its forwarder, the rank here with the source's local
+// index) and as one domain of 4.
+func TestPeerRows(t *testing.T) {
+	w := &World{
+		Ranks: 4, RanksPerDomain: 2, Experts: 4, TopK: 3, Hidden: 8, DType: device.BF16,
+		Tokens: []int{3, 0, 2, 1},
+		Idx: [][]int32{
+			{1, -1, -1, 2, 3, 0, 3, -1, 2}, // to ranks {1}, {0,2,3}, {2,3}
+			{},
+			{0, 1, 2, -1, -1, -1}, // {0,1,2}, nowhere
+			{3, 1, -1},            // {1,3}
+		},
+	}
+	// Rank 0 receives (0,1) (its own) and (2,0) (forwarded by itself);
+	// rank 1 (0,0) and (2,0) (forwarded by rank 0), and (3,0) (by
+	// itself); rank 2 (0,1) and (0,2) (forwarded by itself) and (2,0) (its
+	// own); rank 3 (0,1) and (0,2) (forwarded by rank 2) and (3,0).
+	for _, tc := range []struct {
+		perDomain int
+		want      []int
+	}{
+		{2, []int{0, 2, 0, 2}},
+		{4, []int{1, 3, 2, 2}},
+		{0, []int{1, 3, 2, 2}}, // 0: one domain
+	} {
+		w.RanksPerDomain = tc.perDomain
+		for d, want := range tc.want {
+			if got := w.PeerRows(d); got != want {
+				t.Errorf("%d ranks per domain: rank %d: PeerRows %d, want %d", tc.perDomain, d, got, want)
+			}
+		}
+	}
+}
+
 // TestDomainRowsBounds checks on random worlds what holds for any routing:
 // a token crosses at most once per remote domain, so cross <= flat; the
 // design count adds at most one (the own domain) per token; one rank per

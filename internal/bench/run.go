@@ -77,6 +77,15 @@ type Row struct {
 	RecvRows []int   `json:"recv_rows"`
 	NVLBytes float64 `json:"nvl_bytes_per_rank"`
 	NVLGBps  float64 `json:"nvl_GBps"`
+	// NVLPeerBytes counts only the rows a rank reads from another GPU
+	// (World.PeerRows: not its own tokens', nor, with several domains,
+	// those it forwards itself), as NVLBytes does (mean over ranks, x row
+	// bytes, twice for dispatch-combine); NVLPeerGBps = NVLPeerBytes /
+	// median time. With R ranks in one domain about (R-1)/R of NVLBytes:
+	// what a peer copy's bandwidth bounds, where NVLBytes, as DESIGN.md
+	// counts it, also holds the rows a rank copies within its own GPU.
+	NVLPeerBytes float64 `json:"nvl_peer_bytes_per_rank"`
+	NVLPeerGBps  float64 `json:"nvl_peer_GBps"`
 	// RDMABytes is the mean over ranks of the RDMA bytes as DESIGN.md
 	// section 6 counts them (World.RDMARows: each token once per
 	// destination domain, its own included) x RowBytes, twice for
@@ -537,15 +546,21 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 	}
 	// bytesOf is the mean over ranks of the NVLink and RDMA bytes of one
 	// one-way call moving rows of rb bytes.
-	bytesOf := func(rb float64) (nvl, rdma, cross, flat float64) {
+	// The peer rows of every rank, once per case.
+	peerRows := make([]int, len(reps))
+	for rank := range reps {
+		peerRows[rank] = w.PeerRows(rank)
+	}
+	bytesOf := func(rb float64) (nvl, peer, rdma, cross, flat float64) {
 		for rank, rep := range reps {
 			nvl += float64(rep.RecvRows) * rb
+			peer += float64(peerRows[rank]) * rb
 			rdma += float64(w.RDMARows(rank)) * rb
 			cross += float64(w.CrossDomainRows(rank)) * rb
 			flat += float64(w.FlatRemoteRows(rank)) * rb
 		}
 		n := float64(len(reps))
-		return nvl / n, rdma / n, cross / n, flat / n
+		return nvl / n, peer / n, rdma / n, cross / n, flat / n
 	}
 	iters := rs.cfg.Iters
 	times := func(name string) ([]float64, []float64, error) {
@@ -577,7 +592,7 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 		}
 		dt := rs.c.CallDType(call)
 		rb := RowBytes(dt, w.Hidden)
-		nvl, rdma, cross, flat := bytesOf(float64(rb))
+		nvl, peer, rdma, cross, flat := bytesOf(float64(rb))
 		// A round trip moves the dispatch's bytes twice, there and back.
 		trips := float64(callTrips(call))
 		row := Row{
@@ -588,10 +603,11 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 			SMs: rs.ran.SMs, ChunkRows: rs.ran.ChunkRows, RanksPerDomain: w.RanksPerDomain,
 			Time: Summarize(it), IterUS: it,
 			RankMaxTime: Summarize(rm),
-			RecvRows:    recvRows, NVLBytes: trips * nvl,
+			RecvRows:    recvRows, NVLBytes: trips * nvl, NVLPeerBytes: trips * peer,
 			Baseline: base[dt],
 		}
 		row.NVLGBps = gbps(row.NVLBytes, row.Time.Median)
+		row.NVLPeerGBps = gbps(row.NVLPeerBytes, row.Time.Median)
 		if w.RanksPerDomain < w.Ranks {
 			row.RDMABytes = trips * rdma
 			row.RDMAGBps = gbps(row.RDMABytes, row.Time.Median)

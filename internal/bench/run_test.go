@@ -65,6 +65,11 @@ func TestRun(t *testing.T) {
 				if r.Tokens > 0 && (r.NVLGBps <= 0 || r.BaselineGBps <= 0 || r.Ratio <= 0) {
 					t.Errorf("%s: bandwidth %v GB/s, baseline %v GB/s, ratio %v", what, r.NVLGBps, r.BaselineGBps, r.Ratio)
 				}
+				// Uniform routing: every rank reads some rows from a peer,
+				// and some of its own tokens' rows come from itself.
+				if r.Tokens > 0 && !(0 < r.NVLPeerBytes && r.NVLPeerBytes < r.NVLBytes && r.NVLPeerGBps > 0) {
+					t.Errorf("%s: peer bytes %v (%v GB/s), nvl bytes %v; want 0 < peer < nvl", what, r.NVLPeerBytes, r.NVLPeerGBps, r.NVLBytes)
+				}
 				if (c.RanksPerDomain > 0) != (r.RDMAGBps > 0) && r.Tokens > 0 {
 					t.Errorf("%s: rdma_GBps %v with ranks_per_domain %d", what, r.RDMAGBps, c.RanksPerDomain)
 				}
@@ -91,10 +96,14 @@ func TestRun(t *testing.T) {
 				}
 				w := NewRoutedWorld(c.RoutingSpec(), c.Seed, c.Ranks, c.RanksPerDomain, c.Experts, c.TopK[0], c.Hidden[0], device.BF16, []int{24, 24, 24, 24})
 				rb := float64(c.Hidden[0] * device.BF16.Size())
-				var cross, flat float64
+				var cross, flat, peer float64
 				for s := range c.Ranks {
 					cross += float64(w.CrossDomainRows(s)) * rb
 					flat += float64(w.FlatRemoteRows(s)) * rb
+					peer += float64(w.PeerRows(s)) * rb
+				}
+				if n := float64(c.Ranks); d.NVLPeerBytes != peer/n || dc.NVLPeerBytes != 2*d.NVLPeerBytes {
+					t.Errorf("peer bytes: dispatch %v, dispatch-combine %v; want the world's mean %v, and twice that", d.NVLPeerBytes, dc.NVLPeerBytes, peer/n)
 				}
 				if n := float64(c.Ranks); d.RDMACrossBytes != cross/n || d.RDMAFlatBytes != flat/n {
 					t.Errorf("dispatch: cross %v, flat %v; want the world's mean %v, %v", d.RDMACrossBytes, d.RDMAFlatBytes, cross/n, flat/n)
