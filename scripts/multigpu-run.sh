@@ -70,6 +70,8 @@ nvidia-smi -L | head -n 16
 echo "# $gpus GPUs, one process each"
 
 want property && step property 900 $bin/executor.test -gpu -gpu.spread "$gpus" -test.run 'TestCUDAMultiProcess' -test.v
+# A Do of one GPU inside another's (internal/cuda).
+want property && step driver-2gpu 60 $bin/internal-cuda.test -gpu -test.run 'TestDoOtherDevice' -test.v
 # Every rank under the sanitizer, with its own report (sanitize_children).
 want memcheck && sanitize_children memcheck-2gpu 900 \
 	$bin/executor.test -gpu -gpu.spread 2 -test.run 'TestCUDAMultiProcess/ranks=(2|4)/spawn' -test.v

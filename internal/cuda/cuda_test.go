@@ -662,6 +662,36 @@ func TestDoConcurrent(t *testing.T) {
 	}
 }
 
+// TestDoOtherDevice: a Do of GPU 1 inside a Do of GPU 0 runs with GPU 1's
+// context current, and GPU 0's is current again after it returns (needs
+// two GPUs).
+func TestDoOtherDevice(t *testing.T) {
+	d0 := openDevice(t)
+	if n, err := NumDevices(); err != nil || n < 2 {
+		t.Skipf("needs two GPUs (%d, %v)", n, err)
+	}
+	d1, err := Open(1)
+	must(t, err)
+	defer d1.Close()
+	must(t, d0.Do(func() error {
+		if !d0.current() {
+			return errors.New("GPU 0's context is not current inside its Do")
+		}
+		if err := d1.Do(func() error {
+			if !d1.current() {
+				return errors.New("GPU 1's context is not current inside its Do, nested in GPU 0's")
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if !d0.current() {
+			return errors.New("GPU 0's context is not current after a nested Do of GPU 1")
+		}
+		return nil
+	}))
+}
+
 func TestClose(t *testing.T) {
 	openDevice(t) // skips without a GPU
 	d, err := Open(0)

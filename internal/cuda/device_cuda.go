@@ -243,9 +243,11 @@ func (d *Device) Features() Features { return d.feat }
 // Calls from many goroutines are serialised (a mutex; f runs on its
 // caller's goroutine, so a call costs no hand-off to another thread, which
 // on a virtual machine's idle CPUs costs tens of microseconds). Do may be
-// nested: called from inside f, it runs its function directly. A panic in
-// f unwinds through Do, which releases the device. f must not block for
-// long: every other user of the device waits behind it.
+// nested: called from inside f, it runs its function directly; a Do of
+// another device inside f puts this device's context back when it
+// returns. A panic in f unwinds through Do, which releases the device. f
+// must not block for long: every other user of the device waits behind
+// it.
 func (d *Device) Do(f func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -259,14 +261,43 @@ func (d *Device) Do(f func() error) error {
 	if d.closed.Load() {
 		return fmt.Errorf("cuda: device %d: %w", d.ordinal, ErrClosed)
 	}
-	// Another user of the thread (this goroutine before, another device,
-	// another library) may have left another context current.
-	if err := result("cuCtxSetCurrent", C.cuCtxSetCurrent(d.ctx)); err != nil {
-		return fmt.Errorf("cuda: device %d: %w", d.ordinal, err)
+	restore, err := d.makeCurrent()
+	if err != nil {
+		return err
 	}
+	defer restore()
 	d.owner.Store(tid)
 	defer d.owner.Store(0)
 	return f()
+}
+
+// makeCurrent makes the device's context current on the calling thread,
+// which must be locked, and returns the function that puts back the
+// context current before: another device's, when this Do runs inside that
+// device's (the caller's f goes on using its own device after this
+// returns), or another library's.
+func (d *Device) makeCurrent() (restore func(), err error) {
+	var prev C.CUcontext
+	if err := result("cuCtxGetCurrent", C.cuCtxGetCurrent(&prev)); err != nil {
+		return nil, fmt.Errorf("cuda: device %d: %w", d.ordinal, err)
+	}
+	// Set even when prev is d.ctx: a thread keeps a released primary
+	// context current, and a new Open may retain it again at the same
+	// address.
+	if err := result("cuCtxSetCurrent", C.cuCtxSetCurrent(d.ctx)); err != nil {
+		return nil, fmt.Errorf("cuda: device %d: %w", d.ordinal, err)
+	}
+	if prev == nil || prev == d.ctx {
+		return func() {}, nil
+	}
+	return func() { C.cuCtxSetCurrent(prev) }, nil
+}
+
+// current reports whether the device's context is current on the calling
+// thread (tests, inside Do).
+func (d *Device) current() bool {
+	var c C.CUcontext
+	return C.cuCtxGetCurrent(&c) == C.CUDA_SUCCESS && c == d.ctx
 }
 
 // Close waits for the memory whose free was deferred (no memory pools) to
@@ -286,9 +317,11 @@ func (d *Device) Close() error {
 	if !d.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	if err := result("cuCtxSetCurrent", C.cuCtxSetCurrent(d.ctx)); err != nil {
-		return fmt.Errorf("cuda: close device %d: %w", d.ordinal, err)
+	restore, err := d.makeCurrent()
+	if err != nil {
+		return fmt.Errorf("cuda: close: %w", err)
 	}
+	defer restore()
 	d.owner.Store(tid)
 	defer d.owner.Store(0)
 	return d.shutdown()
