@@ -161,6 +161,7 @@ func WriteTable(w io.Writer, rec Record) error {
 	} else {
 		b.WriteString("# nvl_GBps: mean over ranks of received rows x hidden x dtype size, / time_us; baseline: a plain copy of those bytes by every rank at once\n")
 	}
+	b.WriteString(peerLine(rec.Rows))
 	b.WriteString(rec.FP8Line())
 	b.WriteString(rdmaLines(rec.Rows))
 	for _, r := range rec.Rows {
@@ -475,4 +476,19 @@ func WriteGoBench(w io.Writer, rec Record) error {
 func sameCase(a, b Row) bool {
 	return a.Tokens == b.Tokens && a.Hidden == b.Hidden && a.CaseDTypeName() == b.CaseDTypeName() && a.TopK == b.TopK && a.Mode == b.Mode &&
 		a.SMs == b.SMs && a.ChunkRows == b.ChunkRows
+}
+
+// peerLine says what share of the received bytes a rank reads from
+// another GPU (Row.NVLPeerBytes), the bytes a peer copy's bandwidth
+// bounds, when it is not all of them; "" when no row received anything.
+func peerLine(rows []Row) string {
+	var nvl, peer float64
+	for _, r := range rows {
+		nvl += r.NVLBytes
+		peer += r.NVLPeerBytes
+	}
+	if nvl == 0 {
+		return ""
+	}
+	return fmt.Sprintf("# nvl_peer_GBps (JSON): the rows a rank reads from another GPU, %.1f%% of the received bytes here (the rest it copies within its GPU): what a GPU-to-GPU copy bounds\n", 100*peer/nvl)
 }

@@ -48,6 +48,16 @@ func TestRDMALines(t *testing.T) {
 	}
 }
 
+func TestPeerLine(t *testing.T) {
+	rows := []Row{{NVLBytes: 300, NVLPeerBytes: 100}, {NVLBytes: 100, NVLPeerBytes: 100}}
+	if got := peerLine(rows); !strings.Contains(got, " 50.0% of the received bytes") {
+		t.Errorf("peerLine: %q, want 50.0%%", got)
+	}
+	if got := peerLine([]Row{{}}); got != "" {
+		t.Errorf("peerLine of rows that received nothing: %q, want none", got)
+	}
+}
+
 func TestByteSize(t *testing.T) {
 	for _, tc := range []struct {
 		x    float64
