@@ -300,19 +300,40 @@ func (t *ucxTransport) WaitAll(ctx context.Context, peers []int, epoch uint64) e
 	pending := slices.Clone(peers)
 	spinUntil := time.Now().Add(spinFor)
 	delay := time.Microsecond
-	for {
+	// look drops the peers that have signalled epoch from pending; false
+	// when the transport is closed.
+	look := func() bool {
 		t.life.RLock()
+		defer t.life.RUnlock()
 		if t.closed.Load() {
-			t.life.RUnlock()
-			return t.err(op)
+			return false
 		}
 		pending = slices.DeleteFunc(pending, func(p int) bool { return atomic.LoadUint64(t.signal(p)) >= epoch })
-		t.life.RUnlock()
+		return true
+	}
+	for {
+		if !look() {
+			return t.err(op)
+		}
 		if len(pending) == 0 {
 			return nil
 		}
-		if err := t.lostError(op, pending); err != nil {
-			return err
+		if testHookWaitLooked != nil {
+			testHookWaitLooked()
+		}
+		if t.lostError(op, pending) != nil {
+			// A peer that signalled and then exited (it had nothing more
+			// to do) is lost only if it had not signalled: look again,
+			// after seeing it lost, as nvlink's Domain.wait does.
+			if !look() {
+				return t.err(op)
+			}
+			if len(pending) == 0 {
+				return nil
+			}
+			if err := t.lostError(op, pending); err != nil {
+				return err
+			}
 		}
 		if err := t.err(op); err != nil {
 			return err
@@ -332,6 +353,10 @@ func (t *ucxTransport) WaitAll(ctx context.Context, peers []int, epoch uint64) e
 		delay = min(2*delay, maxSleep)
 	}
 }
+
+// testHookWaitLooked, when a test sets it, runs in WaitAll between a look
+// at the signals that left peers pending and the check for lost peers.
+var testHookWaitLooked func()
 
 const (
 	// spinFor is how long waits poll back to back before sleeping.
