@@ -321,19 +321,19 @@ func (t *ucxTransport) WaitAll(ctx context.Context, peers []int, epoch uint64) e
 		if testHookWaitLooked != nil {
 			testHookWaitLooked()
 		}
-		if t.lostError(op, pending) != nil {
-			// A peer that signalled and then exited (it had nothing more
-			// to do) is lost only if it had not signalled: look again,
-			// after seeing it lost, as nvlink's Domain.wait does.
+		if err := t.lostError(op, pending); err != nil {
+			// A peer may signal and then exit (it had nothing more to do)
+			// between the look and this check: the peers seen lost fail
+			// the wait only if a look after it still misses their
+			// signal, as in nvlink's Domain.wait.
+			lost := err.(*comm.PeerLostError).Ranks
 			if !look() {
 				return t.err(op)
 			}
-			if len(pending) == 0 {
-				return nil
+			if lost = slices.DeleteFunc(lost, func(p int) bool { return !slices.Contains(pending, p) }); len(lost) > 0 {
+				return t.lostError(op, lost)
 			}
-			if err := t.lostError(op, pending); err != nil {
-				return err
-			}
+			continue
 		}
 		if err := t.err(op); err != nil {
 			return err
