@@ -268,31 +268,25 @@ func TestCUDABenchmark(t *testing.T) {
 		t.Skip("run the test binary with -gpu.bench on a GPU host")
 	}
 	const n = 4
-	if g := *gpuSpread; g > 0 {
-		// One process per GPU, the shape of a cluster's node.
-		t.Run(fmt.Sprintf("processes=%d/gpus=%d", g, g), func(t *testing.T) {
-			got, lerr, log := runWorldN(t, "spawn", "bench", g, 8*time.Minute, "GOEP_MP_BACKEND=cuda",
-				"GOEP_MP_GPU=local", fmt.Sprintf("GOEP_MP_GPUS=%d", g))
-			if lerr != nil {
-				t.Fatalf("launcher: %v\n%s", lerr, log)
-			}
-			if got[0].Err != "" {
-				t.Fatalf("rank 0: %s\n%s", got[0].Err, log)
-			}
-			logBench(t, g, "GPUs, one process each", got[0].Digests)
-		})
-		return
-	}
-	t.Run("processes", func(t *testing.T) {
-		got, lerr, log := runWorldN(t, "spawn", "bench", n, 8*time.Minute, "GOEP_MP_BACKEND=cuda")
+	// processes runs benchRank on p spawned processes.
+	processes := func(t *testing.T, p int, where string, env ...string) {
+		got, lerr, log := runWorldN(t, "spawn", "bench", p, 8*time.Minute, append([]string{"GOEP_MP_BACKEND=cuda"}, env...)...)
 		if lerr != nil {
 			t.Fatalf("launcher: %v\n%s", lerr, log)
 		}
 		if got[0].Err != "" {
 			t.Fatalf("rank 0: %s\n%s", got[0].Err, log)
 		}
-		logBench(t, n, "ranks on one GPU", got[0].Digests)
-	})
+		logBench(t, p, where, got[0].Digests)
+	}
+	if g := *gpuSpread; g > 0 {
+		// One process per GPU, the shape of a cluster's node.
+		t.Run(fmt.Sprintf("processes=%d/gpus=%d", g, g), func(t *testing.T) {
+			processes(t, g, "GPUs, one process each", "GOEP_MP_GPU=local", fmt.Sprintf("GOEP_MP_GPUS=%d", g))
+		})
+		return
+	}
+	t.Run("processes", func(t *testing.T) { processes(t, n, "ranks on one GPU") })
 	t.Run("goroutines", func(t *testing.T) {
 		b, err := device.NewCUDA(0)
 		if err != nil {

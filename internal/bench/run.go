@@ -544,13 +544,13 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 	for rank, rep := range reps {
 		recvRows[rank] = rep.RecvRows
 	}
-	// bytesOf is the mean over ranks of the NVLink and RDMA bytes of one
-	// one-way call moving rows of rb bytes.
 	// The peer rows of every rank, once per case.
 	peerRows := make([]int, len(reps))
 	for rank := range reps {
 		peerRows[rank] = w.PeerRows(rank)
 	}
+	// bytesOf is the mean over ranks of the NVLink (all received, and
+	// peer) and RDMA bytes of one one-way call moving rows of rb bytes.
 	bytesOf := func(rb float64) (nvl, peer, rdma, cross, flat float64) {
 		for rank, rep := range reps {
 			nvl += float64(rep.RecvRows) * rb
