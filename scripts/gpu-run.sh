@@ -36,7 +36,10 @@
 # tool's output folder, else ./gpu-out); stdout gets one line per step
 # (PASS or FAIL, seconds) and the tail of a failing step's log. The exit
 # status is the number of failed steps (0: all passed). GOEP_TIMEOUT is 20 s
-# unless set.
+# unless set. GOEP_STEPS='memcheck-(graph|interop)|.*permute' (a regular
+# expression matched against whole step names) runs only those steps of
+# the groups named: a group longer than one 10-minute device call is run
+# in parts.
 set -uo pipefail
 here=$(dirname "$0")
 # shellcheck source=scripts/steps.sh
