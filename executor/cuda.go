@@ -60,8 +60,8 @@ type gpuEngine struct {
 	pk  *permute.CUDAKernels
 	win *nvlink.GPUWindows
 
-	wait, signal, push, scatter, copyOut *device.Kernel
-	sum, permuteScaled, weightGrad       [2]*device.Kernel // BF16, FP32
+	wait, signal, signalWait, push, scatter, copyOut *device.Kernel
+	sum, permuteScaled, weightGrad                   [2]*device.Kernel // BF16, FP32
 
 	// peers is uint64 [numRegions][R]: every rank's window base address
 	// as mapped here.
@@ -239,7 +239,7 @@ func (g *gpuEngine) load(ctx context.Context) error {
 		dst  **device.Kernel
 		name string
 	}{
-		{&g.wait, "goep_ep_wait"}, {&g.signal, "goep_ep_signal"}, {&g.push, "goep_ep_push"},
+		{&g.wait, "goep_ep_wait"}, {&g.signal, "goep_ep_signal"}, {&g.signalWait, "goep_ep_arrive"}, {&g.push, "goep_ep_push"},
 		{&g.scatter, "goep_ep_scatter"}, {&g.copyOut, "goep_ep_copy_out"},
 		{&g.sum[0], "goep_ep_sum_bf16"}, {&g.sum[1], "goep_ep_sum_fp32"},
 		{&g.permuteScaled[0], "goep_ep_permute_scaled_bf16"}, {&g.permuteScaled[1], "goep_ep_permute_scaled_fp32"},
@@ -321,12 +321,15 @@ func (g *gpuEngine) signalPeers(slot int64, op uint32) error {
 }
 
 // arrive signals this rank's pushes and waits for every peer's, which must
-// carry the same op (for data calls, flagOp's).
+// carry the same op (for data calls, flagOp's): signalPeers and
+// waitFlags(arrivedSlot, no bump, lag 0, op) in one launch
+// (goep_ep_arrive).
 func (g *gpuEngine) arrive(op uint32) error {
-	if err := g.signalPeers(g.arrivedSlot(), op); err != nil {
-		return err
-	}
-	return g.waitFlags(g.arrivedSlot(), false, 0, op)
+	slot := g.arrivedSlot()
+	return g.s.Launch(g.signalWait, [3]uint32{1, 1, 1}, [3]uint32{uint32(roundUp(g.R, 32)), 1, 1}, 0,
+		g.peerTable(regionFlags), int32(g.R), slot+int64(g.me), g.ownView(regionFlags, int(slot)*8, g.R*8),
+		g.ownView(regionFlags, g.counterOff(), 8), op, g.timeoutNs,
+		g.ownView(regionFlags, g.statusOff(), 8), g.ownView(regionFlags, g.missingOff(), 4*g.R))
 }
 
 // finish signals that this rank's windows may be written again.

@@ -87,7 +87,7 @@ using namespace goep_ep;
 // opRejected).
 constexpr uint32_t opRejected = 0x7f;
 
-// goep_ep_wait waits, one thread per peer p < ranks, until flags[p] holds
+// wait_flags is goep_ep_wait: it waits, one thread per peer p < ranks, until flags[p] holds
 // an epoch of at least E - lag (flags[p] >> 8 >= E - lag), E being the
 // call's epoch *counter, which the wait first increments when bump is set
 // (the first kernel of a call). The epoch lives in device memory, never in
@@ -98,9 +98,9 @@ constexpr uint32_t opRejected = 0x7f;
 // status[0] = 1 and missing[p] = 1 and returns. A wait after an earlier
 // failure (status[0] != 0) returns at once. One block of at least ranks
 // threads.
-extern "C" __global__ void goep_ep_wait(const uint64_t *flags, int32_t ranks, uint64_t *counter,
-					int32_t bump, int64_t lag, uint32_t op, int64_t timeoutNs,
-					uint64_t *status, int32_t *missing)
+__device__ __forceinline__ void wait_flags(const uint64_t *flags, int32_t ranks, uint64_t *counter,
+					   int32_t bump, int64_t lag, uint32_t op, int64_t timeoutNs,
+					   uint64_t *status, int32_t *missing)
 {
 	__shared__ uint64_t epoch;
 	if (threadIdx.x == 0) {
@@ -142,12 +142,12 @@ extern "C" __global__ void goep_ep_wait(const uint64_t *flags, int32_t ranks, ui
 	__threadfence_system(); // reads after the wait see the peer's writes
 }
 
-// goep_ep_signal stores E<<8 | op (E = *counter, the call's epoch) into
+// signal_flags is goep_ep_signal: it stores E<<8 | op (E = *counter, the call's epoch) into
 // word slot of every peer's flags (peerFlags[p] + slot, p < ranks), after a
 // system-wide fence so that the peer sees every write this stream made
 // before. One block of at least ranks threads.
-extern "C" __global__ void goep_ep_signal(uint64_t *const *peerFlags, int32_t ranks, int64_t slot,
-					  const uint64_t *counter, uint32_t op)
+__device__ __forceinline__ void signal_flags(uint64_t *const *peerFlags, int32_t ranks, int64_t slot,
+					     const uint64_t *counter, uint32_t op)
 {
 	__threadfence_system();
 	int p = threadIdx.x;
@@ -156,6 +156,31 @@ extern "C" __global__ void goep_ep_signal(uint64_t *const *peerFlags, int32_t ra
 		volatile uint64_t *f = peerFlags[p] + slot;
 		*f = value;
 	}
+}
+
+extern "C" __global__ void goep_ep_wait(const uint64_t *flags, int32_t ranks, uint64_t *counter,
+					int32_t bump, int64_t lag, uint32_t op, int64_t timeoutNs,
+					uint64_t *status, int32_t *missing)
+{
+	wait_flags(flags, ranks, counter, bump, lag, op, timeoutNs, status, missing);
+}
+
+extern "C" __global__ void goep_ep_signal(uint64_t *const *peerFlags, int32_t ranks, int64_t slot,
+					  const uint64_t *counter, uint32_t op)
+{
+	signal_flags(peerFlags, ranks, slot, counter, op);
+}
+
+// goep_ep_arrive is goep_ep_signal of word slot with op, then goep_ep_wait
+// for the peers' words at slot of flags (this call's epoch exactly, op
+// checked, no bump): a call's arrive in one launch instead of two. One
+// block of at least ranks threads.
+extern "C" __global__ void goep_ep_arrive(uint64_t *const *peerFlags, int32_t ranks, int64_t slot,
+					  const uint64_t *flags, uint64_t *counter, uint32_t op,
+					  int64_t timeoutNs, uint64_t *status, int32_t *missing)
+{
+	signal_flags(peerFlags, ranks, slot, counter, op);
+	wait_flags(flags, ranks, counter, 0, 0, op, timeoutNs, status, missing);
 }
 
 // put_rows is goep_ep_push and goep_ep_scatter: for every item j < items
