@@ -718,9 +718,10 @@ func (g *gpuEngine) scaleOff() int { return g.recvCap * g.H }
 
 // copyRecv enqueues goep_ep_copy_out from the receive window's rows at
 // byte off into out (rows of rb bytes; nil: none) and outW (weights; nil:
-// none).
-func (g *gpuEngine) copyRecv(h *Handle, off, rb int, out, outW *device.Tensor) error {
-	if h.recvRows == 0 || out == nil && outW == nil {
+// none), and the handle's RecvIdx table into outIdx (nil: none; what
+// copyIdx copies, in the same launch).
+func (g *gpuEngine) copyRecv(h *Handle, off, rb int, out, outW, outIdx *device.Tensor) error {
+	if h.recvRows == 0 || out == nil && outW == nil && outIdx == nil {
 		return nil
 	}
 	src := g.ownView(regionRecv, off, h.recvRows*rb)
@@ -739,7 +740,7 @@ func (g *gpuEngine) copyRecv(h *Handle, off, rb int, out, outW *device.Tensor) e
 		return err
 	}
 	rows, counts := g.rowsArg(h)
-	return g.s.Launch(g.copyOut, grid, block, 0, out, outW, src, srcW, h.gpu.recvIdx, counts,
+	return g.s.Launch(g.copyOut, grid, block, 0, out, outW, outIdx, src, srcW, h.gpu.recvIdx, counts,
 		rows, int64(h.recvRows), int64(rb), int32(g.K), unit)
 }
 
@@ -768,12 +769,9 @@ func (g *gpuEngine) dispatchRound(h *Handle, x, w, sx *device.Tensor, round uint
 	}
 	// Past the arrive, done is signalled whatever fails here: the peers'
 	// next call waits for it.
-	err := g.copyRecv(h, 0, rowBytes(x), recv, recvW)
+	err := g.copyRecv(h, 0, rowBytes(x), recv, recvW, recvIdx)
 	if err == nil && sx != nil {
-		err = g.copyRecv(h, g.scaleOff(), rowBytes(sx), recvS, nil)
-	}
-	if err == nil && recvIdx != nil {
-		err = g.copyIdx(h, recvIdx)
+		err = g.copyRecv(h, g.scaleOff(), rowBytes(sx), recvS, nil, nil)
 	}
 	return errors.Join(err, g.finish(uint32(opDispatch)))
 }
@@ -822,7 +820,7 @@ func (g *gpuEngine) dispatchPermuteRound(h *Handle, x, w, sx *device.Tensor, rou
 // the receive window into px (pw, ps).
 func (g *gpuEngine) permuteArrived(h *Handle, x, w, sx, px, pw, ps, recvW, recvIdx *device.Tensor) error {
 	rb := rowBytes(x)
-	if err := g.copyRecv(h, 0, rb, nil, recvW); err != nil {
+	if err := g.copyRecv(h, 0, rb, nil, recvW, nil); err != nil {
 		return err
 	}
 	if recvIdx != nil {

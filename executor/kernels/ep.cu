@@ -337,8 +337,10 @@ extern "C" __global__ void goep_ep_rail_post(uint64_t *ring, uint64_t pos, uint6
 // min(counts[0], rowCap) when counts is not null, else rows (by value), row
 // i < n of out is row i of the rows area src and row i of outW (when not
 // null) is srcW[i*K+k] where idx[i*K+k] >= 0, else 0; rows [n, rowCap) of
-// out and outW are zero. Blocks: grid.x = rowCap, grid.y chunks.
-extern "C" __global__ void goep_ep_copy_out(uint8_t *out, float *outW, const uint8_t *src,
+// out and outW are zero. Row i < rowCap of outIdx (when not null) is row i
+// of idx, as it is. Blocks: grid.x = rowCap, grid.y chunks, at least topk
+// threads.
+extern "C" __global__ void goep_ep_copy_out(uint8_t *out, float *outW, int32_t *outIdx, const uint8_t *src,
 					    const float *srcW, const int32_t *idx,
 					    const int32_t *counts, int64_t rows, int64_t rowCap,
 					    int64_t rowBytes, int32_t topk, int32_t unit)
@@ -357,6 +359,9 @@ extern "C" __global__ void goep_ep_copy_out(uint8_t *out, float *outW, const uin
 		} else {
 			zero_units(out + i * rowBytes, rowBytes / unit, unit);
 		}
+	}
+	if (outIdx != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
+		outIdx[i * topk + threadIdx.x] = idx[i * topk + threadIdx.x];
 	}
 	if (outW != nullptr && blockIdx.y == 0 && threadIdx.x < topk) {
 		int64_t s = i * topk + threadIdx.x;
