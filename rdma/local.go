@@ -232,8 +232,19 @@ func (t *localTransport) WaitAll(ctx context.Context, peers []int, epoch uint64)
 		if len(pending) == 0 {
 			return nil
 		}
+		if testHookWaitLooked != nil {
+			testHookWaitLooked()
+		}
 		if err := t.lostError(op, pending); err != nil {
-			return err
+			// A peer may signal and then be freed (its Close timed out)
+			// between the look and this check. Its signal was stored
+			// before it was freed, so a second look sees it: only the
+			// peers seen lost that it still misses fail the wait.
+			lost := slices.DeleteFunc(err.(*comm.PeerLostError).Ranks, func(p int) bool { return t.sig[p].Load() >= epoch })
+			if len(lost) > 0 {
+				return t.lostError(op, lost)
+			}
+			continue
 		}
 		if ctx.Err() != nil {
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {

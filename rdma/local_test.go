@@ -350,6 +350,44 @@ func TestLocalPeerFreed(t *testing.T) {
 	})
 }
 
+// TestLocalWaitSignalledThenFreed: rank 1 signals epoch 1 and is then
+// freed (its Close gives up on rank 0) right between rank 0's look at the
+// signals and its check for lost peers (testHookWaitLooked): the wait
+// for epoch 1 succeeds, since the signal came first; the wait for epoch
+// 2, which rank 1 never signalled, reports it lost.
+func TestLocalWaitSignalledThenFreed(t *testing.T) {
+	goAhead, freed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	testHookWaitLooked = func() {
+		once.Do(func() {
+			close(goAhead)
+			<-freed
+		})
+	}
+	defer func() { testHookWaitLooked = nil }()
+	runLocal(t, 2, Config{SendBytes: 8, RecvBytes: 8, Timeout: 50 * time.Millisecond}, NewInProcess, func(ctx context.Context, g comm.Group, tr Transport) error {
+		if tr.Rank() == 1 {
+			<-goAhead
+			defer close(freed)
+			if err := tr.Put(ctx, Work{Peer: 0, Bytes: 8, Epoch: 1}); err != nil {
+				return fmt.Errorf("Put: %v", err)
+			}
+			if err := tr.Close(); !errors.Is(err, comm.ErrTimeout) {
+				return fmt.Errorf("Close with a peer that does not close: %v, want a timeout", err)
+			}
+			return nil
+		}
+		if err := tr.WaitAll(ctx, []int{1}, 1); err != nil {
+			return fmt.Errorf("wait for epoch 1, which rank 1 signalled before it was freed: %v, want nil", err)
+		}
+		var pl *comm.PeerLostError
+		if err := tr.WaitAll(ctx, []int{1}, 2); !errors.As(err, &pl) || fmt.Sprint(pl.Ranks) != "[1]" {
+			return fmt.Errorf("wait for epoch 2 of a freed peer: %v, want a *comm.PeerLostError naming rank 1", err)
+		}
+		return nil
+	})
+}
+
 // TestLocalNewSplit: New on groups split from one world (as the executor's
 // rails are) picks the in-process transport, and the two groups' meetings
 // do not mix.

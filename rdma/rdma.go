@@ -162,3 +162,8 @@ func checkPeers(rank, size int, peers []int) error {
 	}
 	return nil
 }
+
+// testHookWaitLooked, when a test sets it, runs in WaitAll (both
+// transports) between a look at the signals that left peers pending and
+// the check for lost peers.
+var testHookWaitLooked func()

@@ -354,10 +354,6 @@ func (t *ucxTransport) WaitAll(ctx context.Context, peers []int, epoch uint64) e
 	}
 }
 
-// testHookWaitLooked, when a test sets it, runs in WaitAll between a look
-// at the signals that left peers pending and the check for lost peers.
-var testHookWaitLooked func()
-
 const (
 	// spinFor is how long waits poll back to back before sleeping.
 	spinFor = 200 * time.Microsecond
