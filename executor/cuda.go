@@ -45,7 +45,7 @@ const opRejected = 0x7f
 
 // Regions of the GPU windows.
 const (
-	regionFlags = iota // arrived[R], done[R], status, epoch counter (uint64), missing[R] (int32), ticket (uint32)
+	regionFlags = iota // arrived[R], done[R], status, epoch counter (uint64), missing[R] (int32)
 	regionRecv         // dispatch: rows [recvCap, H] at the call's row bytes, then weights [recvCap, K] fp32
 	regionComb         // combine: rows [MaxTokensPerRank*W, H], then weights [MaxTokensPerRank*W, K] fp32
 	regionRoute        // layout: routing [R*MaxTokensPerRank*K] int32, then token counts [R] int32 (layout_cuda.go)
@@ -118,11 +118,7 @@ func (t *gpuTables) close() {
 	}
 }
 
-func flagsSize(R int) int { return ticketOff(R) + 8 }
-
-// ticketOff is the offset of the done signal's block ticket (uint32,
-// kernels/ep.cu's signal_done), after missing[R], 8-byte aligned.
-func ticketOff(R int) int { return roundUp((2*R+2)*8+4*R, 8) }
+func flagsSize(R int) int { return (2*R+2)*8 + 4*R }
 
 // Byte offsets in the flags region.
 func (g *gpuEngine) statusOff() int  { return 2 * g.R * 8 }
@@ -339,15 +335,6 @@ func (g *gpuEngine) arrive(op uint32) error {
 // finish signals that this rank's windows may be written again.
 func (g *gpuEngine) finish(op uint32) error {
 	return g.signalPeers(g.doneSlot(), op)
-}
-
-// doneArgs are the last six arguments of a kernel that ends a call
-// (goep_ep_copy_out, goep_ep_sum_*): with op != 0 the grid's last block
-// signals done as finish(op) does (kernels/ep.cu's signal_done), which
-// saves the call a launch; with op 0 it does not, and finish must.
-func (g *gpuEngine) doneArgs(op uint32) []any {
-	return []any{g.peerTable(regionFlags), int32(g.R), g.doneSlot() + int64(g.me),
-		g.ownView(regionFlags, g.counterOff(), 8), op, g.ownView(regionFlags, ticketOff(g.R), 4)}
 }
 
 // reject joins a collective call whose input this rank rejected: its peers
@@ -732,12 +719,10 @@ func (g *gpuEngine) scaleOff() int { return g.recvCap * g.H }
 // copyRecv enqueues goep_ep_copy_out from the receive window's rows at
 // byte off into out (rows of rb bytes; nil: none) and outW (weights; nil:
 // none), and the handle's RecvIdx table into outIdx (nil: none; what
-// copyIdx copies, in the same launch). With done != 0 the launch also
-// signals done with that op (doneArgs); signalled says whether a launch
-// was enqueued to do so (not when there is nothing to copy).
-func (g *gpuEngine) copyRecv(h *Handle, off, rb int, out, outW, outIdx *device.Tensor, done uint32) (signalled bool, err error) {
+// copyIdx copies, in the same launch).
+func (g *gpuEngine) copyRecv(h *Handle, off, rb int, out, outW, outIdx *device.Tensor) error {
 	if h.recvRows == 0 || out == nil && outW == nil && outIdx == nil {
-		return false, nil
+		return nil
 	}
 	src := g.ownView(regionRecv, off, h.recvRows*rb)
 	srcW := g.ownView(regionRecv, g.recvWOff, h.recvRows*g.K*4)
@@ -752,15 +737,11 @@ func (g *gpuEngine) copyRecv(h *Handle, off, rb int, out, outW, outIdx *device.T
 	}
 	grid, block, err := rowShape(h.recvRows, units, g.K)
 	if err != nil {
-		return false, err
+		return err
 	}
 	rows, counts := g.rowsArg(h)
-	args := append([]any{out, outW, outIdx, src, srcW, h.gpu.recvIdx, counts,
-		rows, int64(h.recvRows), int64(rb), int32(g.K), unit}, g.doneArgs(done)...)
-	if err := g.s.Launch(g.copyOut, grid, block, 0, args...); err != nil {
-		return false, err
-	}
-	return done != 0, nil
+	return g.s.Launch(g.copyOut, grid, block, 0, out, outW, outIdx, src, srcW, h.gpu.recvIdx, counts,
+		rows, int64(h.recvRows), int64(rb), int32(g.K), unit)
 }
 
 // dispatch enqueues Dispatch: the rows of x with their weights w (may be
@@ -787,20 +768,12 @@ func (g *gpuEngine) dispatchRound(h *Handle, x, w, sx *device.Tensor, round uint
 		return err
 	}
 	// Past the arrive, done is signalled whatever fails here: the peers'
-	// next call waits for it. The last copy-out's last block signals it;
-	// finish does when no copy-out signalled.
-	op := uint32(opDispatch)
-	var signalled bool
-	var err error
-	if sx == nil {
-		signalled, err = g.copyRecv(h, 0, rowBytes(x), recv, recvW, recvIdx, op)
-	} else if _, err = g.copyRecv(h, 0, rowBytes(x), recv, recvW, recvIdx, 0); err == nil {
-		signalled, err = g.copyRecv(h, g.scaleOff(), rowBytes(sx), recvS, nil, nil, op)
+	// next call waits for it.
+	err := g.copyRecv(h, 0, rowBytes(x), recv, recvW, recvIdx)
+	if err == nil && sx != nil {
+		err = g.copyRecv(h, g.scaleOff(), rowBytes(sx), recvS, nil, nil)
 	}
-	if signalled {
-		return nil
-	}
-	return errors.Join(err, g.finish(op))
+	return errors.Join(err, g.finish(uint32(opDispatch)))
 }
 
 // hold keeps the stream busy for d (tests).
@@ -847,7 +820,7 @@ func (g *gpuEngine) dispatchPermuteRound(h *Handle, x, w, sx *device.Tensor, rou
 // the receive window into px (pw, ps).
 func (g *gpuEngine) permuteArrived(h *Handle, x, w, sx, px, pw, ps, recvW, recvIdx *device.Tensor) error {
 	rb := rowBytes(x)
-	if _, err := g.copyRecv(h, 0, rb, nil, recvW, nil, 0); err != nil {
+	if err := g.copyRecv(h, 0, rb, nil, recvW, nil); err != nil {
 		return err
 	}
 	if recvIdx != nil {
@@ -1035,19 +1008,14 @@ func (g *gpuEngine) sumWindows(h *Handle, dt device.DType, weighted bool, out Di
 // out.GradTopkWeights), and the done signal, which is sent whatever fails
 // before it (past the arrive, the peers' next call waits for it).
 func (g *gpuEngine) sumCombined(h *Handle, dt device.DType, out DispatchBackwardOutput, weighted bool, op uint32) error {
-	signalled, err := g.sumOwn(h, dt, out, weighted, op)
-	if signalled {
-		return nil
-	}
-	return errors.Join(err, g.finish(op))
+	return errors.Join(g.sumOwn(h, dt, out, weighted), g.finish(op))
 }
 
-// sumOwn is sumCombined's sum, whose launch also signals done (op;
-// doneArgs): signalled says whether it was enqueued (not without tokens).
-func (g *gpuEngine) sumOwn(h *Handle, dt device.DType, out DispatchBackwardOutput, weighted bool, op uint32) (signalled bool, err error) {
+// sumOwn is sumCombined's sum.
+func (g *gpuEngine) sumOwn(h *Handle, dt device.DType, out DispatchBackwardOutput, weighted bool) error {
 	T := h.numTokens
 	if T == 0 {
-		return false, nil
+		return nil
 	}
 	rb := g.H * dt.Size()
 	src := g.ownView(regionComb, 0, T*g.W*rb)
@@ -1059,7 +1027,7 @@ func (g *gpuEngine) sumOwn(h *Handle, dt device.DType, out DispatchBackwardOutpu
 	}
 	grid, block, err := rowShape(T, units, g.K)
 	if err != nil {
-		return false, err
+		return err
 	}
 	di := 0
 	if dt == device.FP32 {
@@ -1069,12 +1037,8 @@ func (g *gpuEngine) sumOwn(h *Handle, dt device.DType, out DispatchBackwardOutpu
 	if weighted {
 		gw = out.GradTopkWeights
 	}
-	args := append([]any{out.GradX, gw, src, srcW, h.gpu.entRow, h.gpu.slotEnt,
-		int64(T), int32(g.W), int64(g.H), int32(g.K), v, g.dnan}, g.doneArgs(op)...)
-	if err := g.s.Launch(g.sum[di], grid, block, 0, args...); err != nil {
-		return false, err
-	}
-	return true, nil
+	return g.s.Launch(g.sum[di], grid, block, 0, out.GradX, gw, src, srcW, h.gpu.entRow, h.gpu.slotEnt,
+		int64(T), int32(g.W), int64(g.H), int32(g.K), v, g.dnan)
 }
 
 // unpermuteCombine enqueues UnpermuteCombine, fused: the unpermute stores

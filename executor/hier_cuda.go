@@ -521,10 +521,8 @@ func (g *gpuEngine) hierSum(h *Handle, dt device.DType, weighted bool, out Dispa
 		if err != nil {
 			return err
 		}
-		// The done signal follows the rail's sends (finish below).
-		args := append([]any{out, gw, src, srcW, live, slots,
-			int64(tokens), int32(W), int64(g.H), int32(K), v, g.dnan}, g.doneArgs(0)...)
-		return g.s.Launch(k, grid, block, 0, args...)
+		return g.s.Launch(k, grid, block, 0, out, gw, src, srcW, live, slots,
+			int64(tokens), int32(W), int64(g.H), int32(K), v, g.dnan)
 	}
 	ownK := hx.sumF32
 	if dt == device.FP32 {

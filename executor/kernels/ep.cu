@@ -183,41 +183,6 @@ extern "C" __global__ void goep_ep_arrive(uint64_t *const *peerFlags, int32_t ra
 	wait_flags(flags, ranks, counter, 0, 0, op, timeoutNs, status, missing);
 }
 
-// signal_done is a consumer kernel's done signal (goep_ep_signal of word
-// flagSlot with op), sent by the last of the grid's blocks to finish, so
-// that a call's last launch signals instead of a launch of its own: every
-// block, once all its threads are past their reads of the own windows
-// (their values stored), takes a ticket from *ticket; the block that takes
-// the last of gridDim.x * gridDim.y resets *ticket to 0 for the next launch
-// (a replayed graph's too) and signals. Nothing when op is 0. Every thread
-// of every block must call it.
-__device__ __forceinline__ void signal_done(uint64_t *const *peerFlags, int32_t ranks, int64_t flagSlot,
-					    const uint64_t *counter, uint32_t op, uint32_t *ticket)
-{
-	if (op == 0) {
-		return;
-	}
-	__shared__ bool last;
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		__threadfence();
-		last = atomicAdd(ticket, 1u) == gridDim.x * gridDim.y - 1;
-	}
-	__syncthreads();
-	if (!last) {
-		return;
-	}
-	if (threadIdx.x == 0) {
-		*ticket = 0;
-	}
-	__threadfence_system();
-	uint64_t value = *(volatile const uint64_t *)counter << 8 | op;
-	for (int p = threadIdx.x; p < ranks; p += blockDim.x) {
-		volatile uint64_t *f = peerFlags[p] + flagSlot;
-		*f = value;
-	}
-}
-
 // put_rows is goep_ep_push and goep_ep_scatter: for every item j < items
 // with row = dstRow[j] >= 0, row s = srcRow[j] (j when srcRow is null) of
 // x (rowBytes) goes to row row of the rows area of peer dstPeer[j]
@@ -374,12 +339,11 @@ extern "C" __global__ void goep_ep_rail_post(uint64_t *ring, uint64_t pos, uint6
 // null) is srcW[i*K+k] where idx[i*K+k] >= 0, else 0; rows [n, rowCap) of
 // out and outW are zero. Row i < rowCap of outIdx (when not null) is row i
 // of idx, as it is. Blocks: grid.x = rowCap, grid.y chunks, at least topk
-// threads. With op != 0 the grid's last block then signals done
-// (signal_done: peerFlags, ranks, flagSlot, counter, op, ticket).
-__device__ __forceinline__ void copy_out(uint8_t *out, float *outW, int32_t *outIdx, const uint8_t *src,
-					 const float *srcW, const int32_t *idx, const int32_t *counts,
-					 int64_t rows, int64_t rowCap, int64_t rowBytes, int32_t topk,
-					 int32_t unit)
+// threads.
+extern "C" __global__ void goep_ep_copy_out(uint8_t *out, float *outW, int32_t *outIdx, const uint8_t *src,
+					    const float *srcW, const int32_t *idx,
+					    const int32_t *counts, int64_t rows, int64_t rowCap,
+					    int64_t rowBytes, int32_t topk, int32_t unit)
 {
 	int64_t i = blockIdx.x;
 	if (i >= rowCap) {
@@ -411,17 +375,6 @@ __device__ __forceinline__ void copy_out(uint8_t *out, float *outW, int32_t *out
 	}
 }
 
-extern "C" __global__ void goep_ep_copy_out(uint8_t *out, float *outW, int32_t *outIdx, const uint8_t *src,
-					    const float *srcW, const int32_t *idx,
-					    const int32_t *counts, int64_t rows, int64_t rowCap,
-					    int64_t rowBytes, int32_t topk, int32_t unit,
-					    uint64_t *const *peerFlags, int32_t ranks, int64_t flagSlot,
-					    const uint64_t *counter, uint32_t op, uint32_t *ticket)
-{
-	copy_out(out, outW, outIdx, src, srcW, idx, counts, rows, rowCap, rowBytes, topk, unit);
-	signal_done(peerFlags, ranks, flagSlot, counter, op, ticket);
-}
-
 // goep_ep_sum_* is the combine sum on the source (executor.sumRows): for
 // token t < tokens, the terms are the rows of the rows area src at row
 // t*width + c for c < width with live[t*width+c] >= 0, in c order
@@ -429,9 +382,7 @@ extern "C" __global__ void goep_ep_copy_out(uint8_t *out, float *outW, int32_t *
 // (add: NaNs as on the host), rounded to the dtype once, zero without
 // terms. When gw is not null, gw[t*K+k] = srcW[slot[t*K+k]*K + k] for
 // slot >= 0, else 0. Blocks: grid.x = tokens, grid.y chunks of the row's
-// units; a unit is V elements (16 bytes) when vec, else one element. The
-// kernels then signal done when op != 0 (signal_done: peerFlags, ranks,
-// flagSlot, counter, op, ticket).
+// units; a unit is V elements (16 bytes) when vec, else one element.
 template <bool BF16, int V, bool OUT32 = false>
 __device__ __forceinline__ void sum_rows(uint8_t *out, float *gw, const uint8_t *src,
 					 const float *srcW, const int32_t *live, const int32_t *slot,
@@ -542,31 +493,25 @@ __device__ __forceinline__ void sum_rows(uint8_t *out, float *gw, const uint8_t 
 extern "C" __global__ void goep_ep_sum_bf16(uint8_t *out, float *gw, const uint8_t *src,
 					    const float *srcW, const int32_t *live,
 					    const int32_t *slot, int64_t tokens, int32_t width,
-					    int64_t hidden, int32_t topk, int32_t vec, uint32_t dnan,
-					    uint64_t *const *peerFlags, int32_t ranks, int64_t flagSlot,
-					    const uint64_t *counter, uint32_t op, uint32_t *ticket)
+					    int64_t hidden, int32_t topk, int32_t vec, uint32_t dnan)
 {
 	if (vec) {
 		sum_rows<true, 8>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
 	} else {
 		sum_rows<true, 1>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
 	}
-	signal_done(peerFlags, ranks, flagSlot, counter, op, ticket);
 }
 
 extern "C" __global__ void goep_ep_sum_fp32(uint8_t *out, float *gw, const uint8_t *src,
 					    const float *srcW, const int32_t *live,
 					    const int32_t *slot, int64_t tokens, int32_t width,
-					    int64_t hidden, int32_t topk, int32_t vec, uint32_t dnan,
-					    uint64_t *const *peerFlags, int32_t ranks, int64_t flagSlot,
-					    const uint64_t *counter, uint32_t op, uint32_t *ticket)
+					    int64_t hidden, int32_t topk, int32_t vec, uint32_t dnan)
 {
 	if (vec) {
 		sum_rows<false, 4>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
 	} else {
 		sum_rows<false, 1>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
 	}
-	signal_done(peerFlags, ranks, flagSlot, counter, op, ticket);
 }
 
 // goep_ep_sum_bf16_f32 is goep_ep_sum_bf16 with fp32 rows out, not
@@ -576,16 +521,13 @@ extern "C" __global__ void goep_ep_sum_fp32(uint8_t *out, float *gw, const uint8
 extern "C" __global__ void goep_ep_sum_bf16_f32(uint8_t *out, float *gw, const uint8_t *src,
 						const float *srcW, const int32_t *live,
 						const int32_t *slot, int64_t tokens, int32_t width,
-						int64_t hidden, int32_t topk, int32_t vec, uint32_t dnan,
-						uint64_t *const *peerFlags, int32_t ranks, int64_t flagSlot,
-						const uint64_t *counter, uint32_t op, uint32_t *ticket)
+						int64_t hidden, int32_t topk, int32_t vec, uint32_t dnan)
 {
 	if (vec) {
 		sum_rows<true, 8, true>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
 	} else {
 		sum_rows<true, 1, true>(out, gw, src, srcW, live, slot, tokens, width, hidden, topk, dnan);
 	}
-	signal_done(peerFlags, ranks, flagSlot, counter, op, ticket);
 }
 
 // goep_ep_merge_* is the last step of the hierarchical combine on the
