@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -297,6 +298,103 @@ func TestCUDADelay(t *testing.T) {
 	}
 	if err := s.Synchronize(t.Context()); !errors.As(err, &te) {
 		t.Fatalf("Synchronize after a refused Delay: %v, want its error", err)
+	}
+}
+
+// TestCUDAModuleShared: LoadModule of PTX already loaded on the backend
+// shares its module (one JIT compilation), also when the loads race; a
+// closed handle's kernels refuse to launch while another handle's still
+// run; the last Close unloads, and a later load compiles again; a closed
+// backend refuses loads.
+func TestCUDAModuleShared(t *testing.T) {
+	c := newCUDA(t)
+	load := func(ptx string) *Module {
+		t.Helper()
+		m, err := c.LoadModule([]byte(ptx))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	kernel := func(m *Module) *Kernel {
+		t.Helper()
+		k, err := m.Kernel("goep_delay")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	one := [3]uint32{1, 1, 1}
+	m1, m2 := load(delayPTX), load(delayPTX)
+	other := load(delayPTX + "// another image\n")
+	if m1.lm != m2.lm || m1.lm == other.lm {
+		t.Fatalf("the same PTX loaded twice shares a module: %v, different PTX: %v; want true, false", m1.lm == m2.lm, m1.lm == other.lm)
+	}
+	if got := m1.lm.refs; got != 2 {
+		t.Fatalf("handles on the shared module: %d, want 2", got)
+	}
+	k1, k2 := kernel(m1), kernel(m2)
+	if err := m1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m1.Close(); err != nil || m2.lm.refs != 1 {
+		t.Fatalf("second Close: %v, handles left %d; want nil, 1", err, m2.lm.refs)
+	}
+	if _, err := m1.Kernel("goep_delay"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Kernel of a closed handle: %v, want ErrClosed", err)
+	}
+	bad := newCUDAStream(t, c)
+	if err := bad.Launch(k1, one, one, 0, uint64(1000)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("launch of a closed handle's kernel: %v, want ErrClosed", err)
+	}
+	s := newCUDAStream(t, c)
+	if err := s.Launch(k2, one, one, 0, uint64(1000)); err != nil {
+		t.Fatalf("launch of the open handle's kernel: %v", err)
+	}
+	syncCUDA(t, s)
+	if err := errors.Join(m2.Close(), other.Close()); err != nil {
+		t.Fatal(err)
+	}
+	c.modMu.Lock()
+	left := len(c.modules)
+	c.modMu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d modules loaded after every handle closed, want 0", left)
+	}
+	// Racing loads of one PTX compile it once.
+	ms := make([]*Module, 8)
+	errs := make([]error, len(ms))
+	var wg sync.WaitGroup
+	for i := range ms {
+		wg.Go(func() { ms[i], errs[i] = c.LoadModule([]byte(delayPTX)) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.lm != ms[0].lm || m.lm == m1.lm {
+			t.Fatalf("racing loads: modules differ, or the unloaded module came back")
+		}
+	}
+	if err := s.Launch(kernel(ms[3]), one, one, 0, uint64(1000)); err != nil {
+		t.Fatal(err)
+	}
+	syncCUDA(t, s)
+	for _, m := range ms {
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c2, err := NewCUDA(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c2.LoadModule([]byte(delayPTX)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("LoadModule on a closed backend: %v, want ErrClosed", err)
 	}
 }
 

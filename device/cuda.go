@@ -4,6 +4,7 @@ package device
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -44,6 +45,16 @@ type CUDA struct {
 
 	delayMod *Module // goep_delay's module, loaded by the first Delay; guarded by mu
 	delay    *Kernel
+
+	// modules are the loaded modules by their PTX's SHA-256: LoadModule of
+	// PTX already loaded shares its module (every engine of the ranks that
+	// share this backend loads the same kernels, and a load JIT-compiles
+	// them, about half a second a module on an H200 host), and the last
+	// Module.Close unloads it. Guarded by modMu, which is held across the
+	// load so that concurrent loads of the same PTX compile it once, and
+	// is never taken inside Device.Do.
+	modMu   sync.Mutex
+	modules map[[sha256.Size]byte]*loadedModule
 
 	// captures counts the streams of this GPU between BeginCapture and
 	// EndCapture. afterCapture are the buffers whose free was asked for
@@ -314,43 +325,91 @@ func (c *CUDA) Close() error {
 	return nil
 }
 
-// Module is GPU code loaded on a CUDA backend.
+// Module is GPU code loaded on a CUDA backend: a handle on a module that
+// every LoadModule of the same PTX on this backend shares.
 type Module struct {
-	c *CUDA
-	m *cuda.Module
+	c      *CUDA
+	key    [sha256.Size]byte
+	lm     *loadedModule
+	closed atomic.Bool
 }
 
-// LoadModule JIT-compiles PTX for the GPU and loads it. The error carries
-// the JIT compiler's log.
+// loadedModule is a module with the number of open Module handles on it.
+type loadedModule struct {
+	m    *cuda.Module
+	refs int // guarded by CUDA.modMu
+}
+
+// LoadModule JIT-compiles PTX for the GPU and loads it, or, when this
+// backend has the same PTX loaded, returns a handle on that module. The
+// error carries the JIT compiler's log.
 func (c *CUDA) LoadModule(ptx []byte) (*Module, error) {
-	m, err := c.dev.LoadPTX(ptx)
-	if err != nil {
-		return nil, fmt.Errorf("device: CUDA load module: %w", err)
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("device: CUDA load module: %w", ErrClosed)
 	}
-	return &Module{c: c, m: m}, nil
+	key := sha256.Sum256(ptx)
+	c.modMu.Lock()
+	defer c.modMu.Unlock()
+	lm := c.modules[key]
+	if lm == nil {
+		m, err := c.dev.LoadPTX(ptx)
+		if err != nil {
+			return nil, fmt.Errorf("device: CUDA load module: %w", err)
+		}
+		lm = &loadedModule{m: m}
+		if c.modules == nil {
+			c.modules = map[[sha256.Size]byte]*loadedModule{}
+		}
+		c.modules[key] = lm
+	}
+	lm.refs++
+	return &Module{c: c, key: key, lm: lm}, nil
 }
 
 // Kernel looks up an extern "C" kernel of the module by name.
 func (m *Module) Kernel(name string) (*Kernel, error) {
-	f, err := m.m.Function(name)
+	if m.closed.Load() {
+		return nil, fmt.Errorf("device: CUDA kernel %q: module: %w", name, ErrClosed)
+	}
+	f, err := m.lm.m.Function(name)
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA kernel: %w", err)
 	}
-	return &Kernel{c: m.c, f: f}, nil
+	return &Kernel{c: m.c, mod: m, f: f}, nil
 }
 
-// Close unloads the module. Kernels already queued must have completed.
+// Close closes the handle; the last handle's Close unloads the module.
+// Kernels already queued must have completed. A second Close does nothing.
 func (m *Module) Close() error {
-	if err := m.m.Close(); err != nil {
+	if m.closed.Swap(true) {
+		return nil
+	}
+	c := m.c
+	c.modMu.Lock()
+	m.lm.refs--
+	last := m.lm.refs == 0
+	if last {
+		delete(c.modules, m.key)
+	}
+	c.modMu.Unlock()
+	if !last {
+		return nil
+	}
+	if err := m.lm.m.Close(); err != nil {
 		return fmt.Errorf("device: CUDA close module: %w", err)
 	}
 	return nil
 }
 
-// Kernel is a kernel of a loaded Module.
+// Kernel is a kernel of a loaded Module, launchable until that Module
+// handle is closed.
 type Kernel struct {
-	c *CUDA
-	f *cuda.Function
+	c   *CUDA
+	mod *Module
+	f   *cuda.Function
 }
 
 // Name is the kernel's name.
@@ -803,6 +862,9 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 	task := "launch " + k.Name()
 	if k.c.dev != s.c.dev {
 		return s.fail(task, errors.New("kernel of another GPU"))
+	}
+	if k.mod.closed.Load() {
+		return s.fail(task, fmt.Errorf("module: %w", ErrClosed))
 	}
 	cargs := make([]any, len(args))
 	for i, a := range args {
