@@ -302,12 +302,18 @@ func TestCUDADelay(t *testing.T) {
 }
 
 // TestCUDAModuleShared: LoadModule of PTX already loaded on the backend
-// shares its module (one JIT compilation), also when the loads race; a
-// closed handle's kernels refuse to launch while another handle's still
-// run; the last Close unloads, and a later load compiles again; a closed
-// backend refuses loads.
+// returns a handle on the same module (one JIT compilation), also when the
+// loads race and after every handle was closed; a closed handle's kernels
+// refuse to launch while another handle's still run; the backend's Close
+// unloads, and a closed backend refuses loads.
 func TestCUDAModuleShared(t *testing.T) {
-	c := newCUDA(t)
+	c, err := NewCUDA(0)
+	if err != nil {
+		if *requireGPU {
+			t.Fatalf("no usable GPU: %v", err)
+		}
+		t.Skipf("no usable GPU: %v", err)
+	}
 	load := func(ptx string) *Module {
 		t.Helper()
 		m, err := c.LoadModule([]byte(ptx))
@@ -324,30 +330,36 @@ func TestCUDAModuleShared(t *testing.T) {
 		}
 		return k
 	}
+	loaded := func() int {
+		c.modMu.Lock()
+		defer c.modMu.Unlock()
+		return len(c.modules)
+	}
 	one := [3]uint32{1, 1, 1}
 	m1, m2 := load(delayPTX), load(delayPTX)
 	other := load(delayPTX + "// another image\n")
-	if m1.lm != m2.lm || m1.lm == other.lm {
-		t.Fatalf("the same PTX loaded twice shares a module: %v, different PTX: %v; want true, false", m1.lm == m2.lm, m1.lm == other.lm)
-	}
-	if got := m1.lm.refs; got != 2 {
-		t.Fatalf("handles on the shared module: %d, want 2", got)
+	if m1.m != m2.m || m1.m == other.m || loaded() != 2 {
+		t.Fatalf("the same PTX loaded twice shares a module: %v, different PTX: %v, modules loaded %d; want true, false, 2",
+			m1.m == m2.m, m1.m == other.m, loaded())
 	}
 	k1, k2 := kernel(m1), kernel(m2)
-	if err := m1.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := m1.Close(); err != nil || m2.lm.refs != 1 {
-		t.Fatalf("second Close: %v, handles left %d; want nil, 1", err, m2.lm.refs)
+	if err := errors.Join(m1.Close(), m1.Close()); err != nil {
+		t.Fatalf("Close twice: %v", err)
 	}
 	if _, err := m1.Kernel("goep_delay"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Kernel of a closed handle: %v, want ErrClosed", err)
 	}
-	bad := newCUDAStream(t, c)
+	bad, err := c.NewCUDAStream()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := bad.Launch(k1, one, one, 0, uint64(1000)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("launch of a closed handle's kernel: %v, want ErrClosed", err)
 	}
-	s := newCUDAStream(t, c)
+	s, err := c.NewCUDAStream()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Launch(k2, one, one, 0, uint64(1000)); err != nil {
 		t.Fatalf("launch of the open handle's kernel: %v", err)
 	}
@@ -355,13 +367,7 @@ func TestCUDAModuleShared(t *testing.T) {
 	if err := errors.Join(m2.Close(), other.Close()); err != nil {
 		t.Fatal(err)
 	}
-	c.modMu.Lock()
-	left := len(c.modules)
-	c.modMu.Unlock()
-	if left != 0 {
-		t.Fatalf("%d modules loaded after every handle closed, want 0", left)
-	}
-	// Racing loads of one PTX compile it once.
+	// Racing loads, after every handle was closed: the module loaded first.
 	ms := make([]*Module, 8)
 	errs := make([]error, len(ms))
 	var wg sync.WaitGroup
@@ -373,27 +379,27 @@ func TestCUDAModuleShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range ms {
-		if m.lm != ms[0].lm || m.lm == m1.lm {
-			t.Fatalf("racing loads: modules differ, or the unloaded module came back")
+		if m.m != m1.m {
+			t.Fatalf("racing loads after the handles closed: not the module loaded first")
 		}
 	}
 	if err := s.Launch(kernel(ms[3]), one, one, 0, uint64(1000)); err != nil {
 		t.Fatal(err)
 	}
 	syncCUDA(t, s)
-	for _, m := range ms {
-		if err := m.Close(); err != nil {
-			t.Fatal(err)
-		}
+	if loaded() != 2 {
+		t.Fatalf("modules loaded: %d, want 2", loaded())
 	}
-	c2, err := NewCUDA(0)
-	if err != nil {
+	if err := bad.Close(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Close of the stream whose launch was refused: %v, want that refusal", err)
+	}
+	if err := errors.Join(s.Close(), c.Close()); err != nil {
 		t.Fatal(err)
 	}
-	if err := c2.Close(); err != nil {
-		t.Fatal(err)
+	if loaded() != 0 {
+		t.Fatalf("modules loaded after the backend's Close: %d, want 0", loaded())
 	}
-	if _, err := c2.LoadModule([]byte(delayPTX)); !errors.Is(err, ErrClosed) {
+	if _, err := c.LoadModule([]byte(delayPTX)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("LoadModule on a closed backend: %v, want ErrClosed", err)
 	}
 }

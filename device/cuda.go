@@ -46,15 +46,16 @@ type CUDA struct {
 	delayMod *Module // goep_delay's module, loaded by the first Delay; guarded by mu
 	delay    *Kernel
 
-	// modules are the loaded modules by their PTX's SHA-256: LoadModule of
-	// PTX already loaded shares its module (every engine of the ranks that
-	// share this backend loads the same kernels, and a load JIT-compiles
-	// them, about half a second a module on an H200 host), and the last
-	// Module.Close unloads it. Guarded by modMu, which is held across the
-	// load so that concurrent loads of the same PTX compile it once, and
-	// is never taken inside Device.Do.
-	modMu   sync.Mutex
-	modules map[[sha256.Size]byte]*loadedModule
+	// modules are the loaded modules by their PTX's SHA-256, kept until
+	// Close: LoadModule of PTX already loaded returns a handle on its
+	// module. Every engine on this backend (the ranks of a process, the
+	// cases of a sweep) loads the same kernels, and a load JIT-compiles
+	// them, about half a second a module on an H200 host. Guarded by
+	// modMu, which is held across the load so that concurrent loads of
+	// the same PTX compile it once, and is never taken inside Device.Do.
+	modMu     sync.Mutex
+	modules   map[[sha256.Size]byte]*cuda.Module
+	modClosed bool // Close has unloaded the modules
 
 	// captures counts the streams of this GPU between BeginCapture and
 	// EndCapture. afterCapture are the buffers whose free was asked for
@@ -311,6 +312,14 @@ func (c *CUDA) Close() error {
 	if delayMod != nil {
 		errs = append(errs, delayMod.Close())
 	}
+	c.modMu.Lock()
+	for _, m := range c.modules {
+		if err := m.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("unload module: %w", err))
+		}
+	}
+	c.modules, c.modClosed = nil, true
+	c.modMu.Unlock()
 	// Frees still waiting for a capture that never ended: the memory goes
 	// with the context.
 	_ = c.dev.Do(func() error {
@@ -325,48 +334,37 @@ func (c *CUDA) Close() error {
 	return nil
 }
 
-// Module is GPU code loaded on a CUDA backend: a handle on a module that
-// every LoadModule of the same PTX on this backend shares.
+// Module is a handle on GPU code loaded on a CUDA backend. Every
+// LoadModule of the same PTX on the backend shares the one loaded module,
+// which stays loaded until the backend's Close.
 type Module struct {
 	c      *CUDA
-	key    [sha256.Size]byte
-	lm     *loadedModule
+	m      *cuda.Module
 	closed atomic.Bool
 }
 
-// loadedModule is a module with the number of open Module handles on it.
-type loadedModule struct {
-	m    *cuda.Module
-	refs int // guarded by CUDA.modMu
-}
-
 // LoadModule JIT-compiles PTX for the GPU and loads it, or, when this
-// backend has the same PTX loaded, returns a handle on that module. The
-// error carries the JIT compiler's log.
+// backend has loaded the same PTX before, returns a handle on that module.
+// The error carries the JIT compiler's log.
 func (c *CUDA) LoadModule(ptx []byte) (*Module, error) {
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
-		return nil, fmt.Errorf("device: CUDA load module: %w", ErrClosed)
-	}
 	key := sha256.Sum256(ptx)
 	c.modMu.Lock()
 	defer c.modMu.Unlock()
-	lm := c.modules[key]
-	if lm == nil {
-		m, err := c.dev.LoadPTX(ptx)
-		if err != nil {
+	if c.modClosed {
+		return nil, fmt.Errorf("device: CUDA load module: %w", ErrClosed)
+	}
+	m := c.modules[key]
+	if m == nil {
+		var err error
+		if m, err = c.dev.LoadPTX(ptx); err != nil {
 			return nil, fmt.Errorf("device: CUDA load module: %w", err)
 		}
-		lm = &loadedModule{m: m}
 		if c.modules == nil {
-			c.modules = map[[sha256.Size]byte]*loadedModule{}
+			c.modules = map[[sha256.Size]byte]*cuda.Module{}
 		}
-		c.modules[key] = lm
+		c.modules[key] = m
 	}
-	lm.refs++
-	return &Module{c: c, key: key, lm: lm}, nil
+	return &Module{c: c, m: m}, nil
 }
 
 // Kernel looks up an extern "C" kernel of the module by name.
@@ -374,33 +372,19 @@ func (m *Module) Kernel(name string) (*Kernel, error) {
 	if m.closed.Load() {
 		return nil, fmt.Errorf("device: CUDA kernel %q: module: %w", name, ErrClosed)
 	}
-	f, err := m.lm.m.Function(name)
+	f, err := m.m.Function(name)
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA kernel: %w", err)
 	}
 	return &Kernel{c: m.c, mod: m, f: f}, nil
 }
 
-// Close closes the handle; the last handle's Close unloads the module.
-// Kernels already queued must have completed. A second Close does nothing.
+// Close closes the handle: its kernels refuse later launches (work
+// already queued runs). The module stays loaded for the backend's other
+// handles and later loads, until the backend's Close. A second Close does
+// nothing.
 func (m *Module) Close() error {
-	if m.closed.Swap(true) {
-		return nil
-	}
-	c := m.c
-	c.modMu.Lock()
-	m.lm.refs--
-	last := m.lm.refs == 0
-	if last {
-		delete(c.modules, m.key)
-	}
-	c.modMu.Unlock()
-	if !last {
-		return nil
-	}
-	if err := m.lm.m.Close(); err != nil {
-		return fmt.Errorf("device: CUDA close module: %w", err)
-	}
+	m.closed.Store(true)
 	return nil
 }
 
