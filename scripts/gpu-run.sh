@@ -214,5 +214,6 @@ for g in "${groups[@]}"; do
 	*) echo "gpu-run.sh: unknown group $g (want tests, memcheck, memcheck-ranks, bench, experiments or profile)" >&2; exit 2 ;;
 	esac
 done
+steps_end
 echo "# $failed step(s) failed; logs in $out"
 exit $failed

@@ -28,7 +28,8 @@
 #
 # Each step's output goes to $OUT/<step>.log and its JSON to $OUT
 # ($OUT: the device tool's output folder, else ./multigpu-out); stdout gets
-# one PASS/FAIL line per step. NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1
+# one PASS/FAIL line per step; GOEP_STEPS=REGEX runs only the steps whose
+# names match (scripts/steps.sh). NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1
 # and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are set (no NVLink multicast).
 set -uo pipefail
 here=$(dirname "$0")
@@ -92,10 +93,11 @@ want nccl && step nccl-a2a 900 $bin/eprun launch -n "$gpus" -- python3 scripts/a
 	--tokens 128,4096 --hidden 7168 --experts 256 --topk 8 --dtype bf16 --json "$out/nccl-a2a.json"
 
 # Issue 7's table: goep against the peer copy and NCCL.
-if want report; then
+if want report && wanted report; then
 	step report 60 python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json"
 	cat "$out/report.log"
 	python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json" --markdown >"$out/report.md" 2>&1
 fi
+steps_end
 echo "# $failed step(s) failed; logs and JSON in $out"
 exit $failed

@@ -5,9 +5,29 @@
 # log's tail) and counts failures in $failed. The caller sets out and
 # failed. GOEP_STEPS (an extended regular expression, unset: every step)
 # picks the steps to run by name, so that a group too long for one device
-# call can be split: a step whose name does not match prints SKIP.
+# call can be split: a step whose name does not match prints SKIP. An
+# invalid expression stops the script at once (exit 2); steps_end says
+# when it picked no step at all, which fails the run.
+if [ -n "${GOEP_STEPS:-}" ]; then
+	[[ "" =~ ^(${GOEP_STEPS})$ ]]
+	if [ $? = 2 ]; then
+		echo "GOEP_STEPS=$GOEP_STEPS: not a valid extended regular expression" >&2
+		exit 2
+	fi
+fi
+ran=0 # steps run (not skipped)
+
 # wanted NAME: whether GOEP_STEPS picks step NAME.
 wanted() { [ -z "${GOEP_STEPS:-}" ] || [[ $1 =~ ^(${GOEP_STEPS})$ ]]; }
+
+# steps_end counts a run in which GOEP_STEPS picked no step as a failed
+# step: a run that checked nothing must not read as a pass.
+steps_end() {
+	if [ "$ran" = 0 ] && [ -n "${GOEP_STEPS:-}" ]; then
+		echo "FAIL GOEP_STEPS=$GOEP_STEPS picked none of the steps of the groups run"
+		failed=$((failed + 1))
+	fi
+}
 
 step() {
 	local name=$1 secs=$2
@@ -16,6 +36,7 @@ step() {
 		printf 'SKIP %-32s (GOEP_STEPS=%s)\n' "$name" "$GOEP_STEPS"
 		return
 	fi
+	ran=$((ran + 1))
 	local start=$SECONDS
 	timeout --kill-after=10 "$secs" "$@" >"$out/$name.log" 2>&1
 	local rc=$?
