@@ -361,13 +361,20 @@ func TestLocalWaitSignalledThenFreed(t *testing.T) {
 	testHookWaitLooked = func() {
 		once.Do(func() {
 			close(goAhead)
-			<-freed
+			select {
+			case <-freed:
+			case <-time.After(10 * time.Second): // rank 1 failed: the test reports why
+			}
 		})
 	}
 	defer func() { testHookWaitLooked = nil }()
 	runLocal(t, 2, Config{SendBytes: 8, RecvBytes: 8, Timeout: 50 * time.Millisecond}, NewInProcess, func(ctx context.Context, g comm.Group, tr Transport) error {
 		if tr.Rank() == 1 {
-			<-goAhead
+			select {
+			case <-goAhead:
+			case <-ctx.Done():
+				return fmt.Errorf("rank 0's wait never reached testHookWaitLooked: %w", ctx.Err())
+			}
 			defer close(freed)
 			if err := tr.Put(ctx, Work{Peer: 0, Bytes: 8, Epoch: 1}); err != nil {
 				return fmt.Errorf("Put: %v", err)
