@@ -314,6 +314,7 @@ func TestCUDAModuleShared(t *testing.T) {
 		}
 		t.Skipf("no usable GPU: %v", err)
 	}
+	t.Cleanup(func() { c.Close() }) // on a failure; the test closes it itself (a second Close does nothing)
 	load := func(ptx string) *Module {
 		t.Helper()
 		m, err := c.LoadModule([]byte(ptx))
@@ -353,6 +354,7 @@ func TestCUDAModuleShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { bad.Close() })
 	if err := bad.Launch(k1, one, one, 0, uint64(1000)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("launch of a closed handle's kernel: %v, want ErrClosed", err)
 	}
@@ -360,6 +362,7 @@ func TestCUDAModuleShared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	if err := s.Launch(k2, one, one, 0, uint64(1000)); err != nil {
 		t.Fatalf("launch of the open handle's kernel: %v", err)
 	}

@@ -288,8 +288,9 @@ func (c *CUDA) freeSpare(p uint64) error {
 	return c.spare.Free(cuda.DevicePtr(p))
 }
 
-// Close releases the GPU (its primary context). Streams, modules and
-// buffers should be closed first; memory still allocated goes with the
+// Close releases the GPU (its primary context) and unloads every module
+// loaded on it. Streams and buffers should be closed first, and no kernel
+// of this backend may still run; memory still allocated goes with the
 // context when its last user releases it.
 func (c *CUDA) Close() error {
 	c.mu.Lock()

@@ -38,7 +38,8 @@ $L_wait:
 // MaxDelay bounds Delay's duration.
 const MaxDelay = time.Minute
 
-// delayKernel loads goep_delay on first use; Close unloads it.
+// delayKernel loads goep_delay on first use; the backend's Close releases
+// it with the other modules.
 func (c *CUDA) delayKernel() (*Kernel, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

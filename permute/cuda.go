@@ -111,7 +111,8 @@ type DeviceMap struct {
 // rows is the number of received rows the kernels read.
 func (m DeviceMap) rows() int { return max(0, min(m.Rows, m.RowCap)) }
 
-// LoadCUDAKernels loads the kernels on b. Close unloads them.
+// LoadCUDAKernels loads the kernels on b (the backend compiles them once
+// and keeps them loaded until its own Close: device.CUDA.LoadModule).
 func LoadCUDAKernels(b *device.CUDA) (*CUDAKernels, error) {
 	mod, err := b.LoadModule(permutePTX)
 	if err != nil {
@@ -142,7 +143,8 @@ func LoadCUDAKernels(b *device.CUDA) (*CUDAKernels, error) {
 	return k, nil
 }
 
-// Close unloads the kernels; work queued with them must have completed.
+// Close releases the kernels: later launches of them are refused; work
+// already queued runs.
 func (k *CUDAKernels) Close() error { return k.mod.Close() }
 
 // DefaultNaN is the bits of this CPU's default NaN (inf - inf), which the
