@@ -60,6 +60,8 @@ type gpuEngine struct {
 	pk  *permute.CUDAKernels
 	win *nvlink.GPUWindows
 
+	// goep_ep_<name>, but signalWait, which is goep_ep_arrive (launched
+	// by the method arrive).
 	wait, signal, signalWait, push, scatter, copyOut *device.Kernel
 	sum, permuteScaled, weightGrad                   [2]*device.Kernel // BF16, FP32
 

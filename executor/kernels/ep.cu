@@ -171,8 +171,9 @@ extern "C" __global__ void goep_ep_signal(uint64_t *const *peerFlags, int32_t ra
 	signal_flags(peerFlags, ranks, slot, counter, op);
 }
 
-// goep_ep_arrive is goep_ep_signal of word slot with op, then goep_ep_wait
-// for the peers' words at slot of flags (this call's epoch exactly, op
+// goep_ep_arrive is goep_ep_signal (word slot, this rank's word, of every
+// peer's flags, with op), then goep_ep_wait on flags[0, ranks) (the
+// peers' words in this rank's own flags: this call's epoch exactly, op
 // checked, no bump): a call's arrive in one launch instead of two. One
 // block of at least ranks threads.
 extern "C" __global__ void goep_ep_arrive(uint64_t *const *peerFlags, int32_t ranks, int64_t slot,
