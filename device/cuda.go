@@ -43,8 +43,7 @@ type CUDA struct {
 	hostMu   sync.Mutex
 	hostMaps []*HostMapping
 
-	delayMod *Module // goep_delay's module, loaded by the first Delay; guarded by mu
-	delay    *Kernel
+	delay *Kernel // goep_delay, loaded by the first Delay (its module stays in modules); guarded by mu
 
 	// modules are the loaded modules by their PTX's SHA-256, kept until
 	// Close: LoadModule of PTX already loaded returns a handle on its
@@ -301,17 +300,13 @@ func (c *CUDA) Close() error {
 	c.closed = true
 	spare := c.spare
 	c.spare = nil
-	delayMod := c.delayMod
-	c.delayMod, c.delay = nil, nil
+	c.delay = nil
 	c.mu.Unlock()
 	var errs []error
 	if spare != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		errs = append(errs, spare.Synchronize(ctx), spare.Close())
 		cancel()
-	}
-	if delayMod != nil {
-		errs = append(errs, delayMod.Close())
 	}
 	c.modMu.Lock()
 	for _, m := range c.modules {

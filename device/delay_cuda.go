@@ -57,7 +57,7 @@ func (c *CUDA) delayKernel() (*Kernel, error) {
 	if err != nil {
 		return nil, errors.Join(err, m.Close())
 	}
-	c.delayMod, c.delay = m, k
+	c.delay = k
 	return k, nil
 }
 
