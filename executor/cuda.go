@@ -720,8 +720,8 @@ func (g *gpuEngine) scaleOff() int { return g.recvCap * g.H }
 
 // copyRecv enqueues goep_ep_copy_out from the receive window's rows at
 // byte off into out (rows of rb bytes; nil: none) and outW (weights; nil:
-// none), and the handle's RecvIdx table into outIdx (nil: none; what
-// copyIdx copies, in the same launch).
+// none), and the handle's RecvIdx table into outIdx (nil: none), rows
+// [0, h.recvRows) of each, in one launch.
 func (g *gpuEngine) copyRecv(h *Handle, off, rb int, out, outW, outIdx *device.Tensor) error {
 	if h.recvRows == 0 || out == nil && outW == nil && outIdx == nil {
 		return nil
@@ -781,14 +781,6 @@ func (g *gpuEngine) dispatchRound(h *Handle, x, w, sx *device.Tensor, round uint
 // hold keeps the stream busy for d (tests).
 func (g *gpuEngine) hold(d time.Duration) error { return g.s.Delay(d) }
 
-// copyIdx copies the handle's RecvIdx table into out.
-func (g *gpuEngine) copyIdx(h *Handle, out *device.Tensor) error {
-	if n := h.recvRows * g.K * 4; n > 0 {
-		return g.s.Copy(out.Buffer(), 0, h.gpu.recvIdx, 0, n)
-	}
-	return nil
-}
-
 // dispatchPermute enqueues DispatchPermute: the permute kernel reads the
 // received rows straight from the receive window. For fp8 rows their
 // scales sx move and are permuted too: in one domain with the rows, with
@@ -822,13 +814,8 @@ func (g *gpuEngine) dispatchPermuteRound(h *Handle, x, w, sx *device.Tensor, rou
 // the receive window into px (pw, ps).
 func (g *gpuEngine) permuteArrived(h *Handle, x, w, sx, px, pw, ps, recvW, recvIdx *device.Tensor) error {
 	rb := rowBytes(x)
-	if err := g.copyRecv(h, 0, rb, nil, recvW, nil); err != nil {
+	if err := g.copyRecv(h, 0, rb, nil, recvW, recvIdx); err != nil {
 		return err
-	}
-	if recvIdx != nil {
-		if err := g.copyIdx(h, recvIdx); err != nil {
-			return err
-		}
 	}
 	src := g.ownView(regionRecv, 0, max(h.recvRows*rb, 0))
 	var srcW *device.Buffer
