@@ -7,7 +7,9 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -892,25 +894,180 @@ func TestCUDACaptureFreeEdges(t *testing.T) {
 	syncCUDA(t, s1)
 }
 
+// TestCUDAGraphAllocations: a graph allocation that its capture does not
+// free has memory behind it only from a launch of the graph to its free.
+// Its free before any launch, after a discarded capture or after its
+// graph's Close without a launch is bookkeeping only (the driver refuses
+// cuMemFreeAsync of it: CUDA_ERROR_INVALID_VALUE); a launch after its
+// buffer was freed frees what it allocates; a launch while the last
+// launch's allocation is not freed is refused with the buffer's address.
+// In every case the stream keeps no error and every buffer is returned.
+func TestCUDAGraphAllocations(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	const n = 1 << 20
+	// capture records the allocation of a buffer of n bytes set to v,
+	// which the capture does not free, on st.
+	capture := func(st *CUDAStream, v byte) *Buffer {
+		t.Helper()
+		if err := st.BeginCapture(); err != nil {
+			t.Fatal(err)
+		}
+		b, err := st.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Memset(b, 0, n, v); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	end := func(st *CUDAStream) *Graph {
+		t.Helper()
+		g, err := st.EndCapture()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	launch := func(g *Graph) {
+		t.Helper()
+		if err := g.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(b *Buffer, v byte, when string) {
+		t.Helper()
+		got, err := Download(t.Context(), &Tensor{buf: b, dtype: BF16, shape: []int{n / 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i := firstDiff(got, bytes.Repeat([]byte{v}, n)); i >= 0 {
+			t.Fatalf("%s: byte %d = %#x, want %#x", when, i, got[i], v)
+		}
+	}
+	live := func(want int, when string) {
+		t.Helper()
+		syncCUDA(t, s)
+		if got := c.LiveBuffers(); got != int64(want) {
+			t.Fatalf("%d buffers live %s, want %d", got, when, want)
+		}
+	}
+
+	// Discarded: the stream closed during the capture.
+	s2, err := c.NewCUDAStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := capture(s2, 1)
+	if err := s2.Close(); err != nil {
+		t.Fatalf("close during the capture: %v", err)
+	}
+	s2.Free(b)
+	live(0, "after the free of a discarded capture's allocation")
+
+	// The graph closed without a launch.
+	b = capture(s, 2)
+	g := end(s)
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.Free(b)
+	live(0, "after the free of an allocation of a graph never launched")
+
+	// Launched, freed, launched again (twice), then closed.
+	b = capture(s, 3)
+	g = end(s)
+	launch(g)
+	check(b, 3, "after the first launch")
+	if err := g.Launch(s); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%#x", b.dev)) {
+		t.Fatalf("a launch with the last launch's allocation not freed: %v, want a refusal naming %#x", err, b.dev)
+	}
+	if err := s.Synchronize(t.Context()); err == nil {
+		t.Fatal("the refused launch's error was not kept for Synchronize")
+	}
+	s.Free(b)
+	live(0, "after the free of a launched graph's allocation")
+	launch(g) // allocates again, nothing reaches it: freed after the launch
+	launch(g)
+	live(0, "after two launches of a graph whose allocation's buffer was freed")
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Freed before the first launch, then launched twice.
+	b = capture(s, 4)
+	g = end(s)
+	s.Free(b)
+	live(0, "after the free before the first launch")
+	launch(g)
+	launch(g)
+	live(0, "after two launches")
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The graph closed while its allocation is live, the buffer used after
+	// that and freed.
+	b = capture(s, 5)
+	g = end(s)
+	launch(g)
+	syncCUDA(t, s)
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	check(b, 5, "after the graph's Close")
+	s.Free(b)
+	live(0, "after the free of an allocation that outlived its graph")
+
+	// Another graph's work uses the allocation: its free waits for that
+	// graph's Close.
+	b = capture(s, 6)
+	g = end(s)
+	launch(g)
+	out, _ := NewTensor(s, BF16, n/2)
+	if err := s.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Copy(out.Buffer(), 0, b, 0, n); err != nil {
+		t.Fatal(err)
+	}
+	g2 := end(s)
+	s.Free(b)
+	if err := s.Memset(out.Buffer(), 0, n, 0); err != nil {
+		t.Fatal(err)
+	}
+	launch(g2)
+	check(out.Buffer(), 6, "the copy of a freed allocation that a live graph uses")
+	live(2, "while the second graph lives")
+	if err := errors.Join(g2.Close(), g.Close()); err != nil {
+		t.Fatal(err)
+	}
+	out.Close()
+	waitFreed(t, c, s, "both graphs were closed")
+}
+
 // TestCapturedMemory: what a graph counts is each memory its captured
 // work holds, once, as the buffer that owns it (a view's root, a tensor's
-// buffer), leaving out the capture's own allocations, memory without a
+// buffer; an earlier capture's allocation counts), leaving out the
+// capture's own allocations, memory without a
 // stream (wrapped, shared) and empty buffers. No GPU needed.
 func TestCapturedMemory(t *testing.T) {
 	s := &CUDAStream{}
 	own := &Buffer{bufMem: &bufMem{size: 64, dev: 0x1000, stream: s}}
 	other := &Buffer{bufMem: &bufMem{size: 64, dev: 0x2000, stream: s}}
 	graphAlloc := &Buffer{bufMem: &bufMem{size: 64, dev: 0x3000, stream: s, graph: true}}
+	outlived := &Buffer{bufMem: &bufMem{size: 64, dev: 0x5000, stream: s, graph: true, gended: true}}
 	wrapped := &Buffer{bufMem: &bufMem{size: 64, dev: 0x4000}}
 	empty := &Buffer{bufMem: &bufMem{stream: s}}
 	view := &Buffer{bufMem: &bufMem{size: 8, dev: 0x1008}, parent: own}
 	viewOfView := &Buffer{bufMem: &bufMem{size: 4, dev: 0x100c}, parent: view}
 	var nilTensor *Tensor
 	// own is held only through its views.
-	held := []any{viewOfView, view, &Tensor{buf: other}, other, graphAlloc, wrapped, empty, nilTensor, func() {}}
+	held := []any{viewOfView, view, &Tensor{buf: other}, other, graphAlloc, outlived, wrapped, empty, nilTensor, func() {}}
 	got := capturedMemory(held)
-	if len(got) != 2 || got[0] != own.bufMem || got[1] != other.bufMem {
-		t.Fatalf("captured memory: %d entries, want own's and other's once each", len(got))
+	if len(got) != 3 || got[0] != own.bufMem || got[1] != other.bufMem || got[2] != outlived.bufMem {
+		t.Fatalf("captured memory: %d entries, want own's, other's and the earlier capture's allocation once each", len(got))
 	}
 }
 
@@ -930,6 +1087,30 @@ func TestFlushFrees(t *testing.T) {
 	}
 	if !used.graphClosed() {
 		t.Fatal("the graph's Close did not free the memory whose free was put off at the capture's end")
+	}
+}
+
+// TestFreeUnbackedGraphAllocation: the free of a graph allocation that
+// outlived its capture with no memory behind it (not launched since its
+// last free) only accounts for the buffer: the driver is not called (the
+// stream has none here). No GPU needed.
+func TestFreeUnbackedGraphAllocation(t *testing.T) {
+	c := &CUDA{}
+	s := &CUDAStream{c: c}
+	c.live.Store(1)
+	b := &Buffer{bufMem: &bufMem{size: 64, dev: 0x1000, stream: s, graph: true, gended: true}}
+	if b.inCapture() {
+		t.Fatal("an allocation whose capture ended counts as in the capture")
+	}
+	if spare := s.freeOnDriver(b); spare || !b.gfreed || b.gbacked || c.LiveBuffers() != 0 {
+		t.Fatalf("free: spare %v, freed %v, backed %v, %d live; want false, true, false, 0", spare, b.gfreed, b.gbacked, c.LiveBuffers())
+	}
+	// Also once its stream is closed: nothing for the spare stream.
+	c.live.Store(1)
+	closed := &CUDAStream{c: c, closed: true}
+	b = &Buffer{bufMem: &bufMem{size: 64, dev: 0x2000, stream: closed, graph: true, gended: true}}
+	if spare := closed.freeOnDriver(b); spare || c.LiveBuffers() != 0 {
+		t.Fatalf("free on a closed stream: spare %v, %d live; want false, 0", spare, c.LiveBuffers())
 	}
 }
 

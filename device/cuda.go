@@ -411,6 +411,9 @@ type CUDAStream struct {
 
 	captureFrom int         // len(held) when the current capture began
 	capturing   atomic.Bool // between BeginCapture and EndCapture
+	// capAllocs are the graph allocations of the capture in progress
+	// (Device.Do): those it has not freed at EndCapture outlive it.
+	capAllocs []*bufMem
 
 	// small is pinned staging memory kept for small downloads (counts,
 	// status words), which would otherwise pay a cuMemHostAlloc each.
@@ -499,21 +502,25 @@ func (s *CUDAStream) Alloc(n int) (*Buffer, error) {
 	}
 	// Inside Device.Do, so that the capture state cannot change
 	// between reading it and allocating.
-	var p cuda.DevicePtr
-	var graph bool
+	var m *bufMem
 	err := s.c.dev.Do(func() error {
-		graph = s.capturing.Load()
-		var err error
-		p, err = s.s.Alloc(n)
-		return err
+		p, err := s.s.Alloc(n)
+		if err != nil {
+			return err
+		}
+		m = &bufMem{size: n, dev: uint64(p), stream: s, graph: s.capturing.Load()}
+		if m.graph && p != 0 {
+			s.capAllocs = append(s.capAllocs, m)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA alloc: %w", err)
 	}
-	if p != 0 {
+	if m.dev != 0 {
 		s.c.live.Add(1)
 	}
-	return &Buffer{bufMem: &bufMem{size: n, dev: uint64(p), stream: s, graph: graph}}, nil
+	return &Buffer{bufMem: m}, nil
 }
 
 // Free implements Stream: the memory goes back to the pool once the work
@@ -522,7 +529,9 @@ func (s *CUDAStream) Alloc(n int) (*Buffer, error) {
 // capture (BeginCapture) the free of a buffer allocated inside it is
 // captured into the graph, and that of any other buffer waits for
 // EndCapture. The free of a buffer that a graph's work uses waits for the
-// Close of the last such graph. A failure is kept as the stream's error.
+// Close of the last such graph. A graph allocation that outlived its
+// capture is freed on the driver only while a launch of its graph has
+// allocated it (Graph.Launch). A failure is kept as the stream's error.
 // Safe to call more than once, and from any goroutine (a dropped buffer's
 // cleanup calls it).
 func (s *CUDAStream) Free(b *Buffer) {
@@ -558,7 +567,7 @@ func (s *CUDAStream) freeUnused(b *Buffer) {
 func (s *CUDAStream) free(b *Buffer) {
 	spare := false
 	err := s.c.dev.Do(func() error {
-		if s.c.captures > 0 && !b.graph {
+		if s.c.captures > 0 && !b.inCapture() {
 			s.c.afterCapture = append(s.c.afterCapture, b)
 			return nil
 		}
@@ -573,13 +582,23 @@ func (s *CUDAStream) free(b *Buffer) {
 	}
 }
 
-// freeOnDriver, inside Device.Do and with no capture in progress,
+// freeOnDriver, inside Device.Do, with no capture in progress or b a
+// graph allocation of the capture in progress (whose free is captured),
 // frees b on s, its stream, unless a graph uses b (the last graph's Close
-// frees it). It reports whether s was closed: the caller then frees b on
-// the spare stream, outside Device.Do (freeSpareLater).
+// frees it). A graph allocation that outlived its capture with no memory
+// behind it (its graph not launched since its last free, or never) is
+// only accounted for: a later launch frees what it allocates. It reports
+// whether s was closed: the caller then frees b on the spare stream,
+// outside Device.Do (freeSpareLater).
 func (s *CUDAStream) freeOnDriver(b *Buffer) (spare bool) {
+	if b.deferToGraphs() {
+		return false
+	}
+	unbacked := b.gended && !b.gbacked
+	b.gfreed, b.gbacked = true, false
 	switch {
-	case b.deferToGraphs():
+	case unbacked:
+		s.c.live.Add(-1)
 	case s.isClosed():
 		return true
 	default:
@@ -587,6 +606,10 @@ func (s *CUDAStream) freeOnDriver(b *Buffer) (spare bool) {
 	}
 	return false
 }
+
+// inCapture reports whether m is a graph allocation of a capture still in
+// progress (Device.Do).
+func (m *bufMem) inCapture() bool { return m.graph && !m.gended }
 
 func (s *CUDAStream) isClosed() bool {
 	s.mu.Lock()
@@ -1027,6 +1050,9 @@ type graphState struct {
 	// streams that the capture did not allocate): each counts the graph in
 	// its graphs until Close.
 	mems []*bufMem
+	// allocs are the graph allocations the capture did not free: each
+	// launch allocates their memory (Launch). Set once at EndCapture.
+	allocs []*bufMem
 }
 
 // BeginCapture starts recording the work enqueued on s into a graph
@@ -1036,7 +1062,10 @@ type graphState struct {
 //
 // Memory allocated during the capture is a graph allocation (a memory node
 // of the graph): free it in the same capture, as the fused calls do with
-// their temporaries, or pass the outputs in (the Into calls). Frees asked
+// their temporaries, or pass the outputs in (the Into calls). One that the
+// capture does not free has memory behind it only from a launch of the
+// graph to its free (Graph.Launch); before the first launch, or when the
+// capture is discarded, its free only does the bookkeeping. Frees asked
 // for during the capture of memory allocated outside it, by Close or by a
 // dropped tensor's cleanup on another goroutine, are not captured: they
 // are enqueued when the last capture of the GPU ends.
@@ -1063,7 +1092,7 @@ func (s *CUDAStream) BeginCapture() error {
 func (s *CUDAStream) EndCapture() (*Graph, error) {
 	var g *cuda.Graph
 	var err error
-	var mems []*bufMem
+	var mems, allocs []*bufMem
 	var spare []*Buffer
 	derr := s.c.dev.Do(func() error {
 		g, err = s.s.EndCapture()
@@ -1079,6 +1108,17 @@ func (s *CUDAStream) EndCapture() (*Graph, error) {
 		for _, m := range mems {
 			m.useInGraph()
 		}
+		// The capture's allocations that it did not free outlive it; a
+		// failed capture's never have memory behind them.
+		for _, m := range s.capAllocs {
+			if !m.gfreed {
+				m.gended = true
+				if err == nil {
+					allocs = append(allocs, m)
+				}
+			}
+		}
+		s.capAllocs = nil
 		if s.c.captures == 0 {
 			spare = s.c.flushFrees()
 		}
@@ -1090,7 +1130,7 @@ func (s *CUDAStream) EndCapture() (*Graph, error) {
 	if err = errors.Join(err, derr); err != nil {
 		return nil, s.fail("end capture", err)
 	}
-	st := &graphState{g: g, mems: mems}
+	st := &graphState{g: g, mems: mems, allocs: allocs}
 	graph := &Graph{st}
 	runtime.AddCleanup(graph, func(st *graphState) { _ = st.close() }, st)
 	return graph, nil
@@ -1116,7 +1156,7 @@ func capturedMemory(held []any) []*bufMem {
 			continue
 		}
 		m := b.root().bufMem
-		if m.stream == nil || m.graph || m.dev == 0 || seen[m] {
+		if m.stream == nil || m.inCapture() || m.dev == 0 || seen[m] {
 			continue
 		}
 		seen[m] = true
@@ -1125,13 +1165,38 @@ func capturedMemory(held []any) []*bufMem {
 	return mems
 }
 
-// Launch enqueues the graph's work on s.
+// Launch enqueues the graph's work on s. The graph's allocations that its
+// capture did not free are allocated by the launch: their buffers must be
+// freed before the next launch (the driver refuses it otherwise, and so
+// does Launch, naming the buffer). Those whose buffers were freed already
+// are freed again right after the launch, in stream order, since nothing
+// can reach them.
 func (g *Graph) Launch(s *CUDAStream) error {
-	if err := g.g.Launch(s.s); err != nil {
-		return s.fail("graph launch", err)
+	launched := false
+	err := s.c.dev.Do(func() error {
+		for _, m := range g.allocs {
+			if m.gbacked {
+				return fmt.Errorf("the graph's allocation %#x (%d bytes) from its last launch is not freed yet: free it before launching the graph again", m.dev, m.size)
+			}
+		}
+		if err := g.g.Launch(s.s); err != nil {
+			return err
+		}
+		launched = true
+		var errs []error
+		for _, m := range g.allocs {
+			if m.gfreed {
+				errs = append(errs, s.s.Free(cuda.DevicePtr(m.dev)))
+			} else {
+				m.gbacked = true
+			}
+		}
+		return errors.Join(errs...)
+	})
+	if launched {
+		s.hold(g)
 	}
-	s.hold(g)
-	return nil
+	return s.fail("graph launch", err)
 }
 
 // Close destroys the graph; its launches must have completed. Memory the

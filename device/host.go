@@ -246,6 +246,12 @@ type bufMem struct {
 	freed  atomic.Bool
 	shared int8 // CUDA shared memory: sharedOwn, sharedOpened, sharedAlias; else 0
 	graph  bool // CUDA: allocated during a stream capture (a graph allocation)
+	// CUDA graph allocations, guarded by Device.Do. gended: the capture
+	// ended (or was discarded) without freeing the memory, which the
+	// graph then allocates at each launch (Graph.Launch); gbacked: a
+	// launch allocated it and no free has run since; gfreed: goep's free
+	// of the buffer has run (in the capture, or after it).
+	gended, gbacked, gfreed bool
 	// xfer is read-held by a CUDA upload or download of the buffer (or of
 	// a view of it), which may span several copies and waits: a free (Close
 	// on another goroutine, say) waits for it instead of handing the memory
