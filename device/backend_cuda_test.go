@@ -456,6 +456,55 @@ func TestCUDAErrorIsKeptUntilSynchronize(t *testing.T) {
 	}
 }
 
+// TestCUDAFreedArguments: a freed buffer, a view of one and a closed
+// tensor are refused as launch arguments and by copies and memsets,
+// before the driver sees them (the memory may be another buffer's by
+// then), with errors that wrap ErrClosed.
+func TestCUDAFreedArguments(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	k, err := c.delayKernel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := [3]uint32{1, 1, 1}
+	live, _ := s.Alloc(64)
+	defer s.Free(live)
+	b, _ := s.Alloc(64)
+	view, err := b.View(16, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, _ := NewTensor(s, BF16, 32)
+	s.Free(b)
+	x.Close()
+	if !b.Freed() || !view.Freed() || !x.Closed() || live.Freed() {
+		t.Fatalf("Freed: buffer %v, view %v, tensor %v, live buffer %v; want true, true, true, false", b.Freed(), view.Freed(), x.Closed(), live.Freed())
+	}
+	for _, tc := range []struct {
+		what string
+		err  error
+	}{
+		{"launch with a freed buffer", s.Launch(k, one, one, 0, uint64(1), b)},
+		{"launch with a view of a freed buffer", s.Launch(k, one, one, 0, uint64(1), view)},
+		{"launch with a closed tensor", s.Launch(k, one, one, 0, uint64(1), x)},
+		{"copy into a freed buffer", s.Copy(b, 0, live, 0, 16)},
+		{"copy from a view of a freed buffer", s.Copy(live, 0, view, 0, 16)},
+		{"memset of a freed buffer", s.Memset(b, 0, 16, 0)},
+	} {
+		if !errors.Is(tc.err, ErrClosed) || !strings.Contains(tc.err.Error(), "freed") && !strings.Contains(tc.err.Error(), "closed") {
+			t.Errorf("%s: %v, want a refusal wrapping ErrClosed", tc.what, tc.err)
+		}
+	}
+	if err := s.Synchronize(t.Context()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Synchronize: %v, want the first refusal", err)
+	}
+	if err := errors.Join(s.Launch(k, one, one, 0, uint64(1), live), s.Memset(live, 0, 64, 0)); err != nil {
+		t.Fatalf("a live buffer after the refusals: %v", err)
+	}
+	syncCUDA(t, s)
+}
+
 func TestCUDAView(t *testing.T) {
 	c := newCUDA(t)
 	s := newCUDAStream(t, c)

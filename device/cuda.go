@@ -796,6 +796,9 @@ func checkRange(op string, b *Buffer, off, n int) error {
 	if b.region != nil {
 		return fmt.Errorf("device: %s: %w: host buffer on a CUDA stream", op, ErrUnsupported)
 	}
+	if b.Freed() {
+		return fmt.Errorf("device: %s: %w: the buffer %#x was freed", op, ErrClosed, b.dev)
+	}
 	if off < 0 || n < 0 || off > b.size || n > b.size-off {
 		return fmt.Errorf("device: %s: range [%d, %d+%d) outside a %d-byte buffer", op, off, off, n, b.size)
 	}
@@ -856,7 +859,7 @@ func (s *CUDAStream) Enqueue(f func() error) error { return s.c.dev.Do(f) }
 // components count as 1) and dynamic shared memory bytes. Arguments are
 // passed at their own sizes, as the kernel declares them: int32, uint32,
 // float32 (4 bytes); int64, uint64 (8); *Buffer and *Tensor as their device
-// address (8; a nil one as 0). Other types are refused. Pointers reach the
+// address (8; a nil one as 0), refused once freed. Other types are refused. Pointers reach the
 // kernel only as buffers of this backend, so a kernel never receives host
 // memory goep does not own (DESIGN invariant 1: the only host memory is a
 // HostMapping's, which goep owns and keeps mapped); counts go by value. The buffers and
@@ -882,6 +885,9 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 			if v.region != nil {
 				return s.fail(task, fmt.Errorf("argument %d: %w: a host buffer", i, ErrUnsupported))
 			}
+			if v.Freed() {
+				return s.fail(task, fmt.Errorf("argument %d: %w: the buffer %#x was freed", i, ErrClosed, v.dev))
+			}
 			cargs[i] = cuda.DevicePtr(v.dev)
 		case *Tensor:
 			if v == nil {
@@ -890,6 +896,9 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 			}
 			if v.buf.region != nil {
 				return s.fail(task, fmt.Errorf("argument %d: %w: a host tensor", i, ErrUnsupported))
+			}
+			if v.Closed() {
+				return s.fail(task, fmt.Errorf("argument %d: %w: the tensor %v at %#x was closed", i, ErrClosed, v, v.buf.dev))
 			}
 			cargs[i] = cuda.DevicePtr(v.buf.dev)
 		default:

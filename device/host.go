@@ -325,6 +325,12 @@ func (b *Buffer) DevicePtr() uint64 { return b.dev }
 // Size is the usable size in bytes.
 func (b *Buffer) Size() int { return b.size }
 
+// Freed reports whether the buffer's memory was handed back (Free, its
+// tensor's Close; for a view, that of the buffer it is a window on). Work
+// enqueued after that must not use it: the memory may belong to another
+// buffer by then.
+func (b *Buffer) Freed() bool { return b != nil && b.root().freed.Load() }
+
 // Host returns the buffer's bytes on the host backend (nil elsewhere). Read
 // them only after the work that writes them has completed.
 func (b *Buffer) Host() []byte {

@@ -109,6 +109,10 @@ func (t *Tensor) Bytes() []byte { return t.buf.Host() }
 // CheckGuards reports writes outside the tensor's memory (host backend).
 func (t *Tensor) CheckGuards() error { return t.buf.CheckGuards() }
 
+// Closed reports whether t's memory was freed (Close, or Free of its
+// Buffer): goep refuses such a tensor as an argument.
+func (t *Tensor) Closed() bool { return t != nil && t.buf.Freed() }
+
 // Close frees the memory in stream order. Safe to call more than once.
 func (t *Tensor) Close() error {
 	if t != nil {
