@@ -80,6 +80,10 @@ func TestBadInput(t *testing.T) {
 			return x
 		}
 	}
+	closed := func(t *device.Tensor) *device.Tensor {
+		t.Close()
+		return t
+	}
 	cases := []struct {
 		name string
 		call call
@@ -97,6 +101,16 @@ func TestBadInput(t *testing.T) {
 		{"x rows", dispatchWith(xOnBad(func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.BF16, T-1, H) }), nil), ErrInvalidInput, "X has shape"},
 		{"x dtype", dispatchWith(xOnBad(func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.Int32, T, H) }), nil), ErrInvalidInput, "want bf16 or fp32"},
 		{"nil x", dispatchWith(xOnBad(func(ctx context.Context, e *Engine) *device.Tensor { return nil }), nil), ErrInvalidInput, "X is nil"},
+		{"closed x", dispatchWith(xOnBad(func(ctx context.Context, e *Engine) *device.Tensor { return closed(mk(ctx, e, device.BF16, T, H)) }), nil), ErrInvalidInput, "X was closed"},
+		{"closed routing", layout(onBad(routing(), func(ctx context.Context, e *Engine) *device.Tensor { return closed(routing()(ctx, e)) })), ErrInvalidInput, "TopkIdx was closed"},
+		{"closed weights", dispatchWith(func(ctx context.Context, e *Engine, x *device.Tensor) *device.Tensor { return x },
+			func(ctx context.Context, e *Engine) *device.Tensor {
+				w := mk(ctx, e, device.FP32, T, K)
+				if e.Rank() == bad {
+					w.Close()
+				}
+				return w
+			}), ErrInvalidInput, "TopkWeights was closed"},
 		{"weights on one rank only", dispatchWith(func(ctx context.Context, e *Engine, x *device.Tensor) *device.Tensor { return x },
 			func(ctx context.Context, e *Engine) *device.Tensor {
 				if e.Rank() == bad {
@@ -119,6 +133,30 @@ func TestBadInput(t *testing.T) {
 			}
 			return err
 		}, ErrInvalidInput, "Z has shape"},
+		{"closed combine input", func(ctx context.Context, e *Engine, h *Handle, x *device.Tensor) error {
+			z := mk(ctx, e, device.BF16, h.RecvRows(), H)
+			if e.Rank() == bad {
+				z.Close()
+			}
+			out, err := e.Combine(ctx, h, CombineInput{Z: z})
+			if err == nil {
+				defer out.Close()
+				err = e.Synchronize(ctx)
+			}
+			return err
+		}, ErrInvalidInput, "Z was closed"},
+		{"closed output", func(ctx context.Context, e *Engine, h *Handle, x *device.Tensor) error {
+			out := DispatchPermuteOutput{X: mk(ctx, e, device.BF16, h.PermutedRows(), H), RecvIdx: mk(ctx, e, device.Int32, h.RecvRows(), K)}
+			defer out.Close()
+			if e.Rank() == bad {
+				out.X.Close()
+			}
+			err := e.DispatchPermuteInto(ctx, h, DispatchInput{X: x}, out)
+			if err == nil {
+				err = e.Synchronize(ctx)
+			}
+			return err
+		}, ErrInvalidInput, "output X was closed"},
 		{"nil handle", func(ctx context.Context, e *Engine, h *Handle, x *device.Tensor) error {
 			if e.Rank() == bad {
 				h = nil

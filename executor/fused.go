@@ -82,6 +82,8 @@ func checkOptional1(name string, t *device.Tensor, want bool, rows int) error {
 		return nil
 	case t == nil:
 		return fmt.Errorf("executor: %s is nil: %w", name, ErrInvalidInput)
+	case t.Closed():
+		return fmt.Errorf("executor: %s was closed (its memory is freed): %w", name, ErrInvalidInput)
 	case t.DType() != device.FP32 || len(t.Shape()) != 1 || t.Shape()[0] != rows:
 		return fmt.Errorf("executor: %s is %v, want fp32[%d]: %w", name, t, rows, ErrInvalidInput)
 	}

@@ -262,11 +262,14 @@ func (e *Engine) checkTopk(t *device.Tensor) error {
 	return nil
 }
 
-// checkTensor checks a tensor's presence, dtype (0: BF16 or FP32) and 2-D
-// shape (-1: any rows).
+// checkTensor checks a tensor's presence, that it was not closed, its
+// dtype (0: BF16 or FP32) and 2-D shape (-1: any rows).
 func checkTensor(name string, t *device.Tensor, dt device.DType, rows, cols int) error {
 	if t == nil {
 		return fmt.Errorf("executor: %s is nil: %w", name, ErrInvalidInput)
+	}
+	if t.Closed() {
+		return fmt.Errorf("executor: %s was closed (its memory is freed): %w", name, ErrInvalidInput)
 	}
 	switch {
 	case dt == 0 && t.DType() == device.FP8E4M3:
