@@ -398,6 +398,10 @@ func TestCUDAModuleShared(t *testing.T) {
 	if err := bad.Close(); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Close of the stream whose launch was refused: %v, want that refusal", err)
 	}
+	late, err := c.NewCUDAStream() // used after the backend's Close
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := errors.Join(s.Close(), c.Close()); err != nil {
 		t.Fatal(err)
 	}
@@ -407,6 +411,20 @@ func TestCUDAModuleShared(t *testing.T) {
 	if _, err := c.LoadModule([]byte(delayPTX)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("LoadModule on a closed backend: %v, want ErrClosed", err)
 	}
+	// Whatever the driver layer refuses after the backend's Close is
+	// ErrClosed too.
+	if _, err := m2.Kernel("goep_delay"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Kernel of an open handle after the backend's Close: %v, want ErrClosed", err)
+	}
+	_, aerr := late.Alloc(64)
+	lerr := late.Launch(k2, one, one, 0, uint64(1))
+	if !errors.Is(aerr, ErrClosed) || !errors.Is(lerr, ErrClosed) {
+		t.Fatalf("a stream after the backend's Close: alloc %v, launch %v; want ErrClosed", aerr, lerr)
+	}
+	if err := late.Synchronize(t.Context()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Synchronize of a stream after the backend's Close: %v, want ErrClosed", err)
+	}
+	_ = late.Close() // the driver's stream went with the context
 }
 
 func TestCUDASynchronizeDeadline(t *testing.T) {

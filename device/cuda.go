@@ -103,7 +103,7 @@ const stageChunk = 16 << 20
 // other users of the GPU, between phases of a job, say.
 func (c *CUDA) TrimMemory() error {
 	if err := c.dev.TrimPool(0); err != nil {
-		return fmt.Errorf("device: CUDA trim memory: %w", err)
+		return fmt.Errorf("device: CUDA trim memory: %w", closedAs(err))
 	}
 	return nil
 }
@@ -247,7 +247,7 @@ func (c *CUDA) NewCUDAStream() (*CUDAStream, error) {
 	}
 	s, err := c.dev.NewStream()
 	if err != nil {
-		return nil, fmt.Errorf("device: CUDA new stream: %w", err)
+		return nil, fmt.Errorf("device: CUDA new stream: %w", closedAs(err))
 	}
 	// The small staging buffer is allocated now, not at the first
 	// download: a pinned allocation serializes with every stream of the
@@ -255,7 +255,7 @@ func (c *CUDA) NewCUDAStream() (*CUDAStream, error) {
 	// peer's kernel waits on this rank.
 	small, err := c.dev.AllocHost(smallStage)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("device: CUDA new stream: %w", err), s.Close())
+		return nil, errors.Join(fmt.Errorf("device: CUDA new stream: %w", closedAs(err)), s.Close())
 	}
 	c.streams.Add(1)
 	return &CUDAStream{c: c, s: s, small: small}, nil
@@ -325,7 +325,7 @@ func (c *CUDA) Close() error {
 	})
 	errs = append(errs, c.stage.close(), c.dev.Close())
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("device: CUDA close: %w", err)
+		return fmt.Errorf("device: CUDA close: %w", closedAs(err))
 	}
 	return nil
 }
@@ -353,7 +353,7 @@ func (c *CUDA) LoadModule(ptx []byte) (*Module, error) {
 	if m == nil {
 		var err error
 		if m, err = c.dev.LoadPTX(ptx); err != nil {
-			return nil, fmt.Errorf("device: CUDA load module: %w", err)
+			return nil, fmt.Errorf("device: CUDA load module: %w", closedAs(err))
 		}
 		if c.modules == nil {
 			c.modules = map[[sha256.Size]byte]*cuda.Module{}
@@ -370,7 +370,7 @@ func (m *Module) Kernel(name string) (*Kernel, error) {
 	}
 	f, err := m.m.Function(name)
 	if err != nil {
-		return nil, fmt.Errorf("device: CUDA kernel: %w", err)
+		return nil, fmt.Errorf("device: CUDA kernel: %w", closedAs(err))
 	}
 	return &Kernel{c: m.c, mod: m, f: f}, nil
 }
@@ -433,7 +433,7 @@ func (s *CUDAStream) downloadSmall(ctx context.Context, b *Buffer) ([]byte, erro
 	if s.small == nil {
 		h, err := s.c.dev.AllocHost(smallStage)
 		if err != nil {
-			return nil, fmt.Errorf("device: CUDA download: %w", err)
+			return nil, fmt.Errorf("device: CUDA download: %w", closedAs(err))
 		}
 		s.small = h
 	}
@@ -447,7 +447,7 @@ func (s *CUDAStream) downloadSmall(ctx context.Context, b *Buffer) ([]byte, erro
 			s.small = nil
 			s.hold(func() { _ = st.Free() })
 		}
-		return nil, fmt.Errorf("device: CUDA download: %w", err)
+		return nil, fmt.Errorf("device: CUDA download: %w", closedAs(err))
 	}
 	return append([]byte(nil), s.small.Bytes()[:b.size]...), nil
 }
@@ -458,13 +458,29 @@ func (s *CUDAStream) Backend() Backend { return s.c }
 // CUDA is the stream's backend.
 func (s *CUDAStream) CUDA() *CUDA { return s.c }
 
+// closedAs makes an error of the driver layer's use after Close
+// (cuda.ErrClosed: the backend was closed) match this package's ErrClosed
+// too, its text unchanged.
+func closedAs(err error) error {
+	if err == nil || !errors.Is(err, cuda.ErrClosed) || errors.Is(err, ErrClosed) {
+		return err
+	}
+	return backendClosed{err}
+}
+
+// backendClosed is closedAs's error.
+type backendClosed struct{ err error }
+
+func (e backendClosed) Error() string   { return e.err.Error() }
+func (e backendClosed) Unwrap() []error { return []error{ErrClosed, e.err} }
+
 // fail keeps err as the stream's first error, naming the task, and returns
 // it.
 func (s *CUDAStream) fail(task string, err error) error {
 	if err == nil {
 		return nil
 	}
-	te := &TaskError{Task: task, Err: err}
+	te := &TaskError{Task: task, Err: closedAs(err)}
 	s.mu.Lock()
 	if s.err == nil {
 		s.err = te
@@ -515,7 +531,7 @@ func (s *CUDAStream) Alloc(n int) (*Buffer, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("device: CUDA alloc: %w", err)
+		return nil, fmt.Errorf("device: CUDA alloc: %w", closedAs(err))
 	}
 	if m.dev != 0 {
 		s.c.live.Add(1)
@@ -668,7 +684,7 @@ func (e *cudaEvent) done() bool {
 
 func (e *cudaEvent) wait(ctx context.Context) error {
 	if err := e.ev.Synchronize(ctx); err != nil {
-		return fmt.Errorf("device: CUDA event wait: %w", err)
+		return fmt.Errorf("device: CUDA event wait: %w", closedAs(err))
 	}
 	return nil
 }
@@ -682,10 +698,10 @@ func (s *CUDAStream) RecordTimed() (*Event, error) { return s.record(true) }
 func (s *CUDAStream) record(timing bool) (*Event, error) {
 	ev, err := s.c.dev.NewEvent(timing)
 	if err != nil {
-		return nil, fmt.Errorf("device: CUDA record: %w", err)
+		return nil, fmt.Errorf("device: CUDA record: %w", closedAs(err))
 	}
 	if err := s.s.Record(ev); err != nil {
-		return nil, errors.Join(fmt.Errorf("device: CUDA record: %w", err), ev.Close())
+		return nil, errors.Join(fmt.Errorf("device: CUDA record: %w", closedAs(err)), ev.Close())
 	}
 	e := &Event{ext: &cudaEvent{ev: ev}}
 	runtime.AddCleanup(e, func(ev *cuda.Event) { _ = ev.Close() }, ev)
@@ -735,7 +751,7 @@ func (s *CUDAStream) Synchronize(ctx context.Context) error {
 	s.mu.Unlock()
 	werr := s.s.Synchronize(ctx)
 	if werr != nil && ctx.Err() != nil {
-		return fmt.Errorf("device: CUDA synchronize: %w", werr)
+		return fmt.Errorf("device: CUDA synchronize: %w", closedAs(werr))
 	}
 	s.release(n)
 	s.mu.Lock()
@@ -743,7 +759,7 @@ func (s *CUDAStream) Synchronize(ctx context.Context) error {
 	s.err = nil
 	s.mu.Unlock()
 	if werr != nil {
-		werr = fmt.Errorf("device: CUDA synchronize: %w", werr)
+		werr = fmt.Errorf("device: CUDA synchronize: %w", closedAs(werr))
 		if err == nil {
 			return werr
 		}
@@ -783,7 +799,7 @@ func (s *CUDAStream) Close() error {
 	}
 	s.smallMu.Unlock()
 	if err := errors.Join(serr, cerr); err != nil {
-		return fmt.Errorf("device: CUDA close stream: %w", err)
+		return fmt.Errorf("device: CUDA close stream: %w", closedAs(err))
 	}
 	return nil
 }
@@ -951,13 +967,13 @@ func (s *CUDAStream) upload(ctx context.Context, b *Buffer, data []byte) error {
 	}
 	stage, err := s.c.stage.get(s.c.dev, min(len(data), stageChunk))
 	if err != nil {
-		return fmt.Errorf("device: CUDA upload: %w", err)
+		return fmt.Errorf("device: CUDA upload: %w", closedAs(err))
 	}
 	for off := 0; off < len(data); off += stageChunk {
 		n := min(len(data)-off, stageChunk)
 		copy(stage.Bytes(), data[off:off+n])
 		if err := s.s.CopyHtoD(cuda.DevicePtr(b.dev+uint64(off)), stage, 0, n); err != nil {
-			return errors.Join(fmt.Errorf("device: CUDA upload: %w", err), s.c.stage.put(stage))
+			return errors.Join(fmt.Errorf("device: CUDA upload: %w", closedAs(err)), s.c.stage.put(stage))
 		}
 		// The staging buffer is reused once the copy is done.
 		if err := s.syncStaged(ctx, stage, "upload", true); err != nil {
@@ -965,7 +981,7 @@ func (s *CUDAStream) upload(ctx context.Context, b *Buffer, data []byte) error {
 		}
 	}
 	if err := s.c.stage.put(stage); err != nil {
-		return fmt.Errorf("device: CUDA upload: %w", err)
+		return fmt.Errorf("device: CUDA upload: %w", closedAs(err))
 	}
 	return nil
 }
@@ -989,13 +1005,13 @@ func (s *CUDAStream) download(ctx context.Context, b *Buffer) ([]byte, error) {
 	}
 	stage, err := s.c.stage.get(s.c.dev, min(b.size, stageChunk))
 	if err != nil {
-		return nil, fmt.Errorf("device: CUDA download: %w", err)
+		return nil, fmt.Errorf("device: CUDA download: %w", closedAs(err))
 	}
 	out := make([]byte, b.size)
 	for off := 0; off < b.size; off += stageChunk {
 		n := min(b.size-off, stageChunk)
 		if err := s.s.CopyDtoH(stage, 0, cuda.DevicePtr(b.dev+uint64(off)), n); err != nil {
-			return nil, errors.Join(fmt.Errorf("device: CUDA download: %w", err), s.c.stage.put(stage))
+			return nil, errors.Join(fmt.Errorf("device: CUDA download: %w", closedAs(err)), s.c.stage.put(stage))
 		}
 		if err := s.syncStaged(ctx, stage, "download", true); err != nil {
 			return nil, err
@@ -1003,7 +1019,7 @@ func (s *CUDAStream) download(ctx context.Context, b *Buffer) ([]byte, error) {
 		copy(out[off:], stage.Bytes()[:n])
 	}
 	if err := s.c.stage.put(stage); err != nil {
-		return nil, fmt.Errorf("device: CUDA download: %w", err)
+		return nil, fmt.Errorf("device: CUDA download: %w", closedAs(err))
 	}
 	return out, nil
 }
