@@ -1,11 +1,16 @@
 // Command eprun benchmarks and checks goep.
 //
 //	eprun bench [CONFIG]   time dispatch, combine and the fused calls, and check them
+//	eprun check [CONFIG]   the checks alone, over a sweep of shapes
+//	eprun launch -n N -- COMMAND...   run COMMAND as N local ranks
+//	eprun plot FILE.json...   bandwidth and latency plots of bench records
+//	eprun topo             what the machine offers (CPUs, GPUs, NVLink, RDMA)
 //	eprun version          print the goep version and commit
 //
 // eprun bench with no config runs the embedded configs/default.yaml on the
 // host backend with in-process ranks; CONFIG is a YAML file, or the name of
-// an embedded config (default, tiny, capacity). Flags override its fields.
+// an embedded config (configs/*.yaml). Flags override its fields. Every
+// command takes --cpuprofile FILE (a Go CPU profile of the run).
 // The output is a table in the manner of nccl-tests, or Go benchmark lines
 // for benchstat with --format=gobench; --json writes the full record.
 //
@@ -64,9 +69,12 @@ func (e runError) Unwrap() error { return e.err }
 // run executes eprun with args and returns the exit status. Errors are
 // printed as one line on stderr.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	root := newRoot(stdout, stderr)
+	root, prof := newRoot(stdout, stderr)
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
+	if perr := prof.stop(); perr != nil && err == nil {
+		err = runError{perr}
+	}
 	if err == nil {
 		return 0
 	}
@@ -81,19 +89,27 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
 }
 
-func newRoot(stdout, stderr io.Writer) *cobra.Command {
+// newRoot is eprun's command tree, and its --cpuprofile, which run stops
+// once the command has returned (also on an error).
+func newRoot(stdout, stderr io.Writer) (*cobra.Command, *cpuProfile) {
+	prof := &cpuProfile{}
 	root := &cobra.Command{
 		Use:   "eprun",
 		Short: "eprun benchmarks and checks goep, the expert-parallel communication library",
 		Long: `eprun benchmarks and checks goep, the expert-parallel (MoE) communication library.
 
   eprun bench             run the default benchmark (configs/default.yaml) and check its results
-  eprun bench CONFIG      run a YAML config (a file, or an embedded name: default, tiny, capacity)
+  eprun bench CONFIG      run a YAML config (a file, or an embedded name: see eprun bench --help)
+  eprun check [CONFIG]    the checks alone; exit 1 on any mismatch
+  eprun launch -n N -- CMD [ARGS...]   N local ranks of CMD (TCP rendezvous)
   eprun version           print the version`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+		PersistentPreRunE: prof.start,
 	}
+	root.PersistentFlags().StringVar(&prof.path, "cpuprofile", "",
+		"write a Go CPU profile of the command to `FILE` (go tool pprof FILE; under a launcher each rank writes FILE.RANK)")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -103,5 +119,5 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(newCheck(stdout, stderr))
 	root.AddCommand(newPlot(stdout))
 	root.AddCommand(newTopo(stdout))
-	return root
+	return root, prof
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -64,6 +65,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"bench", badYAML}, "field bogus not found"},
 		{[]string{"bench", "a.yaml", "b.yaml"}, "accepts at most 1 arg"},
 		{[]string{"frobnicate"}, "unknown command"},
+		{[]string{"bench", "tiny", "--cpuprofile", filepath.Join(dir, "no-such-dir", "cpu.prof")}, "--cpuprofile: open " + dir},
 	} {
 		code, stdout, stderr := eprun(t, tc.args...)
 		if code != 2 {
@@ -105,6 +107,32 @@ func TestBenchTable(t *testing.T) {
 	}
 	if rows != 4 {
 		t.Errorf("%d rows, want 4:\n%s", rows, stdout)
+	}
+}
+
+// TestCPUProfile: --cpuprofile writes a Go CPU profile (gzip-compressed
+// protobuf) of the command, also when the command fails.
+func TestCPUProfile(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{tiny, 0},
+		{[]string{"bench", "tiny", "-q", "--iters", "0"}, 2},
+	} {
+		path := filepath.Join(dir, fmt.Sprintf("cpu%d.prof", tc.code))
+		code, _, stderr := eprun(t, append(tc.args, "--cpuprofile", path)...)
+		if code != tc.code {
+			t.Fatalf("%v: exit %d, want %d: %s", tc.args, code, tc.code, stderr)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Fatalf("%v: the profile (%d bytes) is not gzip data", tc.args, len(b))
+		}
 	}
 }
 
