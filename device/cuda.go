@@ -372,7 +372,7 @@ func (m *Module) Kernel(name string) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA kernel: %w", closedAs(err))
 	}
-	return &Kernel{c: m.c, mod: m, f: f}, nil
+	return &Kernel{c: m.c, mod: m, f: f, task: "launch " + name}, nil
 }
 
 // Close closes the handle: its kernels refuse later launches (work
@@ -387,9 +387,10 @@ func (m *Module) Close() error {
 // Kernel is a kernel of a loaded Module, launchable until that Module
 // handle is closed.
 type Kernel struct {
-	c   *CUDA
-	mod *Module
-	f   *cuda.Function
+	c    *CUDA
+	mod  *Module
+	f    *cuda.Function
+	task string // "launch NAME", its launches' task in errors (built once)
 }
 
 // Name is the kernel's name.
@@ -881,7 +882,7 @@ func (s *CUDAStream) Enqueue(f func() error) error { return s.c.dev.Do(f) }
 // HostMapping's, which goep owns and keeps mapped); counts go by value. The buffers and
 // tensors are kept alive until a Synchronize sees the work done.
 func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, args ...any) error {
-	task := "launch " + k.Name()
+	task := k.task
 	if k.c.dev != s.c.dev {
 		return s.fail(task, errors.New("kernel of another GPU"))
 	}
