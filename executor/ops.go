@@ -88,19 +88,34 @@ func f32(t *device.Tensor) []float32 {
 	return permute.Float32s(t.Bytes())
 }
 
-// newOutputs allocates tensors, closing them all if one fails.
+// newOutputs allocates tensors, closing them all if one fails. On the
+// GPU the allocations share one hand-off to the driver thread
+// (gpuEngine.enqueue): the tensors after the first take the device's lock
+// and make its context current no more.
 func (e *Engine) newOutputs(specs ...outSpec) ([]*device.Tensor, error) {
 	out := make([]*device.Tensor, len(specs))
-	for i, s := range specs {
-		if s.skip {
-			continue
+	alloc := func() error {
+		for i, s := range specs {
+			if s.skip {
+				continue
+			}
+			t, err := e.NewTensor(s.dt, s.shape...)
+			if err != nil {
+				return err
+			}
+			out[i] = t
 		}
-		t, err := e.NewTensor(s.dt, s.shape...)
-		if err != nil {
-			closeAll(out...)
-			return nil, err
-		}
-		out[i] = t
+		return nil
+	}
+	var err error
+	if e.gpu != nil {
+		err = e.gpu.enqueue(alloc)
+	} else {
+		err = alloc()
+	}
+	if err != nil {
+		closeAll(out...)
+		return nil, err
 	}
 	return out, nil
 }
