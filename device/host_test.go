@@ -137,6 +137,42 @@ func TestFreeIsStreamOrdered(t *testing.T) {
 	}
 }
 
+// TestClosedTensorTransfers: Upload and Download refuse a closed tensor
+// (ErrClosed) instead of writing or reading memory the pool may have
+// handed to another tensor (b below gets a's memory back).
+func TestClosedTensorTransfers(t *testing.T) {
+	_, s := newStream(t)
+	a, err := NewTensor(s, BF16, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if err := s.Synchronize(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewTensor(s, BF16, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := Upload(t.Context(), b, make([]byte, 16)); err != nil {
+		t.Fatal(err)
+	}
+	if err := Upload(t.Context(), a, slices.Repeat([]byte{7}, 16)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("upload into a closed tensor: %v, want ErrClosed", err)
+	}
+	if _, err := Download(t.Context(), a); !errors.Is(err, ErrClosed) {
+		t.Fatalf("download of a closed tensor: %v, want ErrClosed", err)
+	}
+	got, err := Download(t.Context(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, make([]byte, 16)) {
+		t.Fatalf("the tensor allocated after the close holds %v, want zeros", got)
+	}
+}
+
 func TestCrossStreamWait(t *testing.T) {
 	h := NewHost()
 	defer h.Close()

@@ -125,6 +125,9 @@ func (t *Tensor) String() string { return fmt.Sprintf("%v%v", t.dtype, t.shape) 
 
 // Upload enqueues a copy of data into t on t's stream and waits for it.
 func Upload(ctx context.Context, t *Tensor, data []byte) error {
+	if t.Closed() {
+		return fmt.Errorf("device: upload into %v: %w: the tensor was closed", t, ErrClosed)
+	}
 	if len(data) != t.buf.size {
 		return fmt.Errorf("device: upload of %d bytes into %v (%d bytes)", len(data), t, t.buf.size)
 	}
@@ -150,6 +153,9 @@ func Upload(ctx context.Context, t *Tensor, data []byte) error {
 
 // Download waits for t's stream and returns a copy of t's bytes.
 func Download(ctx context.Context, t *Tensor) ([]byte, error) {
+	if t.Closed() {
+		return nil, fmt.Errorf("device: download of %v: %w: the tensor was closed", t, ErrClosed)
+	}
 	if t.buf.stream == nil {
 		if t.buf.region != nil {
 			return append([]byte(nil), t.Bytes()...), nil // a peer's mapped host buffer
