@@ -1033,9 +1033,25 @@ func TestCUDAGraphAllocations(t *testing.T) {
 	s2.Free(b)
 	live(0, "after the free of a discarded capture's allocation")
 
-	// The graph closed without a launch.
+	// The graph closed without a launch; before its Close, the buffer is
+	// refused by eager work (no memory behind it: a kernel touching it
+	// would fault), and the graph by another backend's stream.
 	b = capture(s, 2)
 	g := end(s)
+	if err := s.Memset(b, 0, n, 0); !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), "no launch of the graph has allocated") {
+		t.Fatalf("memset of a graph allocation before its graph's launch: %v, want a refusal", err)
+	}
+	if err := s.Synchronize(t.Context()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Synchronize after the refused memset: %v, want the refusal", err)
+	}
+	c2 := newCUDA(t)
+	s2 = newCUDAStream(t, c2)
+	if err := g.Launch(s2); err == nil || !strings.Contains(err.Error(), "another backend") {
+		t.Fatalf("launch on another backend's stream: %v, want a refusal", err)
+	}
+	if err := s2.Synchronize(t.Context()); err == nil {
+		t.Fatal("the refused launch's error was not kept for Synchronize")
+	}
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -1087,6 +1103,34 @@ func TestCUDAGraphAllocations(t *testing.T) {
 	s.Free(b)
 	live(0, "after the free of an allocation that outlived its graph")
 
+	// Launched on another stream, behind 100 ms of work there, then
+	// freed: the free goes on that stream, after the launch's work (stream
+	// order is the driver's rule for a free). Freed on the buffer's own
+	// idle stream instead, the graphs' memory pool could hand the memory
+	// to the next graph launched there (which sets its own allocation to
+	// 9) while the first graph still writes 7. (A build freeing on the
+	// buffer's own stream passed this 5 times in 5 on an H200: the driver
+	// did not reuse the memory there; the check stays as a poisoning
+	// probe, and for the accounting and errors of the path.)
+	other := newCUDAStream(t, c)
+	b = capture(s, 7)
+	g = end(s)
+	b2 := capture(s, 9)
+	g2 := end(s)
+	delay(t, other, 100*time.Millisecond)
+	if err := g.Launch(other); err != nil {
+		t.Fatal(err)
+	}
+	s.Free(b)
+	launch(g2)
+	syncCUDA(t, other)
+	check(b2, 9, "the allocation of a graph launched after the free of another's")
+	s.Free(b2)
+	if err := errors.Join(g.Close(), g2.Close()); err != nil {
+		t.Fatal(err)
+	}
+	live(0, "after a launch on another stream")
+
 	// Another graph's work uses the allocation: its free waits for that
 	// graph's Close.
 	b = capture(s, 6)
@@ -1099,7 +1143,7 @@ func TestCUDAGraphAllocations(t *testing.T) {
 	if err := s.Copy(out.Buffer(), 0, b, 0, n); err != nil {
 		t.Fatal(err)
 	}
-	g2 := end(s)
+	g2 = end(s)
 	s.Free(b)
 	if err := s.Memset(out.Buffer(), 0, n, 0); err != nil {
 		t.Fatal(err)

@@ -121,7 +121,7 @@ func (c *CUDA) WarmStaging() error {
 	for cl := stageClass(1); cl <= stageChunk; cl <<= 1 {
 		h, err := c.dev.AllocHost(cl)
 		if err != nil {
-			return fmt.Errorf("device: warm staging buffers: %w", err)
+			return fmt.Errorf("device: warm staging buffers: %w", closedAs(err))
 		}
 		p.mu.Lock()
 		if p.free == nil {
@@ -266,7 +266,14 @@ func (c *CUDA) NewCUDAStream() (*CUDAStream, error) {
 // the device (Device.Do), and the caller may hold it (a Close inside
 // CUDAStream.Enqueue's f, say).
 func (c *CUDA) freeSpareLater(b *Buffer) {
-	go func() { b.stream.(*CUDAStream).freed(b, c.freeSpare(b.dev)) }()
+	go func() {
+		err := c.freeSpare(b.dev)
+		if err == nil && b.gended {
+			// A graph allocation: the next launch may allocate it again.
+			_ = c.dev.Do(func() error { b.gbacked = false; return nil })
+		}
+		b.stream.(*CUDAStream).freed(b, err)
+	}()
 }
 
 // freeSpare frees p on the backend's spare stream: the buffer's own stream
@@ -602,25 +609,42 @@ func (s *CUDAStream) free(b *Buffer) {
 // freeOnDriver, inside Device.Do, with no capture in progress or b a
 // graph allocation of the capture in progress (whose free is captured),
 // frees b on s, its stream, unless a graph uses b (the last graph's Close
-// frees it). A graph allocation that outlived its capture with no memory
-// behind it (its graph not launched since its last free, or never) is
-// only accounted for: a later launch frees what it allocates. It reports
-// whether s was closed: the caller then frees b on the spare stream,
-// outside Device.Do (freeSpareLater).
+// frees it). A graph allocation that outlived its capture is freed on
+// the stream of its graph's last launch, after that launch's work; with
+// no memory behind it (its graph not launched since its last free, or
+// never) it is only accounted for: a later launch frees what it
+// allocates. It reports whether the stream to free on was closed (which
+// drained it): the caller then frees b on the spare stream, outside
+// Device.Do (freeSpareLater).
 func (s *CUDAStream) freeOnDriver(b *Buffer) (spare bool) {
 	if b.deferToGraphs() {
 		return false
 	}
-	unbacked := b.gended && !b.gbacked
-	b.gfreed, b.gbacked = true, false
-	switch {
-	case unbacked:
+	b.gfreed = true
+	if b.gended && !b.gbacked {
 		s.c.live.Add(-1)
-	case s.isClosed():
-		return true
-	default:
-		s.freed(b, s.s.Free(cuda.DevicePtr(b.dev)))
+		return false
 	}
+	on := s
+	if b.glaunch != nil {
+		on = b.glaunch.(*CUDAStream)
+	}
+	if on.isClosed() {
+		return true
+	}
+	inCapture := b.inCapture()
+	err := on.s.Free(cuda.DevicePtr(b.dev))
+	switch {
+	case err == nil:
+		b.gbacked = false
+	case inCapture:
+		// A captured free that failed: the capture is broken, and its
+		// allocation never gets memory behind it.
+		_ = s.fail("free", fmt.Errorf("%#x: %w", b.dev, err))
+		s.c.live.Add(-1)
+		return false
+	}
+	s.freed(b, err)
 	return false
 }
 
@@ -632,6 +656,38 @@ func (s *CUDAStream) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.closed
+}
+
+// checkBacked refuses a graph allocation (memory allocated during a
+// capture) with no memory behind it now: its capture ended and no launch
+// of its graph has allocated it since (or since its last free). A kernel,
+// copy or memset touching it would fault, and the fault would end the
+// context for every user of the GPU. Other buffers cost one flag read
+// (graph, fixed at allocation). Work captured on s is not checked: it
+// runs when the graph is launched, after the launch of the graph that
+// allocates the memory, maybe.
+func (s *CUDAStream) checkBacked(bs ...*Buffer) error {
+	if s.capturing.Load() {
+		return nil
+	}
+	graph := false
+	for _, b := range bs {
+		graph = graph || b != nil && b.root().graph
+	}
+	if !graph {
+		return nil
+	}
+	return s.c.dev.Do(func() error {
+		for _, b := range bs {
+			if b == nil {
+				continue
+			}
+			if m := b.root().bufMem; m.gended && !m.gbacked {
+				return fmt.Errorf("%w: the buffer %#x is memory of a CUDA graph that no launch of the graph has allocated (since its capture, or its last free)", ErrClosed, b.dev)
+			}
+		}
+		return nil
+	})
 }
 
 // flushFrees, inside Device.Do when the last capture has ended, frees
@@ -721,7 +777,7 @@ func Elapsed(start, end *Event) (time.Duration, error) {
 	runtime.KeepAlive(start)
 	runtime.KeepAlive(end)
 	if err != nil {
-		return 0, fmt.Errorf("device: elapsed: %w", err)
+		return 0, fmt.Errorf("device: elapsed: %w", closedAs(err))
 	}
 	return d, nil
 }
@@ -827,6 +883,9 @@ func (s *CUDAStream) Memset(b *Buffer, off, n int, v byte) error {
 	if err := checkRange("memset", b, off, n); err != nil {
 		return s.fail("memset", err)
 	}
+	if err := s.checkBacked(b); err != nil {
+		return s.fail("memset", err)
+	}
 	if err := s.s.Memset8(cuda.DevicePtr(b.dev+uint64(off)), v, n); err != nil {
 		return s.fail("memset", err)
 	}
@@ -854,6 +913,9 @@ func (s *CUDAStream) Copy(dst *Buffer, dstOff int, src *Buffer, srcOff, n int) e
 		return s.fail("copy", err)
 	}
 	if err := checkRange("copy", src, srcOff, n); err != nil {
+		return s.fail("copy", err)
+	}
+	if err := s.checkBacked(dst, src); err != nil {
 		return s.fail("copy", err)
 	}
 	if err := s.s.CopyDtoD(cuda.DevicePtr(dst.dev+uint64(dstOff)), cuda.DevicePtr(src.dev+uint64(srcOff)), n); err != nil {
@@ -890,6 +952,7 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 		return s.fail(task, fmt.Errorf("module: %w", ErrClosed))
 	}
 	cargs := make([]any, len(args))
+	graph := false // a graph allocation among the arguments (checkBacked)
 	for i, a := range args {
 		switch v := a.(type) {
 		case int32, uint32, float32, int64, uint64:
@@ -905,6 +968,7 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 			if v.Freed() {
 				return s.fail(task, fmt.Errorf("argument %d: %w: the buffer %#x was freed", i, ErrClosed, v.dev))
 			}
+			graph = graph || v.root().graph
 			cargs[i] = cuda.DevicePtr(v.dev)
 		case *Tensor:
 			if v == nil {
@@ -917,9 +981,26 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 			if v.Closed() {
 				return s.fail(task, fmt.Errorf("argument %d: %w: the tensor %v at %#x was closed", i, ErrClosed, v, v.buf.dev))
 			}
+			graph = graph || v.buf.root().graph
 			cargs[i] = cuda.DevicePtr(v.buf.dev)
 		default:
 			return s.fail(task, fmt.Errorf("argument %d: type %T unsupported (use int32, uint32, int64, uint64, float32, *Buffer or *Tensor)", i, a))
+		}
+	}
+	if graph {
+		bs := make([]*Buffer, 0, len(args))
+		for _, a := range args {
+			switch v := a.(type) {
+			case *Buffer:
+				bs = append(bs, v)
+			case *Tensor:
+				if v != nil {
+					bs = append(bs, v.buf)
+				}
+			}
+		}
+		if err := s.checkBacked(bs...); err != nil {
+			return s.fail(task, err)
 		}
 	}
 	// Memory allocated during a capture (graph memory nodes) is not mapped
@@ -966,6 +1047,9 @@ func (s *CUDAStream) upload(ctx context.Context, b *Buffer, data []byte) error {
 	if owner.freed.Load() {
 		return fmt.Errorf("device: CUDA upload: %w: the buffer was freed", ErrClosed)
 	}
+	if err := s.checkBacked(b); err != nil {
+		return fmt.Errorf("device: CUDA upload: %w", err)
+	}
 	stage, err := s.c.stage.get(s.c.dev, min(len(data), stageChunk))
 	if err != nil {
 		return fmt.Errorf("device: CUDA upload: %w", closedAs(err))
@@ -1000,6 +1084,9 @@ func (s *CUDAStream) download(ctx context.Context, b *Buffer) ([]byte, error) {
 	defer owner.xfer.RUnlock()
 	if owner.freed.Load() {
 		return nil, fmt.Errorf("device: CUDA download: %w: the buffer was freed", ErrClosed)
+	}
+	if err := s.checkBacked(b); err != nil {
+		return nil, fmt.Errorf("device: CUDA download: %w", err)
 	}
 	if b.size <= smallStage {
 		return s.downloadSmall(ctx, b)
@@ -1069,6 +1156,7 @@ type Graph struct{ *graphState }
 // graphState is a Graph's state, apart from it for the cleanup that closes
 // a dropped graph.
 type graphState struct {
+	c    *CUDA // the backend of the captured stream
 	g    *cuda.Graph
 	once sync.Once
 	err  error
@@ -1156,7 +1244,7 @@ func (s *CUDAStream) EndCapture() (*Graph, error) {
 	if err = errors.Join(err, derr); err != nil {
 		return nil, s.fail("end capture", err)
 	}
-	st := &graphState{g: g, mems: mems, allocs: allocs}
+	st := &graphState{c: s.c, g: g, mems: mems, allocs: allocs}
 	graph := &Graph{st}
 	runtime.AddCleanup(graph, func(st *graphState) { _ = st.close() }, st)
 	return graph, nil
@@ -1198,11 +1286,17 @@ func capturedMemory(held []any) []*bufMem {
 // are freed again right after the launch, in stream order, since nothing
 // can reach them.
 func (g *Graph) Launch(s *CUDAStream) error {
+	if s.c != g.c {
+		return s.fail("graph launch", errors.New("the graph was captured on another backend's stream"))
+	}
 	launched := false
 	err := s.c.dev.Do(func() error {
 		for _, m := range g.allocs {
-			if m.gbacked {
-				return fmt.Errorf("the graph's allocation %#x (%d bytes) from its last launch is not freed yet: free it before launching the graph again", m.dev, m.size)
+			switch {
+			case m.gbacked && m.gfreed:
+				return fmt.Errorf("the graph's allocation %#x (%d bytes) from its last launch: its free has not reached the driver (it failed, or waits for the spare stream)", m.dev, m.size)
+			case m.gbacked:
+				return fmt.Errorf("the graph's allocation %#x (%d bytes) from its last launch is not freed yet: free it before launching the graph again (a free asked for during a capture, or of memory another graph uses, waits for that capture's end or that graph's Close)", m.dev, m.size)
 			}
 		}
 		if err := g.g.Launch(s.s); err != nil {
@@ -1211,10 +1305,14 @@ func (g *Graph) Launch(s *CUDAStream) error {
 		launched = true
 		var errs []error
 		for _, m := range g.allocs {
+			m.gbacked, m.glaunch = true, s
 			if m.gfreed {
-				errs = append(errs, s.s.Free(cuda.DevicePtr(m.dev)))
-			} else {
-				m.gbacked = true
+				// Nothing can reach this memory: free it after the launch.
+				if err := s.s.Free(cuda.DevicePtr(m.dev)); err != nil {
+					errs = append(errs, fmt.Errorf("free of the graph's allocation %#x after the launch: %w", m.dev, err))
+					continue
+				}
+				m.gbacked = false
 			}
 		}
 		return errors.Join(errs...)
@@ -1233,7 +1331,7 @@ func (g *Graph) Close() error { return g.close() }
 
 func (st *graphState) close() error {
 	st.once.Do(func() {
-		st.err = st.g.Close()
+		st.err = closedAs(st.g.Close())
 		for _, m := range st.mems {
 			if m.graphClosed() {
 				m.stream.(*CUDAStream).freeUnused(&Buffer{bufMem: m})

@@ -249,9 +249,11 @@ type bufMem struct {
 	// CUDA graph allocations, guarded by Device.Do. gended: the capture
 	// ended (or was discarded) without freeing the memory, which the
 	// graph then allocates at each launch (Graph.Launch); gbacked: a
-	// launch allocated it and no free has run since; gfreed: goep's free
-	// of the buffer has run (in the capture, or after it).
+	// launch allocated it and no free has succeeded since; gfreed: goep's
+	// free of the buffer has run (in the capture, or after it); glaunch:
+	// the stream of the last launch, whose work the free must follow.
 	gended, gbacked, gfreed bool
+	glaunch                 Stream
 	// xfer is read-held by a CUDA upload or download of the buffer (or of
 	// a view of it), which may span several copies and waits: a free (Close
 	// on another goroutine, say) waits for it instead of handing the memory

@@ -27,7 +27,7 @@ type HostMapping struct {
 func (c *CUDA) MapHost(mem []byte) (*HostMapping, error) {
 	reg, err := c.dev.HostRegister(mem)
 	if err != nil {
-		return nil, fmt.Errorf("device: CUDA map host memory: %w", err)
+		return nil, fmt.Errorf("device: CUDA map host memory: %w", closedAs(err))
 	}
 	m := &HostMapping{c: c, reg: reg, buf: &Buffer{bufMem: &bufMem{size: len(mem), dev: uint64(reg.DevicePtr())}}}
 	c.hostMu.Lock()
@@ -52,7 +52,7 @@ func (m *HostMapping) Close() error {
 	}
 	m.c.hostMu.Unlock()
 	if err := m.reg.Unregister(); err != nil {
-		return fmt.Errorf("device: CUDA unmap host memory: %w", err)
+		return fmt.Errorf("device: CUDA unmap host memory: %w", closedAs(err))
 	}
 	return nil
 }

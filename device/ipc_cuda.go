@@ -47,12 +47,12 @@ type sharedRef struct {
 func (c *CUDA) AllocShared(n int) (*Buffer, GPUShareHandle, error) {
 	p, err := c.dev.Alloc(n)
 	if err != nil {
-		return nil, GPUShareHandle{}, fmt.Errorf("device: CUDA shared alloc: %w", err)
+		return nil, GPUShareHandle{}, fmt.Errorf("device: CUDA shared alloc: %w", closedAs(err))
 	}
 	h, err := c.dev.GetIPCHandle(p)
 	if err != nil {
 		_ = c.dev.Free(p)
-		return nil, GPUShareHandle{}, fmt.Errorf("device: CUDA shared alloc: %w", err)
+		return nil, GPUShareHandle{}, fmt.Errorf("device: CUDA shared alloc: %w", closedAs(err))
 	}
 	c.live.Add(1)
 	if p != 0 {
@@ -149,7 +149,7 @@ func (c *CUDA) IsDevicePointer(p uint64) (bool, error) {
 func (c *CUDA) WrapStream(handle uintptr) (*CUDAStream, error) {
 	s, err := c.dev.WrapStream(handle)
 	if err != nil {
-		return nil, fmt.Errorf("device: CUDA wrap stream: %w", err)
+		return nil, fmt.Errorf("device: CUDA wrap stream: %w", closedAs(err))
 	}
 	c.streams.Add(1)
 	return &CUDAStream{c: c, s: s}, nil
