@@ -157,6 +157,25 @@ func TestBadInput(t *testing.T) {
 			}
 			return err
 		}, ErrInvalidInput, "output X was closed"},
+		{"handle's counts closed", func(ctx context.Context, e *Engine, _ *Handle, x *device.Tensor) error {
+			h, err := e.Layout(ctx, LayoutInput{TopkIdx: routing()(ctx, e)})
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			if e.Rank() == bad {
+				h.DeviceCounts().Close()
+				if _, err := h.Counts(ctx); !errors.Is(err, ErrInvalidInput) {
+					return fmt.Errorf("Counts: %v, want ErrInvalidInput", err)
+				}
+			}
+			out, err := e.Dispatch(ctx, h, DispatchInput{X: x})
+			if err == nil {
+				defer out.Close()
+				err = e.Synchronize(ctx)
+			}
+			return err
+		}, ErrInvalidInput, "DeviceCounts tensor was closed"},
 		{"nil handle", func(ctx context.Context, e *Engine, h *Handle, x *device.Tensor) error {
 			if e.Rank() == bad {
 				h = nil

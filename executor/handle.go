@@ -219,13 +219,17 @@ func (h *Handle) PermutedRows() int { return h.permRows }
 
 // DeviceCounts is the counts tensor in device memory, Int32 [4 + L]:
 // RecvCount, PermutedCount, overflow flag, 0, then TokensPerExpert. It is
-// written by the layout's queued work.
+// written by the layout's queued work. The handle owns it: closing it
+// makes every later call with the handle fail (ErrInvalidInput).
 func (h *Handle) DeviceCounts() *device.Tensor { return h.counts }
 
 // Counts synchronises the engine's stream and returns the counts.
 func (h *Handle) Counts(ctx context.Context) (Counts, error) {
 	if h.closed {
 		return Counts{}, ErrClosed
+	}
+	if h.counts.Closed() {
+		return Counts{}, fmt.Errorf("executor: handle %d: its DeviceCounts tensor was closed (the handle owns it): %w", h.id, ErrInvalidInput)
 	}
 	b, err := device.Download(ctx, h.counts)
 	if err != nil {

@@ -53,6 +53,9 @@ func (e *Engine) checkHandle(h *Handle) error {
 	if h.closed {
 		return fmt.Errorf("executor: handle %d: %w", h.id, ErrClosed)
 	}
+	if h.counts.Closed() {
+		return fmt.Errorf("executor: handle %d: its DeviceCounts tensor was closed (the handle owns it): %w", h.id, ErrInvalidInput)
+	}
 	return nil
 }
 
