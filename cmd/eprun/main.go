@@ -70,6 +70,7 @@ func (e runError) Unwrap() error { return e.err }
 // printed as one line on stderr.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root, prof := newRoot(stdout, stderr)
+	defer prof.stop() // a panic in a command still leaves a complete profile
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if perr := prof.stop(); perr != nil && err == nil {
@@ -109,7 +110,7 @@ func newRoot(stdout, stderr io.Writer) (*cobra.Command, *cpuProfile) {
 		PersistentPreRunE: prof.start,
 	}
 	root.PersistentFlags().StringVar(&prof.path, "cpuprofile", "",
-		"write a Go CPU profile of the command to `FILE` (go tool pprof FILE; under a launcher each rank writes FILE.RANK)")
+		"write a Go CPU profile of the command to `FILE` (go tool pprof FILE); under a launcher each rank writes FILE.RANK (for eprun launch, give it to the ranks' command: -- eprun bench --cpuprofile FILE)")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {

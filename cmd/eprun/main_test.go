@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -113,6 +114,9 @@ func TestBenchTable(t *testing.T) {
 // TestCPUProfile: --cpuprofile writes a Go CPU profile (gzip-compressed
 // protobuf) of the command, also when the command fails.
 func TestCPUProfile(t *testing.T) {
+	if f := flag.Lookup("test.cpuprofile"); f != nil && f.Value.String() != "" {
+		t.Skip("go test's own -cpuprofile holds the process's one CPU profile")
+	}
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		args []string

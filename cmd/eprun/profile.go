@@ -25,7 +25,11 @@ func (p *cpuProfile) start(*cobra.Command, []string) error {
 		return nil
 	}
 	path := p.path
-	if env, err := launcher.Detect(); err == nil && env.Size > 1 {
+	env, err := launcher.Detect()
+	if err != nil {
+		return fmt.Errorf("--cpuprofile: which rank writes the profile: %w", err)
+	}
+	if env.Size > 1 {
 		path = fmt.Sprintf("%s.%d", path, env.Rank)
 	}
 	f, err := os.Create(path)
