@@ -1013,6 +1013,14 @@ func TestCUDAGraphAllocations(t *testing.T) {
 			t.Fatalf("%s: byte %d = %#x, want %#x", when, i, got[i], v)
 		}
 	}
+	closeGraph := func(gs ...*Graph) {
+		t.Helper()
+		for _, g := range gs {
+			if err := g.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	live := func(want int, when string) {
 		t.Helper()
 		syncCUDA(t, s)
@@ -1052,9 +1060,7 @@ func TestCUDAGraphAllocations(t *testing.T) {
 	if err := s2.Synchronize(t.Context()); err == nil {
 		t.Fatal("the refused launch's error was not kept for Synchronize")
 	}
-	if err := g.Close(); err != nil {
-		t.Fatal(err)
-	}
+	closeGraph(g)
 	s.Free(b)
 	live(0, "after the free of an allocation of a graph never launched")
 
@@ -1074,9 +1080,7 @@ func TestCUDAGraphAllocations(t *testing.T) {
 	launch(g) // allocates again, nothing reaches it: freed after the launch
 	launch(g)
 	live(0, "after two launches of a graph whose allocation's buffer was freed")
-	if err := g.Close(); err != nil {
-		t.Fatal(err)
-	}
+	closeGraph(g)
 
 	// Freed before the first launch, then launched twice.
 	b = capture(s, 4)
@@ -1086,9 +1090,7 @@ func TestCUDAGraphAllocations(t *testing.T) {
 	launch(g)
 	launch(g)
 	live(0, "after two launches")
-	if err := g.Close(); err != nil {
-		t.Fatal(err)
-	}
+	closeGraph(g)
 
 	// The graph closed while its allocation is live, the buffer used after
 	// that and freed.
@@ -1096,9 +1098,7 @@ func TestCUDAGraphAllocations(t *testing.T) {
 	g = end(s)
 	launch(g)
 	syncCUDA(t, s)
-	if err := g.Close(); err != nil {
-		t.Fatal(err)
-	}
+	closeGraph(g)
 	check(b, 5, "after the graph's Close")
 	s.Free(b)
 	live(0, "after the free of an allocation that outlived its graph")
@@ -1126,9 +1126,7 @@ func TestCUDAGraphAllocations(t *testing.T) {
 	syncCUDA(t, other)
 	check(b2, 9, "the allocation of a graph launched after the free of another's")
 	s.Free(b2)
-	if err := errors.Join(g.Close(), g2.Close()); err != nil {
-		t.Fatal(err)
-	}
+	closeGraph(g, g2)
 	live(0, "after a launch on another stream")
 
 	// Another graph's work uses the allocation: its free waits for that
@@ -1151,9 +1149,7 @@ func TestCUDAGraphAllocations(t *testing.T) {
 	launch(g2)
 	check(out.Buffer(), 6, "the copy of a freed allocation that a live graph uses")
 	live(2, "while the second graph lives")
-	if err := errors.Join(g2.Close(), g.Close()); err != nil {
-		t.Fatal(err)
-	}
+	closeGraph(g2, g)
 	out.Close()
 	waitFreed(t, c, s, "both graphs were closed")
 }
