@@ -1035,6 +1035,13 @@ func TestCUDAGraphAllocations(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := capture(s2, 1)
+	// Eager work on another stream meanwhile: no memory behind it yet.
+	if err := s.Memset(b, 0, n, 0); !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), "no launch of the graph has allocated") {
+		t.Fatalf("memset of an allocation of a capture in progress, on another stream: %v, want a refusal", err)
+	}
+	if err := s.Synchronize(t.Context()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Synchronize after the refused memset: %v, want the refusal", err)
+	}
 	if err := s2.Close(); err != nil {
 		t.Fatalf("close during the capture: %v", err)
 	}

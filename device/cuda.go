@@ -659,8 +659,9 @@ func (s *CUDAStream) isClosed() bool {
 }
 
 // checkBacked refuses a graph allocation (memory allocated during a
-// capture) with no memory behind it now: its capture ended and no launch
-// of its graph has allocated it since (or since its last free). A kernel,
+// capture) with no memory behind it now: its capture is still in
+// progress, or no launch of its graph has allocated it since the capture
+// (or since its last free). A kernel,
 // copy or memset touching it would fault, and the fault would end the
 // context for every user of the GPU. Other buffers cost one flag read
 // (graph, fixed at allocation). Work captured on s is not checked: it
@@ -682,8 +683,8 @@ func (s *CUDAStream) checkBacked(bs ...*Buffer) error {
 			if b == nil {
 				continue
 			}
-			if m := b.root().bufMem; m.gended && !m.gbacked {
-				return fmt.Errorf("%w: the buffer %#x is memory of a CUDA graph that no launch of the graph has allocated (since its capture, or its last free)", ErrClosed, b.dev)
+			if m := b.root().bufMem; !m.gbacked {
+				return fmt.Errorf("%w: the buffer %#x is memory of a CUDA graph that no launch of the graph has allocated (it is being captured, or was not launched since its capture or its last free)", ErrClosed, b.dev)
 			}
 		}
 		return nil
