@@ -33,6 +33,10 @@ var (
 	ErrFailed = errors.New("executor: engine failed")
 	// ErrClosed: the engine or handle was closed.
 	ErrClosed = errors.New("executor: closed")
+	// ErrConcurrentCall: a call of an engine (or of one of its handles)
+	// came while another was in progress, from another goroutine; it was
+	// refused and did nothing. The call in progress is not affected.
+	ErrConcurrentCall = errors.New("executor: concurrent call")
 )
 
 // LayoutInput is one rank's routing.

@@ -32,7 +32,9 @@ var opNames = map[uint64]string{
 }
 
 // Engine is one rank's expert-parallel communication engine. All of an
-// engine's calls must come from one goroutine at a time, and every rank of
+// engine's calls (and its handles') must come from one goroutine at a
+// time (a call made while another is in progress is refused with
+// ErrConcurrentCall), and every rank of
 // the group must make the same collective calls (Layout, Dispatch, Combine
 // and the fused and backward variants) in the same order. Permute,
 // Unpermute and their backward calls are local.
@@ -68,7 +70,26 @@ type Engine struct {
 	handles uint64 // layouts made, numbering handles
 	failed  atomic.Pointer[error]
 	closed  bool
+	// calling is set while one of the engine's calls (or its handles')
+	// runs (enter): a second call at once, from another goroutine, is
+	// refused instead of racing on the engine's state.
+	calling atomic.Bool
 }
+
+// enter marks a call of the engine (name, for the error) in progress, or
+// refuses it with ErrConcurrentCall when another call is in progress: the
+// engine's calls must come from one goroutine at a time. Every exported
+// call of Engine and Handle enters (their internal uses of each other go
+// through the unexported halves).
+func (e *Engine) enter(name string) error {
+	if !e.calling.CompareAndSwap(false, true) {
+		return fmt.Errorf("executor: %s on rank %d while another call of this engine is in progress (from another goroutine; an engine's calls must come from one goroutine at a time): %w", name, e.rank, ErrConcurrentCall)
+	}
+	return nil
+}
+
+// leave ends the call that enter began.
+func (e *Engine) leave() { e.calling.Store(false) }
 
 // Option configures New.
 type Option func(*options)
@@ -267,6 +288,15 @@ var testHookAlloc func(rank int) error
 // Synchronize waits for all queued work and returns its first error. A
 // timeout fails the engine for good.
 func (e *Engine) Synchronize(ctx context.Context) error {
+	if err := e.enter("synchronize"); err != nil {
+		return err
+	}
+	defer e.leave()
+	return e.synchronize(ctx)
+}
+
+// synchronize is Synchronize, inside enter (Layout's too).
+func (e *Engine) synchronize(ctx context.Context) error {
 	if e.closed {
 		return ErrClosed
 	}
@@ -356,6 +386,10 @@ func (e *Engine) reject(op uint64, cause error) error {
 // memory. After a failure it still frees everything. Handles and outputs
 // the caller still holds stay valid to Close.
 func (e *Engine) Close() error {
+	if err := e.enter("close"); err != nil {
+		return err
+	}
+	defer e.leave()
 	if e.closed {
 		return nil
 	}

@@ -466,3 +466,100 @@ func allocFailureSteps(ctx context.Context, e *Engine, failNext *atomic.Bool, oo
 	}
 	return nil
 }
+
+// TestConcurrentCallRefused: while one call of an engine is in progress
+// (held inside Dispatch's output allocation), every call of the engine and
+// of its handles from another goroutine is refused at once with
+// ErrConcurrentCall and changes nothing; the held call then completes, and
+// the engine works as before. Run with -race, the refusals leave nothing
+// for the race detector.
+func TestConcurrentCallRefused(t *testing.T) {
+	const E, K, H, T = 4, 2, 8, 4
+	cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T, Timeout: 5 * time.Second}
+	errs := runRanks(t, 1, cfg, func(ctx context.Context, e *Engine) error {
+		idx, x, _ := rankInputs(1, 0, T, K, E, H, device.BF16)
+		it, err := upload(ctx, e, device.Int32, device.EncodeInt32(idx), T, K)
+		if err != nil {
+			return err
+		}
+		defer it.Close()
+		xt, err := upload(ctx, e, device.BF16, x, T, H)
+		if err != nil {
+			return err
+		}
+		defer xt.Close()
+		h, err := e.Layout(ctx, LayoutInput{TopkIdx: it})
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		want, err := e.Dispatch(ctx, h, DispatchInput{X: xt})
+		if err != nil {
+			return err
+		}
+		defer want.Close()
+
+		held, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		testHookAlloc = func(int) error {
+			once.Do(func() { close(held); <-release })
+			return nil
+		}
+		defer func() { testHookAlloc = nil }()
+		type result struct {
+			out DispatchOutput
+			err error
+		}
+		done := make(chan result)
+		go func() {
+			out, err := e.Dispatch(ctx, h, DispatchInput{X: xt})
+			done <- result{out, err}
+		}()
+		<-held
+		for _, c := range []struct {
+			name string
+			call func() error
+		}{
+			{"Dispatch", func() error { _, err := e.Dispatch(ctx, h, DispatchInput{X: xt}); return err }},
+			{"Combine", func() error { _, err := e.Combine(ctx, h, CombineInput{Z: want.RecvX}); return err }},
+			{"Layout", func() error { _, err := e.Layout(ctx, LayoutInput{TopkIdx: it}); return err }},
+			{"Relayout", func() error { return e.Relayout(ctx, h, LayoutInput{TopkIdx: it}) }},
+			{"DispatchPermute", func() error { _, err := e.DispatchPermute(ctx, h, DispatchInput{X: xt}); return err }},
+			{"Permute", func() error { _, err := e.Permute(ctx, h, PermuteInput{RecvX: want.RecvX}); return err }},
+			{"CombineBackward", func() error { _, err := e.CombineBackward(ctx, h, xt); return err }},
+			{"Synchronize", func() error { return e.Synchronize(ctx) }},
+			{"Handle.Counts", func() error { _, err := h.Counts(ctx); return err }},
+			{"Handle.Close", h.Close},
+			{"Close", e.Close},
+		} {
+			if err := c.call(); !errors.Is(err, ErrConcurrentCall) {
+				close(release)
+				return fmt.Errorf("%s during another call: %v, want ErrConcurrentCall", c.name, err)
+			}
+		}
+		close(release)
+		r := <-done
+		if r.err != nil {
+			return fmt.Errorf("the held Dispatch: %v", r.err)
+		}
+		defer r.out.Close()
+		if err := e.Synchronize(ctx); err != nil {
+			return err
+		}
+		a, err := device.Download(ctx, want.RecvX)
+		if err != nil {
+			return err
+		}
+		b, err := device.Download(ctx, r.out.RecvX)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(a, b) {
+			return errors.New("the held Dispatch's rows differ from the same call's before")
+		}
+		return nil
+	})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+}

@@ -14,6 +14,10 @@ import (
 // received row goes straight to its positions in the expert-major layout.
 // Results are bit-identical to the unfused calls.
 func (e *Engine) DispatchPermute(ctx context.Context, h *Handle, in DispatchInput) (DispatchPermuteOutput, error) {
+	if err := e.enter("dispatch-permute"); err != nil {
+		return DispatchPermuteOutput{}, err
+	}
+	defer e.leave()
 	if err := e.checkHandle(h); err != nil {
 		return DispatchPermuteOutput{}, e.reject(opDispatchPermute, err)
 	}
@@ -42,6 +46,10 @@ func (e *Engine) DispatchPermute(ctx context.Context, h *Handle, in DispatchInpu
 // allocation, so it can be captured into a CUDA graph
 // (device.CUDAStream.BeginCapture on Engine.Stream).
 func (e *Engine) DispatchPermuteInto(ctx context.Context, h *Handle, in DispatchInput, out DispatchPermuteOutput) error {
+	if err := e.enter("dispatch-permute"); err != nil {
+		return err
+	}
+	defer e.leave()
 	if err := e.checkHandle(h); err != nil {
 		return e.reject(opDispatchPermute, err)
 	}
@@ -148,6 +156,10 @@ func (e *Engine) gatherPermuted(lay *Layout, src []recvSrc, rb int, px []byte, r
 // and sums the destinations. Results are bit-identical to the unfused
 // calls.
 func (e *Engine) UnpermuteCombine(ctx context.Context, h *Handle, in UnpermuteInput) (*device.Tensor, error) {
+	if err := e.enter("unpermute-combine"); err != nil {
+		return nil, err
+	}
+	defer e.leave()
 	if err := e.checkHandle(h); err != nil {
 		return nil, e.reject(opUnpermuteCombine, err)
 	}
@@ -165,6 +177,10 @@ func (e *Engine) UnpermuteCombine(ctx context.Context, h *Handle, in UnpermuteIn
 // Y's dtype), which the caller allocated: capturable into a CUDA graph in
 // capacity mode, like DispatchPermuteInto.
 func (e *Engine) UnpermuteCombineInto(ctx context.Context, h *Handle, in UnpermuteInput, out *device.Tensor) error {
+	if err := e.enter("unpermute-combine"); err != nil {
+		return err
+	}
+	defer e.leave()
 	if err := e.checkHandle(h); err != nil {
 		return e.reject(opUnpermuteCombine, err)
 	}
@@ -208,6 +224,10 @@ func (e *Engine) checkUnpermuteInput(h *Handle, in UnpermuteInput) error {
 // GradRecvX, and, when GradRecvWeights is given, each slot's weight
 // gradient sent back to its source (GradTopkWeights, 0 on empty slots).
 func (e *Engine) DispatchBackward(ctx context.Context, h *Handle, in DispatchBackwardInput) (DispatchBackwardOutput, error) {
+	if err := e.enter("dispatch backward"); err != nil {
+		return DispatchBackwardOutput{}, err
+	}
+	defer e.leave()
 	if err := e.checkHandle(h); err != nil {
 		return DispatchBackwardOutput{}, e.reject(opCombine, err)
 	}
@@ -224,6 +244,10 @@ func (e *Engine) DispatchBackward(ctx context.Context, h *Handle, in DispatchBac
 // CombineBackward is the gradient of Combine (collective): Dispatch of the
 // output gradient [T_r, Hidden], giving the gradient of Z.
 func (e *Engine) CombineBackward(ctx context.Context, h *Handle, gradOut *device.Tensor) (*device.Tensor, error) {
+	if err := e.enter("combine backward"); err != nil {
+		return nil, err
+	}
+	defer e.leave()
 	if gradOut != nil && gradOut.DType() == device.FP8E4M3 {
 		err := checkTensor("combine backward: gradient", gradOut, 0, -1, e.cfg.Hidden)
 		if herr := e.checkHandle(h); herr != nil {
@@ -231,7 +255,7 @@ func (e *Engine) CombineBackward(ctx context.Context, h *Handle, gradOut *device
 		}
 		return nil, e.reject(opDispatch, err)
 	}
-	out, err := e.Dispatch(ctx, h, DispatchInput{X: gradOut})
+	out, err := e.dispatchCall(h, DispatchInput{X: gradOut})
 	if err != nil {
 		return nil, err
 	}

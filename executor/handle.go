@@ -79,6 +79,10 @@ func (e *CapacityError) Unwrap() error { return ErrCapacityExceeded }
 // routing, a timeout) are returned here on every rank; in capacity mode it
 // returns at once and errors come with the next Synchronize.
 func (e *Engine) Layout(ctx context.Context, in LayoutInput) (*Handle, error) {
+	if err := e.enter("layout"); err != nil {
+		return nil, err
+	}
+	defer e.leave()
 	if err := e.usable(); err != nil {
 		return nil, err
 	}
@@ -106,7 +110,7 @@ func (e *Engine) Layout(ctx context.Context, in LayoutInput) (*Handle, error) {
 		h.recvRows, h.permRows = cfg.MaxRecvTokens, cfg.MaxPermutedTokens
 		return h, nil
 	}
-	if err := e.Synchronize(ctx); err != nil {
+	if err := e.synchronize(ctx); err != nil {
 		counts.Close()
 		return nil, err
 	}
@@ -144,6 +148,10 @@ func (e *Engine) layoutTask(h *Handle, idx *device.Tensor, sig [4]uint64) {
 // that uses the handle runs with the routing it was queued with (stream
 // order).
 func (e *Engine) Relayout(ctx context.Context, h *Handle, in LayoutInput) error {
+	if err := e.enter("relayout"); err != nil {
+		return err
+	}
+	defer e.leave()
 	if err := e.checkHandle(h); err != nil {
 		return e.reject(opLayout, err)
 	}
@@ -225,6 +233,10 @@ func (h *Handle) DeviceCounts() *device.Tensor { return h.counts }
 
 // Counts synchronises the engine's stream and returns the counts.
 func (h *Handle) Counts(ctx context.Context) (Counts, error) {
+	if err := h.e.enter("counts"); err != nil {
+		return Counts{}, err
+	}
+	defer h.e.leave()
 	if h.closed {
 		return Counts{}, ErrClosed
 	}
@@ -246,7 +258,14 @@ func (h *Handle) Counts(ctx context.Context) (Counts, error) {
 // Close frees the handle's device memory in stream order; queued work that
 // uses the handle still completes correctly.
 func (h *Handle) Close() error {
-	if h == nil || h.closed {
+	if h == nil {
+		return nil
+	}
+	if err := h.e.enter("handle close"); err != nil {
+		return err
+	}
+	defer h.e.leave()
+	if h.closed {
 		return nil
 	}
 	h.closed = true

@@ -19,6 +19,10 @@ func (e *Engine) permuteMap(h *Handle, lay *Layout) permute.Map {
 // order), then zero padding up to PadMultiple. Weights, when given, follow
 // as one fp32 per permuted row (0 on padding).
 func (e *Engine) Permute(ctx context.Context, h *Handle, in PermuteInput) (PermuteOutput, error) {
+	if err := e.enter("permute"); err != nil {
+		return PermuteOutput{}, err
+	}
+	defer e.leave()
 	if err := e.checkHandle(h); err != nil {
 		return PermuteOutput{}, err
 	}
@@ -77,6 +81,10 @@ func permuteRows(lay *Layout, m permute.Map, px, pw, x, w *device.Tensor) {
 // term rounded to fp32, summed in fp32 from the first term, rounded to the
 // dtype once.
 func (e *Engine) Unpermute(ctx context.Context, h *Handle, in UnpermuteInput) (*device.Tensor, error) {
+	if err := e.enter("unpermute"); err != nil {
+		return nil, err
+	}
+	defer e.leave()
 	if err := e.checkHandle(h); err != nil {
 		return nil, err
 	}
@@ -108,6 +116,10 @@ func (e *Engine) unpermute(h *Handle, y, w *device.Tensor) (*device.Tensor, erro
 // PermuteBackward is the gradient of Permute: the unweighted Unpermute of
 // the permuted gradient.
 func (e *Engine) PermuteBackward(ctx context.Context, h *Handle, gradX *device.Tensor) (*device.Tensor, error) {
+	if err := e.enter("permute backward"); err != nil {
+		return nil, err
+	}
+	defer e.leave()
 	if err := e.checkHandle(h); err != nil {
 		return nil, err
 	}
@@ -122,6 +134,10 @@ func (e *Engine) PermuteBackward(ctx context.Context, h *Handle, gradX *device.T
 // and, for a weighted forward, GradWeights[i][k] = <GradOut[i], Y[pos(i,k)]>
 // accumulated in fp64 in element order.
 func (e *Engine) UnpermuteBackward(ctx context.Context, h *Handle, in UnpermuteBackwardInput) (UnpermuteBackwardOutput, error) {
+	if err := e.enter("unpermute backward"); err != nil {
+		return UnpermuteBackwardOutput{}, err
+	}
+	defer e.leave()
 	if err := e.checkHandle(h); err != nil {
 		return UnpermuteBackwardOutput{}, err
 	}

@@ -132,6 +132,15 @@ type outSpec struct {
 // Dispatch sends every token to the ranks owning its experts (collective).
 // Received row i is x of its source (rank, token), in receive order.
 func (e *Engine) Dispatch(ctx context.Context, h *Handle, in DispatchInput) (DispatchOutput, error) {
+	if err := e.enter("dispatch"); err != nil {
+		return DispatchOutput{}, err
+	}
+	defer e.leave()
+	return e.dispatchCall(h, in)
+}
+
+// dispatchCall is Dispatch, inside enter (CombineBackward's too).
+func (e *Engine) dispatchCall(h *Handle, in DispatchInput) (DispatchOutput, error) {
 	if err := e.checkHandle(h); err != nil {
 		return DispatchOutput{}, e.reject(opDispatch, err)
 	}
@@ -290,6 +299,10 @@ func (e *Engine) checkDispatchInput(h *Handle, in DispatchInput) error {
 // ascending order, of their z rows for t, rounded once; a token routed
 // nowhere gets a zero row.
 func (e *Engine) Combine(ctx context.Context, h *Handle, in CombineInput) (*device.Tensor, error) {
+	if err := e.enter("combine"); err != nil {
+		return nil, err
+	}
+	defer e.leave()
 	if err := e.checkHandle(h); err != nil {
 		return nil, e.reject(opCombine, err)
 	}
