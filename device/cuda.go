@@ -1183,7 +1183,10 @@ type graphState struct {
 // capture is discarded, its free only does the bookkeeping. Frees asked
 // for during the capture of memory allocated outside it, by Close or by a
 // dropped tensor's cleanup on another goroutine, are not captured: they
-// are enqueued when the last capture of the GPU ends.
+// are enqueued when the last capture of the GPU ends. Only work enqueued
+// on s itself is captured and tracked: a stream that joins the capture
+// through Wait on an event of s is not (its work with the capture's
+// allocations is refused as eager work on memory with nothing behind it).
 func (s *CUDAStream) BeginCapture() error {
 	return s.c.dev.Do(func() error {
 		if err := s.s.BeginCapture(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,10 +35,11 @@ var opNames = map[uint64]string{
 // Engine is one rank's expert-parallel communication engine. All of an
 // engine's calls (and its handles') must come from one goroutine at a
 // time (a call made while another is in progress is refused with
-// ErrConcurrentCall), and every rank of
-// the group must make the same collective calls (Layout, Dispatch, Combine
-// and the fused and backward variants) in the same order. Permute,
-// Unpermute and their backward calls are local.
+// ErrConcurrentCall, except Handle.Close, which is then run as that call
+// ends; NewTensor and the accessors are safe from any goroutine), and
+// every rank of the group must make the same collective calls (Layout,
+// Dispatch, Combine and the fused and backward variants) in the same
+// order. Permute, Unpermute and their backward calls are local.
 //
 // Calls enqueue work on the engine's stream and return; outputs are ready
 // after Synchronize (or device.Download). Errors found on the host (shapes,
@@ -70,26 +72,49 @@ type Engine struct {
 	handles uint64 // layouts made, numbering handles
 	failed  atomic.Pointer[error]
 	closed  bool
-	// calling is set while one of the engine's calls (or its handles')
-	// runs (enter): a second call at once, from another goroutine, is
-	// refused instead of racing on the engine's state.
-	calling atomic.Bool
+	// callMu guards calling and pendingClose. calling is set while one
+	// of the engine's calls (or its handles') runs (enter): a second call
+	// at once, from another goroutine, is refused instead of racing on the
+	// engine's state; a handle's Close then waits in pendingClose, and the
+	// call in progress runs it as it ends (leave).
+	callMu       sync.Mutex
+	calling      bool
+	pendingClose []*Handle
 }
 
 // enter marks a call of the engine (name, for the error) in progress, or
 // refuses it with ErrConcurrentCall when another call is in progress: the
 // engine's calls must come from one goroutine at a time. Every exported
-// call of Engine and Handle enters (their internal uses of each other go
-// through the unexported halves).
+// call of Engine and Handle that uses the engine's state enters (their
+// internal uses of each other go through the unexported halves);
+// NewTensor and the accessors of fixed values (Config, Rank, Stream,
+// Handle.RecvRows, ...) do not, and are safe from any goroutine.
 func (e *Engine) enter(name string) error {
-	if !e.calling.CompareAndSwap(false, true) {
+	e.callMu.Lock()
+	defer e.callMu.Unlock()
+	if e.calling {
 		return fmt.Errorf("executor: %s on rank %d while another call of this engine is in progress (from another goroutine; an engine's calls must come from one goroutine at a time): %w", name, e.rank, ErrConcurrentCall)
 	}
+	e.calling = true
 	return nil
 }
 
-// leave ends the call that enter began.
-func (e *Engine) leave() { e.calling.Store(false) }
+// leave ends the call that enter began, first closing the handles whose
+// Close came meanwhile.
+func (e *Engine) leave() {
+	e.callMu.Lock()
+	for len(e.pendingClose) > 0 {
+		hs := e.pendingClose
+		e.pendingClose = nil
+		e.callMu.Unlock()
+		for _, h := range hs {
+			h.closeNow()
+		}
+		e.callMu.Lock()
+	}
+	e.calling = false
+	e.callMu.Unlock()
+}
 
 // Option configures New.
 type Option func(*options)

@@ -470,14 +470,16 @@ func allocFailureSteps(ctx context.Context, e *Engine, failNext *atomic.Bool, oo
 // TestConcurrentCallRefused: while one call of an engine is in progress
 // (held inside Dispatch's output allocation), every call of the engine and
 // of its handles from another goroutine is refused at once with
-// ErrConcurrentCall and changes nothing; the held call then completes, and
-// the engine works as before. Run with -race, the refusals leave nothing
-// for the race detector.
+// ErrConcurrentCall and changes nothing, except a handle's Close, which
+// returns at once and closes the handle as the call in progress ends; the
+// held call then completes with the same rows as before, and the engine
+// works as before. Without the guard the calls are not refused (and
+// -race reports the races).
 func TestConcurrentCallRefused(t *testing.T) {
 	const E, K, H, T = 4, 2, 8, 4
 	cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T, Timeout: 5 * time.Second}
 	errs := runRanks(t, 1, cfg, func(ctx context.Context, e *Engine) error {
-		idx, x, _ := rankInputs(1, 0, T, K, E, H, device.BF16)
+		idx, x, w := rankInputs(1, 0, T, K, E, H, device.BF16)
 		it, err := upload(ctx, e, device.Int32, device.EncodeInt32(idx), T, K)
 		if err != nil {
 			return err
@@ -488,61 +490,116 @@ func TestConcurrentCallRefused(t *testing.T) {
 			return err
 		}
 		defer xt.Close()
+		wt, err := upload(ctx, e, device.FP32, device.EncodeFloat32(device.FP32, w), T, K)
+		if err != nil {
+			return err
+		}
+		defer wt.Close()
 		h, err := e.Layout(ctx, LayoutInput{TopkIdx: it})
 		if err != nil {
 			return err
 		}
 		defer h.Close()
+		h2, err := e.Layout(ctx, LayoutInput{TopkIdx: it}) // closed during the held call
+		if err != nil {
+			return err
+		}
 		want, err := e.Dispatch(ctx, h, DispatchInput{X: xt})
 		if err != nil {
 			return err
 		}
 		defer want.Close()
+		perm, err := e.DispatchPermute(ctx, h, DispatchInput{X: xt, TopkWeights: wt})
+		if err != nil {
+			return err
+		}
+		defer perm.Close()
 
+		// The first allocation after this holds its call until release.
 		held, release := make(chan struct{}), make(chan struct{})
-		var once sync.Once
+		var first atomic.Bool
 		testHookAlloc = func(int) error {
-			once.Do(func() { close(held); <-release })
+			if first.CompareAndSwap(false, true) {
+				close(held)
+				<-release
+			}
 			return nil
 		}
-		defer func() { testHookAlloc = nil }()
 		type result struct {
 			out DispatchOutput
 			err error
 		}
-		done := make(chan result)
+		done := make(chan result, 1)
 		go func() {
 			out, err := e.Dispatch(ctx, h, DispatchInput{X: xt})
 			done <- result{out, err}
 		}()
 		<-held
-		for _, c := range []struct {
+		released := false
+		end := func() result {
+			if !released {
+				close(release)
+				released = true
+			}
+			r := <-done
+			testHookAlloc = nil
+			return r
+		}
+		refused := []struct {
 			name string
 			call func() error
 		}{
-			{"Dispatch", func() error { _, err := e.Dispatch(ctx, h, DispatchInput{X: xt}); return err }},
-			{"Combine", func() error { _, err := e.Combine(ctx, h, CombineInput{Z: want.RecvX}); return err }},
 			{"Layout", func() error { _, err := e.Layout(ctx, LayoutInput{TopkIdx: it}); return err }},
 			{"Relayout", func() error { return e.Relayout(ctx, h, LayoutInput{TopkIdx: it}) }},
+			{"Dispatch", func() error { _, err := e.Dispatch(ctx, h, DispatchInput{X: xt}); return err }},
+			{"Combine", func() error { _, err := e.Combine(ctx, h, CombineInput{Z: want.RecvX}); return err }},
 			{"DispatchPermute", func() error { _, err := e.DispatchPermute(ctx, h, DispatchInput{X: xt}); return err }},
-			{"Permute", func() error { _, err := e.Permute(ctx, h, PermuteInput{RecvX: want.RecvX}); return err }},
+			{"DispatchPermuteInto", func() error {
+				return e.DispatchPermuteInto(ctx, h, DispatchInput{X: xt, TopkWeights: wt}, perm)
+			}},
+			{"UnpermuteCombine", func() error {
+				_, err := e.UnpermuteCombine(ctx, h, UnpermuteInput{Y: perm.X, RecvWeights: perm.RecvWeights})
+				return err
+			}},
+			{"UnpermuteCombineInto", func() error {
+				return e.UnpermuteCombineInto(ctx, h, UnpermuteInput{Y: perm.X, RecvWeights: perm.RecvWeights}, xt)
+			}},
+			{"DispatchBackward", func() error {
+				_, err := e.DispatchBackward(ctx, h, DispatchBackwardInput{GradRecvX: want.RecvX})
+				return err
+			}},
 			{"CombineBackward", func() error { _, err := e.CombineBackward(ctx, h, xt); return err }},
+			{"Permute", func() error { _, err := e.Permute(ctx, h, PermuteInput{RecvX: want.RecvX}); return err }},
+			{"Unpermute", func() error { _, err := e.Unpermute(ctx, h, UnpermuteInput{Y: perm.X}); return err }},
+			{"PermuteBackward", func() error { _, err := e.PermuteBackward(ctx, h, perm.X); return err }},
+			{"UnpermuteBackward", func() error {
+				_, err := e.UnpermuteBackward(ctx, h, UnpermuteBackwardInput{GradOut: want.RecvX, Y: perm.X})
+				return err
+			}},
 			{"Synchronize", func() error { return e.Synchronize(ctx) }},
 			{"Handle.Counts", func() error { _, err := h.Counts(ctx); return err }},
-			{"Handle.Close", h.Close},
 			{"Close", e.Close},
-		} {
+		}
+		for _, c := range refused {
 			if err := c.call(); !errors.Is(err, ErrConcurrentCall) {
-				close(release)
+				if r := end(); r.err == nil {
+					r.out.Close()
+				}
 				return fmt.Errorf("%s during another call: %v, want ErrConcurrentCall", c.name, err)
 			}
 		}
-		close(release)
-		r := <-done
+		if err := h2.Close(); err != nil {
+			end()
+			return fmt.Errorf("Handle.Close during another call: %v, want nil (closed as the call ends)", err)
+		}
+		r := end()
 		if r.err != nil {
 			return fmt.Errorf("the held Dispatch: %v", r.err)
 		}
 		defer r.out.Close()
+		if _, err := h2.Counts(ctx); !errors.Is(err, ErrClosed) {
+			return fmt.Errorf("Counts of the handle closed during the held call, after it: %v, want ErrClosed", err)
+		}
 		if err := e.Synchronize(ctx); err != nil {
 			return err
 		}

@@ -256,21 +256,37 @@ func (h *Handle) Counts(ctx context.Context) (Counts, error) {
 }
 
 // Close frees the handle's device memory in stream order; queued work that
-// uses the handle still completes correctly.
+// uses the handle still completes correctly. Safe from any goroutine:
+// during a call of the engine on another goroutine, the handle is closed
+// as that call ends (Close returns at once). It returns nil.
 func (h *Handle) Close() error {
-	if h == nil {
+	if h == nil || h.e == nil {
 		return nil
 	}
-	if err := h.e.enter("handle close"); err != nil {
-		return err
+	e := h.e
+	e.callMu.Lock()
+	if e.calling {
+		// A call of the engine is in progress on another goroutine: it
+		// closes h as it ends (leave).
+		e.pendingClose = append(e.pendingClose, h)
+		e.callMu.Unlock()
+		return nil
 	}
-	defer h.e.leave()
+	e.calling = true
+	e.callMu.Unlock()
+	defer e.leave()
+	h.closeNow()
+	return nil
+}
+
+// closeNow is Close, inside a call of the engine.
+func (h *Handle) closeNow() {
 	if h.closed {
-		return nil
+		return
 	}
 	h.closed = true
 	h.gpu.close()
-	return h.counts.Close()
+	_ = h.counts.Close() // (always nil)
 }
 
 // checkTopk validates the routing tensor's shape and dtype on the host.
