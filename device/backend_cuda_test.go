@@ -444,15 +444,21 @@ func TestCUDASynchronizeDeadline(t *testing.T) {
 	syncCUDA(t, s)
 }
 
-func TestCUDAErrorIsKeptUntilSynchronize(t *testing.T) {
-	c := newCUDA(t)
-	s := newCUDAStream(t, c)
+// delayKernelOf is goep_delay on c, and the grid and block of one thread.
+func delayKernelOf(t *testing.T, c *CUDA) (*Kernel, [3]uint32) {
+	t.Helper()
 	k, err := c.delayKernel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	one := [3]uint32{1, 1, 1}
-	err = s.Launch(k, one, one, 0, 5) // an int: its size on the GPU would be a guess
+	return k, [3]uint32{1, 1, 1}
+}
+
+func TestCUDAErrorIsKeptUntilSynchronize(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	k, one := delayKernelOf(t, c)
+	err := s.Launch(k, one, one, 0, 5) // an int: its size on the GPU would be a guess
 	var te *TaskError
 	if !errors.As(err, &te) {
 		t.Fatalf("launch with an int argument: %v, want a *TaskError", err)
@@ -481,11 +487,7 @@ func TestCUDAErrorIsKeptUntilSynchronize(t *testing.T) {
 func TestCUDAFreedArguments(t *testing.T) {
 	c := newCUDA(t)
 	s := newCUDAStream(t, c)
-	k, err := c.delayKernel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	one := [3]uint32{1, 1, 1}
+	k, one := delayKernelOf(t, c)
 	live, _ := s.Alloc(64)
 	defer s.Free(live)
 	b, _ := s.Alloc(64)
