@@ -953,7 +953,7 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 		return s.fail(task, fmt.Errorf("module: %w", ErrClosed))
 	}
 	cargs := make([]any, len(args))
-	graph := false // a graph allocation among the arguments (checkBacked)
+	var graphArgs []*Buffer // arguments whose memory is a graph allocation (checkBacked)
 	for i, a := range args {
 		switch v := a.(type) {
 		case int32, uint32, float32, int64, uint64:
@@ -969,7 +969,9 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 			if v.Freed() {
 				return s.fail(task, fmt.Errorf("argument %d: %w: the buffer %#x was freed", i, ErrClosed, v.dev))
 			}
-			graph = graph || v.root().graph
+			if v.root().graph {
+				graphArgs = append(graphArgs, v)
+			}
 			cargs[i] = cuda.DevicePtr(v.dev)
 		case *Tensor:
 			if v == nil {
@@ -982,25 +984,16 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 			if v.Closed() {
 				return s.fail(task, fmt.Errorf("argument %d: %w: the tensor %v at %#x was closed", i, ErrClosed, v, v.buf.dev))
 			}
-			graph = graph || v.buf.root().graph
+			if v.buf.root().graph {
+				graphArgs = append(graphArgs, v.buf)
+			}
 			cargs[i] = cuda.DevicePtr(v.buf.dev)
 		default:
 			return s.fail(task, fmt.Errorf("argument %d: type %T unsupported (use int32, uint32, int64, uint64, float32, *Buffer or *Tensor)", i, a))
 		}
 	}
-	if graph {
-		bs := make([]*Buffer, 0, len(args))
-		for _, a := range args {
-			switch v := a.(type) {
-			case *Buffer:
-				bs = append(bs, v)
-			case *Tensor:
-				if v != nil {
-					bs = append(bs, v.buf)
-				}
-			}
-		}
-		if err := s.checkBacked(bs...); err != nil {
+	if len(graphArgs) > 0 {
+		if err := s.checkBacked(graphArgs...); err != nil {
 			return s.fail(task, err)
 		}
 	}

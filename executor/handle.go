@@ -237,11 +237,8 @@ func (h *Handle) Counts(ctx context.Context) (Counts, error) {
 		return Counts{}, err
 	}
 	defer h.e.leave()
-	if h.closed {
-		return Counts{}, ErrClosed
-	}
-	if h.counts.Closed() {
-		return Counts{}, fmt.Errorf("executor: handle %d: its DeviceCounts tensor was closed (the handle owns it): %w", h.id, ErrInvalidInput)
+	if err := h.usable(); err != nil {
+		return Counts{}, err
 	}
 	b, err := device.Download(ctx, h.counts)
 	if err != nil {
@@ -253,6 +250,18 @@ func (h *Handle) Counts(ctx context.Context) (Counts, error) {
 		out.TokensPerExpert = append(out.TokensPerExpert, int(n))
 	}
 	return out, nil
+}
+
+// usable reports why the handle cannot be used: closed (ErrClosed), or
+// its DeviceCounts tensor closed by the caller (ErrInvalidInput).
+func (h *Handle) usable() error {
+	if h.closed {
+		return fmt.Errorf("executor: handle %d: %w", h.id, ErrClosed)
+	}
+	if h.counts.Closed() {
+		return fmt.Errorf("executor: handle %d: its DeviceCounts tensor was closed (the handle owns it): %w", h.id, ErrInvalidInput)
+	}
+	return nil
 }
 
 // Close frees the handle's device memory in stream order; queued work that

@@ -50,13 +50,7 @@ func (e *Engine) checkHandle(h *Handle) error {
 	if h.e != e {
 		return fmt.Errorf("executor: handle %d belongs to another engine: %w", h.id, ErrInvalidInput)
 	}
-	if h.closed {
-		return fmt.Errorf("executor: handle %d: %w", h.id, ErrClosed)
-	}
-	if h.counts.Closed() {
-		return fmt.Errorf("executor: handle %d: its DeviceCounts tensor was closed (the handle owns it): %w", h.id, ErrInvalidInput)
-	}
-	return nil
+	return h.usable()
 }
 
 // signature of a data call: handle, dtype, weighted, and which round of

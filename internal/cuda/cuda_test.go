@@ -28,7 +28,7 @@ const deadline = 30 * time.Second
 
 // openDevice opens GPU 0 for one test and closes it at the end, or skips the
 // test with the reason when the driver or the GPU is missing.
-func openDevice(t *testing.T) *Device {
+func openDevice(t testing.TB) *Device {
 	t.Helper()
 	n, err := NumDevices()
 	if err == nil && n == 0 {

@@ -15,22 +15,6 @@ import (
 // makes. On a GPU host: .gpu/internal-cuda.test -gpu -test.run '^$'
 // -test.bench Do
 
-func benchDevice(b *testing.B) *Device {
-	b.Helper()
-	if n, err := NumDevices(); err != nil || n == 0 {
-		if *requireGPU {
-			b.Fatalf("no usable GPU: %v", err)
-		}
-		b.Skipf("no usable GPU: %v", err)
-	}
-	d, err := Open(0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = d.Close() })
-	return d
-}
-
 func BenchmarkGettid(b *testing.B) {
 	for b.Loop() {
 		unix.Gettid()
@@ -38,14 +22,14 @@ func BenchmarkGettid(b *testing.B) {
 }
 
 func BenchmarkDoOuter(b *testing.B) {
-	d := benchDevice(b)
+	d := openDevice(b)
 	for b.Loop() {
 		_ = d.Do(func() error { return nil })
 	}
 }
 
 func BenchmarkDoNested(b *testing.B) {
-	d := benchDevice(b)
+	d := openDevice(b)
 	_ = d.Do(func() error {
 		for b.Loop() {
 			_ = d.Do(func() error { return nil })
