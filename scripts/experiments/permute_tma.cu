@@ -70,6 +70,21 @@
 //	              (real loads, evict-last policy: the kernel ends when
 //	              they are in L2), then the scatter reading them and
 //	              storing with the evict-first policy
+//	splitS        exact with each row cut into S parts, a block a part
+//	              (a shorter tail: the last wave's blocks are S times
+//	              shorter)
+//	stagedwN      stagedN with the chunk made persisting by the stream's
+//	              access policy window (plain loads) instead of the
+//	              evict-last policy
+//	aheadN        stagedN with chunk c+1 staged on a second stream while
+//	              chunk c is scattered (the reads in bursts, overlapped)
+//
+// The staged variants keep rows in L2 only where L2 has a set-aside for
+// persisting accesses: PERMUTE_TMA_PERSIST=BYTES (or max) sets
+// cudaLimitPersistingL2CacheSize before the runs (the driver's default
+// is 0; evict-last then protects nothing). PERMUTE_TMA_ONLY=a,b,c runs
+// only those variants (and the copy).
+//
 //	pipe          persistent blocks over tokens; each thread loads the
 //	              next token's units into registers before it stores the
 //	              current token's (software pipelining: the loads' latency
@@ -100,6 +115,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -284,6 +301,41 @@ __global__ void exact(uint4 *__restrict__ out, const uint4 *__restrict__ x, cons
 	}
 }
 
+// split: exact with each row cut into S parts, one block a part (block b:
+// token b / S, part b % S, units [part x per, part x per + per)), 4 units a
+// thread: blocks S times shorter, so the grid's last partial wave is too.
+__global__ void split(uint4 *__restrict__ out, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
+		      int64_t n, int32_t k, int64_t units, int32_t S)
+{
+	const int64_t i = blockIdx.x / S;
+	const int64_t per = (units + S - 1) / S;
+	const int64_t lo = (blockIdx.x % S) * per, hi = lo + per < units ? lo + per : units;
+	if (i >= n) {
+		return;
+	}
+	const uint4 *s = x + i * units;
+	for (int64_t u0 = lo + threadIdx.x; u0 < hi; u0 += 4 * (int64_t)blockDim.x) {
+		uint4 v[4];
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			if (u0 + q * blockDim.x < hi) {
+				v[q] = s[u0 + q * blockDim.x];
+			}
+		}
+		for (int32_t j = 0; j < k; j++) {
+			uint4 *d = out + (int64_t)pos[i * k + j] * units;
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				if (u0 + q * blockDim.x < hi) {
+					d[u0 + q * blockDim.x] = v[q];
+				}
+			}
+		}
+	}
+}
+
+static void splitRun(cudaStream_t s, int32_t S);
+
 // prefetch: rows [lo, hi) of x into L2, one block per row (the first
 // phase of chunked: reads alone, then the chunk's scatter from L2).
 __global__ void prefetch(const uint4 *x, int64_t lo, int64_t hi, int64_t units)
@@ -323,14 +375,15 @@ __device__ __forceinline__ void store_policy(uint4 *a, uint4 v, uint64_t pol)
 }
 
 // stage: loads units [0, n) of x (really: the data reaches the SMs, so
-// the kernel ends when it is in L2) with the evict-last policy; sink is
+// the kernel ends when it is in L2) with the evict-last policy (plain
+// loads when !last: the stream's access policy window decides); sink is
 // written only if the xor of everything is a value it never is.
-__global__ void stage(const uint4 *__restrict__ x, int64_t n, uint32_t *sink)
+__global__ void stage(const uint4 *__restrict__ x, int64_t n, uint32_t *sink, bool last = true)
 {
 	const uint64_t pol = policy(true);
 	uint32_t acc = 0;
 	for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n; u += (int64_t)gridDim.x * blockDim.x) {
-		uint4 v = load_policy(x + u, pol);
+		uint4 v = last ? load_policy(x + u, pol) : x[u];
 		acc ^= v.x ^ v.y ^ v.z ^ v.w;
 	}
 	if (acc == 0x9e3779b9u && sink != nullptr) {
@@ -791,6 +844,73 @@ static void staged(cudaStream_t s, int64_t chunk)
 	}
 }
 
+// sWin sets (bytes > 0) or clears the access policy window of stream s:
+// accesses to [base, base+bytes) are persisting (kept in the L2 set-aside
+// of PERMUTE_TMA_PERSIST), others normal.
+static void sWin(cudaStream_t s, const void *base, size_t bytes)
+{
+	cudaStreamAttrValue a = {};
+	a.accessPolicyWindow.base_ptr = const_cast<void *>(base);
+	a.accessPolicyWindow.num_bytes = bytes;
+	a.accessPolicyWindow.hitRatio = bytes > 0 ? 1.0f : 0.0f;
+	a.accessPolicyWindow.hitProp = bytes > 0 ? cudaAccessPropertyPersisting : cudaAccessPropertyNormal;
+	a.accessPolicyWindow.missProp = cudaAccessPropertyNormal;
+	CHECK(cudaStreamSetAttribute(s, cudaStreamAttributeAccessPolicyWindow, &a));
+}
+
+// stagedWin: staged with the chunk made persisting by the stream's access
+// policy window (plain loads in stage) instead of the evict-last policy.
+static void stagedWin(cudaStream_t s, int64_t chunk)
+{
+	for (int64_t lo = 0; lo < sT; lo += chunk) {
+		int64_t hi = std::min(sT, lo + chunk);
+		sWin(s, sx + lo * sRow, (hi - lo) * sRow);
+		stage<<<sSMs * 8, 256, 0, s>>>((const uint4 *)sx + lo * sUnits, (hi - lo) * sUnits, nullptr, false);
+		sWin(s, nullptr, 0);
+		hint<<<hi - lo, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx + lo * sUnits, spos + lo * sk,
+						      hi - lo, sk, sUnits, 3);
+	}
+}
+
+// stagedAhead: staged with the stage of chunk c+1 on a second stream, run
+// while chunk c is scattered (the set-aside holds two chunks): reads come
+// in bursts of a chunk, overlapped with the writes of the one before.
+static cudaStream_t sS2;
+static cudaEvent_t sEv[2][64];
+static void stagedAhead(cudaStream_t s, int64_t chunk)
+{
+	const int64_t nc = (sT + chunk - 1) / chunk;
+	if (nc > 64) {
+		fprintf(stderr, "stagedAhead: at most 64 chunks\n");
+		exit(2);
+	}
+	// ev[0][c]: chunk c staged (on s2); ev[1][c]: chunk c scattered (on s).
+	CHECK(cudaEventRecord(sEv[1][63], s)); // the run's start, for s2
+	CHECK(cudaStreamWaitEvent(sS2, sEv[1][63], 0));
+	for (int64_t c = 0; c < nc; c++) {
+		int64_t lo = c * chunk, hi = std::min(sT, lo + chunk);
+		if (c >= 2) {
+			CHECK(cudaStreamWaitEvent(sS2, sEv[1][c - 2], 0)); // its half of the set-aside is free
+		}
+		stage<<<sSMs * 2, 256, 0, sS2>>>((const uint4 *)sx + lo * sUnits, (hi - lo) * sUnits, nullptr);
+		CHECK(cudaEventRecord(sEv[0][c], sS2));
+	}
+	for (int64_t c = 0; c < nc; c++) {
+		int64_t lo = c * chunk, hi = std::min(sT, lo + chunk);
+		CHECK(cudaStreamWaitEvent(s, sEv[0][c], 0));
+		hint<<<hi - lo, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx + lo * sUnits, spos + lo * sk,
+						      hi - lo, sk, sUnits, 3);
+		CHECK(cudaEventRecord(sEv[1][c], s));
+	}
+}
+
+static void splitRun(cudaStream_t s, int32_t S)
+{
+	const int64_t per = (sUnits + S - 1) / S;
+	const int block = std::min(1024, (int)((per / 4 + 31) / 32 * 32));
+	split<<<sT * S, block, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits, S);
+}
+
 // grpRun launches grp<G> on as many blocks of `threads` as fit (two
 // buffers of G rows of shared memory each).
 template <int G>
@@ -914,8 +1034,28 @@ int main(int argc, char **argv)
 		CHECK(cudaFuncSetAttribute(phased<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sPhasedSmem));
 	}
 
+	// PERMUTE_TMA_PERSIST=BYTES|max sets aside that much L2 for persisting
+	// accesses (evict-last lines, access policy windows); by default the
+	// set-aside is the driver's (0), and evict-last then protects nothing.
+	if (const char *ps = getenv("PERMUTE_TMA_PERSIST"); ps != nullptr && ps[0] != 0) {
+		size_t want = strcmp(ps, "max") == 0 ? (size_t)prop.persistingL2CacheMaxSize : (size_t)atoll(ps);
+		CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, want));
+	}
+	size_t setAside = 0;
+	CHECK(cudaDeviceGetLimit(&setAside, cudaLimitPersistingL2CacheSize));
+	printf("# L2 %d bytes; persisting set-aside %zu bytes (max %d); access policy window max %d bytes\n",
+	       prop.l2CacheSize, setAside, prop.persistingL2CacheMaxSize, prop.accessPolicyMaxWindowSize);
+	// PERMUTE_TMA_ONLY=a,b,c times only those variants (and the copy).
+	const char *only = getenv("PERMUTE_TMA_ONLY");
+
 	cudaStream_t s;
 	CHECK(cudaStreamCreate(&s));
+	CHECK(cudaStreamCreateWithFlags(&sS2, cudaStreamNonBlocking));
+	for (auto &row : sEv) {
+		for (auto &e : row) {
+			CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+		}
+	}
 	cudaEvent_t e0, e1, evs[31];
 	CHECK(cudaEventCreate(&e0));
 	CHECK(cudaEventCreate(&e1));
@@ -1039,6 +1179,15 @@ int main(int argc, char **argv)
 		{"staged1k", permBytes, true, false, [](cudaStream_t s) { staged(s, 1024); }},
 		{"staged2k", permBytes, true, false, [](cudaStream_t s) { staged(s, 2048); }},
 		{"staged512", permBytes, true, false, [](cudaStream_t s) { staged(s, 512); }},
+		{"split2", permBytes, true, false, [](cudaStream_t s) { splitRun(s, 2); }},
+		{"split4", permBytes, true, false, [](cudaStream_t s) { splitRun(s, 4); }},
+		{"split7", permBytes, true, false, [](cudaStream_t s) { splitRun(s, 7); }},
+		{"staged256", permBytes, true, false, [](cudaStream_t s) { staged(s, 256); }},
+		{"stagedw1k", permBytes, true, false, [](cudaStream_t s) { stagedWin(s, 1024); }},
+		{"stagedw2k", permBytes, true, false, [](cudaStream_t s) { stagedWin(s, 2048); }},
+		{"ahead256", permBytes, true, false, [](cudaStream_t s) { stagedAhead(s, 256); }},
+		{"ahead512", permBytes, true, false, [](cudaStream_t s) { stagedAhead(s, 512); }},
+		{"ahead1k", permBytes, true, false, [](cudaStream_t s) { stagedAhead(s, 1024); }},
 		{"phased", permBytes, true, false, [](cudaStream_t s) { phasedRun<true>(s); }},
 		{"phasedblk", permBytes, true, false, [](cudaStream_t s) { phasedRun<false>(s); }},
 		{"pipe", permBytes, true, false,
@@ -1109,6 +1258,12 @@ int main(int argc, char **argv)
 	double copyGBps = 0;
 	int failed = 0;
 	for (auto &v : vs) {
+		if (only != nullptr && !v.copy) {
+			std::string list = std::string(",") + only + ",";
+			if (list.find(std::string(",") + v.name + ",") == std::string::npos) {
+				continue;
+			}
+		}
 		CHECK(cudaMemsetAsync(out, 0, P * rowBytes, s));
 		// 5 warm-up runs, then 30 timed back to back, an event between
 		// every two, and one synchronize: each run is queued before the
