@@ -117,9 +117,15 @@ bit for bit, for every value; only the time changes. A swept knob gets a column 
 	return cmd
 }
 
-// register adds the flags that bench and check share.
+// register adds the flags that bench and check share (check times
+// nothing and prints a summary, not a table: its help says so).
 func (f *benchFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
+	check := cmd.Name() == "check"
+	callsHelp, jsonHelp := "calls to time", "the table then goes to stderr"
+	if check {
+		callsHelp, jsonHelp = "calls to run and check", "the summary then goes to stderr"
+	}
 	fl.StringVar(&f.config, "config", "", "YAML config file or embedded config name (default: the embedded default)")
 	fl.StringVar(&f.backend, "backend", "", "where the engines run: "+strings.Join(bench.Backends, " or ")+" (cuda: GPU GOEP_DEVICE, default 0; needs -tags cuda) (default: the config's, else host)")
 	fl.IntVar(&f.ranks, "ranks", 0, "ranks R (in-process; under a launcher the number of processes, which --ranks must match if given)")
@@ -136,12 +142,12 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.StringSliceVar(&f.mode, "mode", nil, "blocking or capacity (comma-separated list to sweep)")
 	fl.IntVar(&f.pad, "pad", 0, "pad multiple of each expert's permuted segment (1 = none)")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the routing and payload")
-	fl.StringSliceVar(&f.calls, "calls", nil, "calls to time: "+strings.Join(bench.KnownCalls, ",")+" (default: "+strings.Join(bench.AllCalls, ",")+")")
+	fl.StringSliceVar(&f.calls, "calls", nil, callsHelp+": "+strings.Join(bench.KnownCalls, ",")+" (default: "+strings.Join(bench.AllCalls, ",")+")")
 	fl.IntVar(&f.maxRecvTokens, "max-recv-tokens", 0, "capacity mode: receive capacity (0: worst case)")
 	fl.IntVar(&f.maxPermutedTokens, "max-permuted-tokens", 0, "capacity mode: permuted capacity (0: worst case)")
 	fl.StringVar(&f.routing, "routing", "", "how tokens pick experts: "+strings.Join(bench.RoutingKinds, ", "))
 	fl.Float64Var(&f.zipfS, "zipf-s", 0, "routing zipf: the Zipf exponent s > 0 (e.g. 1.1)")
-	fl.StringVar(&f.jsonOut, "json", "", "write the full record as JSON to FILE (- for stdout; the table then goes to stderr)")
+	fl.StringVar(&f.jsonOut, "json", "", "write the full record as JSON to FILE (- for stdout; "+jsonHelp+")")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
 }
 

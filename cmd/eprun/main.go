@@ -103,6 +103,8 @@ func newRoot(stdout, stderr io.Writer) (*cobra.Command, *cpuProfile) {
   eprun bench CONFIG      run a YAML config (a file, or an embedded name: see eprun bench --help)
   eprun check [CONFIG]    the checks alone; exit 1 on any mismatch
   eprun launch -n N -- CMD [ARGS...]   N local ranks of CMD (TCP rendezvous)
+  eprun plot FILE.json... -o OUT.png    bandwidth and latency against tokens per rank
+  eprun topo              what goep sees: CPUs, NUMA, GPUs and NVLink, RDMA devices, launcher, domains
   eprun version           print the version`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,

@@ -48,6 +48,6 @@
 //	mem, err := ctx.MemMap(region)                     // region from mmap
 //	rkey, err := mem.PackRkey()                        // send to the peer
 //	rk, err := ep.UnpackRkey(peerRkey)
-//	req, err := ep.Put(src, peerBase+off, rk)
+//	req, err := ep.Put(src, peerBase+off, rk, mem)       // mem: src's region (or nil)
 //	err = req.Wait(ctx)                                // or ep.Flush(ctx)
 package ucx
