@@ -433,9 +433,9 @@ type CUDAStream struct {
 // pinned buffer.
 const smallStage = 4096
 
-// downloadSmall is download for at most smallStage bytes, through the
+// downloadSmall is download of n <= smallStage bytes, through the
 // stream's kept staging buffer.
-func (s *CUDAStream) downloadSmall(ctx context.Context, b *Buffer) ([]byte, error) {
+func (s *CUDAStream) downloadSmall(ctx context.Context, b *Buffer, n int) ([]byte, error) {
 	s.smallMu.Lock()
 	defer s.smallMu.Unlock()
 	if s.small == nil {
@@ -445,7 +445,7 @@ func (s *CUDAStream) downloadSmall(ctx context.Context, b *Buffer) ([]byte, erro
 		}
 		s.small = h
 	}
-	if err := s.s.CopyDtoH(s.small, 0, cuda.DevicePtr(b.dev), b.size); err != nil {
+	if err := s.s.CopyDtoH(s.small, 0, cuda.DevicePtr(b.dev), n); err != nil {
 		return nil, s.fail("download", err)
 	}
 	if err := s.Synchronize(ctx); err != nil {
@@ -457,7 +457,7 @@ func (s *CUDAStream) downloadSmall(ctx context.Context, b *Buffer) ([]byte, erro
 		}
 		return nil, fmt.Errorf("device: CUDA download: %w", closedAs(err))
 	}
-	return append([]byte(nil), s.small.Bytes()[:b.size]...), nil
+	return append([]byte(nil), s.small.Bytes()[:n]...), nil
 }
 
 // Backend implements Stream.
@@ -1068,8 +1068,12 @@ func (s *CUDAStream) upload(ctx context.Context, b *Buffer, data []byte) error {
 // download copies b to the host through pinned staging memory, after the
 // work queued before it. A buffer larger than stageChunk moves in chunks
 // through one staging buffer.
-func (s *CUDAStream) download(ctx context.Context, b *Buffer) ([]byte, error) {
-	if b.size == 0 {
+// download is DownloadBuffer of the first n bytes of b (copier).
+func (s *CUDAStream) download(ctx context.Context, b *Buffer, n int) ([]byte, error) {
+	if n < 0 || n > b.size {
+		return nil, fmt.Errorf("device: CUDA download of %d bytes of a %d-byte buffer", n, b.size)
+	}
+	if n == 0 {
 		return []byte{}, s.Synchronize(ctx)
 	}
 	// A view's transfer holds the buffer that owns the memory.
@@ -1082,23 +1086,23 @@ func (s *CUDAStream) download(ctx context.Context, b *Buffer) ([]byte, error) {
 	if err := s.checkBacked(b); err != nil {
 		return nil, fmt.Errorf("device: CUDA download: %w", err)
 	}
-	if b.size <= smallStage {
-		return s.downloadSmall(ctx, b)
+	if n <= smallStage {
+		return s.downloadSmall(ctx, b, n)
 	}
-	stage, err := s.c.stage.get(s.c.dev, min(b.size, stageChunk))
+	stage, err := s.c.stage.get(s.c.dev, min(n, stageChunk))
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA download: %w", closedAs(err))
 	}
-	out := make([]byte, b.size)
-	for off := 0; off < b.size; off += stageChunk {
-		n := min(b.size-off, stageChunk)
-		if err := s.s.CopyDtoH(stage, 0, cuda.DevicePtr(b.dev+uint64(off)), n); err != nil {
+	out := make([]byte, n)
+	for off := 0; off < n; off += stageChunk {
+		m := min(n-off, stageChunk)
+		if err := s.s.CopyDtoH(stage, 0, cuda.DevicePtr(b.dev+uint64(off)), m); err != nil {
 			return nil, errors.Join(fmt.Errorf("device: CUDA download: %w", closedAs(err)), s.c.stage.put(stage))
 		}
 		if err := s.syncStaged(ctx, stage, "download", true); err != nil {
 			return nil, err
 		}
-		copy(out[off:], stage.Bytes()[:n])
+		copy(out[off:], stage.Bytes()[:m])
 	}
 	if err := s.c.stage.put(stage); err != nil {
 		return nil, fmt.Errorf("device: CUDA download: %w", closedAs(err))
@@ -1129,7 +1133,7 @@ func (s *CUDAStream) syncStaged(ctx context.Context, stage *cuda.HostBuffer, op 
 // DownloadBuffer copies b (which may be a View) to the host through pinned
 // staging memory, after the work queued before it, and waits.
 func (s *CUDAStream) DownloadBuffer(ctx context.Context, b *Buffer) ([]byte, error) {
-	return s.download(ctx, b)
+	return s.download(ctx, b, b.size)
 }
 
 // UploadBuffer copies data into b (which may be a View) through pinned

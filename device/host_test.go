@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -363,5 +364,41 @@ func TestBufferGraphUses(t *testing.T) {
 	v := &Buffer{bufMem: &bufMem{size: 4}, parent: &Buffer{bufMem: &bufMem{size: 6}, parent: root}}
 	if v.root() != root || root.root() != root {
 		t.Fatal("root of a view of a view is not the buffer that owns the memory")
+	}
+}
+
+// TestParallelWorkerPanic: a panic in a worker goroutine of a parallel
+// loop is raised again on the caller's goroutine after every worker
+// returned (where a stream task turns it into an error), instead of
+// taking the process down.
+func TestParallelWorkerPanic(t *testing.T) {
+	for _, p := range []Parallel{{Workers: 4}, {Workers: 4, Chunk: 3}} {
+		var raised any
+		func() {
+			defer func() { raised = recover() }()
+			p.For(64, 1, func(lo, hi int) {
+				if lo > 0 && lo <= 40 && 40 < hi {
+					panic("row 40")
+				}
+			})
+		}()
+		if s, _ := raised.(string); !strings.Contains(s, "row 40") {
+			t.Errorf("%+v: recovered %v, want the worker's panic", p, raised)
+		}
+	}
+	st, err := NewHost().NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.(*HostStream).Go("loop", func() error {
+		ParallelFor(64, 1, func(lo, hi int) {
+			if lo > 0 {
+				panic("in a worker")
+			}
+		})
+		return nil
+	})
+	if err := st.Synchronize(t.Context()); err == nil || !strings.Contains(err.Error(), "in a worker") {
+		t.Errorf("stream after a task's worker panicked: %v, want the panic as its error", err)
 	}
 }

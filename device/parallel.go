@@ -1,6 +1,7 @@
 package device
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -79,12 +80,52 @@ func (p Parallel) forWorkers(n, grain int, fn func(w, lo, hi int)) {
 		return
 	}
 	var wg sync.WaitGroup
+	var pv firstPanic
 	chunk := (n + workers - 1) / workers
 	for w, lo := 1, chunk; lo < n; w, lo = w+1, lo+chunk {
-		wg.Go(func() { fn(w, lo, min(lo+chunk, n)) })
+		wg.Go(func() {
+			defer pv.catch()
+			fn(w, lo, min(lo+chunk, n))
+		})
 	}
-	fn(0, 0, min(chunk, n))
+	func() {
+		defer pv.catch()
+		fn(0, 0, min(chunk, n))
+	}()
 	wg.Wait()
+	pv.raise()
+}
+
+// firstPanic keeps the first panic of a loop's workers, so that it is
+// raised again on the caller's goroutine once every worker has returned
+// (where a host stream task turns it into an error) instead of taking the
+// process down from a worker goroutine.
+type firstPanic struct {
+	mu    sync.Mutex
+	value any
+	stack []byte
+}
+
+// catch is deferred by every worker.
+func (f *firstPanic) catch() {
+	r := recover()
+	if r == nil {
+		return
+	}
+	buf := make([]byte, 8<<10)
+	buf = buf[:runtime.Stack(buf, false)]
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.value == nil {
+		f.value, f.stack = r, buf
+	}
+}
+
+// raise panics with the first worker's panic, if any, and its stack.
+func (f *firstPanic) raise() {
+	if f.value != nil {
+		panic(fmt.Sprintf("%v [in a worker goroutine:\n%s]", f.value, f.stack))
+	}
 }
 
 // dynamic runs fn over chunks of p.Chunk items that workers goroutines
@@ -102,9 +143,17 @@ func (p Parallel) dynamic(n, workers int, fn func(w, lo, hi int)) {
 		}
 	}
 	var wg sync.WaitGroup
+	var pv firstPanic
 	for w := 1; w < workers; w++ {
-		wg.Go(func() { work(w) })
+		wg.Go(func() {
+			defer pv.catch()
+			work(w)
+		})
 	}
-	work(0)
+	func() {
+		defer pv.catch()
+		work(0)
+	}()
 	wg.Wait()
+	pv.raise()
 }

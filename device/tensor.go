@@ -102,9 +102,22 @@ func (t *Tensor) RowBytes() int {
 // keeps it until the graph's Close.
 func (t *Tensor) Buffer() *Buffer { return t.buf }
 
-// Bytes is the host view of the data (host backend only; nil elsewhere).
-// Read it only after the work that writes it has completed.
-func (t *Tensor) Bytes() []byte { return t.buf.Host() }
+// Bytes is the host view of the data (host backend only; nil elsewhere):
+// the tensor's Len() x dtype bytes at the start of its buffer, which may be
+// larger (TensorOf). Read it only after the work that writes it has
+// completed.
+func (t *Tensor) Bytes() []byte {
+	h := t.buf.Host()
+	if h == nil {
+		return nil
+	}
+	n := t.nbytes()
+	return h[:n:n]
+}
+
+// nbytes is the size of the tensor's data: Len() x dtype size, at most its
+// buffer's.
+func (t *Tensor) nbytes() int { return t.Len() * t.dtype.Size() }
 
 // CheckGuards reports writes outside the tensor's memory (host backend).
 func (t *Tensor) CheckGuards() error { return t.buf.CheckGuards() }
@@ -128,8 +141,8 @@ func Upload(ctx context.Context, t *Tensor, data []byte) error {
 	if t.Closed() {
 		return fmt.Errorf("device: upload into %v: %w: the tensor was closed", t, ErrClosed)
 	}
-	if len(data) != t.buf.size {
-		return fmt.Errorf("device: upload of %d bytes into %v (%d bytes)", len(data), t, t.buf.size)
+	if len(data) != t.nbytes() {
+		return fmt.Errorf("device: upload of %d bytes into %v (%d bytes)", len(data), t, t.nbytes())
 	}
 	if t.buf.stream == nil {
 		return fmt.Errorf("device: upload into %v: %w: memory without a stream (wrapped or a view); copy on a stream (CUDAStream.UploadBuffer)", t, ErrUnsupported)
@@ -138,14 +151,14 @@ func Upload(ctx context.Context, t *Tensor, data []byte) error {
 		// t.buf's cleanup would free it: t stays reachable until the copy
 		// is done.
 		defer runtime.KeepAlive(t)
-		return c.upload(ctx, t.buf, data)
+		return c.upload(ctx, t.buf, data) // into the first len(data) bytes
 	}
 	hs, ok := t.buf.stream.(*HostStream)
 	if !ok {
 		return fmt.Errorf("device: upload: %w on %s", ErrUnsupported, t.buf.stream.Backend().Kind())
 	}
 	hs.Go("upload", func() error {
-		copy(t.buf.Host(), data)
+		copy(t.Bytes(), data)
 		return nil
 	})
 	return hs.Synchronize(ctx)
@@ -164,7 +177,7 @@ func Download(ctx context.Context, t *Tensor) ([]byte, error) {
 	}
 	if c, ok := t.buf.stream.(copier); ok {
 		defer runtime.KeepAlive(t) // as in Upload
-		return c.download(ctx, t.buf)
+		return c.download(ctx, t.buf, t.nbytes())
 	}
 	if err := t.buf.stream.Synchronize(ctx); err != nil {
 		return nil, err
@@ -177,9 +190,11 @@ func Download(ctx context.Context, t *Tensor) ([]byte, error) {
 
 // copier is a stream of a backend whose memory the host cannot read
 // directly (CUDA): it copies through staging memory and waits.
+// upload copies data into the first len(data) bytes of b, download
+// returns the first n bytes of b.
 type copier interface {
 	upload(ctx context.Context, b *Buffer, data []byte) error
-	download(ctx context.Context, b *Buffer) ([]byte, error)
+	download(ctx context.Context, b *Buffer, n int) ([]byte, error)
 }
 
 // Encoding helpers: goep's data is little-endian, as on every GPU host.

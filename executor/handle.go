@@ -105,7 +105,15 @@ func (e *Engine) Layout(ctx context.Context, in LayoutInput) (*Handle, error) {
 		return h, nil
 	}
 	cfg := e.cfg
-	e.layoutTask(h, idx, sig)
+	exact, err := e.exactRouting(idx)
+	if err != nil {
+		counts.Close()
+		return nil, e.reject(opLayout, err)
+	}
+	e.layoutTask(h, exact, sig)
+	if exact != idx {
+		exact.Close() // in stream order: after the layout
+	}
 	if cfg.Mode == Capacity {
 		h.recvRows, h.permRows = cfg.MaxRecvTokens, cfg.MaxPermutedTokens
 		return h, nil
@@ -117,6 +125,26 @@ func (e *Engine) Layout(ctx context.Context, in LayoutInput) (*Handle, error) {
 	h.recvRows, h.permRows = h.lay.RecvCount, h.lay.PermutedCount
 	e.log.Named("layout").Debug("layout", zap.Int("rank", e.rank), zap.Int("recv", h.recvRows), zap.Int("permuted", h.permRows))
 	return h, nil
+}
+
+// exactRouting is idx, or, when idx's buffer is larger than its data
+// (device.TensorOf), a copy of the data in a buffer of its own, made in
+// stream order: the layout's exchange exposes whole buffers, and the peers
+// would read the rest of the buffer as more tokens' routing. The caller
+// closes the copy.
+func (e *Engine) exactRouting(idx *device.Tensor) (*device.Tensor, error) {
+	if idx.Buffer().Size() == idx.Len()*device.Int32.Size() {
+		return idx, nil
+	}
+	c, err := e.NewTensor(device.Int32, idx.Shape()...)
+	if err != nil {
+		return nil, err
+	}
+	e.stream.Go("layout: routing copy", func() error {
+		copy(c.Bytes(), idx.Bytes())
+		return nil
+	})
+	return c, nil
 }
 
 // layoutTask enqueues the host layout of idx into h.

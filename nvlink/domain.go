@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -299,7 +300,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 			}
 		}
 		if failure == nil {
-			failure = fn(peers)
+			failure = callWork(fn, peers)
 		}
 	}
 
@@ -313,6 +314,19 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 		return err
 	}
 	return failure
+}
+
+// callWork runs an exchange's work, turning a panic into its failure, so
+// that a bug there still lets the done phase complete (the peers fail the
+// call with this rank's error, or succeed, instead of waiting for it until
+// their deadline).
+func callWork(fn func(peers [][]*device.Buffer) error, peers [][]*device.Buffer) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("nvlink: the exchange's work panicked: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return fn(peers)
 }
 
 // wait sleeps on this rank's bell until ready(p) holds for every peer,

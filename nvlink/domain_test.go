@@ -198,3 +198,41 @@ func TestWaitPeerDoneThenExited(t *testing.T) {
 		t.Fatalf("wait = %v, want success: the peer's flag was there when its exit was seen", err)
 	}
 }
+
+// TestExchangeWorkPanics: a panic in one rank's work fails that rank's
+// exchange with an error naming it, and the done phase still completes:
+// the peers return at once (not at their deadline), and the next
+// exchange runs on every rank.
+func TestExchangeWorkPanics(t *testing.T) {
+	const n = 3
+	ds, _ := domains(t, n, 30*time.Second)
+	start := time.Now()
+	errs := make([]error, n)
+	var eg errgroup.Group
+	for r := range n {
+		eg.Go(func() error {
+			errs[r] = ds[r].Exchange(Call{Op: 1}, func([][]*device.Buffer) error {
+				if r == 1 {
+					var s []int
+					_ = s[r] // index out of range
+				}
+				return nil
+			})
+			return ds[r].Exchange(Call{Op: 2}, nil)
+		})
+	}
+	if err := eg.Wait(); err != nil {
+		t.Fatalf("the exchange after the panic: %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("exchanges took %v: the peers waited for the panicking rank", d)
+	}
+	for r, err := range errs {
+		switch {
+		case r == 1 && (err == nil || !strings.Contains(err.Error(), "panicked")):
+			t.Errorf("rank 1 (panicked): %v, want an error saying its work panicked", err)
+		case r != 1 && err != nil:
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
