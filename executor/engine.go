@@ -139,8 +139,9 @@ func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
 // other ranks, whatever Config.Timeout says: a rank's first CUDA context
 // and module loads, which JIT-compile goep's PTX when the driver's cache is
 // cold, take seconds, so a Timeout sized for calls would fail New on a
-// fresh machine.
-const setupTimeout = 30 * time.Second
+// fresh machine. It also bounds the comparison of the configs (a rank that
+// never calls New). A variable only so that tests can shorten it.
+var setupTimeout = 30 * time.Second
 
 // testHookSetup, when a test sets it, runs on every rank as New's setup
 // starts (to make one rank's setup slow).
@@ -159,9 +160,16 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	}
 	R := g.Size()
 	cfg, cerr := cfg.withDefaults(R)
+	// The collectives before the setup have a deadline too (DESIGN.md
+	// invariant 4): the in-process and MPI groups wait only on ctx, so a
+	// rank that never calls New would leave the others waiting for ever.
+	// It cannot be Timeout alone: a rank with a cold JIT cache may reach
+	// New seconds after the others.
+	gctx, gcancel := context.WithTimeout(ctx, max(cfg.Timeout, setupTimeout))
+	defer gcancel()
 	// Every rank joins the detection's all-gather, whether it needs the
 	// answer or not, so that the collectives below stay paired.
-	detected, derr := nvlink.DetectRanksPerDomain(ctx, g, nvlink.HostKey())
+	detected, derr := nvlink.DetectRanksPerDomain(gctx, g, nvlink.HostKey())
 	if derr != nil && !errors.Is(derr, nvlink.ErrTopology) {
 		return nil, fmt.Errorf("executor: new: %w", derr)
 	}
@@ -182,7 +190,7 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	// Compare configs before acting on local errors, so that a rank with a
 	// bad config does not leave the others waiting.
 	desc := describe(cfg, cerr)
-	all, err := g.AllGather(ctx, []byte(desc))
+	all, err := g.AllGather(gctx, []byte(desc))
 	if err != nil {
 		return nil, fmt.Errorf("executor: new: exchange configs: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -618,5 +619,30 @@ func TestConcurrentCallRefused(t *testing.T) {
 	})
 	if errs[0] != nil {
 		t.Fatal(errs[0])
+	}
+}
+
+// TestNewPeerNeverCalls: a rank that never calls New fails the others'
+// New within the setup deadline, naming it (the config exchange once
+// waited on the caller's context alone: for ever under
+// context.Background()).
+func TestNewPeerNeverCalls(t *testing.T) {
+	old := setupTimeout
+	setupTimeout = 300 * time.Millisecond
+	defer func() { setupTimeout = old }()
+	gs := comm.NewLocal(2)
+	start := time.Now()
+	cfg := Config{NumExperts: 4, TopK: 2, Hidden: 8, MaxTokensPerRank: 4, Timeout: 100 * time.Millisecond}
+	e, err := New(context.Background(), gs[0], device.NewHost(), cfg)
+	if err == nil {
+		e.Close()
+		t.Fatal("New succeeded without its peer")
+	}
+	var te *comm.TimeoutError
+	if !errors.Is(err, ErrTimeout) || !errors.As(err, &te) || !slices.Equal(te.Missing, []int{1}) {
+		t.Errorf("New without its peer: %v, want a timeout naming rank 1", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("New gave up after %v", d)
 	}
 }
