@@ -373,6 +373,9 @@ type task struct {
 	name   string
 	fn     func() error
 	always bool // run even after an earlier task failed (frees, event waits)
+	// prior, when set, is run instead of fn, always, with the error the
+	// stream holds when it starts (nil if none): GoCollective.
+	prior func(held error) error
 }
 
 // HostStream is a Stream of the host backend: a FIFO of Go functions run by
@@ -398,6 +401,17 @@ func (s *HostStream) Backend() Backend { return s.host }
 // Go enqueues fn. The name appears in the error if fn fails.
 func (s *HostStream) Go(name string, fn func() error) {
 	s.enqueue(task{name: name, fn: fn})
+}
+
+// GoCollective enqueues fn like Go, except that it runs even after an
+// earlier task failed, and gets the error the stream holds when it starts
+// (nil if none; Synchronize clears it). It is for the task of a collective
+// call, which must join its exchange with the peers whatever failed
+// before it on this rank (then telling them, so that they fail the call
+// too): a task skipped on one rank would pair the peers' exchanges with
+// this rank's next call. The stream keeps its first error.
+func (s *HostStream) GoCollective(name string, fn func(held error) error) {
+	s.enqueue(task{name: name, always: true, prior: fn})
 }
 
 func (s *HostStream) enqueue(t task) uint64 {
@@ -432,10 +446,14 @@ func (s *HostStream) run() {
 		s.queue[0] = task{}
 		s.queue = s.queue[1:]
 		skip := s.err != nil && !t.always
+		held := s.err
 		s.mu.Unlock()
 
 		var err error
 		if !skip {
+			if t.prior != nil {
+				t.fn = func() error { return t.prior(held) }
+			}
 			err = runTask(t)
 		}
 

@@ -443,7 +443,7 @@ func (g *gpuEngine) layout(ctx context.Context, h *Handle, idx *device.Tensor, s
 	copy(hidx.Bytes(), raw)
 	var routing [][]int32
 	var lay *Layout
-	e.stream.Go("layout", func() error {
+	e.collective(opLayout, func() error {
 		if e.hier != nil {
 			return e.hierRouting(hidx, sig, func(all [][]int32) error {
 				routing = make([][]int32, len(all))

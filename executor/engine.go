@@ -404,15 +404,39 @@ func (e *Engine) reject(op uint64, cause error) error {
 		e.hierReject(op, cause)
 		return cause
 	}
-	e.stream.Go("reject "+opNames[op], func() error {
-		if e.hier != nil {
-			e.hierReject(op, cause)
-			return nil
-		}
-		_ = e.domain.Exchange(nvlink.Call{Op: op, Status: cause}, nil)
+	e.stream.GoCollective("reject "+opNames[op], func(error) error {
+		e.joinFailed(op, cause)
 		return nil
 	})
 	return cause
+}
+
+// joinFailed joins the exchanges of call op (and its rail round with
+// several domains) with cause as this rank's status: the peers fail the
+// call at once with this rank's reason.
+func (e *Engine) joinFailed(op uint64, cause error) {
+	if e.hier != nil {
+		e.hierReject(op, cause)
+		return
+	}
+	_ = e.domain.Exchange(nvlink.Call{Op: op, Status: cause}, nil)
+}
+
+// collective enqueues fn, the stream task of collective call op (host
+// path). It runs even when an earlier task on this rank's stream failed
+// (the caller's own work on Stream(), or a call that failed here alone):
+// then, instead of fn, it joins the call's exchange with that failure as
+// this rank's status, so that the peers fail this call rather than pair
+// their exchanges with this rank's later calls. The failure itself is
+// what Synchronize reports.
+func (e *Engine) collective(op uint64, fn func() error) {
+	e.stream.GoCollective(opNames[op], func(held error) error {
+		if held != nil {
+			e.joinFailed(op, fmt.Errorf("executor: an earlier task on rank %d's stream failed: %w", e.rank, held))
+			return nil
+		}
+		return fn()
+	})
 }
 
 // Close waits for queued work, leaves the domain and frees the engine's

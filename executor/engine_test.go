@@ -646,3 +646,82 @@ func TestNewPeerNeverCalls(t *testing.T) {
 		t.Errorf("New gave up after %v", d)
 	}
 }
+
+// TestStreamErrorJoinsCollective: after the caller's own work fails on
+// one rank's stream (Engine.Stream), that rank's next collective call
+// still joins its exchange and tells the peers, so every rank fails that
+// call and the next call pairs correctly on every rank. (The task was
+// once skipped there, and the peer's call took that rank's next call's
+// rows as this one's, without an error.)
+func TestStreamErrorJoinsCollective(t *testing.T) {
+	const R, E, K, H, T = 2, 2, 1, 8, 4
+	for _, d := range []int{R, 1} { // one domain; two, with the rail
+		t.Run(fmt.Sprintf("D=%d", d), func(t *testing.T) {
+			cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T, RanksPerDomain: d, Timeout: 5 * time.Second}
+			errs := runRanks(t, R, cfg, func(ctx context.Context, e *Engine) error {
+				r := e.Rank()
+				ti, err := upload(ctx, e, device.Int32, device.EncodeInt32(make([]int32, T*K)), T, K) // every token to rank 0
+				if err != nil {
+					return err
+				}
+				h, err := e.Layout(ctx, LayoutInput{TopkIdx: ti})
+				if err != nil {
+					return err
+				}
+				rows := func(call int) []float32 {
+					v := make([]float32, T*H)
+					for i := range v {
+						v[i] = float32(10*r + call)
+					}
+					return v
+				}
+				x1, err := upload(ctx, e, device.FP32, device.EncodeFloat32(device.FP32, rows(1)), T, H)
+				if err != nil {
+					return err
+				}
+				x2, err := upload(ctx, e, device.FP32, device.EncodeFloat32(device.FP32, rows(2)), T, H)
+				if err != nil {
+					return err
+				}
+				cause := errors.New("the caller's own work failed")
+				if r == 1 {
+					e.Stream().(*device.HostStream).Go("caller's work", func() error { return cause })
+				}
+				start := time.Now()
+				_, err = e.Dispatch(ctx, h, DispatchInput{X: x1})
+				if err == nil {
+					err = e.Synchronize(ctx)
+				}
+				switch {
+				case r == 1 && !errors.Is(err, cause):
+					return fmt.Errorf("rank 1's first dispatch: %v, want its stream's error", err)
+				case r == 0 && (err == nil || !strings.Contains(err.Error(), cause.Error())):
+					return fmt.Errorf("rank 0's first dispatch: %v, want rank 1's failure", err)
+				case time.Since(start) > cfg.Timeout/2:
+					return fmt.Errorf("rank %d's first dispatch failed after %v: a wait ran into its deadline", r, time.Since(start))
+				}
+				out, err := e.Dispatch(ctx, h, DispatchInput{X: x2})
+				if err == nil {
+					err = e.Synchronize(ctx)
+				}
+				if err != nil {
+					return fmt.Errorf("rank %d's second dispatch: %v", r, err)
+				}
+				if r == 0 {
+					got := device.DecodeFloat32(device.FP32, out.RecvX.Bytes())
+					for i, v := range got {
+						if want := float32(10*(i/(T*H)) + 2); v != want {
+							return fmt.Errorf("rank 0's second dispatch: row %d holds %v, want %v (rank %d's second call)", i/H, v, want, i/(T*H))
+						}
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+		})
+	}
+}

@@ -104,7 +104,7 @@ func (e *Engine) dispatchPermute(h *Handle, x, w, sx *device.Tensor, out Dispatc
 	if e.gpu != nil {
 		return e.gpu.enqueue(func() error { return e.gpu.dispatchPermute(h, x, w, sx, out) })
 	}
-	e.stream.Go("dispatch-permute", func() error {
+	e.collective(opDispatchPermute, func() error {
 		lay, err := e.ready(h)
 		if err != nil {
 			return err
@@ -199,7 +199,7 @@ func (e *Engine) unpermuteCombine(h *Handle, y, w, out *device.Tensor) error {
 	if e.gpu != nil {
 		return e.gpu.enqueue(func() error { return e.gpu.unpermuteCombine(h, y, w, out) })
 	}
-	e.stream.Go("unpermute-combine", func() error {
+	e.collective(opUnpermuteCombine, func() error {
 		lay, err := e.ready(h)
 		if err != nil {
 			return err

@@ -149,7 +149,7 @@ func (e *Engine) exactRouting(idx *device.Tensor) (*device.Tensor, error) {
 
 // layoutTask enqueues the host layout of idx into h.
 func (e *Engine) layoutTask(h *Handle, idx *device.Tensor, sig [4]uint64) {
-	e.stream.Go("layout", func() error {
+	e.collective(opLayout, func() error {
 		if e.hier != nil {
 			return e.hierLayout(h, idx, sig)
 		}

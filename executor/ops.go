@@ -155,7 +155,7 @@ func (e *Engine) dispatchCall(h *Handle, in DispatchInput) (DispatchOutput, erro
 	if e.gpu != nil {
 		return out, e.gpu.enqueue(func() error { return e.gpu.dispatch(h, x, w, sx, out) })
 	}
-	e.stream.Go("dispatch", func() error {
+	e.collective(opDispatch, func() error {
 		lay, err := e.ready(h)
 		if err != nil {
 			return err
@@ -321,7 +321,7 @@ func (e *Engine) combine(h *Handle, z, zw *device.Tensor) (DispatchBackwardOutpu
 	if e.gpu != nil {
 		return out, e.gpu.enqueue(func() error { return e.gpu.combine(h, z, zw, out, uint32(opCombine)) })
 	}
-	e.stream.Go("combine", func() error {
+	e.collective(opCombine, func() error {
 		lay, err := e.ready(h)
 		if err != nil {
 			return err
