@@ -55,14 +55,18 @@ const msgCap = 200
 // exchange. It lives in shared memory and is read by peers after they see
 // epoch reach the exchange's number.
 type header struct {
-	epoch   atomic.Uint64
-	op      uint64
-	status  uint64
-	sig     [4]uint64
-	nbufs   uint64
-	handles [MaxBuffers][handleSize]byte
-	msgLen  uint64
-	msg     [msgCap]byte
+	epoch atomic.Uint64
+	// abandoned is the last epoch this rank left before every peer's done
+	// (its wait failed): its caller may reuse the buffers it exposed while
+	// a late peer still reads them, so that peer fails the exchange.
+	abandoned atomic.Uint64
+	op        uint64
+	status    uint64
+	sig       [4]uint64
+	nbufs     uint64
+	handles   [MaxBuffers][handleSize]byte
+	msgLen    uint64
+	msg       [msgCap]byte
 }
 
 // A control block is the header, then (each on its own cache lines) the
@@ -256,6 +260,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	rang()
 
 	if err := d.wait("publish", deadline, func(p int) bool { return hdr(d.peers[p]).epoch.Load() >= e }); err != nil {
+		h.abandoned.Store(e)
 		return err
 	}
 
@@ -302,6 +307,9 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 		if failure == nil {
 			failure = callWork(fn, peers)
 		}
+		if failure == nil && fn != nil {
+			failure = d.checkAbandoned(e)
+		}
 	}
 
 	// Phase 2: done.
@@ -311,9 +319,30 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	}
 	rang()
 	if err := d.wait("done", deadline, func(p int) bool { return done(d.ctrl, p).Load() >= e }); err != nil {
+		h.abandoned.Store(e)
 		return err
 	}
 	return failure
+}
+
+// checkAbandoned is the check after the work of exchange e: a peer whose
+// wait failed (its deadline passed while this rank was late) has returned
+// to its caller, which may have reused the buffers this rank was reading,
+// so the work's result cannot be trusted. A peer that left after this
+// check left after the reads. The domain fails for good, as the peer's.
+func (d *Domain) checkAbandoned(e uint64) error {
+	var gave []int
+	for p := range d.peers {
+		if p != d.rank && hdr(d.peers[p]).abandoned.Load() >= e {
+			gave = append(gave, p)
+		}
+	}
+	if len(gave) == 0 {
+		return nil
+	}
+	d.failed = fmt.Errorf("%s: rank(s) %v stopped waiting for this rank (their deadline passed) while it read their buffers, which they may have reused: %w",
+		d.opName("work"), d.globalRanks(gave), comm.ErrTimeout)
+	return d.failed
 }
 
 // callWork runs an exchange's work, turning a panic into its failure, so

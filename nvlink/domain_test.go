@@ -236,3 +236,32 @@ func TestExchangeWorkPanics(t *testing.T) {
 		}
 	}
 }
+
+// TestExchangeLateReaderFails: a rank whose work runs past a peer's
+// deadline fails the exchange (wrapping comm.ErrTimeout), since that peer
+// has returned to its caller, which may reuse the buffers being read.
+// (The late rank once found the peer's done stored and succeeded.)
+func TestExchangeLateReaderFails(t *testing.T) {
+	const n = 2
+	ds, _ := domains(t, n, 300*time.Millisecond)
+	errs := make([]error, n)
+	var eg errgroup.Group
+	for r := range n {
+		eg.Go(func() error {
+			errs[r] = ds[r].Exchange(Call{Op: 1}, func([][]*device.Buffer) error {
+				if r == 1 {
+					time.Sleep(time.Second) // reading rank 0's buffers, slowly
+				}
+				return nil
+			})
+			return nil
+		})
+	}
+	_ = eg.Wait()
+	if !errors.Is(errs[0], comm.ErrTimeout) {
+		t.Errorf("rank 0 (its deadline passed in the done phase): %v, want a timeout", errs[0])
+	}
+	if !errors.Is(errs[1], comm.ErrTimeout) || !strings.Contains(fmt.Sprint(errs[1]), "stopped waiting") {
+		t.Errorf("rank 1 (read past rank 0's deadline): %v, want a failure saying rank 0 stopped waiting", errs[1])
+	}
+}
