@@ -67,6 +67,9 @@ type region struct {
 	mem []byte
 	fd  int    // memfd, or -1 for a private anonymous mapping
 	ino uint64 // the memfd's inode, naming it across processes
+	// discard sends the region back to the system when freed, never to
+	// the pool (Buffer.FreeToSystem).
+	discard atomic.Bool
 }
 
 func (r *region) release() error {
@@ -182,7 +185,7 @@ func newRegion(c int) (*region, error) {
 func (h *Host) put(r *region) {
 	h.live.Add(-1)
 	h.mu.Lock()
-	if !h.closed && h.pooled+len(r.mem) <= h.poolLimit {
+	if !h.closed && !r.discard.Load() && h.pooled+len(r.mem) <= h.poolLimit {
 		h.pool[len(r.mem)] = append(h.pool[len(r.mem)], r)
 		h.pooled += len(r.mem)
 		h.mu.Unlock()
@@ -358,6 +361,18 @@ func (b *Buffer) CheckGuards() error {
 		}
 	}
 	return nil
+}
+
+// FreeToSystem is Free, except that the memory is unmapped instead of
+// going back to the pool: for memory that another process may still write
+// through its own mapping after this one is done with it (a failed
+// domain's control block). Those mappings stay valid; nothing of this
+// process gets the memory again.
+func (b *Buffer) FreeToSystem() {
+	if b != nil && b.reg != nil {
+		b.reg.discard.Store(true)
+	}
+	b.Free()
 }
 
 // Free returns the buffer to its stream's pool in stream order. It is safe

@@ -725,3 +725,78 @@ func TestStreamErrorJoinsCollective(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseAfterTimeoutLatePeer: a rank whose call timed out closes its
+// engine while a peer of its process is late; the late peer's exchange
+// still rings the closed rank's bell and may store into its done words.
+// That control block must not have gone to anyone else: tensors allocated
+// after the Close from the same backend keep their bytes. (It went back
+// to the pool at the Close, and the peer's writes landed in them.)
+func TestCloseAfterTimeoutLatePeer(t *testing.T) {
+	const R, E, K, H, T = 2, 4, 2, 16, 4
+	cfg := Config{NumExperts: E, TopK: K, Hidden: H, MaxTokensPerRank: T, Timeout: 200 * time.Millisecond}
+	gs := comm.NewLocal(R)
+	b := device.NewHost()
+	engines := make([]*Engine, R)
+	var eg errgroup.Group
+	for r := range R {
+		eg.Go(func() (err error) {
+			engines[r], err = New(t.Context(), gs[r], b, cfg)
+			return err
+		})
+	}
+	if err := eg.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	other, err := b.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var junk []*device.Tensor
+	defer func() { closeAll(junk...) }()
+	reused := make(chan struct{})
+	layout := func(e *Engine) error {
+		ti, err := upload(t.Context(), e, device.Int32, device.EncodeInt32(make([]int32, T*K)), T, K)
+		if err != nil {
+			return err
+		}
+		defer ti.Close()
+		_, err = e.Layout(t.Context(), LayoutInput{TopkIdx: ti})
+		return err
+	}
+	eg.Go(func() error {
+		defer close(reused)
+		if err := layout(engines[0]); !errors.Is(err, ErrTimeout) {
+			return fmt.Errorf("rank 0's layout without rank 1: %v, want a timeout", err)
+		}
+		engines[0].Close()
+		// Others allocate from the same backend: the pool's memory.
+		for range 16 {
+			j, err := device.NewTensor(other, device.Int32, 256)
+			if err != nil {
+				return err
+			}
+			for i := range j.Bytes() {
+				j.Bytes()[i] = 0xFF
+			}
+			junk = append(junk, j)
+		}
+		return nil
+	})
+	eg.Go(func() error {
+		<-reused
+		_ = layout(engines[1]) // late: fails, after ringing rank 0's bell
+		engines[1].Close()
+		return nil
+	})
+	if err := eg.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	for n, j := range junk {
+		for i, v := range j.Bytes() {
+			if v != 0xFF {
+				t.Fatalf("tensor %d, byte %d is %#x: written by the late peer into the closed rank's control block", n, i, v)
+			}
+		}
+	}
+}

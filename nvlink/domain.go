@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -124,8 +125,29 @@ type Domain struct {
 	pids    []int    // every member's process
 	maps    map[mapKey]*device.Mapping
 	ctrlMap []*device.Mapping // peers' control blocks mapped from other processes
+	used    []*device.Buffer  // the control blocks of this process it uses (ctrlUsers), its own first
 	epoch   uint64
 	failed  error
+}
+
+// ctrlUsers counts, for every control block of this process, the domains
+// of this process that use it: its owner's and those of the owner's peers
+// in this process. The last of them to close frees it, and never into the
+// pool (device.Buffer.FreeToSystem). A rank whose domain failed may close
+// while a late peer still rings its bell and stores its done words (and a
+// peer that goes on calling after a Close rings it too); freeing the
+// block into the pool would hand those bytes to another allocation
+// (invariant 2), the peers of this process writing through the owner's
+// mapping, those of other processes through their own.
+var ctrlUsers = struct {
+	sync.Mutex
+	m map[*device.Buffer]int
+}{m: map[*device.Buffer]int{}}
+
+// use records that d uses control block b (under ctrlUsers' lock).
+func (d *Domain) use(b *device.Buffer) {
+	ctrlUsers.m[b]++
+	d.used = append(d.used, b)
 }
 
 // New creates the domain of the group's ranks: every rank allocates its
@@ -149,6 +171,9 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 	var hb [handleSize]byte
 	h.encode(hb[:])
 	d := &Domain{rank: g.Rank(), global: global, timeout: timeout, ctrlBuf: buf, ctrl: buf.Host(), maps: map[mapKey]*device.Mapping{}}
+	ctrlUsers.Lock()
+	d.use(buf)
+	ctrlUsers.Unlock()
 	fail := func(err error) (*Domain, error) {
 		unexport(h)
 		d.Close()
@@ -165,7 +190,13 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 		ph := decodeHandle(raw)
 		var b *device.Buffer
 		if ph.share.PID == myPID {
-			b, err = lookup(ph.id)
+			// Looked up and counted at once: the owner closes (and
+			// may free the block) only after unexporting it.
+			ctrlUsers.Lock()
+			if b, err = lookup(ph.id); err == nil && b != buf {
+				d.use(b)
+			}
+			ctrlUsers.Unlock()
 		} else {
 			var m *device.Mapping
 			if m, err = device.MapShared(ph.share); err == nil {
@@ -480,10 +511,16 @@ func rang() { inProcess.stored() }
 // Close releases the control block in stream order. Peers must have left
 // the domain too (the executor closes with a barrier).
 func (d *Domain) Close() {
-	if d.ctrlBuf != nil {
-		d.ctrlBuf.Free()
-		d.ctrlBuf = nil
+	ctrlUsers.Lock()
+	for _, b := range d.used {
+		if ctrlUsers.m[b]--; ctrlUsers.m[b] > 0 {
+			continue
+		}
+		delete(ctrlUsers.m, b)
+		b.FreeToSystem()
 	}
+	ctrlUsers.Unlock()
+	d.used, d.ctrlBuf = nil, nil
 	for k, m := range d.maps {
 		_ = m.Unmap()
 		delete(d.maps, k)
