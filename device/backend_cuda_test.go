@@ -100,6 +100,43 @@ func TestCUDAUploadDownload(t *testing.T) {
 	}
 }
 
+// TestCUDATensorOfLargerBuffer: a tensor over the start of a larger
+// buffer (TensorOf) uploads and downloads exactly its own bytes, through
+// the small staging buffer and the chunked one alike. (Download once
+// returned the whole buffer, and Upload wanted the whole buffer's bytes.)
+func TestCUDATensorOfLargerBuffer(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	for i, n := range []int{6, 2048, 1<<20 + 2} { // bytes of the small tensor (bf16)
+		big, err := NewTensor(s, BF16, n) // 2n bytes
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole := pattern(2*n, i)
+		roundTrip(t, big, whole)
+		small, err := TensorOf(big.Buffer(), BF16, n/2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Download(t.Context(), small)
+		if err != nil || !bytes.Equal(got, whole[:n]) {
+			t.Fatalf("download of %v over %d bytes: %d bytes (%v), want its first %d", small, 2*n, len(got), err, n)
+		}
+		if err := Upload(t.Context(), small, whole); err == nil {
+			t.Fatalf("upload of %d bytes into %v (%d bytes) succeeded", 2*n, small, n)
+		}
+		head := pattern(n, i+100)
+		if err := Upload(t.Context(), small, head); err != nil {
+			t.Fatal(err)
+		}
+		got, err = Download(t.Context(), big)
+		if err != nil || !bytes.Equal(got[:n], head) || !bytes.Equal(got[n:], whole[n:]) {
+			t.Fatalf("upload into %v over %d bytes wrote outside its first %d (%v)", small, 2*n, n, err)
+		}
+		big.Close()
+	}
+}
+
 // TestCUDATrimMemory: the memory of freed tensors stays in goep's pool
 // after a synchronize, for the next allocations, until TrimMemory.
 func TestCUDATrimMemory(t *testing.T) {
