@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -85,39 +86,40 @@ func TestExchangeMovesData(t *testing.T) {
 	}
 }
 
+// onEach runs call(r) for every rank r at once and returns their errors.
+func onEach(n int, call func(r int) error) []error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() { errs[r] = call(r) })
+	}
+	wg.Wait()
+	return errs
+}
+
 func TestExchangeMismatchAndPeerStatus(t *testing.T) {
 	const n = 3
 	ds, _ := domains(t, n, 5*time.Second)
-	errs := make([]error, n)
-	var eg errgroup.Group
-	for r := range n {
-		eg.Go(func() error {
-			sig := [4]uint64{1}
-			if r == 2 {
-				sig[0] = 2
-			}
-			errs[r] = ds[r].Exchange(Call{Op: 1, Sig: sig}, func([][]*device.Buffer) error { t.Error("fn ran despite a mismatch"); return nil })
-			return nil
-		})
-	}
-	eg.Wait()
+	errs := onEach(n, func(r int) error {
+		sig := [4]uint64{1}
+		if r == 2 {
+			sig[0] = 2
+		}
+		return ds[r].Exchange(Call{Op: 1, Sig: sig}, func([][]*device.Buffer) error { t.Error("fn ran despite a mismatch"); return nil })
+	})
 	for r, err := range errs {
 		if !errors.Is(err, ErrPeerMismatch) {
 			t.Errorf("rank %d: %v, want ErrPeerMismatch", r, err)
 		}
 	}
 	// A rank that rejects its input makes every rank fail with its reason.
-	for r := range n {
-		eg.Go(func() error {
-			var status error
-			if r == 1 {
-				status = errors.New("x has the wrong shape")
-			}
-			errs[r] = ds[r].Exchange(Call{Op: 1, Status: status}, nil)
-			return nil
-		})
-	}
-	eg.Wait()
+	errs = onEach(n, func(r int) error {
+		var status error
+		if r == 1 {
+			status = errors.New("x has the wrong shape")
+		}
+		return ds[r].Exchange(Call{Op: 1, Status: status}, nil)
+	})
 	for r, err := range errs {
 		var pe *PeerError
 		if !errors.As(err, &pe) || pe.Rank != 11 || !strings.Contains(err.Error(), "wrong shape") {
@@ -207,22 +209,19 @@ func TestExchangeWorkPanics(t *testing.T) {
 	const n = 3
 	ds, _ := domains(t, n, 30*time.Second)
 	start := time.Now()
-	errs := make([]error, n)
-	var eg errgroup.Group
-	for r := range n {
-		eg.Go(func() error {
-			errs[r] = ds[r].Exchange(Call{Op: 1}, func([][]*device.Buffer) error {
-				if r == 1 {
-					var s []int
-					_ = s[r] // index out of range
-				}
-				return nil
-			})
-			return ds[r].Exchange(Call{Op: 2}, nil)
+	errs := onEach(n, func(r int) error {
+		return ds[r].Exchange(Call{Op: 1}, func([][]*device.Buffer) error {
+			if r == 1 {
+				var s []int
+				_ = s[r] // index out of range
+			}
+			return nil
 		})
-	}
-	if err := eg.Wait(); err != nil {
-		t.Fatalf("the exchange after the panic: %v", err)
+	})
+	for r, err := range onEach(n, func(r int) error { return ds[r].Exchange(Call{Op: 2}, nil) }) {
+		if err != nil {
+			t.Fatalf("rank %d, the exchange after the panic: %v", r, err)
+		}
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("exchanges took %v: the peers waited for the panicking rank", d)
@@ -244,20 +243,14 @@ func TestExchangeWorkPanics(t *testing.T) {
 func TestExchangeLateReaderFails(t *testing.T) {
 	const n = 2
 	ds, _ := domains(t, n, 300*time.Millisecond)
-	errs := make([]error, n)
-	var eg errgroup.Group
-	for r := range n {
-		eg.Go(func() error {
-			errs[r] = ds[r].Exchange(Call{Op: 1}, func([][]*device.Buffer) error {
-				if r == 1 {
-					time.Sleep(time.Second) // reading rank 0's buffers, slowly
-				}
-				return nil
-			})
+	errs := onEach(n, func(r int) error {
+		return ds[r].Exchange(Call{Op: 1}, func([][]*device.Buffer) error {
+			if r == 1 {
+				time.Sleep(time.Second) // reading rank 0's buffers, slowly
+			}
 			return nil
 		})
-	}
-	_ = eg.Wait()
+	})
 	if !errors.Is(errs[0], comm.ErrTimeout) {
 		t.Errorf("rank 0 (its deadline passed in the done phase): %v, want a timeout", errs[0])
 	}
