@@ -826,3 +826,84 @@ func TestCUDAInterop(t *testing.T) {
 		t.Error("WrapDeviceMemory accepted a host address")
 	}
 }
+
+// TestCUDAUnaligned: a caller's device memory may start anywhere. fp8 rows
+// at an odd address move byte by byte, with the results of aligned ones
+// (the copy kernels once took a 1-byte unit for 2 bytes: twice the row,
+// misaligned); a bf16 tensor at an odd address is refused on every rank
+// (ErrInvalidInput), not faulted on.
+func TestCUDAUnaligned(t *testing.T) {
+	b := needGPU(t)
+	ctx := t.Context()
+	const T, H, K = 64, 256, 2
+	cfg := executor.Config{NumExperts: 8, TopK: K, Hidden: H, MaxTokensPerRank: T}
+	idx, _, _ := graphInputs(9, 0, cfg, T)
+	x := make([]byte, T*H) // fp8 rows: distinct bytes, no NaN pattern needed (only moved)
+	for i := range x {
+		x[i] = byte(i*7 + i/H)
+	}
+	scales := device.EncodeFloat32(device.FP32, make([]float32, T*H/device.FP8ScaleChannels))
+	e, err := executor.New(ctx, comm.NewLocal(1)[0], b, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ti, _ := e.NewTensor(device.Int32, T, K)
+	st, _ := e.NewTensor(device.FP32, T, H/device.FP8ScaleChannels)
+	if err := errors.Join(device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, st, scales)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _, err := b.AllocShared(2*len(x) + 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreeShared(raw)
+	dispatch := func(off int) ([]byte, error) {
+		mem, err := b.WrapDeviceMemory(raw.DevicePtr()+uint64(off), len(x))
+		if err != nil {
+			return nil, err
+		}
+		xt, err := device.TensorOf(mem, device.FP8E4M3, T, H)
+		if err != nil {
+			return nil, err
+		}
+		if err := e.Stream().(*device.CUDAStream).UploadBuffer(ctx, mem, x); err != nil {
+			return nil, err
+		}
+		d, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt, XScales: st})
+		if err != nil {
+			return nil, err
+		}
+		got, err := device.Download(ctx, d.RecvX)
+		return got, errors.Join(err, e.Synchronize(ctx))
+	}
+	want, err := dispatch(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := dispatch(1)
+	if err != nil {
+		t.Fatalf("fp8 rows at an odd address: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("fp8 rows at an odd address: received rows differ from those at an aligned one")
+	}
+	mem, err := b.WrapDeviceMemory(raw.DevicePtr()+1, T*H*2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xb, err := device.TensorOf(mem, device.BF16, T, H)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xb}); !errors.Is(err, executor.ErrInvalidInput) {
+		t.Errorf("bf16 rows at an odd address: %v, want ErrInvalidInput", err)
+	}
+	if err := e.Synchronize(ctx); err != nil {
+		t.Errorf("the engine after the refused call: %v", err)
+	}
+}

@@ -355,6 +355,11 @@ func checkTensor(name string, t *device.Tensor, dt device.DType, rows, cols int)
 	case dt != 0 && t.DType() != dt:
 		return fmt.Errorf("executor: %s has dtype %v, want %v: %w", name, t.DType(), dt, ErrInvalidInput)
 	}
+	// Kernels access elements at their own size (a caller's wrapped
+	// device memory may start anywhere).
+	if p, n := t.Buffer().DevicePtr(), t.DType().Size(); p%uint64(n) != 0 {
+		return fmt.Errorf("executor: %s starts at address %#x, not a multiple of its %v elements' %d bytes: %w", name, p, t.DType(), n, ErrInvalidInput)
+	}
 	s := t.Shape()
 	if len(s) != 2 || (rows >= 0 && s[0] != rows) || s[1] != cols {
 		want := fmt.Sprintf("[%d %d]", rows, cols)

@@ -14,7 +14,7 @@
 // a captured graph can be replayed after a new layout.
 //
 // Rows move in units of unit bytes (16 when the row bytes and every base
-// address allow, else 4 or 2): grid.x covers the items (rows or entries),
+// address allow, else 4, 2 or 1): grid.x covers the items (rows or entries),
 // grid.y the units of a row in chunks of blockDim.x.
 //
 // Flags (one array of uint64 words per rank, DESIGN.md "flags are monotonic
@@ -53,8 +53,11 @@ __device__ __forceinline__ void copy_units(uint8_t *dst, const uint8_t *src, int
 		case 4:
 			((uint32_t *)dst)[u] = ((const uint32_t *)src)[u];
 			break;
-		default:
+		case 2:
 			((uint16_t *)dst)[u] = ((const uint16_t *)src)[u];
+			break;
+		default:  // 1: fp8 rows at an odd address
+			dst[u] = src[u];
 			break;
 		}
 	}
@@ -71,8 +74,11 @@ __device__ __forceinline__ void zero_units(uint8_t *dst, int64_t unitsPerRow, in
 		case 4:
 			((uint32_t *)dst)[u] = 0;
 			break;
-		default:
+		case 2:
 			((uint16_t *)dst)[u] = 0;
+			break;
+		default:
+			dst[u] = 0;
 			break;
 		}
 	}
