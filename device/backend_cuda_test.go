@@ -100,6 +100,72 @@ func TestCUDAUploadDownload(t *testing.T) {
 	}
 }
 
+// TestCUDAFreeAfterUseOnOtherStream: a tensor allocated on stream u,
+// used by work queued on stream s and closed at once, is not handed to
+// u's next allocations before that work ran: its free waits for s (the
+// free on u once ignored s, and u's next allocation scribbled over the
+// rows s's queued copy had still to read). The same after u is closed.
+func TestCUDAFreeAfterUseOnOtherStream(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	const n = 1 << 20
+	want := pattern(n, 5)
+	for _, closeU := range []bool{false, true} {
+		u, err := c.NewCUDAStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, _ := NewTensor(u, BF16, n/2)
+		if err := Upload(t.Context(), a, want); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := NewTensor(s, BF16, n/2)
+		delay(t, s, 200*time.Millisecond)
+		if err := s.Copy(out.Buffer(), 0, a.Buffer(), 0, n); err != nil {
+			t.Fatal(err)
+		}
+		if closeU {
+			if err := u.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a.Close()
+		scr := u // u's next allocations
+		if closeU {
+			// Another stream's: u is gone, and s's own are ordered after
+			// its copy anyway.
+			if scr, err = c.NewCUDAStream(); err != nil {
+				t.Fatal(err)
+			}
+			defer scr.Close()
+		}
+		for range 8 {
+			b, err := scr.Alloc(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := scr.Memset(b, 0, n, 0xEE); err != nil {
+				t.Fatal(err)
+			}
+			scr.Free(b)
+		}
+		got, err := Download(t.Context(), out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("closed u %v: memory used by another stream's queued work was reused before that work ran", closeU)
+		}
+		out.Close()
+		if !closeU {
+			if err := u.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitFreed(t, c, s, "every tensor was closed")
+}
+
 // TestCUDATensorOfLargerBuffer: a tensor over the start of a larger
 // buffer (TensorOf) uploads and downloads exactly its own bytes, through
 // the small staging buffer and the chunked one alike. (Download once

@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -630,10 +631,17 @@ func (s *CUDAStream) freeOnDriver(b *Buffer) (spare bool) {
 		on = b.glaunch.(*CUDAStream)
 	}
 	if on.isClosed() {
-		return true
+		// Drained; a user stream still open may have work on b queued:
+		// the free goes there, after it.
+		if on = b.openUser(); on == nil {
+			return true
+		}
 	}
 	inCapture := b.inCapture()
-	err := on.s.Free(cuda.DevicePtr(b.dev))
+	err := s.waitUsers(b, on)
+	if err == nil {
+		err = on.s.Free(cuda.DevicePtr(b.dev))
+	}
 	switch {
 	case err == nil:
 		b.gbacked = false
@@ -891,6 +899,7 @@ func (s *CUDAStream) Memset(b *Buffer, off, n int, v byte) error {
 		return s.fail("memset", err)
 	}
 	s.holdCaptured(b)
+	s.noteUse(b)
 	return nil
 }
 
@@ -923,6 +932,7 @@ func (s *CUDAStream) Copy(dst *Buffer, dstOff int, src *Buffer, srcOff, n int) e
 		return s.fail("copy", err)
 	}
 	s.holdCaptured(dst, src)
+	s.noteUse(dst, src)
 	return nil
 }
 
@@ -1020,9 +1030,75 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 		return s.fail(task, err)
 	}
 	for _, a := range args {
-		switch a.(type) {
-		case *Buffer, *Tensor:
+		switch v := a.(type) {
+		case *Buffer:
 			s.hold(a)
+			s.noteUse(v)
+		case *Tensor:
+			s.hold(a)
+			if v != nil {
+				s.noteUse(v.buf)
+			}
+		}
+	}
+	return nil
+}
+
+// noteUse records s as a user of the memory of bufs allocated on another
+// stream (Tensor.Close or a cleanup frees it on that stream, which then
+// waits for s's work first: waitUsers). Memory of no goep stream (wrapped)
+// is never freed by goep.
+func (s *CUDAStream) noteUse(bufs ...*Buffer) {
+	for _, b := range bufs {
+		if b == nil {
+			continue
+		}
+		r := b.root()
+		if r.stream == nil || r.stream == Stream(s) {
+			continue
+		}
+		r.gmu.Lock()
+		if !slices.Contains(r.users, Stream(s)) {
+			r.users = append(r.users, s)
+		}
+		r.gmu.Unlock()
+	}
+}
+
+// openUser is a user stream of b (noteUse) not closed yet, or nil.
+func (b *Buffer) openUser() *CUDAStream {
+	b.gmu.Lock()
+	defer b.gmu.Unlock()
+	for _, u := range b.users {
+		if us, ok := u.(*CUDAStream); ok && !us.isClosed() {
+			return us
+		}
+	}
+	return nil
+}
+
+// waitUsers, inside Device.Do before b's free on stream on, makes on wait
+// for the work enqueued so far on b's other users (noteUse): the free
+// returns the memory to the pool, for on's next allocations, only after
+// that work. A closed user stream was drained. On an error b must not be
+// freed.
+func (s *CUDAStream) waitUsers(b *Buffer, on *CUDAStream) error {
+	b.gmu.Lock()
+	users := b.users
+	b.users = nil
+	b.gmu.Unlock()
+	for _, u := range users {
+		us, ok := u.(*CUDAStream)
+		if !ok || us == on || us.isClosed() {
+			continue
+		}
+		ev, err := s.c.dev.NewEvent(false)
+		if err != nil {
+			return err
+		}
+		err = errors.Join(us.s.Record(ev), on.s.WaitEvent(ev))
+		if err = errors.Join(err, ev.Close()); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -268,6 +268,11 @@ type bufMem struct {
 	gmu       sync.Mutex
 	graphs    int
 	freeLater bool
+	// users are the CUDA streams other than the buffer's own on which work
+	// using it was enqueued (a launch, copy or memset): its free waits for
+	// the work enqueued on them before it (CUDAStream.waitUsers), as the
+	// caching allocators' record_stream. Guarded by gmu.
+	users []Stream
 }
 
 // freeByCleanup is the cleanup NewTensor attaches to a tensor's Buffer: it
