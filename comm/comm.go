@@ -16,6 +16,7 @@
 package comm
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -102,8 +103,8 @@ func splitMembers(me int, colors, keys []int) (members []int, index int) {
 		}
 	}
 	slices.SortStableFunc(members, func(a, b int) int {
-		if keys[a] != keys[b] {
-			return keys[a] - keys[b]
+		if c := cmp.Compare(keys[a], keys[b]); c != 0 {
+			return c // not keys[a] - keys[b], which overflows for extreme keys
 		}
 		return a - b
 	})

@@ -21,7 +21,9 @@ func DurationFromEnv(name string, def time.Duration) (time.Duration, error) {
 		return d, nil
 	}
 	if s, err := strconv.ParseFloat(v, 64); err == nil && s > 0 && s*float64(time.Second) < float64(1<<63-1) {
-		return time.Duration(s * float64(time.Second)), nil
+		if d := time.Duration(s * float64(time.Second)); d > 0 { // not below a nanosecond
+			return d, nil
+		}
 	}
 	return 0, fmt.Errorf("%s=%q: want a positive duration such as 30s or a number of seconds", name, v)
 }

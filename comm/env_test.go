@@ -26,6 +26,7 @@ func TestDurationFromEnv(t *testing.T) {
 		{value: "-1s", set: true, bad: true},
 		{value: "1e30", set: true, bad: true}, // past time.Duration's range
 		{value: "NaN", set: true, bad: true},
+		{value: "1e-10", set: true, bad: true}, // positive, but below a nanosecond: 0
 	} {
 		t.Setenv(name, tc.value) // restored after the test
 		if !tc.set {

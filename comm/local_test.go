@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -81,6 +82,23 @@ func TestSplit(t *testing.T) {
 		}
 		if !slices.Equal(got, want) || got[sub.Rank()] != g.Rank() {
 			return fmt.Errorf("rank %d: sub ranks %v (me %d), want %v", g.Rank(), got, sub.Rank(), want)
+		}
+		return nil
+	})
+}
+
+// TestSplitExtremeKeys: keys at the ends of int's range order the new
+// ranks by key (a subtraction once overflowed and misordered them).
+func TestSplitExtremeKeys(t *testing.T) {
+	gs := NewLocal(3)
+	keys := []int{math.MaxInt, -2, math.MinInt}
+	each(t, gs, func(g Group) error {
+		sub, err := g.Split(t.Context(), 0, keys[g.Rank()])
+		if err != nil {
+			return err
+		}
+		if want := []int{2, 1, 0}[g.Rank()]; sub.Rank() != want {
+			return fmt.Errorf("rank %d (key %d): new rank %d, want %d", g.Rank(), keys[g.Rank()], sub.Rank(), want)
 		}
 		return nil
 	})
