@@ -294,7 +294,7 @@ func detectSlurm(look lookupFunc) (Env, error) {
 }
 
 // parseTasksPerNode expands Slurm's compressed list of tasks per node:
-// "2(x3),1" is [2 2 2 1].
+// "2(x3),1" is [2 2 2 1]. The list has at most maxNodes entries in all.
 func parseTasksPerNode(s string) ([]int, error) {
 	var out []int
 	for _, item := range strings.Split(s, ",") {
@@ -311,8 +311,8 @@ func parseTasksPerNode(s string) ([]int, error) {
 			return nil, fmt.Errorf("bad count in %q", item)
 		}
 		k, err := strconv.Atoi(rep)
-		if err != nil || k < 1 || k > 1<<20 {
-			return nil, fmt.Errorf("bad repeat in %q", item)
+		if err != nil || k < 1 || k > maxNodes-len(out) {
+			return nil, fmt.Errorf("bad repeat in %q (at most %d nodes in all)", item, maxNodes)
 		}
 		for range k {
 			out = append(out, n)
@@ -320,6 +320,10 @@ func parseTasksPerNode(s string) ([]int, error) {
 	}
 	return out, nil
 }
+
+// maxNodes bounds the nodes of a Slurm tasks-per-node list (its expanded
+// length): far more than any job, small enough to expand.
+const maxNodes = 1 << 20
 
 func uniform(xs []int) bool {
 	for _, x := range xs {

@@ -110,7 +110,8 @@ func TestParseTasksPerNode(t *testing.T) {
 			t.Errorf("%q: %v, %v; want %v", tc.in, got, err, tc.want)
 		}
 	}
-	for _, bad := range []string{"", "x", "0", "2(x0)", "2(x3", "2(3)", ",1"} {
+	huge := strings.Repeat("1(x1048576),", 400) + "1" // once expanded item by item: GBs
+	for _, bad := range []string{"", "x", "0", "2(x0)", "2(x3", "2(3)", ",1", huge} {
 		if got, err := parseTasksPerNode(bad); err == nil {
 			t.Errorf("%q: %v, want an error", bad, got)
 		}

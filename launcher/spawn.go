@@ -51,11 +51,16 @@ func (c SpawnConfig) RanksPerDomain() int {
 	return c.N / c.Domains
 }
 
+// maxSpawn bounds the ranks Spawn starts on one machine.
+const maxSpawn = 1 << 16
+
 // Validate checks the configuration without starting anything.
 func (c SpawnConfig) Validate() error {
 	switch {
 	case c.N < 1:
 		return fmt.Errorf("launcher: %d ranks: want at least 1", c.N)
+	case c.N > maxSpawn:
+		return fmt.Errorf("launcher: %d ranks: at most %d processes on one machine", c.N, maxSpawn)
 	case c.Domains < 0:
 		return fmt.Errorf("launcher: %d domains: want at least 1", c.Domains)
 	case c.Domains > 1 && c.N%c.Domains != 0:

@@ -37,6 +37,7 @@ func TestLaunch(t *testing.T) {
 
 		{name: "no -n", args: []string{"launch", "--", "true"}, code: 2, stderr: `required flag(s) "np" not set`},
 		{name: "-n 0", args: []string{"launch", "-n", "0", "--", "true"}, code: 2, stderr: "0 ranks: want at least 1"},
+		{name: "-n huge", args: []string{"launch", "-n", "9223372036854775807", "--", "true"}, code: 2, stderr: "at most 65536 processes"},
 		{name: "bad -n", args: []string{"launch", "-n", "two", "--", "true"}, code: 2, stderr: `invalid argument "two"`},
 		{name: "bad domains", args: []string{"launch", "-n", "4", "--domains", "3", "--", "true"}, code: 2, stderr: "4 ranks do not split into 3 domains"},
 		{name: "no command", args: []string{"launch", "-n", "2"}, code: 2, stderr: "no command to run"},

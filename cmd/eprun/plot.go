@@ -238,7 +238,9 @@ func drawPlots(runs []plotRun, all []*series, xs []int, positive bool) (bw, lat 
 		p.Add(plotter.NewGrid())
 		p.Legend.Top, p.Legend.Left = true, true
 		p.Legend.TextStyle.Font.Size = vg.Points(8)
-		if positive {
+		// Log scale across several token counts: a single one is widened
+		// around itself, to 0 when it is 1, which a log scale cannot show.
+		if positive && len(xs) > 1 {
 			p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 		}
 		if len(xs) <= 12 { // label the measured points themselves

@@ -71,6 +71,19 @@ func TestPlot(t *testing.T) {
 	}
 }
 
+// TestPlotOneTokenCount: a record of one token count, 1, plots (a log
+// axis widened around 1 reached 0, and gonum panicked).
+func TestPlotOneTokenCount(t *testing.T) {
+	dir := t.TempDir()
+	rec := filepath.Join(dir, "one.json")
+	if code, _, stderr := eprun(t, append(tiny, "--tokens", "1", "--json", rec)...); code != 0 {
+		t.Fatalf("bench: exit %d: %s", code, stderr)
+	}
+	if code, _, stderr := eprun(t, "plot", rec, "-o", filepath.Join(dir, "one.png")); code != 0 {
+		t.Fatalf("plot of one token count: exit %d: %s", code, stderr)
+	}
+}
+
 func TestPlotBadUsage(t *testing.T) {
 	dir := t.TempDir()
 	notJSON := filepath.Join(dir, "x.json")

@@ -189,8 +189,12 @@ func (c Config) Validate() error {
 		return errors.New("chunk_rows is empty (0: the engine's default)")
 	case c.Iters <= 0:
 		return fmt.Errorf("iters is %d; need at least 1", c.Iters)
+	case c.Iters > maxIters:
+		return fmt.Errorf("iters is %d; at most %d (each iteration's time is kept)", c.Iters, maxIters)
 	case c.Warmup < 0:
 		return fmt.Errorf("warmup is %d; cannot be negative", c.Warmup)
+	case c.Warmup > maxIters:
+		return fmt.Errorf("warmup is %d; at most %d", c.Warmup, maxIters)
 	case len(c.Mode) == 0:
 		return errors.New("mode is empty")
 	case c.Pad <= 0:
@@ -250,9 +254,12 @@ func (c Config) Validate() error {
 				d, h, device.FP8ScaleChannels, device.FP8ScaleChannels, fix)
 		}
 	}
-	for _, call := range c.Calls {
+	for i, call := range c.Calls {
 		if !slices.Contains(KnownCalls, call) {
 			return fmt.Errorf("call %q: want one of %s", call, strings.Join(KnownCalls, ", "))
+		}
+		if slices.Contains(c.Calls[:i], call) {
+			return fmt.Errorf("call %q is listed twice", call)
 		}
 	}
 	if err := c.RoutingSpec().Validate(); err != nil {
@@ -277,10 +284,12 @@ func (c Config) Validate() error {
 }
 
 // maxSize bounds every size of a config (executor.Config's bound);
-// maxCases the cases of one sweep.
+// maxCases the cases of one sweep; maxIters the iterations (and the
+// warm-up) of one case.
 const (
 	maxSize  = 1 << 30
 	maxCases = 10000
+	maxIters = 10_000_000
 )
 
 func parseDType(s string) (device.DType, error) {
