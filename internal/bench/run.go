@@ -1,10 +1,12 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -282,6 +284,98 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 	return results[0], err
 }
 
+// harnessTimeout bounds each of the harness's own collectives (its
+// barriers and gathers between iterations and cases, the config
+// comparison): generous, since the ranks check their outputs between
+// them, but a rank that never comes ends the run.
+const harnessTimeout = 10 * time.Minute
+
+// sameConfig all-gathers every rank's config over g and fails on every
+// rank when one differs, naming the rank and the fields.
+func sameConfig(ctx context.Context, g comm.Group, cfg Config) error {
+	mine, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	all, err := bounded{g, harnessTimeout}.AllGather(ctx, mine)
+	if err != nil {
+		return fmt.Errorf("compare the ranks' configs: %w", err)
+	}
+	for r, other := range all {
+		if !bytes.Equal(other, mine) {
+			return fmt.Errorf("rank %d runs another config than rank %d: %s", r, g.Rank(), configDiff(mine, other))
+		}
+	}
+	return nil
+}
+
+// bounded is a group whose collectives each end after d at most (the
+// harness's group: an in-process or MPI group waits on its context alone).
+type bounded struct {
+	comm.Group
+	d time.Duration
+}
+
+func (b bounded) AllGather(ctx context.Context, data []byte) ([][]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Group.AllGather(ctx, data)
+}
+
+func (b bounded) AllToAll(ctx context.Context, send [][]byte) ([][]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Group.AllToAll(ctx, send)
+}
+
+func (b bounded) Broadcast(ctx context.Context, root int, data []byte) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Group.Broadcast(ctx, root, data)
+}
+
+func (b bounded) Barrier(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	return b.Group.Barrier(ctx)
+}
+
+func (b bounded) Split(ctx context.Context, color, key int) (comm.Group, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.d)
+	defer cancel()
+	g, err := b.Group.Split(ctx, color, key)
+	if err != nil {
+		return nil, err
+	}
+	return bounded{g, b.d}, nil
+}
+
+// configDiff names the top-level fields of two JSON configs that differ,
+// with both values.
+func configDiff(a, b []byte) string {
+	var ma, mb map[string]any
+	if json.Unmarshal(a, &ma) != nil || json.Unmarshal(b, &mb) != nil {
+		return "(unreadable)"
+	}
+	var keys []string
+	for k := range ma {
+		keys = append(keys, k)
+	}
+	for k := range mb {
+		if _, ok := ma[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	var diffs []string
+	for _, k := range keys {
+		if va, vb := fmt.Sprint(ma[k]), fmt.Sprint(mb[k]); va != vb {
+			diffs = append(diffs, fmt.Sprintf("%s %s here, %s there", k, va, vb))
+		}
+	}
+	return strings.Join(diffs, "; ")
+}
+
 // RunRank runs every case of cfg as rank g.Rank() of g: one engine on this
 // rank, created on g; the harness's barriers and gathers go through a
 // second group split from g, so they never interleave with the engine's
@@ -306,6 +400,14 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Resul
 	if opt.Backend != nil && opt.Backend.Kind() != backendKind(cfg) {
 		return nil, fmt.Errorf("the config's backend is %s, Options.Backend is %s", backendKind(cfg), opt.Backend.Kind())
 	}
+	// The ranks compare their configs before anything collective: ranks
+	// launched with different flags would otherwise wait for each other in
+	// different cases (under mpirun, for ever). A rank that refused its
+	// own config above has returned; its launcher stops the others, and
+	// else their comparison ends after harnessTimeout, naming it.
+	if err := sameConfig(ctx, g, cfg); err != nil {
+		return nil, err
+	}
 	rank := g.Rank()
 	res := &Result{Config: cfg, Timing: TimingRankMax}
 	switch {
@@ -320,7 +422,7 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Resul
 			res.A2ATransport = TransportOf(g)
 		}
 	}
-	ctl, err := g.Split(ctx, 0, rank)
+	ctl, err := bounded{g, harnessTimeout}.Split(ctx, 0, rank)
 	if err != nil {
 		return res, fmt.Errorf("harness group: %w", err)
 	}
