@@ -34,7 +34,10 @@ import (
 //     a combine when a call combines (T x c, c the row bytes of the
 //     combine dtype, Case.CallDType);
 //   - in an fp8 case whose calls combine, the bf16 inputs of those calls,
-//     T x c, twice on the host backend.
+//     T x c, twice on the host backend;
+//   - the layout's world tables (executor.ComputeLayout: rows and expert
+//     rows from every source to every destination, and their bases), 2 x
+//     R x R + 2 x R x E ints, whatever T is.
 func minHostBytes(cfg Config, c Case, inProcess int) float64 {
 	r, t, k := float64(cfg.Ranks), float64(c.Tokens), float64(c.TopK)
 	row := float64(RowBytes(c.DType, c.Hidden))
@@ -42,7 +45,7 @@ func minHostBytes(cfg Config, c Case, inProcess int) float64 {
 	cdt := c.CallDType(CallCombine)
 	crow := float64(RowBytes(cdt, c.Hidden))
 	host := cfg.Backend != BackendCUDA
-	perRank := r*t*k*4 + t*row + t*k*4
+	perRank := r*t*k*4 + t*row + t*k*4 + 8*(2*r*r+2*r*float64(cfg.Experts))
 	if comb && cdt != c.DType {
 		perRank += t * crow
 		if host {
@@ -83,7 +86,7 @@ func (c Config) CheckMemory(inProcess int) error {
 	if need <= avail {
 		return nil
 	}
-	return fmt.Errorf("the case tokens=%d hidden=%d topk=%d dtype=%v needs at least %s of host memory for its %d rank(s) in this process (routing, inputs%s), and %s is available: lower tokens, hidden or ranks",
+	return fmt.Errorf("the case tokens=%d hidden=%d topk=%d dtype=%v needs at least %s of host memory for its %d rank(s) in this process (routing, inputs, layout tables%s), and %s is available: lower tokens, hidden, ranks or experts",
 		worst.Tokens, worst.Hidden, worst.TopK, worst.DType, gib(need), inProcess, hostTerms(c), gib(avail))
 }
 

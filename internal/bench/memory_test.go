@@ -16,11 +16,13 @@ import (
 
 func TestMinHostBytes(t *testing.T) {
 	c := Defaults()
-	c.Ranks, c.Calls = 4, []string{CallDispatch}
+	c.Ranks, c.Experts, c.Calls = 4, 16, []string{CallDispatch}
 	cs := Case{Tokens: 100, Hidden: 1024, TopK: 8, DType: device.BF16}
 	// routing 4 x 100 x 8 x 4, x 100 x 2048 (on the host and in "device"
-	// memory), weights 100 x 8 x 4; per rank, 4 ranks in the process.
-	perRank := 4*100*8*4 + 2*100*2048 + 100*8*4
+	// memory), weights 100 x 8 x 4, the layout's tables 8 x (2 x 4 x 4 +
+	// 2 x 4 x 16); per rank, 4 ranks in the process.
+	const tables = 8 * (2*4*4 + 2*4*16)
+	perRank := 4*100*8*4 + 2*100*2048 + 100*8*4 + tables
 	if got := minHostBytes(c, cs, 4); got != float64(4*perRank) {
 		t.Errorf("dispatch, host backend: %v, want %d", got, 4*perRank)
 	}
@@ -37,7 +39,7 @@ func TestMinHostBytes(t *testing.T) {
 	// backend, in "device" memory) and a bf16 combined output.
 	c.Backend, c.Calls = "", []string{CallDispatch, CallDispatchPermute}
 	fp8 := Case{Tokens: 100, Hidden: 1024, TopK: 8, DType: device.FP8E4M3}
-	perRank8 := 4*100*8*4 + 2*100*(1024+8*4) + 100*8*4
+	perRank8 := 4*100*8*4 + 2*100*(1024+8*4) + 100*8*4 + tables
 	if got := minHostBytes(c, fp8, 1); got != float64(perRank8) {
 		t.Errorf("fp8 dispatch calls, host backend: %v, want %d", got, perRank8)
 	}
@@ -46,13 +48,20 @@ func TestMinHostBytes(t *testing.T) {
 		t.Errorf("fp8 with combine, host backend: %v, want %d", got, perRank8+3*100*2048)
 	}
 	c.Backend = BackendCUDA
-	if got, want := minHostBytes(c, fp8, 1), 4*100*8*4+100*(1024+8*4)+100*8*4+100*2048; got != float64(want) {
+	if got, want := minHostBytes(c, fp8, 1), 4*100*8*4+100*(1024+8*4)+100*8*4+100*2048+tables; got != float64(want) {
 		t.Errorf("fp8 with combine, cuda backend: %v, want %d", got, want)
 	}
 	// Sizes Validate allows whose product overflows int64.
 	cs.Tokens, cs.Hidden = maxSize, maxSize
 	if got := minHostBytes(c, cs, maxSize); got < 1e27 {
 		t.Errorf("largest sizes: %v, want their product (no overflow)", got)
+	}
+	// The layout's tables alone: thousands of ranks with no tokens (they
+	// once counted nothing, and such a run took all of the machine).
+	c.Ranks, c.Experts = 2048, 2048
+	cs.Tokens, cs.Hidden = 0, 1
+	if got, want := minHostBytes(c, cs, 2048), 2048*8*(2*2048*2048+2*2048*2048.0); got != want {
+		t.Errorf("2048 ranks, 0 tokens: %v, want %v (the layout's tables)", got, want)
 	}
 }
 
