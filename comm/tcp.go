@@ -663,6 +663,12 @@ func (g *tcpGroup) round(ctx context.Context, op tcpOp, p []byte) ([]byte, error
 		testHookBeforeContrib(g)
 	}
 	h := frameHeader{Type: fContrib, Op: op, GID: g.gid, Seq: seq, Rank: int32(g.rank)}
+	if len(p) > maxFramePayload {
+		// Too large for a frame: the round fails on every member with
+		// this reason (the server answers fFail), the connection intact.
+		h.Type = fAbandon
+		p = fmt.Appendf(nil, "its %s contribution is %d bytes, more than the %d-byte frame limit", name, len(p), maxFramePayload)
+	}
 	if err := c.send(ctx, h, p); err != nil {
 		if err := g.check(name); err != nil {
 			return nil, err

@@ -56,11 +56,12 @@ const (
 	fPeerHello                        // peer → peer (AllToAll connection): Rank the sender's world rank, Seq the world id; payload peerHello
 	fPeerData                         // peer → peer: Rank's AllToAll part for round (GID, Seq); payload the bytes
 	fPeerBye                          // peer → peer: the sender closes group GID (0: the world; EOF after it is not a loss)
+	fAbandon                          // client → server: this member cannot take part in round (GID, Seq); payload why
 	frameTypeEnd
 )
 
 var frameTypeNames = [...]string{"", "hello", "welcome", "reject", "contrib", "result", "fail", "query",
-	"missing", "bye", "groupbye", "lost", "closed", "groupclosed", "shutdown", "peerhello", "peerdata", "peerbye"}
+	"missing", "bye", "groupbye", "lost", "closed", "groupclosed", "shutdown", "peerhello", "peerdata", "peerbye", "abandon"}
 
 func (t frameType) String() string {
 	if int(t) < len(frameTypeNames) && t != 0 {

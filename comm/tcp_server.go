@@ -372,7 +372,13 @@ func (s *tcpServer) handle(sc *srvConn, h frameHeader, p []byte) error {
 		if !s.welcomed {
 			return fmt.Errorf("rank %d sent a contribution before the welcome", sc.rank)
 		}
-		s.contribLocked(sc, h, p)
+		s.contribLocked(sc, h, p, "")
+		return nil
+	case fAbandon:
+		if !s.welcomed {
+			return fmt.Errorf("rank %d abandoned a round before the welcome", sc.rank)
+		}
+		s.contribLocked(sc, h, nil, fmt.Sprintf("rank %d cannot take part in collective %d: %s", sc.rank, h.Seq, p))
 		return nil
 	case fBye:
 		sc.bye = true
@@ -406,7 +412,10 @@ func (s *tcpServer) handle(sc *srvConn, h frameHeader, p []byte) error {
 	return fmt.Errorf("rank %d sent an unexpected %s frame", sc.rank, h.Type)
 }
 
-func (s *tcpServer) contribLocked(sc *srvConn, h frameHeader, p []byte) {
+// contribLocked takes member sc's contribution p to round (h.GID, h.Seq),
+// or, when abandon is set, its report that it cannot take part: the round
+// then fails on every member with that message.
+func (s *tcpServer) contribLocked(sc *srvConn, h frameHeader, p []byte, abandon string) {
 	reply := func(t frameType, p []byte) {
 		sc.send(frameHeader{Type: t, Op: h.Op, GID: h.GID, Seq: h.Seq}, p)
 	}
@@ -435,6 +444,8 @@ func (s *tcpServer) contribLocked(sc *srvConn, h frameHeader, p []byte) {
 	}
 	var msg string
 	switch {
+	case abandon != "":
+		msg = abandon
 	case rd.arrived[me]:
 		msg = fmt.Sprintf("rank %d contributed twice to round %d", me, h.Seq)
 	case rd.op != h.Op:
@@ -471,6 +482,18 @@ func (s *tcpServer) contribLocked(sc *srvConn, h frameHeader, p []byte) {
 	}
 	delete(g.rounds, h.Seq)
 	replies := s.completeLocked(g, rd)
+	for i, r := range replies {
+		if len(r) > maxFramePayload {
+			// Every member is told, and every connection stays usable.
+			msg := fmt.Sprintf("collective %d (%s): the result for rank %d is %d bytes, more than the %d-byte frame limit",
+				h.Seq, h.Op, i, len(r), maxFramePayload)
+			g.failed[h.Seq] = msg
+			for _, w := range g.members {
+				s.conns[w].send(frameHeader{Type: fFail, Op: h.Op, GID: h.GID, Seq: h.Seq}, []byte(msg))
+			}
+			return
+		}
+	}
 	for i, w := range g.members {
 		s.conns[w].send(frameHeader{Type: fResult, Op: h.Op, GID: h.GID, Seq: h.Seq}, replies[i])
 	}

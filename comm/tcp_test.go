@@ -887,3 +887,37 @@ func TestTCPChildProcess(t *testing.T) {
 	}
 	fmt.Printf("RESULT lost=%v: %v\n", pe.Ranks, err)
 }
+
+// TestTCPOverFrameLimit: a collective whose contribution or result does
+// not fit a frame (1 GiB) fails on every rank with an error saying so,
+// and the group stays usable. (It broke every rank's connection, each
+// reporting rank 0 lost.)
+func TestTCPOverFrameLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves over a GiB")
+	}
+	gs := tcpWorld(t, 2)
+	for _, tc := range []struct {
+		name string
+		size func(r int) int
+		want string
+	}{
+		{"result", func(int) int { return 600 << 20 }, "the result for rank 0 is"},
+		{"contribution", func(r int) int { return (maxFramePayload + 1) * (1 - r) }, "rank 0 cannot take part in collective"},
+	} {
+		errs := make([]error, len(gs))
+		var wg sync.WaitGroup
+		for r, g := range gs {
+			wg.Go(func() {
+				_, errs[r] = g.AllGather(t.Context(), make([]byte, tc.size(r)))
+			})
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "frame limit") {
+				t.Errorf("%s: rank %d: %v, want an error saying %q and naming the frame limit", tc.name, r, err, tc.want)
+			}
+		}
+		each(t, gs, func(g Group) error { return g.Barrier(t.Context()) }) // the group still works
+	}
+}
