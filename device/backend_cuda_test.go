@@ -226,6 +226,39 @@ func TestCUDATrimMemory(t *testing.T) {
 	}
 }
 
+// TestCUDATrimMemoryLetsOthersLaunch: while TrimMemory waits for the GPU
+// to drain, other goroutines still enqueue work (it once waited holding
+// the driver lock, which every launch takes, so goroutine ranks whose
+// kernels wait for each other's next launch stalled until their timeout).
+// The order is what is checked: an allocation and a memset on another
+// stream return while TrimMemory, behind 2 s of GPU work, has not.
+func TestCUDATrimMemoryLetsOthersLaunch(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	u := newCUDAStream(t, c)
+	delay(t, s, 2*time.Second)
+	trimmed := make(chan error, 1)
+	go func() { trimmed <- c.TrimMemory() }()
+	time.Sleep(300 * time.Millisecond) // TrimMemory is waiting for the GPU by now
+	b, err := u.Alloc(1 << 20)
+	if err == nil {
+		err = u.Memset(b, 0, 1<<20, 7)
+		u.Free(b)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-trimmed:
+		t.Fatalf("TrimMemory returned (%v) before the other stream's enqueue: it held the driver while the GPU drained", err)
+	default:
+	}
+	if err := <-trimmed; err != nil {
+		t.Fatal(err)
+	}
+	syncCUDA(t, u)
+}
+
 // roundTrip uploads want into x, downloads x and fails t if the bytes
 // differ.
 func roundTrip(t *testing.T, x *Tensor, want []byte) {

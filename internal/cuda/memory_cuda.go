@@ -40,7 +40,10 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // deferredFree is a cuMemAlloc'd block whose free waits for an event.
@@ -412,21 +415,42 @@ func (d *Device) closePool() error {
 // TrimPool waits for all work of the context (cuCtxSynchronize: the pool
 // releases only memory whose frees it has seen complete), then hands the
 // memory the pool keeps reserved, beyond keep bytes, back to the driver
-// (cuMemPoolTrimTo). Without memory pools it does nothing.
+// (cuMemPoolTrimTo). Without memory pools it does nothing. The wait runs
+// outside Do, with the context current on this locked thread: Do's lock
+// held through it would stop every other goroutine's launches while a
+// kernel may wait for one of them (goroutine ranks sharing the GPU).
 func (d *Device) TrimPool(keep int) error {
 	if err := checkSize("trim pool", keep); err != nil {
+		return err
+	}
+	if err := d.syncUnlocked(); err != nil {
 		return err
 	}
 	return d.Do(func() error {
 		if d.pool == nil {
 			return nil
 		}
-		// The pool releases only memory whose frees it has seen complete.
-		if err := result("cuCtxSynchronize", C.cuCtxSynchronize()); err != nil {
-			return err
-		}
 		return result("cuMemPoolTrimTo", C.cuMemPoolTrimTo(d.pool, C.size_t(keep)))
 	})
+}
+
+// syncUnlocked is cuCtxSynchronize without Do's lock (inside a Do of this
+// device, under it: the thread holds it already).
+func (d *Device) syncUnlocked() error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if d.owner.Load() == int64(unix.Gettid()) {
+		return result("cuCtxSynchronize", C.cuCtxSynchronize())
+	}
+	if d.closed.Load() {
+		return fmt.Errorf("cuda: device %d: %w", d.ordinal, ErrClosed)
+	}
+	restore, err := d.makeCurrent()
+	if err != nil {
+		return err
+	}
+	defer restore()
+	return result("cuCtxSynchronize", C.cuCtxSynchronize())
 }
 
 // PoolReserved is the device memory the pool holds, in use or kept for
