@@ -1044,6 +1044,9 @@ func (s *CUDAStream) Launch(k *Kernel, grid, block [3]uint32, shared uint32, arg
 	return nil
 }
 
+// Capturing reports whether a capture (BeginCapture) is in progress on s.
+func (s *CUDAStream) Capturing() bool { return s.capturing.Load() }
+
 // noteUse records s as a user of the memory of bufs allocated on another
 // stream (Tensor.Close or a cleanup frees it on that stream, which then
 // waits for s's work first: waitUsers). Memory of no goep stream (wrapped)

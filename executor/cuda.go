@@ -607,7 +607,11 @@ func (g *gpuEngine) newTables(sizes []int) (*gpuTables, error) {
 
 // ready checks a handle on the host before its GPU work is enqueued: under
 // OverflowError an over-capacity layout skips the work on every rank (all
-// ranks see all counts) and Synchronize reports the CapacityError.
+// ranks see all counts) and Synchronize reports the CapacityError. While
+// the stream captures, the work is recorded all the same: the graph's
+// replays follow later Relayouts, which may fit, and the kernels drop the
+// rows past capacity as under OverflowDrop (the tables are built so under
+// both policies), so nothing is written out of bounds.
 func (g *gpuEngine) ready(h *Handle) bool {
 	if h.lay == nil || h.gpu == nil {
 		if g.pending == nil {
@@ -620,7 +624,7 @@ func (g *gpuEngine) ready(h *Handle) bool {
 			if g.pending == nil {
 				g.pending = err
 			}
-			return false
+			return g.s.Capturing()
 		}
 	}
 	return true

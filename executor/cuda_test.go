@@ -907,3 +907,92 @@ func TestCUDAUnaligned(t *testing.T) {
 		t.Errorf("the engine after the refused call: %v", err)
 	}
 }
+
+// TestCUDACaptureOverCapacity: capacity mode under OverflowError, a
+// DispatchPermuteInto captured while its handle's layout is over capacity
+// is recorded all the same (the CapacityError comes with the next
+// Synchronize), so that a replay after a Relayout that fits gives the
+// eager call's results. (The capture once recorded nothing, and the
+// replays left the outputs as they were.)
+func TestCUDACaptureOverCapacity(t *testing.T) {
+	b := needGPU(t)
+	ctx := t.Context()
+	const T, H, K = 32, 128, 2
+	cfg := executor.Config{NumExperts: 4, TopK: K, Hidden: H, MaxTokensPerRank: T, Mode: executor.Capacity,
+		Overflow: executor.OverflowError, MaxRecvTokens: 16, MaxPermutedTokens: 32}
+	e, err := executor.New(ctx, comm.NewLocal(1)[0], b, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	routing := func(tokens int) []byte { // the first tokens to experts 0 and 1, the rest nowhere
+		idx := make([]int32, T*K)
+		for i := range idx {
+			idx[i] = -1
+			if i/K < tokens {
+				idx[i] = int32(i % K)
+			}
+		}
+		return device.EncodeInt32(idx)
+	}
+	x := make([]byte, T*H*2)
+	for i := range x {
+		x[i] = byte(i*5 + i/(H*2))
+	}
+	ti, _ := e.NewTensor(device.Int32, T, K)
+	xt, _ := e.NewTensor(device.BF16, T, H)
+	if err := errors.Join(device.Upload(ctx, ti, routing(T)), device.Upload(ctx, xt, x)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti}) // 32 rows for a capacity of 16
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Synchronize(ctx); !errors.Is(err, executor.ErrCapacityExceeded) {
+		t.Fatalf("layout over capacity: %v, want ErrCapacityExceeded", err)
+	}
+	px, _ := e.NewTensor(device.BF16, h.PermutedRows(), H)
+	idx, _ := e.NewTensor(device.Int32, h.RecvRows(), K)
+	dp := executor.DispatchPermuteOutput{X: px, RecvIdx: idx}
+	cs := e.Stream().(*device.CUDAStream)
+	if err := cs.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	cerr := e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: xt}, dp)
+	graph, err := cs.EndCapture()
+	if err = errors.Join(cerr, err); err != nil {
+		t.Fatal(err)
+	}
+	defer graph.Close()
+	if err := e.Synchronize(ctx); !errors.Is(err, executor.ErrCapacityExceeded) {
+		t.Fatalf("capture over capacity: %v, want ErrCapacityExceeded", err)
+	}
+	if err := device.Upload(ctx, ti, routing(8)); err != nil { // 8 rows: fits
+		t.Fatal(err)
+	}
+	if err := e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: ti}); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(graph.Launch(cs), e.Synchronize(ctx)); err != nil {
+		t.Fatalf("replay after a layout that fits: %v", err)
+	}
+	got, err := device.Download(ctx, px)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := e.DispatchPermute(ctx, h2, executor.DispatchInput{X: xt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := device.Download(ctx, ref.X)
+	if err = errors.Join(err, e.Synchronize(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("the replay of a call captured over capacity differs from the eager call after the same layout")
+	}
+}
