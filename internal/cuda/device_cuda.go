@@ -258,10 +258,7 @@ func (d *Device) Do(f func() error) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed.Load() {
-		return fmt.Errorf("cuda: device %d: %w", d.ordinal, ErrClosed)
-	}
-	restore, err := d.makeCurrent()
+	restore, err := d.openCurrent()
 	if err != nil {
 		return err
 	}
@@ -269,6 +266,14 @@ func (d *Device) Do(f func() error) error {
 	d.owner.Store(tid)
 	defer d.owner.Store(0)
 	return f()
+}
+
+// openCurrent is makeCurrent for a device not closed.
+func (d *Device) openCurrent() (restore func(), err error) {
+	if d.closed.Load() {
+		return nil, fmt.Errorf("cuda: device %d: %w", d.ordinal, ErrClosed)
+	}
+	return d.makeCurrent()
 }
 
 // makeCurrent makes the device's context current on the calling thread,

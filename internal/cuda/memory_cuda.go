@@ -442,10 +442,7 @@ func (d *Device) syncUnlocked() error {
 	if d.owner.Load() == int64(unix.Gettid()) {
 		return result("cuCtxSynchronize", C.cuCtxSynchronize())
 	}
-	if d.closed.Load() {
-		return fmt.Errorf("cuda: device %d: %w", d.ordinal, ErrClosed)
-	}
-	restore, err := d.makeCurrent()
+	restore, err := d.openCurrent()
 	if err != nil {
 		return err
 	}
