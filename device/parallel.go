@@ -79,18 +79,30 @@ func (p Parallel) forWorkers(n, grain int, fn func(w, lo, hi int)) {
 		fn(0, 0, n)
 		return
 	}
+	chunk := (n + workers - 1) / workers
+	runWorkers(workers, func(w int) {
+		if lo := w * chunk; lo < n {
+			fn(w, lo, min(lo+chunk, n))
+		}
+	})
+}
+
+// runWorkers runs body(w) for w < workers, worker 0 on the caller's
+// goroutine and the others on goroutines of their own, and returns when
+// all have. A worker's panic is raised again here, on the caller's
+// goroutine (firstPanic).
+func runWorkers(workers int, body func(w int)) {
 	var wg sync.WaitGroup
 	var pv firstPanic
-	chunk := (n + workers - 1) / workers
-	for w, lo := 1, chunk; lo < n; w, lo = w+1, lo+chunk {
+	for w := 1; w < workers; w++ {
 		wg.Go(func() {
 			defer pv.catch()
-			fn(w, lo, min(lo+chunk, n))
+			body(w)
 		})
 	}
 	func() {
 		defer pv.catch()
-		fn(0, 0, min(chunk, n))
+		body(0)
 	}()
 	wg.Wait()
 	pv.raise()
@@ -142,18 +154,5 @@ func (p Parallel) dynamic(n, workers int, fn func(w, lo, hi int)) {
 			fn(w, lo, min(lo+c, n))
 		}
 	}
-	var wg sync.WaitGroup
-	var pv firstPanic
-	for w := 1; w < workers; w++ {
-		wg.Go(func() {
-			defer pv.catch()
-			work(w)
-		})
-	}
-	func() {
-		defer pv.catch()
-		work(0)
-	}()
-	wg.Wait()
-	pv.raise()
+	runWorkers(workers, work)
 }

@@ -133,7 +133,7 @@ func (e *Engine) Layout(ctx context.Context, in LayoutInput) (*Handle, error) {
 // would read the rest of the buffer as more tokens' routing. The caller
 // closes the copy.
 func (e *Engine) exactRouting(idx *device.Tensor) (*device.Tensor, error) {
-	if idx.Buffer().Size() == idx.Len()*device.Int32.Size() {
+	if idx.Buffer().Size() == len(idx.Bytes()) {
 		return idx, nil
 	}
 	c, err := e.NewTensor(device.Int32, idx.Shape()...)
