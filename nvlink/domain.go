@@ -119,7 +119,6 @@ type Domain struct {
 	rank    int   // index in the domain
 	global  []int // global rank of each domain index
 	timeout time.Duration
-	ctrlBuf *device.Buffer
 	ctrl    []byte   // my control block
 	peers   [][]byte // every member's control block, mine included
 	pids    []int    // every member's process
@@ -170,7 +169,7 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 	h := export(buf)
 	var hb [handleSize]byte
 	h.encode(hb[:])
-	d := &Domain{rank: g.Rank(), global: global, timeout: timeout, ctrlBuf: buf, ctrl: buf.Host(), maps: map[mapKey]*device.Mapping{}}
+	d := &Domain{rank: g.Rank(), global: global, timeout: timeout, ctrl: buf.Host(), maps: map[mapKey]*device.Mapping{}}
 	ctrlUsers.Lock()
 	d.use(buf)
 	ctrlUsers.Unlock()
@@ -520,7 +519,7 @@ func (d *Domain) Close() {
 		b.FreeToSystem()
 	}
 	ctrlUsers.Unlock()
-	d.used, d.ctrlBuf = nil, nil
+	d.used = nil
 	for k, m := range d.maps {
 		_ = m.Unmap()
 		delete(d.maps, k)
