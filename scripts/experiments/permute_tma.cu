@@ -101,6 +101,26 @@
 //	              double-buffered); G = 8, 4, 2, 1 with blocks of 1024,
 //	              512, 256, 256 threads
 //
+// The traffic mix's bound (diagnostics, sixteenth session; not permutes,
+// not checked). Their GB/s count the permute's bytes (tokens + P rows),
+// so their ratio is what a permute moving the same bytes in that mix
+// would reach if the data dependency and the addresses cost nothing:
+//
+//	readx         the tokens' rows read, nothing written (GB/s of the
+//	              bytes read)
+//	mixblk        one kernel, (topk + 1) x tokens blocks: in every group of
+//	              topk + 1, one block reads a token's row (xored into a
+//	              sink) and topk blocks store a constant to that token's
+//	              topk rows of out (consecutive); no store waits for a load
+//	mixstream     cudaMemsetAsync of the P rows on one stream while a
+//	              kernel on a second stream reads the tokens' rows: the
+//	              driver's write path and the read path at once
+//	mixcopy       mixstream with P rows read instead of tokens (the
+//	              copy's 1:1 mix; GB/s of 2 x P rows): is mixstream a fair
+//	              way to run a mix?
+//	indep         exact's shape and addresses, the stores a constant
+//	              independent of the loads (the loads xored into a sink)
+//
 // Unpermute's shape (not checked): usum sums each token's k permuted rows
 // of y (weight 0.5, fp32, plain IEEE: no NaN rules), one block per token,
 // a unit's k loads in flight together; uread does the loads only. copy2
@@ -117,6 +137,8 @@
 #include <random>
 #include <string>
 #include <cstring>
+#include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -391,6 +413,112 @@ __global__ void stage(const uint4 *__restrict__ x, int64_t n, uint32_t *sink, bo
 	}
 }
 
+// readrows: loads units [0, n) of x, 4 units a thread in flight,
+// grid-stride; the xor of everything goes to sink only if it is a value
+// it never is (so the loads are not dropped).
+__global__ void readrows(const uint4 *__restrict__ x, int64_t n, uint32_t *sink)
+{
+	const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+	uint32_t acc = 0;
+	for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n; u += 4 * stride) {
+		uint4 v[4];
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			v[q] = u + q * stride < n ? x[u + q * stride] : make_uint4(0, 0, 0, 0);
+		}
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			acc ^= v[q].x ^ v[q].y ^ v[q].z ^ v[q].w;
+		}
+	}
+	if (acc == 0x9e3779b9u && sink != nullptr) {
+		*sink = acc;
+	}
+}
+
+// mixblk: the permute's traffic with no store waiting for a load. Block
+// b of (k + 1) x n: g = b / (k + 1), r = b % (k + 1); r == 0 reads row g
+// of x, r > 0 stores a constant to row g x k + r - 1 of out. Blocks start
+// roughly in order, so the reads spread evenly over the writes.
+__global__ void mixblk(uint4 *__restrict__ out, const uint4 *__restrict__ x, int64_t n, int32_t k, int64_t units,
+		       uint32_t *sink, const int32_t *__restrict__ pos = nullptr, bool front = false)
+{
+	int64_t g = blockIdx.x / (k + 1), r = blockIdx.x % (k + 1);
+	if (front) {
+		// Blocks [0, n) read, the rest write: the reads in a burst first.
+		if (blockIdx.x < n) {
+			g = blockIdx.x, r = 0;
+		} else {
+			g = (blockIdx.x - n) / k, r = (blockIdx.x - n) % k + 1;
+		}
+	}
+	if (g >= n) {
+		return;
+	}
+	if (r == 0) {
+		const uint4 *s = x + g * units;
+		uint32_t acc = 0;
+		for (int64_t u = threadIdx.x; u < units; u += 4 * (int64_t)blockDim.x) {
+			uint4 v[4];
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				v[q] = u + q * blockDim.x < units ? s[u + q * blockDim.x] : make_uint4(0, 0, 0, 0);
+			}
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				acc ^= v[q].x ^ v[q].y ^ v[q].z ^ v[q].w;
+			}
+		}
+		if (acc == 0x9e3779b9u && sink != nullptr) {
+			*sink = acc;
+		}
+		return;
+	}
+	uint4 *d = out + (pos != nullptr ? (int64_t)pos[g * k + r - 1] : g * k + r - 1) * units;
+	const uint4 c = make_uint4((uint32_t)g, (uint32_t)r, 0, 0);
+	for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+		d[u] = c;
+	}
+}
+
+// indep: exact's shape (4 units a thread, one block per token, the same
+// destinations) with every store a constant: the loads are still made
+// (xored into sink) but no store waits for them.
+__global__ void indep(uint4 *__restrict__ out, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
+		      int64_t n, int32_t k, int64_t units, uint32_t *sink, bool seq = false)
+{
+	int64_t i = blockIdx.x;
+	if (i >= n) {
+		return;
+	}
+	const uint4 *s = x + i * units;
+	const uint4 c = make_uint4((uint32_t)i, 0, 0, 0);
+	uint32_t acc = 0;
+	for (int64_t u0 = threadIdx.x; u0 < units; u0 += 4 * (int64_t)blockDim.x) {
+		uint4 v[4];
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			v[q] = u0 + q * blockDim.x < units ? s[u0 + q * blockDim.x] : make_uint4(0, 0, 0, 0);
+		}
+		for (int32_t j = 0; j < k; j++) {
+			uint4 *d = out + (seq ? i * k + j : (int64_t)pos[i * k + j]) * units;
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				if (u0 + q * blockDim.x < units) {
+					d[u0 + q * blockDim.x] = c;
+				}
+			}
+		}
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			acc ^= v[q].x ^ v[q].y ^ v[q].z ^ v[q].w;
+		}
+	}
+	if (acc == 0x9e3779b9u && sink != nullptr) {
+		*sink = acc;
+	}
+}
+
 // phased: reads and writes in separate phases across the whole GPU. One
 // block per SM (a cooperative launch), rounds of g tokens a block: every
 // block loads its g rows into shared memory (cp.async), the grid synchronizes, every
@@ -399,8 +527,10 @@ __global__ void stage(const uint4 *__restrict__ x, int64_t n, uint32_t *sink, bo
 // same shape without the global phases).
 template <bool GRID>
 __global__ void phased(uint4 *__restrict__ out, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
-		       int64_t n, int32_t k, int64_t units, int32_t g)
+		       int64_t n, int32_t k, int64_t units, int32_t g, int32_t mode)
 {
+	// mode (diagnostics): bit 0 skips the loads, bit 1 the stores; bit 2
+	// stores each token's k rows consecutively instead of at pos.
 	extern __shared__ uint4 rows[];
 	namespace cg = cooperative_groups;
 	const int64_t perRound = (int64_t)gridDim.x * g;
@@ -409,7 +539,7 @@ __global__ void phased(uint4 *__restrict__ out, const uint4 *__restrict__ x, con
 		// The loads as asynchronous copies (cp.async, sm_80): all of them
 		// in flight at once, none through registers.
 		for (int32_t r = 0; r < g; r++) {
-			if (t0 + r < n) {
+			if (t0 + r < n && (mode & 1) == 0) {
 				for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
 					asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
 							     (uint32_t)__cvta_generic_to_shared(&rows[r * units + u])),
@@ -424,13 +554,14 @@ __global__ void phased(uint4 *__restrict__ out, const uint4 *__restrict__ x, con
 			cg::this_grid().sync();
 		}
 		for (int32_t r = 0; r < g; r++) {
-			if (t0 + r >= n) {
+			if (t0 + r >= n || (mode & 2) != 0) {
 				break;
 			}
 			for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
 				uint4 v = rows[r * units + u];
 				for (int32_t j = 0; j < k; j++) {
-					out[(int64_t)pos[(t0 + r) * k + j] * units + u] = v;
+					const int64_t p = (mode & 4) != 0 ? (t0 + r) * k + j : (int64_t)pos[(t0 + r) * k + j];
+					out[p * units + u] = v;
 				}
 			}
 		}
@@ -438,6 +569,143 @@ __global__ void phased(uint4 *__restrict__ out, const uint4 *__restrict__ x, con
 		if (GRID) {
 			cg::this_grid().sync();
 		}
+	}
+}
+
+// phasedx: phased with the rows of a round flat (a block's g rows of x
+// are consecutive, so the loads are one cp.async per 16 bytes over
+// cnt x units, no idle threads), any number of blocks an SM, and two
+// shapes of the store phase: WARPROW false, a thread stores its units k
+// times (as phased); WARPROW true, warp w writes whole destination rows
+// (row r, slot j), 4 units a lane in flight. GRID: the grid synchronizes
+// after the loads and after the stores (cooperative launch), so every
+// round's reads reach DRAM as one burst.
+//
+// IL (interleaved): a block's rows of a round are tokens base + i x
+// gridDim.x + blockIdx.x (i < g) instead of g consecutive ones, so that
+// at any moment the blocks store consecutive tokens' rows (next to each
+// other within each expert's part of out).
+template <bool GRID, bool WARPROW, bool IL = false>
+__global__ void phasedx(uint4 *__restrict__ out, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
+			int32_t n, int32_t k, int32_t units, int32_t g, int32_t flags)
+{
+	// flags: bit 0 streaming stores (st.global.cs); bit 1 the loads with
+	// the L2 evict-first policy.
+	extern __shared__ uint4 rows[];
+	namespace cg = cooperative_groups;
+	const uint64_t first = policy(false);
+	const int32_t perRound = (int32_t)gridDim.x * g;
+	for (int32_t base = 0; base < n; base += perRound) {
+		// Row i of this block is token t0 + i x step.
+		const int32_t t0 = IL ? base + (int32_t)blockIdx.x : base + (int32_t)blockIdx.x * g;
+		const int32_t step = IL ? (int32_t)gridDim.x : 1;
+		const int32_t cnt = t0 >= n ? 0 : min(g, (n - t0 + step - 1) / step);
+		for (int32_t i = threadIdx.x; i < cnt * units; i += blockDim.x) {
+			const int32_t r = i / units, u = i - r * units;
+			if (flags & 2) {
+				asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(
+						     (uint32_t)__cvta_generic_to_shared(&rows[i])),
+					     "l"(x + (int64_t)(t0 + r * step) * units + u), "l"(first)
+					     : "memory");
+			} else {
+				asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+						     (uint32_t)__cvta_generic_to_shared(&rows[i])),
+					     "l"(x + (int64_t)(t0 + r * step) * units + u)
+					     : "memory");
+			}
+		}
+		asm volatile("cp.async.wait_all;" ::: "memory");
+		__syncthreads();
+		if (GRID) {
+			cg::this_grid().sync();
+		}
+		if (WARPROW) {
+			const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+			for (int32_t idx = warp; idx < cnt * k; idx += warps) {
+				const int32_t r = idx / k;
+				uint4 *d = out + (int64_t)pos[(int64_t)(t0 + r * step) * k + idx % k] * units;
+				const uint4 *sr = rows + r * units;
+				for (int32_t u = lane; u < units; u += 4 * 32) {
+					uint4 v[4];
+#pragma unroll
+					for (int q = 0; q < 4; q++) {
+						if (u + q * 32 < units) {
+							v[q] = sr[u + q * 32];
+						}
+					}
+#pragma unroll
+					for (int q = 0; q < 4; q++) {
+						if (u + q * 32 < units) {
+							d[u + q * 32] = v[q];
+						}
+					}
+				}
+			}
+		} else {
+			for (int32_t i = threadIdx.x; i < cnt * units; i += blockDim.x) {
+				const int32_t r = i / units, u = i - r * units;
+				const uint4 v = rows[i];
+				const int32_t *pr = pos + (int64_t)(t0 + r * step) * k;
+				for (int32_t j = 0; j < k; j++) {
+					if (flags & 1) {
+						__stcs(out + (int64_t)pr[j] * units + u, v);
+					} else {
+						out[(int64_t)pr[j] * units + u] = v;
+					}
+				}
+			}
+		}
+		__syncthreads();
+		if (GRID) {
+			cg::this_grid().sync();
+		}
+	}
+}
+
+// psort: phasedx (no grid sync) whose store phase runs in the order of
+// the destination rows: after its rows are in shared memory, a block
+// ranks its g x k (row, slot) pairs by position (each pair's rank is the
+// number of pairs with a smaller position; positions are distinct) and
+// then stores whole rows in that order, the block on one row at a time.
+// Every block sweeps its part of out from low positions to high, so the
+// rows being written across the GPU at any moment lie close together.
+template <bool IL>
+__global__ void psort(uint4 *__restrict__ out, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
+		      int32_t n, int32_t k, int32_t units, int32_t g)
+{
+	extern __shared__ uint4 rows[];
+	int2 *order = (int2 *)(rows + (int64_t)g * units); // rank -> (position, row)
+	const int32_t perRound = (int32_t)gridDim.x * g;
+	for (int32_t base = 0; base < n; base += perRound) {
+		const int32_t t0 = IL ? base + (int32_t)blockIdx.x : base + (int32_t)blockIdx.x * g;
+		const int32_t step = IL ? (int32_t)gridDim.x : 1;
+		const int32_t cnt = t0 >= n ? 0 : min(g, (n - t0 + step - 1) / step);
+		for (int32_t i = threadIdx.x; i < cnt * units; i += blockDim.x) {
+			const int32_t r = i / units, u = i - r * units;
+			asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+					     (uint32_t)__cvta_generic_to_shared(&rows[i])),
+				     "l"(x + (int64_t)(t0 + r * step) * units + u)
+				     : "memory");
+		}
+		const int32_t pairs = cnt * k;
+		if (threadIdx.x < pairs) {
+			const int32_t r = threadIdx.x / k;
+			const int32_t p = pos[(int64_t)(t0 + r * step) * k + threadIdx.x % k];
+			int32_t rank = 0;
+			for (int32_t q = 0; q < pairs; q++) {
+				const int32_t rq = q / k;
+				rank += pos[(int64_t)(t0 + rq * step) * k + q % k] < p;
+			}
+			order[rank] = make_int2(p, r);
+		}
+		asm volatile("cp.async.wait_all;" ::: "memory");
+		__syncthreads();
+		for (int32_t i = threadIdx.x; i < pairs * units; i += blockDim.x) {
+			const int32_t q = i / units, u = i - q * units;
+			const int2 o = order[q];
+			out[(int64_t)o.x * units + u] = rows[o.y * units + u];
+		}
+		__syncthreads();
 	}
 }
 
@@ -817,19 +1085,103 @@ static size_t sSmem, sPhasedSmem;
 // phasedRun launches phased on one block of 1024 threads per SM (GRID:
 // cooperatively, so that the grid can synchronize).
 template <bool GRID>
-static void phasedRun(cudaStream_t s)
+static void phasedRun(cudaStream_t s, int32_t mode = 0, int32_t rows = 0)
 {
 	uint4 *out = (uint4 *)sout;
 	const uint4 *x = (const uint4 *)sx;
 	const int32_t *pos = spos;
 	int64_t n = sT, units = sUnits;
-	int32_t k = sk, g = sPhasedG;
-	void *args[] = {&out, &x, &pos, &n, &k, &units, &g};
+	int32_t k = sk, g = rows > 0 ? std::min(rows, sPhasedG) : sPhasedG;
+	void *args[] = {&out, &x, &pos, &n, &k, &units, &g, &mode};
 	if (GRID) {
 		CHECK(cudaLaunchCooperativeKernel((void *)phased<true>, sSMs, 1024, args, sPhasedSmem, s));
 	} else {
 		CHECK(cudaLaunchKernel((void *)phased<false>, sSMs, 1024, args, sPhasedSmem, s));
 	}
+}
+
+// phasedxRun launches phasedx with B blocks of T threads an SM (fewer
+// if they do not fit), each holding as many rows as its share of the
+// SM's shared memory allows (at most cap when cap > 0), rounds balanced;
+// flags go to the kernel.
+template <bool GRID, bool WARPROW, bool IL = false>
+static void phasedxRun(cudaStream_t s, int B, int T, int cap = 0, int32_t flags = 0)
+{
+	static std::map<std::tuple<int, int, int>, std::pair<int, int32_t>> shapes;
+	auto key = std::make_tuple(B, T, cap);
+	if (shapes.count(key) == 0) {
+		int optin = 0, dev = 0, smPer = 0;
+		CHECK(cudaGetDevice(&dev));
+		CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+		CHECK(cudaDeviceGetAttribute(&smPer, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+		int64_t gmax = std::min<int64_t>(optin, smPer / B - 1024) / sRow;
+		CHECK(cudaFuncSetAttribute(phasedx<GRID, WARPROW, IL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					   (int)std::max<int64_t>(gmax * sRow, 0)));
+		if (cap > 0) {
+			gmax = std::min<int64_t>(gmax, cap);
+		}
+		int per = 0;
+		CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, phasedx<GRID, WARPROW, IL>, T, gmax * sRow));
+		per = std::min(per, B);
+		if (per < 1 || gmax < 1) {
+			fprintf(stderr, "phasedx: B %d T %d does not fit\n", B, T);
+			exit(2);
+		}
+		const int64_t blocks = (int64_t)sSMs * per;
+		const int64_t rounds = (sT + blocks * gmax - 1) / (blocks * gmax);
+		const int32_t g = (int32_t)((sT + blocks * rounds - 1) / (blocks * rounds));
+		shapes[key] = {(int)blocks, g};
+		printf("# phasedx<%d,%d,%d> B %d T %d cap %d: %lld blocks (%d an SM), %d rows a block a round, %lld rounds\n",
+		       GRID, WARPROW, IL, B, T, cap, (long long)blocks, per, g, (long long)rounds);
+	}
+	uint4 *out = (uint4 *)sout;
+	const uint4 *x = (const uint4 *)sx;
+	const int32_t *pos = spos;
+	int32_t n = (int32_t)sT, k = sk, units = (int32_t)sUnits, g = shapes[key].second;
+	const int grid = shapes[key].first;
+	void *args[] = {&out, &x, &pos, &n, &k, &units, &g, &flags};
+	const size_t smem = (size_t)g * sRow;
+	if (GRID) {
+		CHECK(cudaLaunchCooperativeKernel((void *)phasedx<GRID, WARPROW, IL>, grid, T, args, smem, s));
+	} else {
+		CHECK(cudaLaunchKernel((void *)phasedx<GRID, WARPROW, IL>, grid, T, args, smem, s));
+	}
+}
+
+// psortRun launches psort with B blocks of T threads an SM, as many rows
+// a block as its share of shared memory holds (with the order table),
+// rounds balanced.
+template <bool IL>
+static void psortRun(cudaStream_t s, int B, int T)
+{
+	static std::map<std::pair<int, int>, std::pair<int, int32_t>> shapes;
+	auto key = std::make_pair(B, T);
+	if (shapes.count(key) == 0) {
+		int optin = 0, dev = 0, smPer = 0;
+		CHECK(cudaGetDevice(&dev));
+		CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+		CHECK(cudaDeviceGetAttribute(&smPer, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+		const int64_t avail = std::min<int64_t>(optin, smPer / B - 1024);
+		int64_t gmax = avail / (sRow + 8 * sk);
+		CHECK(cudaFuncSetAttribute(psort<IL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)avail));
+		int per = 0;
+		CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, psort<IL>, T, gmax * (sRow + 8 * sk)));
+		per = std::min(per, B);
+		if (per < 1 || gmax < 1 || gmax * sk > T) {
+			fprintf(stderr, "psort: B %d T %d does not fit\n", B, T);
+			exit(2);
+		}
+		const int64_t blocks = (int64_t)sSMs * per;
+		const int64_t rounds = (sT + blocks * gmax - 1) / (blocks * gmax);
+		const int32_t g = (int32_t)((sT + blocks * rounds - 1) / (blocks * rounds));
+		shapes[key] = {(int)blocks, g};
+		printf("# psort<%d> B %d T %d: %lld blocks (%d an SM), %d rows a block a round, %lld rounds\n", IL, B, T,
+		       (long long)blocks, per, g, (long long)rounds);
+	}
+	const int grid = shapes[key].first;
+	const int32_t g = shapes[key].second;
+	psort<IL><<<grid, T, (size_t)g * (sRow + 8 * sk), s>>>((uint4 *)sout, (const uint4 *)sx, spos, (int32_t)sT, sk,
+								 (int32_t)sUnits, g);
 }
 
 // staged: per chunk of tokens, stage loads the chunk's rows into L2
@@ -902,6 +1254,24 @@ static void stagedAhead(cudaStream_t s, int64_t chunk)
 						      hi - lo, sk, sUnits, 3);
 		CHECK(cudaEventRecord(sEv[1][c], s));
 	}
+}
+
+// mixRun: cudaMemsetAsync of the P rows on s while readrows reads the
+// first rows rows of src on the second stream (forked from s and joined
+// back into it, so the pair is one run on s).
+static uint32_t *sSink;
+static void mixRun(cudaStream_t s, const uint8_t *src, int64_t rows, int readBlocks = 0, bool kernel = false)
+{
+	CHECK(cudaEventRecord(sEv[1][62], s));
+	CHECK(cudaStreamWaitEvent(sS2, sEv[1][62], 0));
+	readrows<<<readBlocks > 0 ? readBlocks : sSMs, 256, 0, sS2>>>((const uint4 *)src, rows * sUnits, sSink);
+	if (kernel) {
+		kset<<<sSMs * 8, 256, 0, s>>>((uint4 *)sout, sP * sUnits);
+	} else {
+		CHECK(cudaMemsetAsync(sout, 0, sP * sRow, s));
+	}
+	CHECK(cudaEventRecord(sEv[0][62], sS2));
+	CHECK(cudaStreamWaitEvent(s, sEv[0][62], 0));
 }
 
 static void splitRun(cudaStream_t s, int32_t S)
@@ -1001,6 +1371,7 @@ int main(int argc, char **argv)
 	CHECK(cudaMalloc(&dpos, pos.size() * 4));
 	CHECK(cudaMalloc(&dsrc, src.size() * 4));
 	CHECK(cudaMalloc(&wrong, 8));
+	CHECK(cudaMalloc(&sSink, 4));
 	CHECK(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
 	CHECK(cudaMemcpy(dsrc, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
 	{
@@ -1229,6 +1600,72 @@ int main(int argc, char **argv)
 		{"uread", permBytes, false, false,
 		 [](cudaStream_t s) {
 			 usum<false><<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sy, spos, sT, sk, sUnits);
+		 }},
+		{"readx", 1.0 * tokens * rowBytes, false, false,
+		 [](cudaStream_t s) { readrows<<<sSMs * 8, 256, 0, s>>>((const uint4 *)sx, sT * sUnits, sSink); }},
+		{"mixblk", permBytes, false, false,
+		 [](cudaStream_t s) {
+			 mixblk<<<sT * (sk + 1), sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, sT, sk, sUnits, sSink);
+		 }},
+		{"mixstream", permBytes, false, false, [](cudaStream_t s) { mixRun(s, sx, sT); }},
+		{"mixcopy", 2.0 * P * rowBytes, false, false, [](cudaStream_t s) { mixRun(s, sy, sP); }},
+		{"mixtrickle", permBytes, false, false, [](cudaStream_t s) { mixRun(s, sx, sT, 8); }},
+		{"mixkset", permBytes, false, false, [](cudaStream_t s) { mixRun(s, sx, sT, 0, true); }},
+		{"mixblkpos", permBytes, false, false,
+		 [](cudaStream_t s) {
+			 mixblk<<<sT * (sk + 1), sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, sT, sk, sUnits, sSink,
+								      spos);
+		 }},
+		{"mixfront", permBytes, false, false,
+		 [](cudaStream_t s) {
+			 mixblk<<<sT * (sk + 1), sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, sT, sk, sUnits, sSink,
+								      nullptr, true);
+		 }},
+		{"mixfrontpos", permBytes, false, false,
+		 [](cudaStream_t s) {
+			 mixblk<<<sT * (sk + 1), sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, sT, sk, sUnits, sSink,
+								      spos, true);
+		 }},
+		{"phasednold", permBytes, false, false, [](cudaStream_t s) { phasedRun<true>(s, 1); }},
+		{"phasednost", permBytes, false, false, [](cudaStream_t s) { phasedRun<true>(s, 2); }},
+		{"phasedseq", permBytes, false, false, [](cudaStream_t s) { phasedRun<true>(s, 4); }},
+		{"phased8", permBytes, true, false, [](cudaStream_t s) { phasedRun<true>(s, 0, 8); }},
+		{"phased4", permBytes, true, false, [](cudaStream_t s) { phasedRun<true>(s, 0, 4); }},
+		{"px1", permBytes, true, false, [](cudaStream_t s) { phasedxRun<true, false>(s, 1, 1024); }},
+		{"px2", permBytes, true, false, [](cudaStream_t s) { phasedxRun<true, false>(s, 2, 1024); }},
+		{"px2h", permBytes, true, false, [](cudaStream_t s) { phasedxRun<true, false>(s, 2, 512); }},
+		{"px4", permBytes, true, false, [](cudaStream_t s) { phasedxRun<true, false>(s, 4, 512); }},
+		{"pw1", permBytes, true, false, [](cudaStream_t s) { phasedxRun<true, true>(s, 1, 1024); }},
+		{"pw2", permBytes, true, false, [](cudaStream_t s) { phasedxRun<true, true>(s, 2, 1024); }},
+		{"pw4", permBytes, true, false, [](cudaStream_t s) { phasedxRun<true, true>(s, 4, 512); }},
+		{"px2blk", permBytes, true, false, [](cudaStream_t s) { phasedxRun<false, false>(s, 2, 1024); }},
+		{"pw2blk", permBytes, true, false, [](cudaStream_t s) { phasedxRun<false, true>(s, 2, 1024); }},
+		{"pxi1", permBytes, true, false, [](cudaStream_t s) { phasedxRun<true, false, true>(s, 1, 1024); }},
+		{"pxi2h", permBytes, true, false, [](cudaStream_t s) { phasedxRun<true, false, true>(s, 2, 512); }},
+		{"pxi2blk", permBytes, true, false, [](cudaStream_t s) { phasedxRun<false, false, true>(s, 2, 1024); }},
+		{"pxi4blk", permBytes, true, false, [](cudaStream_t s) { phasedxRun<false, false, true>(s, 4, 512); }},
+		{"pwi2blk", permBytes, true, false, [](cudaStream_t s) { phasedxRun<false, true, true>(s, 2, 1024); }},
+		{"px4blk", permBytes, true, false, [](cudaStream_t s) { phasedxRun<false, false>(s, 4, 512); }},
+		{"pxi2c4", permBytes, true, false, [](cudaStream_t s) { phasedxRun<false, false, true>(s, 2, 1024, 4); }},
+		{"pxi2c6", permBytes, true, false, [](cudaStream_t s) { phasedxRun<false, false, true>(s, 2, 1024, 6); }},
+		{"pxi2t896", permBytes, true, false, [](cudaStream_t s) { phasedxRun<false, false, true>(s, 2, 896); }},
+		{"pxi2t768", permBytes, true, false, [](cudaStream_t s) { phasedxRun<false, false, true>(s, 2, 768); }},
+		{"pxi3t672", permBytes, true, false, [](cudaStream_t s) { phasedxRun<false, false, true>(s, 3, 672); }},
+		{"pxi2cs", permBytes, true, false,
+		 [](cudaStream_t s) { phasedxRun<false, false, true>(s, 2, 1024, 0, 1); }},
+		{"pxi2ef", permBytes, true, false,
+		 [](cudaStream_t s) { phasedxRun<false, false, true>(s, 2, 1024, 0, 2); }},
+		{"psorti2", permBytes, true, false, [](cudaStream_t s) { psortRun<true>(s, 2, 1024); }},
+		{"psort2", permBytes, true, false, [](cudaStream_t s) { psortRun<false>(s, 2, 1024); }},
+		{"psorti1", permBytes, true, false, [](cudaStream_t s) { psortRun<true>(s, 1, 1024); }},
+		{"psorti3", permBytes, true, false, [](cudaStream_t s) { psortRun<true>(s, 3, 640); }},
+		{"indepseq", permBytes, false, false,
+		 [](cudaStream_t s) {
+			 indep<<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits, sSink, true);
+		 }},
+		{"indep", permBytes, false, false,
+		 [](cudaStream_t s) {
+			 indep<<<sT, sExactBlock, 0, s>>>((uint4 *)sout, (const uint4 *)sx, spos, sT, sk, sUnits, sSink);
 		 }},
 		// The copy again, last: how far the GPU drifted during the run.
 		{"copy2", 2.0 * P * rowBytes, false, false,
