@@ -404,6 +404,20 @@ type Kernel struct {
 // Name is the kernel's name.
 func (k *Kernel) Name() string { return k.f.Name() }
 
+// SetMaxDynamicSharedMemory lets launches of the kernel ask for up to
+// bytes of dynamic shared memory (more than the default 48 KiB; at most
+// the GPU's Driver().Limits().SharedPerBlockOptin). It applies to the
+// loaded kernel, for every handle of its module.
+func (k *Kernel) SetMaxDynamicSharedMemory(bytes int) error {
+	if k.mod.closed.Load() {
+		return fmt.Errorf("device: CUDA kernel %s: module: %w", k.Name(), ErrClosed)
+	}
+	if err := k.f.SetMaxDynamicSharedMemory(bytes); err != nil {
+		return fmt.Errorf("device: CUDA kernel: %w", closedAs(err))
+	}
+	return nil
+}
+
 // CUDAStream is a Stream of the CUDA backend (a CUstream). Enqueueing
 // methods return the error of the enqueue itself and also keep the first
 // one, which the next Synchronize returns (as HostStream does with the

@@ -94,6 +94,24 @@ type Features struct {
 	StreamMemOps64 bool
 }
 
+// Limits are the sizes of a device that launch shapes depend on, read once
+// by Open (cuDeviceGetAttribute).
+type Limits struct {
+	// SMs is the number of multiprocessors.
+	SMs int
+	// SharedPerSM is the shared memory of a multiprocessor in bytes (what
+	// all its resident blocks share, ReservedSharedPerBlock of it for each
+	// block).
+	SharedPerSM int
+	// SharedPerBlockOptin is the most dynamic shared memory one block may
+	// use once its kernel allows it (Function.SetMaxDynamicSharedMemory);
+	// without that, 48 KiB.
+	SharedPerBlockOptin int
+	// ReservedSharedPerBlock is the shared memory the driver reserves for
+	// each resident block, out of SharedPerSM.
+	ReservedSharedPerBlock int
+}
+
 // Device is one GPU with its primary context retained. Every driver call
 // for it is made inside Do, one at a time, on the calling goroutine's OS
 // thread, locked for the call, with that context current.
@@ -105,6 +123,7 @@ type Device struct {
 	major   int
 	minor   int
 	feat    Features
+	limits  Limits
 
 	mu     sync.Mutex   // held by the Do in progress: calls are serialised
 	owner  atomic.Int64 // OS thread of the Do in progress, else 0
@@ -182,6 +201,20 @@ func (d *Device) describe() error {
 	if d.minor, err = d.attr(C.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR); err != nil {
 		return err
 	}
+	sizes := []struct {
+		attr C.CUdevice_attribute
+		dst  *int
+	}{
+		{C.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, &d.limits.SMs},
+		{C.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, &d.limits.SharedPerSM},
+		{C.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, &d.limits.SharedPerBlockOptin},
+		{C.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, &d.limits.ReservedSharedPerBlock},
+	}
+	for _, a := range sizes {
+		if *a.dst, err = d.attr(a.attr); err != nil {
+			return err
+		}
+	}
 	flags := []struct {
 		attr C.CUdevice_attribute
 		dst  *bool
@@ -231,6 +264,9 @@ func (d *Device) ComputeCapability() (major, minor int) { return d.major, d.mino
 
 // Features are the device's optional capabilities.
 func (d *Device) Features() Features { return d.feat }
+
+// Limits are the device's multiprocessor count and shared memory sizes.
+func (d *Device) Limits() Limits { return d.limits }
 
 // Do runs f with the device's primary context current on the calling
 // goroutine's OS thread, which stays locked to the goroutine until f

@@ -20,6 +20,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"unsafe"
 )
@@ -99,6 +100,28 @@ func (m *Module) Close() error {
 
 // Name is the kernel's name.
 func (f *Function) Name() string { return f.name }
+
+// SetMaxDynamicSharedMemory lets launches of f use up to bytes of dynamic
+// shared memory (cuFuncSetAttribute with
+// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES); without it a launch
+// asking for more than 48 KiB fails. bytes may be at most the device's
+// Limits().SharedPerBlockOptin less the kernel's static shared memory.
+func (f *Function) SetMaxDynamicSharedMemory(bytes int) error {
+	if bytes < 0 || bytes > math.MaxInt32 {
+		return fmt.Errorf("cuda: function %s: dynamic shared memory %d out of range", f.name, bytes)
+	}
+	err := f.m.d.Do(func() error {
+		if f.m.m == nil {
+			return fmt.Errorf("module: %w", ErrClosed)
+		}
+		return result("cuFuncSetAttribute", C.cuFuncSetAttribute(f.f,
+			C.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, C.int(bytes)))
+	})
+	if err != nil {
+		return fmt.Errorf("cuda: function %s: set max dynamic shared memory %d: %w", f.name, bytes, err)
+	}
+	return nil
+}
 
 // Launch enqueues fn on s with the given grid, block and dynamic shared
 // memory bytes (cuLaunchKernel). Each argument is passed at its own size,
