@@ -51,19 +51,37 @@ func BenchmarkCUDA(b *testing.B) {
 // unpermute's units apply at every topk, unitsSmallTopK being 0).
 var (
 	permuteSweep = []launchCfg{
-		{block: 128, units: 1, hints: 0}, {block: 128, units: 1, hints: 1},
-		{block: 128, units: 1, hints: 3}, {block: 128, units: 2, hints: 1},
-		{block: 256, units: 2, hints: 0}, {block: 256, units: 2, hints: 1},
-		{block: 256, units: 2, hints: 3}, {block: 128, units: 4, hints: 1},
-		{block: 256, units: 4, hints: 0}, {block: 256, units: 4, hints: 1},
-		{block: 256, units: 4, hints: 2}, {block: 256, units: 4, hints: 3},
-		{block: 512, units: 4, hints: 1}, {block: 1024, units: 4, hints: 1},
+		{block: 128, units: 1, hints: 0, staged: stagedOff}, {block: 128, units: 1, hints: 1, staged: stagedOff},
+		{block: 128, units: 1, hints: 3, staged: stagedOff}, {block: 128, units: 2, hints: 1, staged: stagedOff},
+		{block: 256, units: 2, hints: 0, staged: stagedOff}, {block: 256, units: 2, hints: 1, staged: stagedOff},
+		{block: 256, units: 2, hints: 3, staged: stagedOff}, {block: 128, units: 4, hints: 1, staged: stagedOff},
+		{block: 256, units: 4, hints: 0, staged: stagedOff}, {block: 256, units: 4, hints: 1, staged: stagedOff},
+		{block: 256, units: 4, hints: 2, staged: stagedOff}, {block: 256, units: 4, hints: 3, staged: stagedOff},
+		{block: 512, units: 4, hints: 1, staged: stagedOff}, {block: 1024, units: 4, hints: 1, staged: stagedOff},
+		// goep_permute_staged whatever the rule says.
+		{staged: stagedOn},
 	}
 	unpermuteSweep = []launchCfg{
 		{block: 128, units: 1}, {block: 256, units: 1}, {block: 128, units: 2},
 		{block: 256, units: 2}, {block: 128, units: 4}, {block: 256, units: 4}, {block: 256, units: 8},
 	}
 )
+
+// BenchmarkCUDATokens is BenchmarkCUDA for bf16 at top-8 with other
+// token counts: where Permute takes goep_permute_staged (its rule:
+// stagedMinRowsPerSM rows an SM) and where not, the sweep's "staged"
+// line and "block 256 units 4 hints 1" line (the other kernel's default)
+// side by side.
+//
+//	.gpu/permute.test -test.run '^$' -test.bench CUDATokens -test.benchtime 20x -test.v
+func BenchmarkCUDATokens(b *testing.B) {
+	const hidden, experts, topk = 7168, 64, 8
+	for _, tokens := range []int{512, 1024, 2048, 8192, 16384} {
+		b.Run(fmt.Sprintf("dtype=%v/tokens=%d/hidden=%d/topk=%d", device.BF16, tokens, hidden, topk), func(b *testing.B) {
+			benchCUDA(b, device.BF16, tokens, hidden, topk, experts)
+		})
+	}
+}
 
 func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int) {
 	_, s, k := gpu(b)
@@ -236,8 +254,12 @@ func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int)
 		k.permuteCfg = cfg
 		m := medians(copyRun, ops[1].run)
 		g := traffic["permute"] / m[1].Seconds() / 1e9
-		b.Logf("%v top-%d: permute block %d units %d hints %d: %v, %.0f GB/s, %.3f of copy",
-			dt, topk, cfg.block, cfg.units, cfg.hints, m[1], g, g/(traffic["copy"]/m[0].Seconds()/1e9))
+		name := fmt.Sprintf("block %d units %d hints %d", cfg.block, cfg.units, cfg.hints)
+		if cfg.staged == stagedOn {
+			name = "staged"
+		}
+		b.Logf("%v top-%d: permute %s: %v, %.0f GB/s, %.3f of copy",
+			dt, topk, name, m[1], g, g/(traffic["copy"]/m[0].Seconds()/1e9))
 	}
 	k.permuteCfg = defaultPermute
 	for _, cfg := range unpermuteSweep {

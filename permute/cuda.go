@@ -37,6 +37,13 @@ type CUDAKernels struct {
 	zeroDropped      *device.Kernel
 	markRows         *device.Kernel
 	zeroMarked       *device.Kernel // goep_zero_unmarked
+	// staged is goep_permute_staged, Permute with the rows staged in
+	// shared memory (permuteKernel chooses it); stagedShared is the
+	// dynamic shared memory a block of it may use and stagedBlocks its
+	// grid, stagedBlocksPerSM blocks an SM (both 0 where the GPU cannot
+	// run it).
+	staged                     *device.Kernel
+	stagedShared, stagedBlocks int
 	// dnan is the default NaN of this CPU's float arithmetic (the result
 	// of inf - inf), which the host loops produce and the kernels copy.
 	dnan uint32
@@ -57,7 +64,45 @@ type launchCfg struct {
 	hints int32
 	// unitsSmallTopK, if not 0, replaces units for topk <= 4 (unpermute).
 	unitsSmallTopK int
+	// staged chooses Permute's kernel: stagedAuto (permuteKernel's rule),
+	// stagedOff (goep_permute_bf16 and _fp32 always) or stagedOn
+	// (goep_permute_staged wherever the call allows it). stagedRows, if
+	// not 0, caps the rows a block of it stages a round (tests: several
+	// rounds from few rows).
+	staged     int
+	stagedRows int
 }
+
+// The choices of launchCfg.staged.
+const (
+	stagedAuto = iota
+	stagedOff
+	stagedOn
+)
+
+// goep_permute_staged's shape and when Permute takes it: blocks of
+// stagedThreads threads, stagedBlocksPerSM of them an SM (its
+// __launch_bounds__), for calls with 16-byte units, top-k of at least
+// stagedMinTopK (and as many permuted rows a row) and at least
+// stagedMinRowsPerSM rows an SM (stagedPlan). On an H200
+// (bf16, hidden 7168, top-8) it ran at 0.92-0.95 of a copy for 1024 and
+// 2048 rows against 0.85-0.86 for goep_permute_bf16, 0.90-0.91 against
+// 0.88 for 4096, and level at 16384; it lost below 1024 rows (0.86-0.88
+// against 0.91 at 512) and did not gain at top-4 or less
+// (docs/PERFORMANCE.md, sixteenth session).
+//
+// stagedSlack is shared memory past the last key, never used: the GPU's
+// compiler (the driver's, from the PTX) may merge the rank loop's last
+// scalar loads of keys into one wider load that reaches past the last
+// key; compute-sanitizer memcheck saw an 8-byte read of the last key and
+// the 4 bytes after the allocation on an H200, without the slack.
+const (
+	stagedThreads      = 1024
+	stagedBlocksPerSM  = 2
+	stagedMinTopK      = 8
+	stagedMinRowsPerSM = 8
+	stagedSlack        = 16
+)
 
 // Permute: a thread loads 4 units (16 bytes each) of its row before it
 // stores them to the row's K positions (64 bytes in flight per thread);
@@ -134,11 +179,22 @@ func LoadCUDAKernels(b *device.CUDA) (*CUDAKernels, error) {
 		{&k.zeroDropped, "goep_zero_dropped"},
 		{&k.markRows, "goep_mark_rows"},
 		{&k.zeroMarked, "goep_zero_unmarked"},
+		{&k.staged, "goep_permute_staged"},
 	}
 	for _, n := range names {
 		if *n.dst, err = mod.Kernel(n.name); err != nil {
 			return nil, errors.Join(fmt.Errorf("permute: load CUDA kernels: %w", err), mod.Close())
 		}
+	}
+	// goep_permute_staged: stagedBlocksPerSM blocks an SM, each with its
+	// share of the SM's shared memory less the driver's reservation.
+	lim := b.Driver().Limits()
+	shared := min(lim.SharedPerBlockOptin, lim.SharedPerSM/stagedBlocksPerSM-lim.ReservedSharedPerBlock)
+	if lim.SMs > 0 && shared > 0 {
+		if err := k.staged.SetMaxDynamicSharedMemory(shared); err != nil {
+			return nil, errors.Join(fmt.Errorf("permute: load CUDA kernels: %w", err), mod.Close())
+		}
+		k.stagedShared, k.stagedBlocks = shared, stagedBlocksPerSM*lim.SMs
 	}
 	return k, nil
 }
@@ -271,6 +327,11 @@ func checkHidden(op string, hidden int) error {
 // elements) and, if pw is not nil, pw[p] = w[i*TopK+k] (fp32). px holds
 // PermCap rows, x min(Rows, RowCap). Rows the loop does not write
 // (padding) are left alone: zero them with ZeroPadding.
+//
+// Many rows at top-8 or more go to goep_permute_staged (stagedPlan says
+// when), the others to goep_permute_bf16 or _fp32; both write the same
+// bytes (where two slots share a position, which the layout never
+// produces, either may win, as on the host only the last does).
 func (k *CUDAKernels) Permute(s *device.CUDAStream, dt device.DType, hidden int, px, pw, x, w *device.Buffer, m DeviceMap) error {
 	const op = "permute"
 	di, rb, rows, err := checkRowOp(op, dt, hidden, m)
@@ -298,6 +359,10 @@ func (k *CUDAKernels) Permute(s *device.CUDAStream, dt device.DType, hidden int,
 		units = rb / 16
 	}
 	cfg := k.permuteCfg
+	if grid, g, shared, ok := k.stagedPlan(vec, rows, m.TopK, m.PermCap, rb, cfg); ok {
+		return s.Launch(k.staged, [3]uint32{uint32(grid), 1, 1}, [3]uint32{stagedThreads, 1, 1}, uint32(shared),
+			px, pw, x, w, m.Pos, int64(rows), int32(m.TopK), int64(m.PermCap), int32(units), int32(g))
+	}
 	cfg.block = min(cfg.block, 1024) // the kernels' __launch_bounds__
 	switch cfg.units {
 	case 1, 2, 4: // the kernels' instances
@@ -311,6 +376,43 @@ func (k *CUDAKernels) Permute(s *device.CUDAStream, dt device.DType, hidden int,
 	return s.Launch(k.permute[di], grid, block, 0,
 		px, pw, x, w, m.Pos, int64(rows), int32(m.TopK), int64(m.PermCap), int64(hidden), b32(vec),
 		int32(cfg.units), cfg.hints)
+}
+
+// stagedPlan decides whether Permute takes goep_permute_staged for rows
+// rows of rowBytes at topk into permCap permuted rows under cfg (vec: the
+// rows move in 16-byte units), and if so returns its grid, the rows g a
+// block stages a round and the block's dynamic shared memory. The rounds
+// are as few as the shared memory allows, and g as even as they allow:
+// ceil(rows / (grid x rounds)).
+//
+// The rule (stagedAuto) asks for top-k of at least stagedMinTopK, at
+// least stagedMinRowsPerSM rows an SM and at least stagedMinTopK
+// permuted rows a row: permCap bounds the rows the call writes, and a
+// top-8 permute whose slots are mostly empty (a rank's permute after a
+// dispatch: about 2 of a token's 8 slots are its own) writes like a
+// top-2 one, where the staged kernel does not gain.
+func (k *CUDAKernels) stagedPlan(vec bool, rows, topk, permCap, rowBytes int, cfg launchCfg) (grid, g, shared int, ok bool) {
+	if !vec || cfg.staged == stagedOff || k.stagedBlocks == 0 || rows == 0 || topk == 0 {
+		return 0, 0, 0, false
+	}
+	if cfg.staged == stagedAuto && (topk < stagedMinTopK || permCap/rows < stagedMinTopK ||
+		rows < stagedMinRowsPerSM*k.stagedBlocks/stagedBlocksPerSM) {
+		return 0, 0, 0, false
+	}
+	// A staged row: its bytes, and per slot an int2 (position, row) and an
+	// int32 key; a thread per slot ranks it. Plus stagedSlack bytes.
+	per := rowBytes + 12*topk
+	gmax := min((k.stagedShared-stagedSlack)/per, stagedThreads/topk)
+	if cfg.stagedRows > 0 {
+		gmax = min(gmax, cfg.stagedRows)
+	}
+	if gmax < 1 {
+		return 0, 0, 0, false
+	}
+	grid = min(k.stagedBlocks, rows)
+	rounds := (rows + grid*gmax - 1) / (grid * gmax)
+	g = (rows + grid*rounds - 1) / (grid * rounds)
+	return grid, g, g*per + stagedSlack, true
 }
 
 // Unpermute enqueues Unpermute on s: for every row i < min(Rows, RowCap),

@@ -68,7 +68,8 @@ func TestPermutePTX(t *testing.T) {
 	}
 	for _, want := range []string{".version 7.8", ".target sm_90", ".address_size 64",
 		".entry goep_permute_bf16(", ".entry goep_permute_fp32(", ".entry goep_unpermute_bf16(",
-		".entry goep_unpermute_fp32(", ".entry goep_zero_rows(", ".entry goep_zero_dropped("} {
+		".entry goep_unpermute_fp32(", ".entry goep_zero_rows(", ".entry goep_zero_dropped(",
+		".entry goep_permute_staged("} {
 		if !bytes.Contains(permutePTX, []byte(want)) {
 			t.Errorf("kernels/permute.ptx lacks %q", want)
 		}

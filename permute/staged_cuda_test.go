@@ -1,0 +1,104 @@
+//go:build cuda && cgo
+
+package permute
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestStagedPlan checks when Permute takes goep_permute_staged and the
+// shape it gives it, for an H200's sizes (132 SMs, two blocks of 113 KiB
+// an SM) and random ones. It needs no GPU.
+func TestStagedPlan(t *testing.T) {
+	h200 := &CUDAKernels{stagedShared: 115712, stagedBlocks: 264}
+	auto := defaultPermute
+	on := launchCfg{staged: stagedOn}
+	for _, c := range []struct {
+		name                          string
+		k                             *CUDAKernels
+		vec                           bool
+		rows, topk, permCap, rowBytes int
+		cfg                           launchCfg
+		ok                            bool
+		grid, g, shared               int
+	}{
+		{"4096 bf16 rows of 7168 at top-8: two rounds of 8 rows a block", h200, true, 4096, 8, 4096 * 8, 14336, auto, true, 264, 8, 8*(14336+96) + stagedSlack},
+		{"fp32 rows of 7168: 4 rows a block a round", h200, true, 4096, 8, 4096 * 8, 28672, auto, true, 264, 4, 4*(28672+96) + stagedSlack},
+		{"1056 rows (8 an SM) is enough", h200, true, 1056, 8, 1056 * 8, 14336, auto, true, 264, 4, 4*(14336+96) + stagedSlack},
+		{"1055 rows is not", h200, true, 1055, 8, 1055 * 8, 14336, auto, false, 0, 0, 0},
+		{"top-4 is not (auto)", h200, true, 4096, 4, 4096 * 4, 14336, auto, false, 0, 0, 0},
+		{"top-4 forced", h200, true, 4096, 4, 4096 * 4, 14336, on, true, 264, 8, 8*(14336+48) + stagedSlack},
+		{"no 16-byte units", h200, false, 4096, 8, 4096 * 8, 14336, on, false, 0, 0, 0},
+		{"off", h200, true, 4096, 8, 4096 * 8, 14336, launchCfg{staged: stagedOff}, false, 0, 0, 0},
+		{"a GPU that cannot run it", &CUDAKernels{}, true, 4096, 8, 4096 * 8, 14336, on, false, 0, 0, 0},
+		{"a row larger than the shared memory", h200, true, 4096, 8, 4096 * 8, 115712, on, false, 0, 0, 0},
+		{"more slots than threads", h200, true, 4096, 1025, 4096 * 1025, 16, on, false, 0, 0, 0},
+		{"few rows: a block each", h200, true, 10, 8, 10 * 8, 14336, on, true, 10, 1, 14336 + 96 + stagedSlack},
+		{"rows capped", h200, true, 4096, 8, 4096 * 8, 14336, launchCfg{staged: stagedOn, stagedRows: 3}, true, 264, 3, 3*(14336+96) + stagedSlack},
+		{"no rows", h200, true, 0, 8, 0 * 8, 14336, on, false, 0, 0, 0},
+		{"top-8 with a quarter of the slots in use (auto)", h200, true, 4096, 8, 4096 * 2, 14336, auto, false, 0, 0, 0},
+		{"top-8 with the slots in use and padding (auto)", h200, true, 4096, 8, 4096*8 + 64*127, 14336, auto, true, 264, 8, 8*(14336+96) + stagedSlack},
+		{"a quarter of the slots, forced", h200, true, 4096, 8, 4096 * 2, 14336, on, true, 264, 8, 8*(14336+96) + stagedSlack},
+	} {
+		grid, g, shared, ok := c.k.stagedPlan(c.vec, c.rows, c.topk, c.permCap, c.rowBytes, c.cfg)
+		if ok != c.ok || grid != c.grid || g != c.g || shared != c.shared {
+			t.Errorf("%s: stagedPlan = grid %d, g %d, shared %d, %v; want %d, %d, %d, %v",
+				c.name, grid, g, shared, ok, c.grid, c.g, c.shared, c.ok)
+		}
+	}
+	// Whatever the sizes: the shared memory fits, a thread per slot, and
+	// the rounds are as few as the shared memory allows.
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 10000 {
+		k := &CUDAKernels{stagedShared: stagedSlack + r.IntN(300000), stagedBlocks: 2 * (1 + r.IntN(200))}
+		rows, topk, rb := 1+r.IntN(100000), 1+r.IntN(40), 16*(1+r.IntN(4000))
+		cfg := launchCfg{staged: stagedOn, stagedRows: r.IntN(3) * r.IntN(10)}
+		grid, g, shared, ok := k.stagedPlan(true, rows, topk, rows*topk, rb, cfg)
+		per := rb + 12*topk
+		gmax := min((k.stagedShared-stagedSlack)/per, stagedThreads/topk)
+		if cfg.stagedRows > 0 {
+			gmax = min(gmax, cfg.stagedRows)
+		}
+		if !ok {
+			if gmax >= 1 {
+				t.Fatalf("shared %d, rows %d, top-%d, row %d bytes: refused, but %d rows fit a block", k.stagedShared, rows, topk, rb, gmax)
+			}
+			continue
+		}
+		rounds := func(g int) int { return (rows + grid*g - 1) / (grid * g) }
+		if g < 1 || g > gmax || shared != g*per+stagedSlack || shared > k.stagedShared || g*topk > stagedThreads ||
+			grid < 1 || grid > k.stagedBlocks || grid > rows || rounds(g) != rounds(gmax) {
+			t.Fatalf("shared %d, blocks %d, rows %d, top-%d, row %d bytes, cap %d: grid %d, g %d, shared %d (gmax %d)",
+				k.stagedShared, k.stagedBlocks, rows, topk, rb, cfg.stagedRows, grid, g, shared, gmax)
+		}
+	}
+}
+
+// TestCUDAStagedMatchesHost runs TestCUDAMatchesHost's random cases with
+// Permute on goep_permute_staged wherever a call allows it (16-byte
+// units), a block staging as many rows a round as fit, 1 or 3 (several
+// rounds), rows up to 700.
+func TestCUDAStagedMatchesHost(t *testing.T) {
+	_, s, k := gpu(t)
+	t.Cleanup(func() { k.permuteCfg = defaultPermute })
+	r := rand.New(rand.NewPCG(3, 4))
+	staged := 0
+	for _, rowsCap := range []int{0, 1, 3} {
+		for i := range 16 {
+			c := randCase(r, []int{1, 5, 300, 700}[i%4])
+			k.permuteCfg = defaultPermute
+			k.permuteCfg.staged, k.permuteCfg.stagedRows = stagedOn, rowsCap
+			rb := c.hidden * c.dt.Size()
+			if _, _, _, ok := k.stagedPlan(!c.misalign && rb%16 == 0, min(c.m.Rows, c.m.RowCap), c.m.TopK, c.m.PermCap, rb, k.permuteCfg); ok {
+				staged++
+			}
+			t.Run(fmt.Sprintf("cap=%d/%d/%v", rowsCap, i, c), func(t *testing.T) { runCase(t, r, s, k, c) })
+		}
+	}
+	if staged < 10 {
+		t.Errorf("only %d of 48 cases took goep_permute_staged", staged)
+	}
+	t.Logf("%d of 48 cases took goep_permute_staged", staged)
+}
