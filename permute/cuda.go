@@ -84,12 +84,13 @@ const (
 // stagedThreads threads, stagedBlocksPerSM of them an SM (its
 // __launch_bounds__), for calls with 16-byte units, top-k of at least
 // stagedMinTopK (and as many permuted rows a row) and at least
-// stagedMinRowsPerSM rows an SM (stagedPlan). On an H200
-// (bf16, hidden 7168, top-8) it ran at 0.92-0.95 of a copy for 1024 and
-// 2048 rows against 0.85-0.86 for goep_permute_bf16, 0.90-0.91 against
-// 0.88 for 4096, and level at 16384; it lost below 1024 rows (0.86-0.88
-// against 0.91 at 512) and did not gain at top-4 or less
-// (docs/PERFORMANCE.md, sixteenth session).
+// stagedMinRowsPerSM rows an SM (stagedPlan). On an H200 (hidden 7168,
+// top-8, every slot in use) it ran bf16 at 0.92 of a copy for 4096 rows
+// (goep_permute_bf16: 0.88), 0.95-0.96 for 2048 (0.88), 0.91 for 8192
+// (0.87) and 0.89 for 16384 (0.88), fp32 at 0.92 for 4096 (0.87); it lost
+// at 512 rows (0.91 against 0.93) and did not gain at top-4 or less, nor
+// for a rank's permute after a dispatch, whose top-8 slots are mostly
+// empty (docs/PERFORMANCE.md, sixteenth session).
 //
 // stagedSlack is shared memory past the last key, never used: the GPU's
 // compiler (the driver's, from the PTX) may merge the rank loop's last

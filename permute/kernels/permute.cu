@@ -609,8 +609,9 @@ goep_permute_fp32(void *px, float *pw, const void *x, const float *w, const int3
 // of units 16-byte units (any dtype: it moves bytes), staged in shared
 // memory so that the GPU reads the rows in bursts and writes the permuted
 // rows in the order of their positions. It is the faster shape for many
-// rows at top-8 (docs/PERFORMANCE.md: on an H200, 1024-8192 bf16 rows of
-// 7168 at 0.90-0.95 of a copy, against 0.85-0.88 for goep_permute_bf16).
+// rows at top-8 (docs/PERFORMANCE.md, sixteenth session: on an H200, bf16
+// rows of 7168 at 0.92 of a copy for 4096 rows and 0.95 for 2048, against
+// 0.88 for goep_permute_bf16).
 //
 // The grid's blocks work in rounds; in each, block b takes up to g rows,
 // i = base + b + r*gridDim.x for r < g (the blocks together take
