@@ -87,7 +87,7 @@ const (
 // stagedMinRowsPerSM rows an SM (stagedPlan). On an H200 (hidden 7168,
 // top-8, every slot in use) it ran bf16 at 0.92 of a copy for 4096 rows
 // (goep_permute_bf16: 0.88), 0.95-0.96 for 2048 (0.88), 0.91 for 8192
-// (0.87) and 0.89 for 16384 (0.88), fp32 at 0.92 for 4096 (0.87); it lost
+// (0.87) and 0.89 for 16384 (0.88), fp32 at 0.91 for 4096 (0.87); it lost
 // at 512 rows (0.91 against 0.93) and did not gain at top-4 or less, nor
 // for a rank's permute after a dispatch, whose top-8 slots are mostly
 // empty (docs/PERFORMANCE.md, sixteenth session).
