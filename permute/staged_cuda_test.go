@@ -3,9 +3,16 @@
 package permute
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"slices"
 	"testing"
+	"time"
+
+	"github.com/goep/goep/device"
 )
 
 // TestStagedPlan checks when Permute takes goep_permute_staged and the
@@ -101,4 +108,77 @@ func TestCUDAStagedMatchesHost(t *testing.T) {
 		t.Errorf("only %d of 48 cases took goep_permute_staged", staged)
 	}
 	t.Logf("%d of 48 cases took goep_permute_staged", staged)
+}
+
+// TestCUDAStagedGraph captures a Permute on goep_permute_staged (2 rows a
+// block a round: several rounds) into a CUDA graph and replays it with
+// new positions copied into the positions buffer before each launch, as
+// capacity mode's graphs do after a Relayout; each replay's rows and
+// weights must be the host's, bit for bit.
+func TestCUDAStagedGraph(t *testing.T) {
+	_, s, k := gpu(t)
+	t.Cleanup(func() { k.permuteCfg = defaultPermute })
+	k.permuteCfg.staged, k.permuteCfg.stagedRows = stagedOn, 2
+	const rows, topk, hidden = 1500, 8, 2048
+	dt := device.BF16
+	rb := hidden * dt.Size()
+	permCap := rows * topk
+	r := rand.New(rand.NewPCG(9, 10))
+	// routing: a random position for every slot, a tenth of them empty or
+	// past the capacity.
+	routing := func() []int32 {
+		pos := make([]int32, rows*topk)
+		for i, p := range r.Perm(permCap) {
+			pos[i] = int32(p)
+			switch r.IntN(20) {
+			case 0:
+				pos[i] = -1
+			case 1:
+				pos[i] = int32(permCap + r.IntN(5))
+			}
+		}
+		return pos
+	}
+	posA, posB := routing(), routing()
+	x := randBytes(r, dt, rows*hidden)
+	w := randWeights(r, rows*topk)
+	var keep []*device.Tensor
+	in := func(data []byte, rowBytes int) *device.Buffer {
+		tt, v := devBuf(t, s, data, rowBytes, 0)
+		keep = append(keep, tt)
+		return v
+	}
+	dA, dB := in(device.EncodeInt32(posA), 16), in(device.EncodeInt32(posB), 16)
+	dpos, dx, dw := in(device.EncodeInt32(posA), 16), in(x, rb), in(f32Bytes(w), 16)
+	tpx, dpx := devBuf(t, s, bytes.Repeat([]byte{fill}, permCap*rb), rb, 0)
+	pwBytes := bytes.Repeat([]byte{fill}, 4*permCap)
+	tpw, dpw := devBuf(t, s, pwBytes, 16, 0)
+	dm := DeviceMap{Rows: rows, TopK: topk, Pos: dpos, RowCap: rows, PermCap: permCap}
+	if _, _, _, ok := k.stagedPlan(true, rows, topk, permCap, rb, k.permuteCfg); !ok {
+		t.Fatal("the staged kernel does not take the call")
+	}
+
+	must(t, s.BeginCapture())
+	if err := k.Permute(s, dt, hidden, dpx, dpw, dx, dw, dm); err != nil {
+		_, _ = s.EndCapture()
+		t.Fatal(err)
+	}
+	g, err := s.EndCapture()
+	must(t, err)
+	t.Cleanup(func() { must(t, g.Close()) })
+
+	px := bytes.Repeat([]byte{fill}, permCap*rb)
+	pw := slices.Clone(device.DecodeFloat32(device.FP32, pwBytes))
+	for i, pos := range [][]int32{posA, posB, posA} {
+		src := []*device.Buffer{dA, dB, dA}[i]
+		must(t, s.Copy(dpos, 0, src, 0, 4*len(pos)))
+		must(t, g.Launch(s))
+		Permute(dt, hidden, px, pw, x, w, Map{Rows: rows, TopK: topk, Pos: pos, RowCap: rows, PermCap: permCap})
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		must(t, s.Synchronize(ctx))
+		cancel()
+		checkBuf(t, fmt.Sprintf("replay %d: permuted rows", i), dt, rb, tpx, px, 0)
+		checkBuf(t, fmt.Sprintf("replay %d: permuted weights", i), device.FP32, 16, tpw, device.EncodeFloat32(device.FP32, pw), 0)
+	}
+	runtime.KeepAlive(keep)
 }
