@@ -38,7 +38,7 @@ type CUDAKernels struct {
 	markRows         *device.Kernel
 	zeroMarked       *device.Kernel // goep_zero_unmarked
 	// staged is goep_permute_staged, Permute with the rows staged in
-	// shared memory (permuteKernel chooses it); stagedShared is the
+	// shared memory (stagedPlan chooses it); stagedShared is the
 	// dynamic shared memory a block of it may use and stagedBlocks its
 	// grid, stagedBlocksPerSM blocks an SM (both 0 where the GPU cannot
 	// run it).
@@ -64,7 +64,7 @@ type launchCfg struct {
 	hints int32
 	// unitsSmallTopK, if not 0, replaces units for topk <= 4 (unpermute).
 	unitsSmallTopK int
-	// staged chooses Permute's kernel: stagedAuto (permuteKernel's rule),
+	// staged chooses Permute's kernel: stagedAuto (stagedPlan's rule),
 	// stagedOff (goep_permute_bf16 and _fp32 always) or stagedOn
 	// (goep_permute_staged wherever the call allows it). stagedRows, if
 	// not 0, caps the rows a block of it stages a round (tests: several
