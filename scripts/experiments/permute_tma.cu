@@ -3,7 +3,8 @@
 //
 // Issue 4's goal is a permute at >= 0.9 of a device-to-device copy; the
 // kernels built from permute/kernels/permute.cu (PTX for compute_90 by
-// Debian's nvcc 11.8, which CI regenerates) reach 0.81 (bf16) on an H200.
+// Debian's nvcc 11.8, which CI regenerates) reached 0.81-0.88 (bf16) on an
+// H200 until goep_permute_staged (psorti2 below) reached 0.92.
 // Bulk asynchronous copies (cp.async.bulk, PTX ISA 8.0) need a newer nvcc,
 // so this standalone experiment is compiled on the GPU host, never by CI:
 //
@@ -120,6 +121,24 @@
 //	              way to run a mix?
 //	indep         exact's shape and addresses, the stores a constant
 //	              independent of the loads (the loads xored into a sink)
+//
+// Staged shapes (sixteenth session; permutes, checked unless said):
+//
+//	phasednold,   phased without its loads; without its stores; storing
+//	phasednost,   each token's rows consecutively (diagnostics, not
+//	phasedseq     checked); phased8, phased4: phased with 8 or 4 rows a
+//	              block a round
+//	pxB[h], pwB   phasedx: B blocks an SM (h: of 512 threads), the rows of
+//	              a round loaded flat, stored a unit a thread (px) or a
+//	              whole row a warp (pw), the grid synchronized (cooperative
+//	              launch); ...blk: without the grid synchronization;
+//	              pxi...: interleaved rows (block b takes tokens b, b +
+//	              grid, ...); pxi2cN: at most N rows a round; pxi2tT: T
+//	              threads a block; pxi2cs, pxi2ef: streaming stores; the
+//	              loads with the L2 evict-first policy
+//	psort[i]B     phasedx (no grid synchronization, interleaved with i)
+//	              storing the block's rows in the order of their
+//	              positions: goep_permute_staged's shape (psorti2)
 //
 // Unpermute's shape (not checked): usum sums each token's k permuted rows
 // of y (weight 0.5, fp32, plain IEEE: no NaN rules), one block per token,
