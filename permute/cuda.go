@@ -188,10 +188,13 @@ func LoadCUDAKernels(b *device.CUDA) (*CUDAKernels, error) {
 		}
 	}
 	// goep_permute_staged: stagedBlocksPerSM blocks an SM, each with its
-	// share of the SM's shared memory less the driver's reservation.
+	// share of the SM's shared memory less the driver's reservation; not
+	// on a GPU whose SMs cannot hold that many blocks of stagedThreads
+	// (1536 threads an SM: the blocks would run in two waves, and the
+	// rule, measured on an H200, would choose the slower kernel).
 	lim := b.Driver().Limits()
 	shared := min(lim.SharedPerBlockOptin, lim.SharedPerSM/stagedBlocksPerSM-lim.ReservedSharedPerBlock)
-	if lim.SMs > 0 && shared > 0 {
+	if lim.SMs > 0 && shared > 0 && lim.ThreadsPerSM >= stagedBlocksPerSM*stagedThreads {
 		if err := k.staged.SetMaxDynamicSharedMemory(shared); err != nil {
 			return nil, errors.Join(fmt.Errorf("permute: load CUDA kernels: %w", err), mod.Close())
 		}

@@ -108,6 +108,53 @@ func TestCUDAStagedMatchesHost(t *testing.T) {
 		t.Errorf("only %d of 48 cases took goep_permute_staged", staged)
 	}
 	t.Logf("%d of 48 cases took goep_permute_staged", staged)
+
+	// The shapes the random cases do not reach: a block's shared memory
+	// full (8 bf16 or 4 fp32 rows of 7168 a block, the benchmark's shape)
+	// and a thread for every one of 1024 slots (64 rows of 64 at top-16).
+	k.permuteCfg = defaultPermute
+	k.permuteCfg.staged = stagedOn
+	for _, f := range []struct {
+		dt                   device.DType
+		hidden, topk, blockG int
+	}{{device.BF16, 7168, 8, 8}, {device.FP32, 7168, 8, 4}, {device.BF16, 64, 16, 64}} {
+		c := fullCase(r, f.dt, f.hidden, f.blockG*k.stagedBlocks, f.topk)
+		rb := f.hidden * f.dt.Size()
+		_, g, shared, ok := k.stagedPlan(true, c.m.Rows, f.topk, c.m.PermCap, rb, k.permuteCfg)
+		if !ok || g != f.blockG {
+			t.Fatalf("%v: stagedPlan gives %d rows a block (%v), want %d", c, g, ok, f.blockG)
+		}
+		t.Logf("%v: %d rows a block, %d slots, %d bytes of shared memory of %d", c, g, g*f.topk, shared, k.stagedShared)
+		t.Run(fmt.Sprintf("full/%v", c), func(t *testing.T) { runCase(t, r, s, k, c) })
+	}
+}
+
+// fullCase is a kcase with every slot in use: rows tokens, each picking
+// topk distinct experts of max(64, topk) at random, positions
+// expert-major, no padding, weighted, aligned.
+func fullCase(r *rand.Rand, dt device.DType, hidden, rows, topk int) kcase {
+	experts := max(64, topk)
+	c := kcase{dt: dt, hidden: hidden, weighted: true, counts: make([]int32, experts)}
+	slot := make([]int32, rows*topk)
+	for i := range rows {
+		for k, e := range r.Perm(experts)[:topk] {
+			slot[i*topk+k] = int32(e)
+			c.counts[e]++
+		}
+	}
+	c.offsets = make([]int32, experts+1)
+	for e := range experts {
+		c.offsets[e+1] = c.offsets[e] + c.counts[e]
+	}
+	seen := make([]int32, experts)
+	pos := make([]int32, len(slot))
+	for i, e := range slot {
+		pos[i] = c.offsets[e] + seen[e]
+		seen[e]++
+	}
+	p := int(c.offsets[experts])
+	c.m = Map{Rows: rows, TopK: topk, Pos: pos, RowCap: rows, PermCap: p}
+	return c
 }
 
 // TestCUDAStagedGraph captures a Permute on goep_permute_staged (2 rows a

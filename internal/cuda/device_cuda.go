@@ -99,6 +99,8 @@ type Features struct {
 type Limits struct {
 	// SMs is the number of multiprocessors.
 	SMs int
+	// ThreadsPerSM is the most threads resident on a multiprocessor.
+	ThreadsPerSM int
 	// SharedPerSM is the shared memory of a multiprocessor in bytes (what
 	// all its resident blocks share, ReservedSharedPerBlock of it for each
 	// block).
@@ -206,6 +208,7 @@ func (d *Device) describe() error {
 		dst  *int
 	}{
 		{C.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, &d.limits.SMs},
+		{C.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, &d.limits.ThreadsPerSM},
 		{C.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, &d.limits.SharedPerSM},
 		{C.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, &d.limits.SharedPerBlockOptin},
 		{C.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, &d.limits.ReservedSharedPerBlock},
@@ -265,7 +268,8 @@ func (d *Device) ComputeCapability() (major, minor int) { return d.major, d.mino
 // Features are the device's optional capabilities.
 func (d *Device) Features() Features { return d.feat }
 
-// Limits are the device's multiprocessor count and shared memory sizes.
+// Limits are the device's multiprocessor count, threads and shared memory
+// sizes.
 func (d *Device) Limits() Limits { return d.limits }
 
 // Do runs f with the device's primary context current on the calling
