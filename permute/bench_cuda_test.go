@@ -85,26 +85,8 @@ func BenchmarkCUDATokens(b *testing.B) {
 
 func benchCUDA(b *testing.B, dt device.DType, tokens, hidden, topk, experts int) {
 	_, s, k := gpu(b)
-	r := rand.New(rand.NewPCG(7, 8))
-	counts := make([]int32, experts)
-	slot := make([]int32, tokens*topk)
-	for i := range tokens {
-		for j, e := range r.Perm(experts)[:topk] {
-			slot[i*topk+j] = int32(e)
-			counts[e]++
-		}
-	}
-	offsets := make([]int32, experts+1)
-	for e := range experts {
-		offsets[e+1] = offsets[e] + counts[e]
-	}
-	seen := make([]int32, experts)
-	pos := make([]int32, len(slot))
-	for i, e := range slot {
-		pos[i] = offsets[e] + seen[e]
-		seen[e]++
-	}
-	p := int(offsets[experts])
+	c := fullCase(rand.New(rand.NewPCG(7, 8)), dt, hidden, tokens, topk, experts)
+	pos, p := c.m.Pos, c.m.PermCap
 	rb := hidden * dt.Size()
 	alloc := func(n int) *device.Tensor {
 		t, err := device.NewTensor(s, device.BF16, n/2)

@@ -118,7 +118,7 @@ func TestCUDAStagedMatchesHost(t *testing.T) {
 		dt                   device.DType
 		hidden, topk, blockG int
 	}{{device.BF16, 7168, 8, 8}, {device.FP32, 7168, 8, 4}, {device.BF16, 64, 16, 64}} {
-		c := fullCase(r, f.dt, f.hidden, f.blockG*k.stagedBlocks, f.topk)
+		c := fullCase(r, f.dt, f.hidden, f.blockG*k.stagedBlocks, f.topk, max(64, f.topk))
 		rb := f.hidden * f.dt.Size()
 		_, g, shared, ok := k.stagedPlan(true, c.m.Rows, f.topk, c.m.PermCap, rb, k.permuteCfg)
 		if !ok || g != f.blockG {
@@ -130,10 +130,9 @@ func TestCUDAStagedMatchesHost(t *testing.T) {
 }
 
 // fullCase is a kcase with every slot in use: rows tokens, each picking
-// topk distinct experts of max(64, topk) at random, positions
-// expert-major, no padding, weighted, aligned.
-func fullCase(r *rand.Rand, dt device.DType, hidden, rows, topk int) kcase {
-	experts := max(64, topk)
+// topk distinct experts of experts (>= topk) at random, positions
+// expert-major, no padding, weighted, aligned (BenchmarkCUDA's routing).
+func fullCase(r *rand.Rand, dt device.DType, hidden, rows, topk, experts int) kcase {
 	c := kcase{dt: dt, hidden: hidden, weighted: true, counts: make([]int32, experts)}
 	slot := make([]int32, rows*topk)
 	for i := range rows {
