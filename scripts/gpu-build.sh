@@ -10,7 +10,7 @@
 #	.gpu/bench.test          go test -c -tags cuda      ./internal/bench
 #	.gpu/eprun               go build   -tags cuda,ucx  ./cmd/eprun
 #	.gpu/gpu-run.sh          a copy of scripts/gpu-run.sh (one GPU)
-#	.gpu/multigpu-run.sh     a copy of scripts/multigpu-run.sh (issue 7)
+#	.gpu/multigpu-run.sh     a copy of scripts/multigpu-run.sh (several GPUs)
 #	.gpu/steps.sh            a copy of scripts/steps.sh, which both source
 #
 # Symbols are stripped (-s -w) so that the folder fits the device tool's

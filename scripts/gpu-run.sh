@@ -8,14 +8,14 @@
 # Groups:
 #
 #	tests     eprun topo (GPUs, NVLink, UCX devices), every -gpu test: internal/cuda, device, permute, internal/bench,
-#	          executor (TestCUDA*: 1, 2, 4 processes, graphs, faults, issue
-#	          756, interop, several domains in-process, GPU-fed and
-#	          host-staged rail) and executor over UCX
+#	          executor (TestCUDA*: 1, 2, 4 processes, graphs, faults,
+#	          lifetime poisoning, interop, several domains in-process,
+#	          GPU-fed and host-staged rail) and executor over UCX
 #	          (TestCUDADomainsProcesses on shared memory and TCP;
 #	          TestCUDADomainsFaults)
 #	memcheck  compute-sanitizer memcheck of the executor's one-domain and
 #	          several-domain worlds as processes (every rank checked),
-#	          graph, issue-756, one-rank layout and interop tests and of
+#	          graph, lifetime-poison, one-rank layout and interop tests and of
 #	          the permute tests, racecheck of the permute tests
 #	memcheck-ranks  (not in the default) memcheck of the same worlds as
 #	          goroutine ranks in one process: often inconclusive (GPU wait
@@ -126,10 +126,13 @@ memcheck() {
 	GOEP_LOG_LEVEL=debug sanitize_children memcheck-domains-processes 300 \
 		$bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsProcesses/shm=true' -test.v
 	# Graphs: the pipeline's GPU worlds (1 and 2 ranks) are spawned
-	# processes, every child checked; issue 756's poisoning and the GPU
-	# layout of one rank run in the test process itself.
+	# processes, every child checked. The lifetime poisoning (calls queued
+	# behind a long kernel, their handle, inputs and intermediates dropped,
+	# garbage collected, fresh pinned and device memory scribbled over: the
+	# queued results must be unchanged) and the GPU layout of one rank run
+	# in the test process itself.
 	sanitize_children memcheck-graph 300 $bin/executor.test -gpu -test.run 'TestCUDAGraph' -test.v
-	sanitize memcheck-issue756 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDAIssue756|TestCUDALayoutKernels/R=1/' -test.v
+	sanitize memcheck-lifetime 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDALifetimePoison|TestCUDALayoutKernels/R=1/' -test.v
 	# TestCUDAInterop hands the engine a host address on purpose: the
 	# refusal under test is cuPointerGetAttribute's CUDA_ERROR_INVALID_VALUE,
 	# which memcheck would report as an API error.
@@ -141,12 +144,13 @@ memcheck() {
 # memcheck-ranks (not in the default) is memcheck of the worlds of
 # goroutine ranks sharing the GPU in one process: each rank's windows are
 # then the same process's allocations and its aliases of the peers' (the
-# path of 3b9975c's finding). The sanitizer serializes a process's
-# kernels, so one rank's spinning wait kernel can hold the GPU while the
-# peer's signal it waits for queues behind it: such a run ends in GPU
-# wait timeouts (GOEP_TIMEOUT 30 s here) or runs into the step's deadline,
-# and says nothing either way (seen in most runs since the eleventh
-# session; sanitize_ranks runs it again, up to 3 times). -test.timeout
+# path where a rank that closes early must not free memory a peer still
+# writes into). The sanitizer serializes a process's kernels, so one
+# rank's spinning wait kernel can hold the GPU while the peer's signal it
+# waits for queues behind it: such a run ends in GPU wait timeouts
+# (GOEP_TIMEOUT 30 s here) or runs into the step's deadline, and says
+# nothing either way (often so: docs/results/gpu-checks.md; sanitize_ranks
+# runs it again, up to 3 times). -test.timeout
 # makes a run that hangs print every goroutine's stack before the step's
 # deadline. The default group's process worlds check the same kernels
 # reliably, each process under its own sanitizer.
@@ -155,8 +159,9 @@ memcheck-ranks() {
 	export GOEP_LOG_LEVEL=debug
 	sanitize_ranks memcheck-one-domain 300 $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=4' -test.timeout 240s -test.v
 	sanitize_ranks memcheck-domains 300 $bin/executor.test -gpu -test.run 'TestCUDADomains$/D=(2|1)' -test.timeout 240s -test.v
-	# The world of 3b9975c's finding alone (seed 4: rank 1 has no tokens),
-	# every error printed.
+	# Seed 4 alone (rank 1 has no tokens), every error printed: the world
+	# that exposed goep_ep_signal writing into a timed-out peer's freed
+	# flags.
 	PRINT_LIMIT=0 sanitize_ranks memcheck-domains-seed4 300 $bin/executor.test -gpu -mp.seed=4 \
 		-test.run 'TestCUDADomains$/D=2' -test.timeout 240s -test.v
 	if [ -n "$level" ]; then export GOEP_LOG_LEVEL=$level; else unset GOEP_LOG_LEVEL; fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-GPU runs of issue 7, on a host with G >= 2 GPUs (one process per
+# The multi-GPU checks and benchmarks, on a host with G >= 2 GPUs (one process per
 # GPU), over the binaries of scripts/gpu-build.sh in .gpu/ (no Go needed):
 #
 #	bash .gpu/multigpu-run.sh [G [GROUP...]]
@@ -22,9 +22,9 @@
 #	   host gaps), beside a device-to-device copy
 #	4. nccl: the NCCL baseline (scripts/a2a_baseline.py: all_to_all_single plus a
 #	   permute) at the same shapes, with its D2D copy and the GPU 0 -> 1
-#	   peer copy (the NVLink ceiling), in the same session
+#	   peer copy (the NVLink ceiling), in the same run
 #	5. report: scripts/multigpu_report.py: every goep row against the peer copy and
-#	   NCCL, and issue 7's goals, as text and Markdown
+#	   NCCL, and the bandwidth and latency targets, as text and Markdown
 #
 # Each step's output goes to $OUT/<step>.log and its JSON to $OUT
 # ($OUT: the device tool's output folder, else ./multigpu-out); stdout gets
@@ -92,7 +92,7 @@ done
 want nccl && step nccl-a2a 900 $bin/eprun launch -n "$gpus" -- python3 scripts/a2a_baseline.py \
 	--tokens 128,4096 --hidden 7168 --experts 256 --topk 8 --dtype bf16 --json "$out/nccl-a2a.json"
 
-# Issue 7's table: goep against the peer copy and NCCL.
+# The report: goep against the peer copy and NCCL.
 if want report && wanted report; then
 	step report 60 python3 scripts/multigpu_report.py "$out"/eprun-*.json --nccl "$out/nccl-a2a.json"
 	cat "$out/report.log"

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Issue 7's table from one multi-GPU session: goep against the peer-copy
-ceiling and against NCCL.
+"""The multi-GPU report of one run: goep against the peer-copy ceiling and
+against NCCL.
 
     python3 scripts/multigpu_report.py EPRUN.json [EPRUN.json...] --nccl NCCL.json
 
 EPRUN.json are `eprun bench --json` records (scripts/multigpu-run.sh writes
 them for the DeepSeek-V3 decode and prefill shapes); NCCL.json is
-scripts/a2a_baseline.py's record of the same session, which also holds the
+scripts/a2a_baseline.py's record of the same run, which also holds the
 GPU 0 -> 1 peer copy. For every goep row (call, tokens, mode, dtype) it
 prints: the median time, nvl GB/s (DESIGN.md section 6: every received
 row) and its ratio to the peer-copy GB/s (the NVLink ceiling; goal 0.9 at
@@ -16,9 +16,10 @@ the rows, so at EP2 the first ratio counts half the rows twice over) and
 its ratio to the peer copy, the NCCL
 baseline's time and GB/s for the same call, tokens, hidden, top-k and dtype
 ("-" where it has none), and goep's speedup
-over it (NCCL time / goep time). Then the goals of issue 7: dispatch and
-combine at 4096 tokens against the ceiling, and at 128 tokens dispatch under
-40 us and combine under 50 us (stated for EP8). A Markdown table with
+over it (NCCL time / goep time). Then the targets (docs/PERFORMANCE.md,
+section 1.5): dispatch and combine at 4096 tokens against the ceiling, and at
+128 tokens dispatch under 40 us and combine under 50 us (stated for EP8),
+each marked met or not. A Markdown table with
 --markdown (for docs/PERFORMANCE.md). Exits 1 when an input has wrong rows.
 """
 
@@ -35,7 +36,7 @@ def load(path):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("eprun", nargs="+", help="eprun bench --json records")
-    p.add_argument("--nccl", help="scripts/a2a_baseline.py --json record of the same session")
+    p.add_argument("--nccl", help="scripts/a2a_baseline.py --json record of the same run")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
     a = p.parse_args()
 

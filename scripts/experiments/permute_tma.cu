@@ -1,10 +1,11 @@
 // permute_tma: what would bulk (TMA) copies, or other shapes of the
 // scatter, buy the permute kernel?
 //
-// Issue 4's goal is a permute at >= 0.9 of a device-to-device copy; the
+// The target is a permute at >= 0.9 of a device-to-device copy. Of the
 // kernels built from permute/kernels/permute.cu (PTX for compute_90 by
-// Debian's nvcc 11.8, which CI regenerates) reached 0.81-0.88 (bf16) on an
-// H200 until goep_permute_staged (psorti2 below) reached 0.92.
+// Debian's nvcc 11.8, which CI regenerates), goep_permute_bf16 reaches
+// 0.87-0.89 (bf16, top-8) on an H200 and goep_permute_staged (psorti2
+// below) 0.92 (docs/PERFORMANCE.md, docs/results/).
 // Bulk asynchronous copies (cp.async.bulk, PTX ISA 8.0) need a newer nvcc,
 // so this standalone experiment is compiled on the GPU host, never by CI:
 //
@@ -102,8 +103,7 @@
 //	              double-buffered); G = 8, 4, 2, 1 with blocks of 1024,
 //	              512, 256, 256 threads
 //
-// The traffic mix's bound (diagnostics, sixteenth session; not permutes,
-// not checked). Their GB/s count the permute's bytes (tokens + P rows),
+// The traffic mix's bound (diagnostics; not permutes, not checked). Their GB/s count the permute's bytes (tokens + P rows),
 // so their ratio is what a permute moving the same bytes in that mix
 // would reach if the data dependency and the addresses cost nothing:
 //
@@ -122,7 +122,7 @@
 //	indep         exact's shape and addresses, the stores a constant
 //	              independent of the loads (the loads xored into a sink)
 //
-// Staged shapes (sixteenth session; permutes, checked unless said):
+// Staged shapes (permutes, checked unless said):
 //
 //	phasednold,   phased without its loads; without its stores; storing
 //	phasednost,   each token's rows consecutively (diagnostics, not
@@ -145,7 +145,7 @@
 // a unit's k loads in flight together; uread does the loads only. copy2
 // is the copy again, last: the drift over the run.
 //
-// bf16 only (the dtype below the goal); rows are hidden x 2 bytes, a
+// bf16 only (the dtype the target is stated for); rows are hidden x 2 bytes, a
 // multiple of 16 as bulk copies need.
 
 #include <algorithm>
