@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"time"
+
+	"github.com/goep/goep/internal/poll"
 )
 
 // Feed is the GPU-fed half of the host proxy: a device (GPU kernels)
@@ -119,7 +120,6 @@ func (f *Feed) Drain(ctx context.Context) error {
 // hands them to the transport; it sleeps while none is expected.
 func (f *Feed) run() {
 	defer close(f.done)
-	var idle time.Duration // time spent polling an empty ring since the last pop
 	for {
 		f.mu.Lock()
 		want := f.popped < f.announced
@@ -127,21 +127,19 @@ func (f *Feed) run() {
 		if !want {
 			select {
 			case <-f.more:
-				idle = 0
 				continue
 			case <-f.ctx.Done():
 				return
 			}
 		}
-		w, ok := f.ring.TryPop()
-		if !ok {
-			if f.ctx.Err() != nil {
-				return
-			}
-			idle = backoff(idle)
-			continue
+		var w Work
+		if err := poll.Until(f.ctx, devicePolicy, func() (bool, error) {
+			var ok bool
+			w, ok = f.ring.TryPop()
+			return ok, nil
+		}); err != nil {
+			return // closed
 		}
-		idle = 0
 		err := f.t.Put(f.ctx, w)
 		f.mu.Lock()
 		if err != nil && f.err == nil {
@@ -153,19 +151,11 @@ func (f *Feed) run() {
 	}
 }
 
-// backoff waits a little while polling for the device: it yields for the
-// first 200 µs, then sleeps from 20 µs up to 500 µs. It returns the time
-// polled so far.
-func backoff(polled time.Duration) time.Duration {
-	if polled < 200*time.Microsecond {
-		start := time.Now()
-		runtime.Gosched()
-		return polled + time.Since(start)
-	}
-	d := min(max(polled/8, 20*time.Microsecond), 500*time.Microsecond)
-	time.Sleep(d)
-	return polled + d
-}
+// devicePolicy is how the feed polls for a descriptor announced and not
+// yet written: the kernel that writes it may be running (yield for 200µs)
+// or still queued behind other work (then sleep, from 20µs doubling to
+// 500µs), as internal/cuda polls a stream for its work.
+var devicePolicy = poll.Policy{Spin: 200 * time.Microsecond, First: 20 * time.Microsecond, Most: 500 * time.Microsecond}
 
 // Close stops the feed and unmaps its ring; the device no longer writes it
 // (its mapping is gone). Descriptors announced and not yet popped are

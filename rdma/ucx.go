@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/goep/goep/comm"
+	"github.com/goep/goep/internal/poll"
 	"github.com/goep/goep/internal/ucx"
 )
 
@@ -257,29 +258,23 @@ func (t *ucxTransport) Put(ctx context.Context, w Work) error {
 	if err := w.check(t.size, len(t.send), func(p int) int { return t.peers[p].info.RecvLen }); err != nil {
 		return err
 	}
-	delay := time.Microsecond
-	for spins := 0; ; spins++ {
-		if err := t.err("put"); err != nil {
-			return err
+	var failed error // the transport's or the peer's: it ends the put
+	err := poll.Until(ctx, ringFullPolicy, func() (bool, error) {
+		if failed = t.err("put"); failed != nil {
+			return true, nil
 		}
-		if err := t.lostError("put", []int{w.Peer}); err != nil {
-			return err
+		if failed = t.lostError("put", []int{w.Peer}); failed != nil {
+			return true, nil
 		}
 		t.life.RLock()
-		ok := !t.closed.Load() && t.ring.TryPush(w)
-		t.life.RUnlock()
-		if ok {
-			break
-		}
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("rdma: put on rank %d: ring of %d descriptors full: %w", t.rank, t.cfg.RingSize, context.Cause(ctx))
-		}
-		if spins < 64 {
-			runtime.Gosched()
-			continue
-		}
-		time.Sleep(delay)
-		delay = min(2*delay, 100*time.Microsecond)
+		defer t.life.RUnlock()
+		return !t.closed.Load() && t.ring.TryPush(w), nil
+	})
+	if err != nil {
+		return fmt.Errorf("rdma: put on rank %d: ring of %d descriptors full: %w", t.rank, t.cfg.RingSize, err)
+	}
+	if failed != nil {
+		return failed
 	}
 	select {
 	case t.wake <- struct{}{}:
@@ -298,8 +293,6 @@ func (t *ucxTransport) WaitAll(ctx context.Context, peers []int, epoch uint64) e
 	}
 	op := fmt.Sprintf("wait for epoch %d", epoch)
 	pending := slices.Clone(peers)
-	spinUntil := time.Now().Add(spinFor)
-	delay := time.Microsecond
 	// look drops the peers that have signalled epoch from pending; false
 	// when the transport is closed.
 	look := func() bool {
@@ -311,12 +304,14 @@ func (t *ucxTransport) WaitAll(ctx context.Context, peers []int, epoch uint64) e
 		pending = slices.DeleteFunc(pending, func(p int) bool { return atomic.LoadUint64(t.signal(p)) >= epoch })
 		return true
 	}
-	for {
+	var failed error // the transport's or a lost peer's: it ends the wait
+	err := poll.Until(ctx, waitPolicy, func() (bool, error) {
 		if !look() {
-			return t.err(op)
+			failed = t.err(op)
+			return true, nil
 		}
 		if len(pending) == 0 {
-			return nil
+			return true, nil
 		}
 		if testHookWaitLooked != nil {
 			testHookWaitLooked()
@@ -328,35 +323,34 @@ func (t *ucxTransport) WaitAll(ctx context.Context, peers []int, epoch uint64) e
 			// signal, as in nvlink's Domain.wait.
 			lost := err.(*comm.PeerLostError).Ranks
 			if !look() {
-				return t.err(op)
+				failed = t.err(op)
+				return true, nil
 			}
 			if lost = slices.DeleteFunc(lost, func(p int) bool { return !slices.Contains(pending, p) }); len(lost) > 0 {
-				return t.lostError(op, lost)
+				failed = t.lostError(op, lost)
+				return true, nil
 			}
-			continue
+			return len(pending) == 0, nil
 		}
-		if err := t.err(op); err != nil {
-			return err
-		}
-		if ctx.Err() != nil {
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				slices.Sort(pending)
-				return &comm.TimeoutError{Op: fmt.Sprintf("rdma: %s on rank %d", op, t.rank), Missing: slices.Compact(pending)}
-			}
-			return fmt.Errorf("rdma: %s on rank %d: %w", op, t.rank, context.Cause(ctx))
-		}
-		if time.Now().Before(spinUntil) {
-			runtime.Gosched()
-			continue
-		}
-		time.Sleep(delay)
-		delay = min(2*delay, maxSleep)
+		failed = t.err(op)
+		return failed != nil, nil
+	})
+	switch {
+	case err == nil:
+		return failed
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		slices.Sort(pending)
+		return &comm.TimeoutError{Op: fmt.Sprintf("rdma: %s on rank %d", op, t.rank), Missing: slices.Compact(pending)}
+	default:
+		return fmt.Errorf("rdma: %s on rank %d: %w", op, t.rank, err)
 	}
 }
 
+// waitPolicy is how WaitAll polls the signal words, which peers' puts
+// write: it spins for 200µs, then sleeps from 1µs doubling to maxSleep.
+var waitPolicy = poll.Policy{Spin: 200 * time.Microsecond, First: time.Microsecond, Most: maxSleep}
+
 const (
-	// spinFor is how long waits poll back to back before sleeping.
-	spinFor = 200 * time.Microsecond
 	// maxSleep bounds the sleeps of waits and of the idle proxy: the
 	// latency added to a signal that arrives while nobody spins.
 	maxSleep = 200 * time.Microsecond

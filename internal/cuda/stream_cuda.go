@@ -17,6 +17,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/goep/goep/internal/poll"
 )
 
 // Stream is an ordered queue of GPU work (CUstream).
@@ -93,7 +95,7 @@ func (s *Stream) Query() (bool, error) {
 // and a deadline bounds the wait (DESIGN invariant 4). On ctx's end it
 // returns an error wrapping ctx.Err(); the work is still queued.
 func (s *Stream) Synchronize(ctx context.Context) error {
-	if err := poll(ctx, s.Query); err != nil {
+	if err := poll.Until(ctx, syncPolicy, s.Query); err != nil {
 		return fmt.Errorf("cuda: synchronize stream: %w", err)
 	}
 	return nil
@@ -187,7 +189,7 @@ func (e *Event) Query() (bool, error) {
 // Synchronize waits until e has completed or ctx is done, polling
 // cuEventQuery like Stream.Synchronize.
 func (e *Event) Synchronize(ctx context.Context) error {
-	if err := poll(ctx, e.Query); err != nil {
+	if err := poll.Until(ctx, syncPolicy, e.Query); err != nil {
 		return fmt.Errorf("cuda: synchronize event: %w", err)
 	}
 	return nil

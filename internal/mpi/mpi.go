@@ -30,6 +30,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/goep/goep/internal/poll"
 )
 
 // result is the one conversion from an MPI return code to a Go error.
@@ -322,49 +324,27 @@ func (c *Comm) run(ctx context.Context, op string, m *cmem, start func(req *C.MP
 	if err := result(op, rc); err != nil {
 		return err // not started: nothing pending, c stays usable
 	}
-	// Open MPI advances a non-blocking collective only inside MPI_Test, so
-	// polling must not sleep while data moves: test back to back (yielding
-	// the processor to other goroutines) for up to spinFor, as a blocking
-	// MPI call would spin; only a collective still waiting after that (a
-	// peer that is late, not a transfer in progress) backs off to sleeps of
-	// up to a millisecond.
-	spinUntil := time.Now().Add(spinFor)
-	delay := 10 * time.Microsecond
-	var timer *time.Timer
-	for {
+	err := poll.Until(ctx, testPolicy, func() (bool, error) {
 		var flag C.int
 		lock()
 		rc := C.goep_test(&req, &flag)
 		unlock()
-		if err := result("MPI_Test", rc); err != nil {
-			return c.abandon(op, req, m, fmt.Errorf("%s: %w", op, err))
-		}
-		if flag != 0 {
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
-			return c.abandon(op, req, m, fmt.Errorf("%s: %w", op, context.Cause(ctx)))
-		}
-		if time.Now().Before(spinUntil) {
-			runtime.Gosched()
-			continue
-		}
-		if timer == nil {
-			timer = time.NewTimer(delay)
-			defer timer.Stop()
-		} else {
-			timer.Reset(delay)
-		}
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-		}
-		delay = min(2*delay, time.Millisecond)
+		return flag != 0, result("MPI_Test", rc)
+	})
+	if err != nil {
+		return c.abandon(op, req, m, fmt.Errorf("%s: %w", op, err))
 	}
+	return nil
 }
 
-// spinFor is how long run polls MPI_Test without sleeping.
-const spinFor = time.Second
+// testPolicy is how run polls MPI_Test. Open MPI advances a non-blocking
+// collective only inside MPI_Test, so polling must not sleep while data
+// moves: it tests back to back (yielding the processor to other
+// goroutines) for a second, as a blocking MPI call would spin; only a
+// collective still waiting after that (a peer that is late, not a
+// transfer in progress) backs off to sleeps from 10µs doubling to a
+// millisecond.
+var testPolicy = poll.Policy{Spin: time.Second, First: 10 * time.Microsecond, Most: time.Millisecond}
 
 func (c *Comm) abandon(op string, req C.MPI_Request, m *cmem, cause error) error {
 	m.kept = true

@@ -222,6 +222,8 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/goep/goep/internal/poll"
 )
 
 // Compiled reports whether the binding was built (tag ucx and cgo).
@@ -695,48 +697,45 @@ func (r *Request) Wait(ctx context.Context) error {
 }
 
 // poll progresses the worker and calls done (with w.mu held) until it
-// reports true or ctx ends. It spins (yielding to other goroutines) for a
-// while, as a blocking UCX wait would, then backs off to sleeps of up to
-// a millisecond.
+// reports true or ctx ends. UCX advances requests only inside
+// ucp_worker_progress, so while progress reports work done poll calls it
+// again at once, as a blocking UCX wait would; when it reports none, poll
+// waits by progressPolicy.
 func (w *Worker) poll(ctx context.Context, op string, done func() (bool, error)) error {
-	spinUntil := time.Now().Add(spinFor)
-	delay := 10 * time.Microsecond
-	var timer *time.Timer
-	for {
-		w.mu.Lock()
-		if w.h == nil {
+	var result error // done's, or the closed worker's
+	err := poll.Until(ctx, progressPolicy, func() (bool, error) {
+		for {
+			w.mu.Lock()
+			if w.h == nil {
+				w.mu.Unlock()
+				result = fmt.Errorf("ucx: %s: worker %w", op, ErrClosed)
+				return true, nil
+			}
+			n := C.ucp_worker_progress(w.h)
+			ok, err := done()
 			w.mu.Unlock()
-			return fmt.Errorf("ucx: %s: worker %w", op, ErrClosed)
-		}
-		n := C.ucp_worker_progress(w.h)
-		ok, err := done()
-		w.mu.Unlock()
-		if ok {
-			return err
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("ucx: %s: %w", op, context.Cause(ctx))
-		}
-		if n > 0 || time.Now().Before(spinUntil) {
+			if ok {
+				result = err
+				return true, nil
+			}
+			if n == 0 || ctx.Err() != nil {
+				return false, nil
+			}
 			runtime.Gosched()
-			continue
 		}
-		if timer == nil {
-			timer = time.NewTimer(delay)
-			defer timer.Stop()
-		} else {
-			timer.Reset(delay)
-		}
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-		}
-		delay = min(2*delay, time.Millisecond)
+	})
+	if err != nil {
+		return fmt.Errorf("ucx: %s: %w", op, err)
 	}
+	return result
 }
 
-// spinFor is how long poll progresses back to back before it sleeps.
-const spinFor = 100 * time.Millisecond
+// progressPolicy is how poll waits while progress reports no work done.
+// It reports none while a transfer's next bytes are still on their way, and
+// a blocking UCX wait spins through that, so poll spins for 100ms before it
+// backs off to sleeps from 10µs doubling to a millisecond: a wait that long
+// is for a peer that is late, not for bytes on the wire.
+var progressPolicy = poll.Policy{Spin: 100 * time.Millisecond, First: 10 * time.Microsecond, Most: time.Millisecond}
 
 // Endpoint is a connection to a peer's worker (ucp_ep_h). With
 // ErrorModePeer, when the peer dies or the link fails UCX calls the
