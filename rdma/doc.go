@@ -52,7 +52,9 @@
 // a 64-bit atomic add on the peer's signal word. UCX picks InfiniBand/RoCE
 // on clusters and TCP (or shared memory, Config.SharedMemory) on one
 // machine, so the same code is tested here and runs there. A libibverbs or
-// libfabric transport can be added behind the same interface.
+// libfabric transport can be added behind the same interface. Devices lists
+// what UCX finds on this machine (eprun topo prints it): its transport
+// resources, and among them the RDMA-capable devices.
 //
 // # Usage
 //

@@ -18,3 +18,10 @@ func TestNewUCXUnsupported(t *testing.T) {
 		t.Fatalf("NewUCX without the ucx tag: %v, %v; want an error wrapping ErrUnsupported naming -tags ucx", tr, err)
 	}
 }
+
+func TestDevicesUnsupported(t *testing.T) {
+	res, err := Devices()
+	if len(res.Devices) != 0 || !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "-tags ucx") {
+		t.Fatalf("Devices without the ucx tag: %+v, %v; want an error wrapping ErrUnsupported naming -tags ucx", res, err)
+	}
+}

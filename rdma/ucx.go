@@ -79,6 +79,19 @@ type flushReq struct {
 	reply chan error
 }
 
+// Devices lists the transport resources UCX can use on this machine, as
+// `ucx_info -d` does, with UCX's version; Resources.RDMADevices names the
+// RDMA-capable ones. It asks UCX's components only: no group, no context
+// of a transport.
+func Devices() (Resources, error) {
+	devs, skipped, err := ucx.Devices()
+	if err != nil {
+		return Resources{}, fmt.Errorf("rdma: devices: %w", err)
+	}
+	v, _ := ucx.Version() // empty if it fails: the devices are the answer
+	return Resources{UCXVersion: v, Devices: devs, Skipped: skipped}, nil
+}
+
 // NewUCX creates the UCX transport of g's rank: collective over g. It maps
 // and registers the send and receive regions and the signal words,
 // all-gathers worker addresses and remote keys, connects one endpoint per

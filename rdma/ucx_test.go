@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -532,5 +533,24 @@ func BenchmarkPutSignal(b *testing.B) {
 				b.ReportMetric(secs/float64(b.N)*1e6, "us/put")
 			})
 		}
+	}
+}
+
+// TestDevices: UCX lists this machine's resources through rdma; every
+// machine has the tests' TCP transport on lo, which is not RDMA.
+func TestDevices(t *testing.T) {
+	res, err := rdma.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.UCXVersion == "" {
+		t.Error("no UCX version")
+	}
+	tcpLo := false
+	for _, d := range res.Devices {
+		tcpLo = tcpLo || d.Transport == "tcp" && d.Device == "lo"
+	}
+	if !tcpLo || slices.Contains(res.RDMADevices(), "lo") {
+		t.Errorf("resources %+v, RDMA devices %q: want tcp on lo, not an RDMA device", res.Devices, res.RDMADevices())
 	}
 }

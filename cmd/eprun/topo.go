@@ -16,8 +16,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/goep/goep/internal/ucx"
 	"github.com/goep/goep/launcher"
+	"github.com/goep/goep/rdma"
 )
 
 // sysNodeDir is where Linux lists the NUMA nodes (a variable for tests).
@@ -83,8 +83,8 @@ type gpuDev struct {
 // whether it can move GPU memory. Error says why it said nothing (a binary
 // built without -tags ucx).
 type rdmaReport struct {
-	UCXVersion string       `json:"ucx_version,omitempty"`
-	Devices    []ucx.Device `json:"devices"`
+	UCXVersion string        `json:"ucx_version,omitempty"`
+	Devices    []rdma.Device `json:"devices"`
 	// RDMADevices are the devices with an RDMA transport (InfiniBand or
 	// RoCE verbs), each once, in UCX's order.
 	RDMADevices []string `json:"rdma_devices"`
@@ -97,29 +97,23 @@ type rdmaReport struct {
 	Error   string `json:"error,omitempty"`
 }
 
-// ucxDevices fills the report from ucx.Devices.
+// ucxDevices fills the report from rdma.Devices.
 func ucxDevices() rdmaReport {
-	rep := rdmaReport{Devices: []ucx.Device{}, RDMADevices: []string{}, GPUTransports: []string{}}
-	devs, skipped, err := ucx.Devices()
+	res, err := rdma.Devices()
 	if err != nil {
-		rep.Error = err.Error()
-		return rep
+		return rdmaReport{Devices: []rdma.Device{}, RDMADevices: []string{}, GPUTransports: []string{}, Error: err.Error()}
 	}
-	rep = rdmaFrom(devs, skipped)
-	rep.UCXVersion, _ = ucx.Version()
-	return rep
+	return rdmaFrom(res)
 }
 
-// rdmaFrom is the report of UCX's resources devs.
-func rdmaFrom(devs []ucx.Device, skipped int) rdmaReport {
+// rdmaFrom is the report of UCX's resources res.
+func rdmaFrom(res rdma.Resources) rdmaReport {
+	devs := res.Devices
 	if devs == nil {
-		devs = []ucx.Device{} // "devices": [] in the JSON
+		devs = []rdma.Device{} // "devices": [] in the JSON
 	}
-	rep := rdmaReport{Devices: devs, RDMADevices: []string{}, GPUTransports: []string{}, Skipped: skipped}
+	rep := rdmaReport{UCXVersion: res.UCXVersion, Devices: devs, RDMADevices: res.RDMADevices(), GPUTransports: []string{}, Skipped: res.Skipped}
 	for _, d := range devs {
-		if d.RDMA() && !slices.Contains(rep.RDMADevices, d.Device) {
-			rep.RDMADevices = append(rep.RDMADevices, d.Device)
-		}
 		if d.GPU() && !slices.Contains(rep.GPUTransports, d.Transport) {
 			rep.GPUTransports = append(rep.GPUTransports, d.Transport)
 		}

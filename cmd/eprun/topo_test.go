@@ -2,13 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/goep/goep/internal/ucx"
+	"github.com/goep/goep/rdma"
 )
 
 func TestTopo(t *testing.T) {
@@ -23,8 +24,10 @@ func TestTopo(t *testing.T) {
 	}
 	// Either UCX answered (a binary built with -tags ucx), or the report
 	// says why not.
-	if ucx.Compiled != strings.Contains(stdout, "rdma devices") || ucx.Compiled == strings.Contains(stdout, "no UCX: ") {
-		t.Errorf("ucx compiled %v, but the rdma section says otherwise:\n%s", ucx.Compiled, stdout)
+	_, err := rdma.Devices()
+	compiled := !errors.Is(err, rdma.ErrUnsupported)
+	if compiled != strings.Contains(stdout, "rdma devices") || compiled == strings.Contains(stdout, "no UCX: ") {
+		t.Errorf("ucx compiled %v, but the rdma section says otherwise:\n%s", compiled, stdout)
 	}
 	// Either NVML answered, or the report says why not.
 	if !strings.Contains(stdout, "no NVML: no GPU visible") && !strings.Contains(stdout, "driver") {
@@ -98,7 +101,7 @@ func TestNUMANodes(t *testing.T) {
 // TestTopoRDMA: the rdma section of a cluster node (what UCX lists on a
 // node with a ConnectX HCA and CUDA support) and of a machine with only TCP.
 func TestTopoRDMA(t *testing.T) {
-	node := []ucx.Device{
+	node := []rdma.Device{
 		{Component: "self", MD: "self", Transport: "self", Device: "memory0", Type: "self"},
 		{Component: "tcp", MD: "tcp", Transport: "tcp", Device: "eth0", Type: "net"},
 		{Component: "ib", MD: "mlx5_0", Transport: "rc_mlx5", Device: "mlx5_0:1", Type: "net"},
@@ -109,14 +112,14 @@ func TestTopoRDMA(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name string
-		devs []ucx.Device
+		devs []rdma.Device
 		want []string
 		rdma []string
 	}{
 		{"cluster node", node, []string{"device mlx5_0:1           rc_mlx5, dc_mlx5 (net)", "rdma devices             mlx5_0:1, mlx5_1:1", "gpu memory               cuda_copy, cuda_ipc"}, []string{"mlx5_0:1", "mlx5_1:1"}},
 		{"tcp only", node[:2], []string{"device eth0               tcp (net)", "rdma devices             none", "would run over TCP", "gpu memory               no"}, []string{}},
 	} {
-		rep := rdmaFrom(c.devs, 0)
+		rep := rdmaFrom(rdma.Resources{Devices: c.devs})
 		if !slices.Equal(rep.RDMADevices, c.rdma) {
 			t.Errorf("%s: rdma devices %q, want %q", c.name, rep.RDMADevices, c.rdma)
 		}
