@@ -5,6 +5,8 @@ import (
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor/internal/datapath"
+	"github.com/goep/goep/executor/internal/plan"
 	"github.com/goep/goep/nvlink"
 )
 
@@ -13,7 +15,7 @@ import (
 var (
 	// ErrInvalidInput: a shape, dtype, index or size is wrong on this rank
 	// or (wrapped in a *nvlink.PeerError) on another rank of the call.
-	ErrInvalidInput = errors.New("executor: invalid input")
+	ErrInvalidInput = plan.ErrInvalidInput
 	// ErrTimeout: a rank did not join a cross-rank step within the
 	// deadline; the error names it. The engine is failed afterwards.
 	ErrTimeout = comm.ErrTimeout
@@ -24,10 +26,10 @@ var (
 	ErrPeerMismatch = nvlink.ErrPeerMismatch
 	// ErrCapacityExceeded: in capacity mode with OverflowError, a rank
 	// received more rows than its capacity (see *CapacityError).
-	ErrCapacityExceeded = errors.New("executor: capacity exceeded")
+	ErrCapacityExceeded = plan.ErrCapacityExceeded
 	// ErrUnsupported: the configuration needs a feature not built yet or
 	// not compiled in; the message names it.
-	ErrUnsupported = errors.New("executor: unsupported")
+	ErrUnsupported = datapath.ErrUnsupported
 	// ErrFailed: the engine failed earlier (timeout, lost peer) and fails
 	// fast; Close still frees everything.
 	ErrFailed = errors.New("executor: engine failed")

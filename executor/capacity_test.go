@@ -9,12 +9,14 @@ import (
 	"testing"
 
 	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor/internal/plan"
+	"github.com/goep/goep/internal/view"
 	"github.com/goep/goep/permute"
 )
 
 // capResult is what one rank produced in one run.
 type capResult struct {
-	lay                 *Layout
+	lay                 *plan.Layout
 	counts              Counts
 	recvX, px, pw, comb []byte
 	recvIdx             []int32
@@ -76,8 +78,8 @@ func runCapacity(t *testing.T, R int, cfg Config, T int, dt device.DType) []capR
 			}
 		}
 		res[r] = capResult{
-			lay: h.lay, recvX: d.RecvX.Bytes(), recvIdx: slices.Clone(permute.Int32s(d.RecvIdx.Bytes())),
-			recvW: slices.Clone(permute.Float32s(d.RecvWeights.Bytes())),
+			lay: h.st.Lay, recvX: d.RecvX.Bytes(), recvIdx: slices.Clone(view.Int32s(d.RecvIdx.Bytes())),
+			recvW: slices.Clone(view.Float32s(d.RecvWeights.Bytes())),
 			px:    slices.Clone(dp.X.Bytes()), pw: slices.Clone(dp.Weights.Bytes()),
 			unperm: slices.Clone(u.Bytes()), comb: slices.Clone(c.Bytes()),
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/goep/goep/comm"
+	"github.com/goep/goep/executor/internal/plan"
 )
 
 // Mode chooses how counts reach the host.
@@ -212,4 +213,13 @@ func TimeoutFromEnv() (time.Duration, error) {
 		return 0, fmt.Errorf("executor: %w", err)
 	}
 	return d, nil
+}
+
+// params is what the layout needs of c (defaults filled in, validated).
+func (c Config) params() plan.Params {
+	return plan.Params{
+		NumExperts: c.NumExperts, TopK: c.TopK, MaxTokensPerRank: c.MaxTokensPerRank,
+		RanksPerDomain: c.RanksPerDomain, PadMultiple: max(c.PadMultiple, 1),
+		Capacity: c.Mode == Capacity, MaxRecvTokens: c.MaxRecvTokens, MaxPermutedTokens: c.MaxPermutedTokens,
+	}
 }

@@ -86,13 +86,14 @@ func TestCUDAMultiProcess(t *testing.T) {
 	}
 }
 
-// TestCUDAIssue756 is HybridEP's issue 756 as a test (DESIGN.md invariant
-// 2): a long kernel holds the stream, the caller queues dispatch, permute,
+// TestCUDALifetimePoison is the failure HybridEP's users reported (kernels
+// reading a pinned host tensor the allocator had already recycled) as a
+// test of DESIGN.md invariant 2: a long kernel holds the stream, the caller queues dispatch, permute,
 // unpermute and combine behind it, drops the handle, the inputs and the
 // intermediates, forces garbage collection, allocates pinned host memory
 // and device memory and scribbles over it; the queued results must still
 // be exactly those of an undisturbed run.
-func TestCUDAIssue756(t *testing.T) {
+func TestCUDALifetimePoison(t *testing.T) {
 	b := needGPU(t)
 	for _, mode := range []executor.Mode{executor.Blocking, executor.Capacity} {
 		t.Run(fmt.Sprint(mode), func(t *testing.T) {

@@ -25,6 +25,10 @@
 //	out, err := e.UnpermuteCombine(ctx, h, executor.UnpermuteInput{Y: y, RecvWeights: d.RecvWeights})
 //	err = e.Synchronize(ctx)
 //
-// The layout itself is a pure function (ComputeLayout) of every rank's
-// routing and the Config, kept apart from the code that moves bytes.
+// Inside, New picks one data path: the host backend's (internal/host) or
+// the GPU's (internal/gpu, tag cuda), behind one small interface
+// (internal/datapath); with several NVLink domains both reach the other
+// domains through the rail (internal/rail). The layout itself is a pure
+// function of every rank's routing and the Config (internal/plan), kept
+// apart from the code that moves bytes.
 package executor

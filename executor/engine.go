@@ -4,33 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor/internal/datapath"
+	"github.com/goep/goep/executor/internal/host"
 	"github.com/goep/goep/nvlink"
 )
-
-// Operation codes published in every exchange so that ranks running
-// different calls fail with ErrPeerMismatch instead of mixing data.
-const (
-	opLayout uint64 = iota + 1
-	opDispatch
-	opCombine
-	opDispatchPermute
-	opUnpermuteCombine
-)
-
-var opNames = map[uint64]string{
-	opLayout: "layout", opDispatch: "dispatch", opCombine: "combine",
-	opDispatchPermute: "dispatch-permute", opUnpermuteCombine: "unpermute-combine",
-}
 
 // Engine is one rank's expert-parallel communication engine. All of an
 // engine's calls (and its handles') must come from one goroutine at a
@@ -46,31 +34,20 @@ var opNames = map[uint64]string{
 // dtypes) are returned at once; errors found by the queued work (a peer's bad
 // input, a timeout, capacity overflow) are returned by the next Synchronize.
 type Engine struct {
-	cfg     Config
-	rank    int
-	size    int
-	local   int // NumLocalExperts
-	group   comm.Group
-	backend device.Backend
-	// stream runs the host work: on the host backend every call's task;
-	// on CUDA the layout's exchange (control traffic in host memory).
-	stream *device.HostStream
-	// data is the stream outputs are allocated on and the data path runs
-	// on: stream itself on the host backend, the GPU's stream on CUDA.
-	data   device.Stream
-	domain *nvlink.Domain
-	// hier is the inter-domain half (D < R; nil with one domain): the
-	// rail transport and the forwarding buffer. domain is then this
-	// rank's domain only.
-	hier *hierarchy
-	// gpu is the CUDA data path (nil on the host backend); ctl is the
-	// private host backend of its control blocks.
-	gpu *gpuEngine
-	ctl *device.Host
-	log *zap.Logger
+	cfg   Config
+	rank  int
+	size  int
+	local int // NumLocalExperts
+	group comm.Group
+	// path moves the bytes: the host backend's (package host) or the
+	// GPU's (package gpu), chosen once by New. env is what it knows of
+	// the engine; fate records a fatal failure, shared with it.
+	path datapath.Path
+	env  datapath.Env
+	fate datapath.Fate
+	log  *zap.Logger
 
 	handles uint64 // layouts made, numbering handles
-	failed  atomic.Pointer[error]
 	closed  bool
 	// callMu guards calling and pendingClose. calling is set while one
 	// of the engine's calls (or its handles') runs (enter): a second call
@@ -203,59 +180,35 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 				r, g.Rank(), diffDescriptions(desc, string(d)), ErrPeerMismatch)
 		}
 	}
-	var cb *device.CUDA
-	var ctl *device.Host
-	sb := b
-	switch b.Kind() {
-	case device.KindHost:
-	case device.KindCUDA:
-		var ok bool
-		if cb, ok = b.(*device.CUDA); !ok {
-			return nil, fmt.Errorf("executor: new: CUDA backend of type %T: %w", b, ErrUnsupported)
-		}
-		ctl = device.NewHost()
-		sb = ctl
-	default:
-		return nil, fmt.Errorf("executor: new: %s backend: %w", b.Kind(), ErrUnsupported)
-	}
-	s, err := sb.NewStream()
-	if err != nil {
-		return nil, fmt.Errorf("executor: new: %w", err)
-	}
-	global := make([]int, R)
-	for i := range global {
-		global[i] = i
+	e := &Engine{cfg: cfg, rank: g.Rank(), size: R, local: cfg.NumExperts / R, group: g, log: o.log.Named("executor")}
+	e.env = datapath.Env{
+		P: cfg.params(), Rank: e.rank, NumRanks: R, Hidden: cfg.Hidden, Drop: cfg.Overflow == OverflowDrop,
+		Timeout: cfg.Timeout, SMs: cfg.SMs, ChunkRows: cfg.ChunkRows,
+		Alloc: e.NewTensor, Fate: &e.fate, Log: e.log,
 	}
 	if testHookSetup != nil {
 		testHookSetup(g.Rank())
 	}
 	dctx, cancel := context.WithTimeout(ctx, max(cfg.Timeout, setupTimeout))
 	defer cancel()
-	var dom *nvlink.Domain
-	var hier *hierarchy
-	if cfg.RanksPerDomain == R {
-		dom, err = nvlink.New(dctx, g, s, global, cfg.Timeout)
-	} else {
-		hier, dom, err = newHierarchy(dctx, g, s, cfg, shm)
-		if hier != nil {
-			hier.staging = staging
+	switch b.Kind() {
+	case device.KindHost:
+		hb, ok := b.(*device.Host)
+		if !ok {
+			return nil, fmt.Errorf("executor: new: host backend of type %T: %w", b, ErrUnsupported)
 		}
+		e.path, err = host.New(dctx, g, hb, &e.env, shm)
+	case device.KindCUDA:
+		cb, ok := b.(*device.CUDA)
+		if !ok {
+			return nil, fmt.Errorf("executor: new: CUDA backend of type %T: %w", b, ErrUnsupported)
+		}
+		e.path, err = newGPUPath(dctx, g, cb, &e.env, o.stream, shm, staging)
+	default:
+		return nil, fmt.Errorf("executor: new: %s backend: %w", b.Kind(), ErrUnsupported)
 	}
 	if err != nil {
-		_ = s.Close()
 		return nil, fmt.Errorf("executor: new: %w", err)
-	}
-	e := &Engine{
-		cfg: cfg, rank: g.Rank(), size: R, local: cfg.NumExperts / R,
-		group: g, backend: b, stream: s.(*device.HostStream), data: s, domain: dom, hier: hier, ctl: ctl,
-		log: o.log.Named("executor"),
-	}
-	if cb != nil {
-		if e.gpu, err = newGPUEngine(dctx, e, cb, o.stream); err != nil {
-			dom.Close()
-			return nil, errors.Join(fmt.Errorf("executor: new: %w", err), s.Close(), ctl.Close())
-		}
-		e.data = e.gpu.s
 	}
 	e.log.Debug("engine ready", zap.Int("rank", e.rank), zap.Int("ranks", R), zap.Any("config", cfg))
 	return e, nil
@@ -302,7 +255,7 @@ func (e *Engine) NumRanks() int { return e.size }
 func (e *Engine) NumLocalExperts() int { return e.local }
 
 // Stream is the engine's stream; all its work runs there in order.
-func (e *Engine) Stream() device.Stream { return e.data }
+func (e *Engine) Stream() device.Stream { return e.path.Stream() }
 
 // NewTensor allocates an uninitialised tensor on the engine's stream.
 func (e *Engine) NewTensor(dt device.DType, shape ...int) (*device.Tensor, error) {
@@ -311,7 +264,7 @@ func (e *Engine) NewTensor(dt device.DType, shape ...int) (*device.Tensor, error
 			return nil, err
 		}
 	}
-	return device.NewTensor(e.data, dt, shape...)
+	return device.NewTensor(e.path.Stream(), dt, shape...)
 }
 
 // testHookAlloc, when a test sets it, runs before every NewTensor of the
@@ -328,115 +281,35 @@ func (e *Engine) Synchronize(ctx context.Context) error {
 	return e.synchronize(ctx)
 }
 
-// synchronize is Synchronize, inside enter (Layout's too).
+// synchronize is Synchronize, inside enter.
 func (e *Engine) synchronize(ctx context.Context) error {
 	if e.closed {
 		return ErrClosed
 	}
-	if err := e.stream.Synchronize(ctx); err != nil {
-		return e.noteFailure(err)
-	}
-	if e.gpu != nil {
-		if err := e.gpu.synchronize(ctx); err != nil {
-			return e.noteFailure(err)
-		}
-	}
-	return nil
+	return e.fate.Note(e.path.Synchronize(ctx))
 }
-
-// noteFailure records fatal errors (timeouts) and wraps them for the caller.
-func (e *Engine) noteFailure(err error) error {
-	if fatal(err) {
-		e.failed.CompareAndSwap(nil, &err)
-	}
-	return err
-}
-
-// fatal reports whether err leaves the ranks out of step for good: a
-// timeout or a lost peer.
-func fatal(err error) bool { return errors.Is(err, ErrTimeout) || errors.Is(err, ErrPeerLost) }
 
 // usable reports why the engine cannot take a call.
 func (e *Engine) usable() error {
 	if e.closed {
 		return ErrClosed
 	}
-	if p := e.failed.Load(); p != nil {
-		return fmt.Errorf("%w: %w", ErrFailed, *p)
+	if err := e.fate.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrFailed, err)
 	}
 	return nil
 }
 
-// exchange runs one domain exchange from a stream task and records a
-// timeout as fatal.
-func (e *Engine) exchange(c nvlink.Call, fn func(peers [][]*device.Buffer) error) error {
-	err := e.domain.Exchange(c, fn)
-	if fatal(err) {
-		e.failed.CompareAndSwap(nil, &err)
-	}
-	if errors.Is(err, nvlink.ErrPeerReported) && !fatal(err) && !errors.Is(err, ErrPeerMismatch) {
-		err = fmt.Errorf("%w: %w", err, ErrInvalidInput)
-	}
-	return err
-}
-
-// reject makes this rank join the exchange of a call whose input it
-// rejected, publishing the reason, so that every peer fails the call at
-// once instead of waiting for this rank. The local error is returned to the
-// caller directly, so the task itself reports nothing.
-func (e *Engine) reject(op uint64, cause error) error {
+// reject makes this rank join the exchanges of collective call op, whose
+// input it rejected with cause, publishing the reason, so that every peer
+// fails the call at once instead of waiting for this rank. The error is
+// returned to the caller directly, so the joined work reports nothing.
+func (e *Engine) reject(op datapath.Op, cause error) error {
 	if e.usable() != nil {
 		return cause // the engine takes no calls; there is no exchange to join
 	}
-	if e.gpu != nil && (op != opLayout || e.gpu.layoutOnGPU()) {
-		if e.hier != nil {
-			e.gpu.hierReject(op, cause)
-			return cause
-		}
-		e.gpu.reject()
-		return cause
-	}
-	if e.gpu != nil && e.hier != nil {
-		// A host layout on the CUDA backend with several domains: the GPU
-		// calls run their rail rounds on the caller's goroutine, so this
-		// one does too (a stream task could interleave its epoch with the
-		// next call's).
-		e.hierReject(op, cause)
-		return cause
-	}
-	e.stream.GoCollective("reject "+opNames[op], func(error) error {
-		e.joinFailed(op, cause)
-		return nil
-	})
+	e.path.Reject(op, cause)
 	return cause
-}
-
-// joinFailed joins the exchanges of call op (and its rail round with
-// several domains) with cause as this rank's status: the peers fail the
-// call at once with this rank's reason.
-func (e *Engine) joinFailed(op uint64, cause error) {
-	if e.hier != nil {
-		e.hierReject(op, cause)
-		return
-	}
-	_ = e.domain.Exchange(nvlink.Call{Op: op, Status: cause}, nil)
-}
-
-// collective enqueues fn, the stream task of collective call op (host
-// path). It runs even when an earlier task on this rank's stream failed
-// (the caller's own work on Stream(), or a call that failed here alone):
-// then, instead of fn, it joins the call's exchange with that failure as
-// this rank's status, so that the peers fail this call rather than pair
-// their exchanges with this rank's later calls. The failure itself is
-// what Synchronize reports.
-func (e *Engine) collective(op uint64, fn func() error) {
-	e.stream.GoCollective(opNames[op], func(held error) error {
-		if held != nil {
-			e.joinFailed(op, fmt.Errorf("executor: an earlier task on rank %d's stream failed: %w", e.rank, held))
-			return nil
-		}
-		return fn()
-	})
 }
 
 // Close waits for queued work, leaves the domain and frees the engine's
@@ -453,44 +326,38 @@ func (e *Engine) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
 	var errs []error
-	if err := e.stream.Synchronize(ctx); err != nil && e.failed.Load() == nil && !fatal(err) {
+	if err := e.path.Drain(ctx); err != nil && e.fate.Err() == nil && !datapath.Fatal(err) {
 		errs = append(errs, err)
 	}
-	if e.gpu != nil {
-		if err := e.gpu.s.Synchronize(ctx); err != nil && e.failed.Load() == nil && !fatal(err) {
-			errs = append(errs, err)
-		}
-	}
 	// Peers may still be in their last exchange with this rank's control
-	// block; wait for them unless the group is already broken.
-	if e.failed.Load() == nil {
+	// block, or store into its windows; wait for them unless the group is
+	// already broken.
+	if e.fate.Err() == nil {
 		bctx, bcancel := context.WithTimeout(context.Background(), min(e.cfg.Timeout, 10*time.Second))
 		if err := e.group.Barrier(bctx); err != nil {
 			errs = append(errs, fmt.Errorf("executor: close: %w", err))
 		}
 		bcancel()
 	}
-	if e.gpu != nil {
-		// Peers have passed the barrier (or the group is broken): no one
-		// stores into this rank's windows any more.
-		if err := e.gpu.close(); err != nil && e.failed.Load() == nil {
-			errs = append(errs, err)
-		}
-	}
-	if e.hier != nil {
-		// Collective over the rail; after a failure it still frees all.
-		if err := e.hier.close(e.domain); err != nil && e.failed.Load() == nil {
-			errs = append(errs, fmt.Errorf("executor: close: %w", err))
-		}
-	} else {
-		e.domain.Close()
-	}
-	if err := e.stream.Close(); err != nil && e.failed.Load() == nil {
+	// Peers have passed the barrier (or the group is broken): no one uses
+	// this rank's memory any more. After a failure everything is freed
+	// all the same.
+	if err := e.path.Close(); err != nil && e.fate.Err() == nil {
 		errs = append(errs, err)
-	}
-	if e.ctl != nil {
-		errs = append(errs, e.ctl.Close())
 	}
 	e.closed = true
 	return errors.Join(errs...)
+}
+
+// boolEnv reads a boolean GOEP_* variable (unset: false).
+func boolEnv(name string) (bool, error) {
+	v, ok := os.LookupEnv(name)
+	if !ok || v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("executor: %s=%q: want a boolean (1, 0, true, false)", name, v)
+	}
+	return b, nil
 }

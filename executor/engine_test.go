@@ -122,7 +122,7 @@ func pipeline(ctx context.Context, e *Engine, idx []int32, x []byte, w []float32
 	if poison {
 		// Hold the stream so that everything below is still queued while
 		// its inputs are dropped and their memory is scribbled over.
-		e.stream.Go("slow", func() error { time.Sleep(300 * time.Millisecond); return nil })
+		e.Stream().(*device.HostStream).Go("slow", func() error { time.Sleep(300 * time.Millisecond); return nil })
 	}
 	dp, err := e.DispatchPermute(ctx, h, DispatchInput{X: xt, TopkWeights: wt})
 	if err != nil {

@@ -2,12 +2,19 @@
 
 package executor
 
-import "time"
+import (
+	"time"
+
+	"github.com/goep/goep/executor/internal/gpu"
+)
 
 // HoldStream enqueues a kernel that keeps the engine's GPU stream busy for
 // d (the lifetime tests).
-func (e *Engine) HoldStream(d time.Duration) error { return e.gpu.hold(d) }
+func (e *Engine) HoldStream(d time.Duration) error { return e.path.(*gpu.Path).Hold(d) }
 
 // RailFed reports whether the engine feeds its rail from the GPU (several
 // domains, GOEP_RAIL_HOST_STAGING unset).
-func (e *Engine) RailFed() bool { return e.gpu != nil && e.gpu.hier != nil && e.gpu.hier.feed != nil }
+func (e *Engine) RailFed() bool {
+	p, ok := e.path.(*gpu.Path)
+	return ok && p.RailFed()
+}

@@ -21,4 +21,12 @@
 // On the host backend the domain's memory is host memory and a handle names a
 // buffer in a process-wide registry (in-process ranks); the CUDA backend uses
 // IPC or fabric handles instead.
+//
+// On the GPU the same protocol runs as stream work (GPUFlags, tag cuda):
+// every rank's windows are mapped by its peers (MapGPU), and epoch flags in
+// a region of them (arrived and done words, written only by the peer they
+// are named after) order the calls; waits are clock-bounded and leave a
+// status word the host reads after a synchronize (WaitError decodes it).
+// kernels/flags.cuh is the protocol's device side, for kernels that wait
+// or signal in place; kernels/flags.cu its own kernels.
 package nvlink

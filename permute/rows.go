@@ -2,39 +2,14 @@ package permute
 
 import (
 	"math"
-	"unsafe"
 
 	"github.com/goep/goep/device"
+	"github.com/goep/goep/internal/view"
 )
 
 // Float dtypes only: BF16 and FP32. Row slices are the bytes of one row of
 // Hidden elements; they must be 2- (BF16) or 4-byte (FP32) aligned, which
 // every device buffer is.
-
-func asU16(b []byte) []uint16 {
-	if len(b) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*uint16)(unsafe.Pointer(&b[0])), len(b)/2)
-}
-
-func asF32(b []byte) []float32 {
-	if len(b) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
-}
-
-// Float32s views the bytes of an FP32 array as float32 values (no copy).
-func Float32s(b []byte) []float32 { return asF32(b) }
-
-// Int32s views the bytes of an Int32 array as int32 values (no copy).
-func Int32s(b []byte) []int32 {
-	if len(b) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*int32)(unsafe.Pointer(&b[0])), len(b)/4)
-}
 
 func bf16(u uint16) float32 { return math.Float32frombits(uint32(u) << 16) }
 
@@ -119,7 +94,7 @@ func quiet(f float32) float32 { return math.Float32frombits(math.Float32bits(f) 
 func accumulateGo(dt device.DType, acc []float32, row []byte, c float32, first bool) {
 	switch dt {
 	case device.BF16:
-		src := asU16(row)[:len(acc)]
+		src := view.Uint16s(row)[:len(acc)]
 		switch {
 		case c == 1 && first:
 			for j, u := range src {
@@ -139,7 +114,7 @@ func accumulateGo(dt device.DType, acc []float32, row []byte, c float32, first b
 			}
 		}
 	case device.FP32:
-		src := asF32(row)[:len(acc)]
+		src := view.Float32s(row)[:len(acc)]
 		switch {
 		case c == 1 && first:
 			copy(acc, src)
@@ -163,12 +138,12 @@ func accumulateGo(dt device.DType, acc []float32, row []byte, c float32, first b
 func storeGo(dt device.DType, row []byte, acc []float32) {
 	switch dt {
 	case device.BF16:
-		dst := asU16(row)[:len(acc)]
+		dst := view.Uint16s(row)[:len(acc)]
 		for j, f := range acc {
 			dst[j] = device.Float32ToBF16(f)
 		}
 	case device.FP32:
-		copy(asF32(row)[:len(acc)], acc)
+		copy(view.Float32s(row)[:len(acc)], acc)
 	}
 }
 
@@ -176,12 +151,12 @@ func storeGo(dt device.DType, row []byte, acc []float32) {
 func scaleGo(dt device.DType, dst, src []byte, c float32) {
 	switch dt {
 	case device.BF16:
-		d, s := asU16(dst), asU16(src)[:len(asU16(dst))]
+		d, s := view.Uint16s(dst), view.Uint16s(src)[:len(view.Uint16s(dst))]
 		for j, u := range s {
 			d[j] = device.Float32ToBF16(mul(c, bf16(u)))
 		}
 	case device.FP32:
-		d, s := asF32(dst), asF32(src)[:len(asF32(dst))]
+		d, s := view.Float32s(dst), view.Float32s(src)[:len(view.Float32s(dst))]
 		for j, v := range s {
 			d[j] = mul(c, v)
 		}
@@ -194,12 +169,12 @@ func Dot(dt device.DType, a, b []byte) float32 {
 	var s float64
 	switch dt {
 	case device.BF16:
-		x, y := asU16(a), asU16(b)[:len(asU16(a))]
+		x, y := view.Uint16s(a), view.Uint16s(b)[:len(view.Uint16s(a))]
 		for j := range x {
 			s += float64(bf16(x[j])) * float64(bf16(y[j]))
 		}
 	case device.FP32:
-		x, y := asF32(a), asF32(b)[:len(asF32(a))]
+		x, y := view.Float32s(a), view.Float32s(b)[:len(view.Float32s(a))]
 		for j := range x {
 			s += float64(x[j]) * float64(y[j])
 		}

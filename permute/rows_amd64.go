@@ -4,6 +4,7 @@ import (
 	"golang.org/x/sys/cpu"
 
 	"github.com/goep/goep/device"
+	"github.com/goep/goep/internal/view"
 )
 
 // useAVX2 selects the assembly row loops of rows_amd64.s. Tests and
@@ -72,7 +73,7 @@ func accumulateAVX2(dt device.DType, acc []float32, row []byte, c float32, first
 	sz := dt.Size()
 	switch dt {
 	case device.BF16:
-		src := asU16(row)[:len(acc)]
+		src := view.Uint16s(row)[:len(acc)]
 		switch {
 		case c == 1 && first:
 			accSetBF16(&acc[0], &src[0], n)
@@ -84,7 +85,7 @@ func accumulateAVX2(dt device.DType, acc []float32, row []byte, c float32, first
 			accMulAddBF16(&acc[0], &src[0], n, c)
 		}
 	case device.FP32:
-		src := asF32(row)[:len(acc)]
+		src := view.Float32s(row)[:len(acc)]
 		switch {
 		case c == 1 && first:
 			copy(acc, src)
@@ -110,7 +111,7 @@ func storeAVX2(dt device.DType, row []byte, acc []float32) {
 		storeGo(dt, row, acc)
 		return
 	}
-	dst := asU16(row)[:len(acc)]
+	dst := view.Uint16s(row)[:len(acc)]
 	n := len(acc) &^ 7
 	if n > 0 {
 		storeBF16(&dst[0], &acc[0], n)
@@ -125,8 +126,8 @@ func scaleAVX2(dt device.DType, dst, src []byte, c float32) {
 	var m int
 	switch dt {
 	case device.BF16:
-		d := asU16(dst)
-		s := asU16(src)[:len(d)]
+		d := view.Uint16s(dst)
+		s := view.Uint16s(src)[:len(d)]
 		m = len(d)
 		if n := m &^ 7; n > 0 {
 			scaleBF16(&d[0], &s[0], n, c)
@@ -136,8 +137,8 @@ func scaleAVX2(dt device.DType, dst, src []byte, c float32) {
 			return
 		}
 	case device.FP32:
-		d := asF32(dst)
-		s := asF32(src)[:len(d)]
+		d := view.Float32s(dst)
+		s := view.Float32s(src)[:len(d)]
 		m = len(d)
 		if n := m &^ 7; n > 0 {
 			accMulF32(&d[0], &s[0], n, c)

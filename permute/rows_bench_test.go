@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/goep/goep/device"
+	"github.com/goep/goep/internal/view"
 )
 
 // The row benchmarks run each function with the assembly (impl=avx2) and
@@ -43,9 +44,9 @@ func benchRow(dt device.DType, hidden int) []byte {
 	for j := range hidden {
 		f := float32(r.NormFloat64())
 		if dt == device.BF16 {
-			asU16(row)[j] = device.Float32ToBF16(f)
+			view.Uint16s(row)[j] = device.Float32ToBF16(f)
 		} else {
-			asF32(row)[j] = f
+			view.Float32s(row)[j] = f
 		}
 	}
 	return row
@@ -74,7 +75,7 @@ func BenchmarkAccumulate(b *testing.B) {
 
 func BenchmarkStore(b *testing.B) {
 	benchRows(b, "", func(b *testing.B, dt device.DType, h int) {
-		acc := asF32(benchRow(device.FP32, h))
+		acc := view.Float32s(benchRow(device.FP32, h))
 		row := make([]byte, h*dt.Size())
 		for b.Loop() {
 			Store(dt, row, acc)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/goep/goep/device"
+	"github.com/goep/goep/internal/view"
 )
 
 // haveAVX2 is useAVX2 as the package set it at start-up (tests switch
@@ -86,12 +87,12 @@ func randRow(r *rand.Rand, dt device.DType, n, off int) []byte {
 	row := buf[off*sz : (off+n)*sz]
 	switch dt {
 	case device.BF16:
-		for j := range asU16(buf) {
-			asU16(buf)[j] = randBF16(r)
+		for j := range view.Uint16s(buf) {
+			view.Uint16s(buf)[j] = randBF16(r)
 		}
 	case device.FP32:
-		for j := range asF32(buf) {
-			asF32(buf)[j] = math.Float32frombits(randF32(r))
+		for j := range view.Float32s(buf) {
+			view.Float32s(buf)[j] = math.Float32frombits(randF32(r))
 		}
 	}
 	return row
@@ -141,9 +142,9 @@ func diffF32(got, want []float32) string {
 
 func diffBytes(dt device.DType, got, want []byte) string {
 	if dt == device.FP32 {
-		return diffF32(asF32(got), asF32(want))
+		return diffF32(view.Float32s(got), view.Float32s(want))
 	}
-	g, w := asU16(got), asU16(want)
+	g, w := view.Uint16s(got), view.Uint16s(want)
 	for j := range w {
 		if g[j] != w[j] {
 			return fmt.Sprintf("[%d] = %#04x, want %#04x", j, g[j], w[j])
@@ -250,9 +251,9 @@ func checkNaNPayloads(t *testing.T) {
 					row := make([]byte, n*dt.Size())
 					for j := range n {
 						if dt == device.BF16 {
-							asU16(row)[j] = uint16(x >> 16)
+							view.Uint16s(row)[j] = uint16(x >> 16)
 						} else {
-							asF32(row)[j] = math.Float32frombits(x)
+							view.Float32s(row)[j] = math.Float32frombits(x)
 						}
 					}
 					// The term: x itself when c == 1, else c*x: c if c is NaN.
@@ -292,10 +293,10 @@ func checkNaNPayloads(t *testing.T) {
 					rule := []byte(nil)
 					if dt == device.BF16 {
 						rule = []byte{0, 0}
-						asU16(rule)[0] = device.Float32ToBF16(math.Float32frombits(term))
+						view.Uint16s(rule)[0] = device.Float32ToBF16(math.Float32frombits(term))
 					} else {
 						rule = []byte{0, 0, 0, 0}
-						asF32(rule)[0] = math.Float32frombits(term)
+						view.Float32s(rule)[0] = math.Float32frombits(term)
 					}
 					if string(want[:len(rule)]) != string(rule) {
 						t.Errorf("scaleGo(%v, x=%#08x, c=%#08x) = % x, rule % x", dt, x, cb, want[:len(rule)], rule)
@@ -325,8 +326,8 @@ func TestStoreBF16Sweep(t *testing.T) {
 		t.Fatalf("Store(bf16): row%s", d)
 	}
 	for j, f := range acc {
-		if w := device.Float32ToBF16(f); asU16(got)[j] != w {
-			t.Fatalf("Store(bf16, %#08x) = %#04x, want %#04x", math.Float32bits(f), asU16(got)[j], w)
+		if w := device.Float32ToBF16(f); view.Uint16s(got)[j] != w {
+			t.Fatalf("Store(bf16, %#08x) = %#04x, want %#04x", math.Float32bits(f), view.Uint16s(got)[j], w)
 		}
 	}
 }

@@ -8,13 +8,14 @@
 #	go vet   -tags cuda ./...  (and -tags cuda,ucx)
 #	go build -tags cuda ./...
 #	go test  -tags cuda -count=1 ./internal/cuda/... ./device ./permute ./nvlink
-#	go test  -tags cuda -short ./executor
-#	go test -c -tags cuda ./internal/cuda ./device ./permute ./executor   (the binaries a GPU host runs)
+#	go test  -tags cuda -short ./executor/...
+#	go test -c -tags cuda ./internal/cuda ./device ./permute ./executor ./executor/internal/gpu   (the binaries a GPU host runs)
 #
 # and checks that the PTX files match their CUDA sources (go generate runs
 # nvcc again; the PTX must not change): internal/cuda/testdata/kernels.ptx
-# permute/kernels/permute.ptx, executor/kernels/ep.ptx and
-# executor/kernels/layout.ptx at least.
+# permute/kernels/permute.ptx, nvlink/kernels/flags.ptx,
+# executor/internal/gpu/kernels/ep.ptx and
+# executor/internal/gpu/kernels/layout.ptx at least.
 #
 # The tests skip, with the reason, when cuInit fails or no GPU is present.
 # Linking uses the driver stub (libcuda.so in Debian's stubs directory); on a
@@ -125,22 +126,24 @@ log "go test -tags cuda ./internal/cuda/... ./device ./permute ./nvlink"
 go test -tags cuda -count=1 ./internal/cuda/... ./device ./permute ./nvlink
 # The executor's tests with the CUDA data path compiled in (the host
 # backend's; the GPU ones skip without -gpu).
-log "go test -tags cuda -short ./executor"
-go test -tags cuda -short -count=1 ./executor
+log "go test -tags cuda -short ./executor/..."
+go test -tags cuda -short -count=1 ./executor/...
 
-log "go test -c -tags cuda ./internal/cuda ./device ./permute ./executor"
+log "go test -c -tags cuda ./internal/cuda ./device ./permute ./executor ./executor/internal/gpu"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 go test -c -tags cuda -o "$tmp/cuda.test" ./internal/cuda
 go test -c -tags cuda -o "$tmp/device.test" ./device
 go test -c -tags cuda -o "$tmp/permute.test" ./permute
 go test -c -tags cuda -o "$tmp/executor.test" ./executor
+go test -c -tags cuda -o "$tmp/gpu.test" ./executor/internal/gpu
 
 # Generated PTX: regenerate every file (go generate runs nvcc through the
 # directives that mention it) and compare with what was there before.
 log "PTX matches its CUDA source (go generate, diff)"
 mapfile -t ptx < <(find . -name '*.ptx' -not -path './.git/*' -not -path './.gpu/*' | sort)
-for want in ./internal/cuda/testdata/kernels.ptx ./permute/kernels/permute.ptx ./executor/kernels/ep.ptx ./executor/kernels/layout.ptx; do
+for want in ./internal/cuda/testdata/kernels.ptx ./permute/kernels/permute.ptx ./nvlink/kernels/flags.ptx \
+	./executor/internal/gpu/kernels/ep.ptx ./executor/internal/gpu/kernels/layout.ptx; do
 	if ! printf '%s\n' "${ptx[@]}" | grep -qxF "$want"; then
 		echo "scripts/cuda-check.sh: $want is missing (run go generate)" >&2
 		exit 1
@@ -149,7 +152,7 @@ done
 for f in "${ptx[@]}"; do
 	mkdir -p "$tmp/before/$(dirname "$f")" && cp "$f" "$tmp/before/$f"
 done
-go generate -run 'nvcc|gen\.sh' ./...
+go generate -run ptxgen ./...
 stale=0
 for f in "${ptx[@]}"; do
 	if ! diff -u "$tmp/before/$f" "$f" >"$tmp/diff"; then

@@ -7,6 +7,7 @@
 #	.gpu/permute.test        go test -c -tags cuda      ./permute
 #	.gpu/executor.test       go test -c -tags cuda      ./executor
 #	.gpu/executor-ucx.test   go test -c -tags cuda,ucx  ./executor
+#	.gpu/gpu.test            go test -c -tags cuda      ./executor/internal/gpu
 #	.gpu/bench.test          go test -c -tags cuda      ./internal/bench
 #	.gpu/eprun               go build   -tags cuda,ucx  ./cmd/eprun
 #	.gpu/gpu-run.sh          a copy of scripts/gpu-run.sh (one GPU)
@@ -51,6 +52,7 @@ build device.test cuda ./device
 build permute.test cuda ./permute
 build executor.test cuda ./executor
 build executor-ucx.test cuda,ucx ./executor
+build gpu.test cuda ./executor/internal/gpu
 build bench.test cuda ./internal/bench
 log "eprun (cuda,ucx)"
 if ! go build -buildvcs=true -tags cuda,ucx -ldflags='-s -w' -o .gpu/eprun ./cmd/eprun >/tmp/gpu-build.$$ 2>&1; then

@@ -108,6 +108,9 @@ tests() {
 	# before the GPU-fed rail).
 	step executor-domains-staging 120 env GOEP_RAIL_HOST_STAGING=1 $bin/executor.test -gpu -test.run 'TestCUDADomains$' -test.v
 	step executor-cuda 420 $bin/executor.test -gpu -test.run 'TestCUDA' -test.skip 'TestCUDA(Benchmark|Domains)' -test.v
+	# The GPU layout kernels against the host layout (the GPU data path's
+	# own package).
+	step gpu-layout 300 $bin/gpu.test -gpu -test.v
 	step executor-ucx-shm 180 $bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsProcesses/shm=true' -test.v
 	# A rejected combine reported across domains by GPU-written rail headers.
 	step executor-ucx-faults 180 $bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsFaults' -test.v
@@ -132,7 +135,8 @@ memcheck() {
 	# queued results must be unchanged) and the GPU layout of one rank run
 	# in the test process itself.
 	sanitize_children memcheck-graph 300 $bin/executor.test -gpu -test.run 'TestCUDAGraph' -test.v
-	sanitize memcheck-lifetime 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDALifetimePoison|TestCUDALayoutKernels/R=1/' -test.v
+	sanitize memcheck-lifetime 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDALifetimePoison' -test.v
+	sanitize memcheck-layout 300 memcheck $bin/gpu.test -gpu -test.run 'TestCUDALayoutKernels/R=1/' -test.v
 	# TestCUDAInterop hands the engine a host address on purpose: the
 	# refusal under test is cuPointerGetAttribute's CUDA_ERROR_INVALID_VALUE,
 	# which memcheck would report as an API error.
@@ -165,12 +169,13 @@ memcheck-ranks() {
 	PRINT_LIMIT=0 sanitize_ranks memcheck-domains-seed4 300 $bin/executor.test -gpu -mp.seed=4 \
 		-test.run 'TestCUDADomains$/D=2' -test.timeout 240s -test.v
 	if [ -n "$level" ]; then export GOEP_LOG_LEVEL=$level; else unset GOEP_LOG_LEVEL; fi
-	sanitize_ranks memcheck-layout-ranks 300 $bin/executor.test -gpu -test.run 'TestCUDALayoutKernels/R=(3|4)/' -test.timeout 240s -test.v
+	sanitize_ranks memcheck-layout-ranks 300 $bin/gpu.test -gpu -test.run 'TestCUDALayoutKernels/R=(3|4)/' -test.timeout 240s -test.v
 }
 
 bench() {
 	step bench-permute 300 $bin/permute.test -gpu -test.run '^$' -test.bench CUDA -test.benchtime 50x -test.v
-	step bench-executor 300 $bin/executor.test -gpu -gpu.bench -test.run 'TestCUDABenchmark/goroutines|TestCUDALayoutKernels' -test.v
+	step bench-executor 300 $bin/executor.test -gpu -gpu.bench -test.run 'TestCUDABenchmark/goroutines' -test.v
+	step bench-layout 300 $bin/gpu.test -gpu -gpu.bench -test.run 'TestCUDALayoutKernels' -test.v
 	step eprun-decode 300 $bin/eprun bench deepseek-v3-decode --backend cuda --ranks 4 -q --json "$out/decode.json"
 	step eprun-prefill 300 $bin/eprun bench deepseek-v3-prefill --backend cuda --ranks 4 -q --json "$out/prefill.json"
 	# Two domains of 2 ranks: the GPU-fed rail, then host staging (its

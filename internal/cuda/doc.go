@@ -75,4 +75,4 @@
 //	err = s.Synchronize(ctx)       // bounded by ctx's deadline
 package cuda
 
-//go:generate sh testdata/gen.sh testdata/kernels.cu testdata/kernels.ptx
+//go:generate go run github.com/goep/goep/internal/ptxgen testdata/kernels.cu testdata/kernels.ptx

@@ -1,0 +1,292 @@
+//go:build cuda && cgo
+
+package gpu
+
+import (
+	"context"
+	_ "embed"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor/internal/datapath"
+	"github.com/goep/goep/executor/internal/plan"
+	"github.com/goep/goep/internal/gpulayout"
+)
+
+// The layout on the GPU, in one NVLink domain (DESIGN.md section 2): the
+// routing never leaves the device. A layout is a collective call
+// on the domain's flags like a dispatch:
+//
+//  0. an earlier failure's status, not yet reported, moves aside (for the
+//     next Synchronize), so that it cannot end this layout's waits;
+//  1. wait for every peer's done of the previous call;
+//  2. goep_layout_put stores this rank's routing and token count into
+//     every peer's route window, then arrived is signalled and awaited
+//     (op OpLayout; a peer that rejected its input fails the call);
+//  3. the count and scan kernels (internal/gpulayout/layout.h) validate
+//     every rank's routing and compute the world counts and this rank's summary, which
+//     the host downloads (the host waits here: blocking mode sizes its
+//     outputs with the summary, and both modes apply the capacity policy;
+//     the counts tensor's upload after the tables waits once more);
+//  4. the column kernels write the handle's tables in device memory (in
+//     place for a Relayout), then done is signalled.
+//
+// The tables and counts are exactly those of plan.ComputeLayout (the host
+// layout, which runs instead with several domains, or when a domain's
+// buffers would pass int32 offsets: gpulayout.Dims.Check): package plan's
+// TestLayoutKernels checks the kernels' code against it on the host,
+// TestCUDALayoutKernels on the GPU.
+
+//go:embed kernels/layout.ptx
+var layoutPTX []byte
+
+// gpuLayout are the layout kernels and their workspace.
+type gpuLayout struct {
+	mod                                           *device.Module
+	put, count, scan, colcount, colscan, colwrite *device.Kernel
+	ws, errKey                                    *device.Buffer
+	// back is what a layout reads back, in one download: the summary,
+	// then the flags region's status, epoch counter and missing words as
+	// the layout found them (prior), then as its waits left them.
+	back *device.Buffer
+	// phases are the host times of the last layout from its start to: the
+	// exchange and count kernels enqueued, the summary read, the tables
+	// enqueued, the counts written (for the timing test).
+	phases [4]time.Duration
+}
+
+func newGPULayout(p *Path) (*gpuLayout, error) {
+	lk := &gpuLayout{}
+	var err error
+	if lk.mod, err = p.b.LoadModule(layoutPTX); err != nil {
+		return nil, err
+	}
+	for _, k := range []struct {
+		dst  **device.Kernel
+		name string
+	}{
+		{&lk.put, "goep_layout_put"}, {&lk.count, "goep_layout_count"}, {&lk.scan, "goep_layout_scan"},
+		{&lk.colcount, "goep_layout_colcount"}, {&lk.colscan, "goep_layout_colscan"}, {&lk.colwrite, "goep_layout_colwrite"},
+	} {
+		if *k.dst, err = lk.mod.Kernel(k.name); err != nil {
+			return nil, errors.Join(err, lk.close(p))
+		}
+	}
+	d := plan.LayoutDims(p.env.P, p.R, p.me, 0, 0)
+	if lk.ws, err = p.s.Alloc(4 * d.WorkspaceInts()); err != nil {
+		return nil, errors.Join(err, lk.close(p))
+	}
+	if lk.errKey, err = p.s.Alloc(8); err != nil {
+		return nil, errors.Join(err, lk.close(p))
+	}
+	_, n := d.Summary()
+	if lk.back, err = p.s.Alloc(4*n + 2*p.flags.StatusBytes()); err != nil {
+		return nil, errors.Join(err, lk.close(p))
+	}
+	return lk, nil
+}
+
+func (lk *gpuLayout) close(p *Path) error {
+	if lk == nil {
+		return nil
+	}
+	p.s.Free(lk.ws)
+	p.s.Free(lk.errKey)
+	p.s.Free(lk.back)
+	if lk.mod != nil {
+		return lk.mod.Close()
+	}
+	return nil
+}
+
+// threadShape is a launch of n threads (at least one block) in blocks of 256.
+func threadShape(n int) (grid, block [3]uint32, err error) {
+	blocks := (max(n, 1) + 255) / 256
+	if blocks > 1<<31-1 {
+		return grid, block, fmt.Errorf("executor: GPU layout: %d threads in one launch", n)
+	}
+	return [3]uint32{uint32(blocks), 1, 1}, [3]uint32{256, 1, 1}, nil
+}
+
+// launchN launches k over n threads with the pointers ptrs, then the dims.
+func (p *Path) launchN(k *device.Kernel, n int, d gpulayout.Dims, ptrs ...any) error {
+	grid, block, err := threadShape(n)
+	if err != nil {
+		return err
+	}
+	return p.s.Launch(k, grid, block, 0, append(ptrs, d.Args()...)...)
+}
+
+// deviceLayout runs the layout of idx into h on the GPU (see above).
+func (p *Path) deviceLayout(ctx context.Context, lk *gpuLayout, h *datapath.Handle, idx *device.Tensor) error {
+	P := p.env.P
+	start := time.Now()
+	lk.phases = [4]time.Duration{}
+	T, K := idx.Rows(), p.K
+	d := plan.LayoutDims(P, p.R, p.me, T, 0)
+	route, nt := p.routeWindow()
+	grid, block, err := threadShape(p.R * max(T*K, 1))
+	if err != nil {
+		p.rejectFlags()
+		return err
+	}
+	// A failure of earlier work that no Synchronize has reported yet (a
+	// peer's rejected dispatch, say) would end this layout's waits at once
+	// on this rank only: its status moves aside first (a device copy, then
+	// the status is cleared), and Synchronize reports it later, as it
+	// would have without this layout.
+	// (A timeout moves aside too: this layout's waits then run for real
+	// and fail on their own if the ranks are out of step.)
+	sumOff, sumN := d.Summary()
+	priorOff := 4 * sumN
+	if err := errors.Join(p.flags.CopyStatus(lk.back, priorOff), p.flags.ClearStatus()); err != nil {
+		p.rejectFlags()
+		return err
+	}
+	// 1-2: the routing exchange. Once the first wait is enqueued, every
+	// step of the protocol is enqueued whatever fails, so that the peers'
+	// epochs stay in step with this rank's.
+	if err := p.flags.Begin(); err != nil {
+		return err
+	}
+	if err := p.s.Launch(lk.put, grid, block, 0, idx, p.peerTable(regionRoute),
+		int64(p.R), int64(p.me), int64(P.MaxTokensPerRank), int64(K), int64(T)); err != nil {
+		// This rank's routing is not in the peers' windows: they must
+		// not count what an earlier layout left there, so they see the
+		// call rejected (abandon signals done too).
+		return p.abandon(datapath.OpLayout, err)
+	}
+	err = p.flags.Arrive(uint32(datapath.OpLayout))
+	// 3: counts and summary.
+	if err == nil {
+		scanThreads := min(1024, roundUp(p.R*d.L, 32))
+		err = errors.Join(p.s.Memset(lk.ws, 0, lk.ws.Size(), 0), p.s.Memset(lk.errKey, 0, 8, 0xff),
+			p.launchN(lk.count, p.R*P.MaxTokensPerRank, d, route, nt, lk.ws, lk.errKey),
+			p.s.Launch(lk.scan, [3]uint32{1, 1, 1}, [3]uint32{uint32(scanThreads), 1, 1}, 0,
+				append([]any{route, lk.ws, lk.errKey}, d.Args()...)...),
+			// What the host reads back: the summary and the waits' status.
+			p.s.Copy(lk.back, 0, lk.ws, 4*sumOff, 4*sumN),
+			p.flags.CopyStatus(lk.back, priorOff+p.flags.StatusBytes()))
+	}
+	lk.phases[0] = time.Since(start)
+	var lay *plan.Layout
+	var sum *device.Buffer
+	if err == nil {
+		sum, lay, err = p.layoutSummary(ctx, lk, d)
+	}
+	lk.phases[1] = time.Since(start)
+	// 4: the tables, then the handle takes the layout. After a failure
+	// before the tables' kernels a Relayout keeps its old tables and
+	// counts; once they are enqueued the tables are the new layout's.
+	fresh := tbl(h) == nil
+	if err == nil {
+		err = p.deviceTables(lk, h, lay, d)
+	}
+	lk.phases[2] = time.Since(start)
+	if err == nil {
+		err = p.useLayout(ctx, h, lay, sum)
+	}
+	lk.phases[3] = time.Since(start)
+	// Done, whatever happened: the peers' next call waits for it.
+	if ferr := p.flags.Finish(uint32(datapath.OpLayout)); err == nil {
+		err = ferr
+	}
+	if err != nil && fresh && tbl(h) != nil {
+		tbl(h).Close()
+		h.Tables = nil
+	}
+	return err
+}
+
+// routeWindow is this rank's route window and, in it, the ranks' token
+// counts (after the routing of R*MaxTokensPerRank*K int32s).
+func (p *Path) routeWindow() (route, counts *device.Buffer) {
+	route = p.win.Own[regionRoute]
+	return route, p.ownView(regionRoute, 4*p.R*p.env.P.MaxTokensPerRank*p.K, 4*p.R)
+}
+
+// layoutSummary waits for the layout's summary and reads it back, with
+// the status words as the layout found them and as its waits left them,
+// in one download: the exchange's failure (a peer's timeout or rejection),
+// the routing error, or the counts. It returns the summary's device view
+// too (valid until the next layout).
+func (p *Path) layoutSummary(ctx context.Context, lk *gpuLayout, d gpulayout.Dims) (*device.Buffer, *plan.Layout, error) {
+	off, n := d.Summary()
+	view, err := lk.ws.View(4*off, 4*n)
+	if err != nil {
+		return nil, nil, err
+	}
+	raw, err := p.s.DownloadBuffer(ctx, lk.back)
+	if err != nil {
+		return nil, nil, p.env.Fate.Note(err)
+	}
+	sb := p.flags.StatusBytes()
+	prior, now := raw[4*n:4*n+sb], raw[4*n+sb:]
+	// The earlier failure moved aside, for the next Synchronize, whatever
+	// this layout found.
+	if err := p.flags.StatusError(prior); err != nil {
+		p.pending = errors.Join(p.pending, datapath.PeerInput(err))
+	}
+	if err := p.flags.Settle(now); err != nil {
+		return nil, nil, p.env.Fate.Note(datapath.PeerInput(err))
+	}
+	sum := make([]int32, n)
+	for i := range sum {
+		sum[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
+	}
+	lay, err := plan.SummaryLayout(sum, d)
+	return view, lay, err
+}
+
+// countsFromSummary enqueues the writes of a handle's device counts
+// (CountRecv, CountPermuted, CountOverflow, then TokensPerExpert) from the
+// GPU layout's summary sum (gpulayout's words: this rank's RecvCount and
+// PermutedCount at SumRecv and SumPermuted, adjacent and in that order,
+// then from SumHeader the ranks' RecvCounts and PermutedCounts, then this
+// rank's TokensPerExpert); overflow is the host's capacity check.
+func (p *Path) countsFromSummary(counts, sum *device.Buffer, overflow bool) error {
+	R, L := p.R, p.env.NumLocalExperts()
+	err := errors.Join(p.s.Copy(counts, 4*plan.CountRecv, sum, 4*gpulayout.SumRecv, 8),
+		p.s.Memset(counts, 4*plan.CountOverflow, 4*(plan.CountsHeader-plan.CountOverflow), 0),
+		p.s.Copy(counts, 4*plan.CountsHeader, sum, 4*(gpulayout.SumHeader+2*R), 4*L))
+	if err == nil && overflow {
+		err = p.s.Memset(counts, 4*plan.CountOverflow, 1, 1) // int32 1, little-endian
+	}
+	return err
+}
+
+// deviceTables enqueues the column kernels that write h's tables (new
+// ones, or a Relayout's in place) for lay: its receive rows are the
+// handle's (RecvCount, or MaxRecvTokens in capacity mode).
+func (p *Path) deviceTables(lk *gpuLayout, h *datapath.Handle, lay *plan.Layout, base gpulayout.Dims) error {
+	d := base
+	d.T, d.RowCap = lay.NumTokens, lay.RecvCount
+	if p.env.P.Capacity {
+		d.RowCap = p.env.P.MaxRecvTokens
+	}
+	if err := d.Check(); err != nil { // not at these sizes: New checked the largest
+		return fmt.Errorf("executor: GPU layout: %w", err)
+	}
+	t, err := p.tablesFor(tbl(h), plan.TableSizes(d.T, p.K, p.W, d.RowCap))
+	if err != nil {
+		return err
+	}
+	route, nt := p.routeWindow()
+	cells := d.Columns() * d.Chunks()
+	err = errors.Join(p.s.Memset(t.all.Buffer(), 0, t.all.Buffer().Size(), 0xff),
+		p.launchN(lk.colcount, cells, d, route, nt, lk.ws),
+		p.launchN(lk.colscan, d.Columns(), d, lk.ws),
+		p.launchN(lk.colwrite, cells, d, route, nt, lk.ws, t.all))
+	if err != nil {
+		if tbl(h) == nil {
+			t.Close()
+		}
+		return err
+	}
+	t.n = p.env.ValidRecv(lay, p.env.Rank)
+	h.Tables = t
+	return nil
+}

@@ -1,0 +1,70 @@
+//go:build cgo
+
+package plan
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/goep/goep/internal/gpulayout"
+)
+
+// The layout on the GPU (internal/gpulayout/layout.h, run by the GPU data
+// path in one NVLink domain): the kernels write the handle's tables
+// straight into device memory, and the host downloads only their summary,
+// which SummaryLayout reads. This file is the host side that does not
+// need CUDA, so that tests check it against the host layout through the
+// kernels' emulation (package gpulayout).
+
+// LayoutDims are the kernels' sizes for this rank's layout of T tokens
+// into tables of rowCap receive rows, in a domain of R ranks (this rank
+// is me).
+func LayoutDims(p Params, R, me, T, rowCap int) gpulayout.Dims {
+	maxRecv := math.MaxInt32
+	if p.Capacity {
+		maxRecv = p.MaxRecvTokens
+	}
+	return gpulayout.Dims{R: R, Me: me, K: p.TopK, L: p.NumExperts / R, MaxT: p.MaxTokensPerRank,
+		Pad: max(p.PadMultiple, 1), Chunk: layoutChunk, MaxRecv: maxRecv, T: T, RowCap: rowCap}
+}
+
+// layoutChunk is the tokens per chunk of the column kernels: each thread
+// walks one chunk of one column.
+const layoutChunk = 32
+
+// SummaryLayout reads the summary of a GPU layout: the first routing error
+// (the same RoutingError ComputeLayout returns), else a Layout holding the
+// counts alone (the tables are on the device): this rank's RecvCount,
+// PermutedCount, TokensPerExpert and ExpertOffsets, and the world counts.
+func SummaryLayout(sum []int32, d gpulayout.Dims) (*Layout, error) {
+	R, L := d.R, d.L
+	if len(sum) != gpulayout.SumHeader+2*R+2*L+1 {
+		return nil, fmt.Errorf("executor: GPU layout summary of %d words for %d ranks and %d local experts", len(sum), R, L)
+	}
+	switch sum[gpulayout.SumErr] {
+	case 0:
+	case 1, 2:
+		re := &RoutingError{Rank: int(sum[gpulayout.SumErrRank]), Token: int(sum[gpulayout.SumErrToken]), Slot: int(sum[gpulayout.SumErrSlot])}
+		e := sum[gpulayout.SumErrExpert]
+		if sum[gpulayout.SumErr] == 1 {
+			re.Msg = rangeMsg(e, R*L)
+		} else {
+			re.Msg = repeatMsg(e, int(sum[gpulayout.SumErrPrev]))
+		}
+		return nil, re
+	default:
+		return nil, fmt.Errorf("executor: GPU layout summary: error code %d", sum[gpulayout.SumErr])
+	}
+	lay := &Layout{Rank: d.Me, NumRanks: R, NumLocalExperts: L, TopK: d.K, PadMultiple: d.Pad, RanksPerDomain: R,
+		SendSide:  SendSide{NumTokens: d.T},
+		RecvCount: int(sum[gpulayout.SumRecv]), PermutedCount: int(sum[gpulayout.SumPermuted]),
+		RecvCounts: make([]int, R), PermutedCounts: make([]int, R),
+		TokensPerExpert: append([]int32(nil), sum[gpulayout.SumHeader+2*R:gpulayout.SumHeader+2*R+L]...),
+		ExpertOffsets:   append([]int32(nil), sum[gpulayout.SumHeader+2*R+L:]...),
+	}
+	for r := range R {
+		lay.RecvCounts[r] = int(sum[gpulayout.SumHeader+r])
+		lay.PermutedCounts[r] = int(sum[gpulayout.SumHeader+R+r])
+	}
+	return lay, nil
+}

@@ -1,0 +1,145 @@
+//go:build cgo
+
+package plan
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/goep/goep/executor/internal/plan/plantest"
+	"github.com/goep/goep/internal/gpulayout"
+)
+
+// TestLayoutKernels runs the GPU layout kernels' code on the host (package
+// kernels' emulation) for random worlds and checks, for every rank, the
+// summary against ComputeLayout and the tables against BuildTables, bit
+// for bit; for a routing at fault, the same RoutingError. The kernels
+// themselves run on a GPU in TestCUDALayoutKernels.
+func TestLayoutKernels(t *testing.T) {
+	n := 400
+	if testing.Short() {
+		n = 100
+	}
+	for seed := range uint64(n) {
+		c := genLayoutCase(seed)
+		for me := range c.R {
+			if err := c.check(me); err != nil {
+				t.Fatalf("seed %d (%s), rank %d: %v", seed, c, me, err)
+			}
+		}
+	}
+}
+
+type layoutCase struct {
+	R, chunk, scan int
+	cfg            Params
+	routing        [][]int32
+}
+
+func (c *layoutCase) String() string {
+	return fmt.Sprintf("R=%d E=%d K=%d maxT=%d pad=%d capacity=%v maxRecv=%d chunk=%d scan=%d", c.R, c.cfg.NumExperts,
+		c.cfg.TopK, c.cfg.MaxTokensPerRank, c.cfg.PadMultiple, c.cfg.Capacity, c.cfg.MaxRecvTokens, c.chunk, c.scan)
+}
+
+// genLayoutCase draws a world: 1-6 ranks, 1-4 experts each, up to 20
+// tokens per rank, hot experts, empty slots, and in one case of eight an
+// attempt at a fault (an expert out of range, or one copied onto another
+// slot of its token: no fault when the draw copies a slot onto itself or
+// the rank has no tokens).
+func genLayoutCase(seed uint64) *layoutCase {
+	rng := rand.New(rand.NewPCG(seed, 0x1a70))
+	R, L := 1+rng.IntN(6), 1+rng.IntN(4)
+	E := R * L
+	K := 1 + rng.IntN(min(E, 6))
+	maxT := 1 + rng.IntN(20)
+	c := &layoutCase{R: R, chunk: 1 + rng.IntN(7), scan: 1 + rng.IntN(40)}
+	c.cfg = Params{NumExperts: E, TopK: K, MaxTokensPerRank: maxT, PadMultiple: 1 + rng.IntN(3), RanksPerDomain: R}
+	if rng.IntN(2) == 0 {
+		c.cfg.Capacity = true
+		// Often below a rank's rows, so that rows are dropped.
+		c.cfg.MaxRecvTokens = rng.IntN(2*maxT + 1)
+	}
+	hot := rng.Perm(E)[:1+rng.IntN(E)]
+	for range R {
+		c.routing = append(c.routing, plantest.Routing(rng, rng.IntN(maxT+1), E, K, hot))
+	}
+	if seed%8 == 3 {
+		// A fault in some rank's routing (or none, when it has no tokens).
+		s := rng.IntN(R)
+		if idx := c.routing[s]; len(idx) > 0 {
+			i := rng.IntN(len(idx))
+			switch rng.IntN(3) {
+			case 0:
+				idx[i] = int32(E + rng.IntN(3))
+			case 1:
+				idx[i] = int32(-2 - rng.IntN(3))
+			default:
+				t := i / K
+				idx[t*K+rng.IntN(K)] = max(idx[t*K+rng.IntN(K)], 0)
+			}
+		}
+	}
+	return c
+}
+
+// check compares the emulated kernels with the host layout for rank me.
+func (c *layoutCase) check(me int) error {
+	want, werr := ComputeLayout(me, c.cfg, c.routing)
+	T := len(c.routing[me]) / c.cfg.TopK
+	rowCap := c.cfg.MaxRecvTokens
+	if !c.cfg.Capacity {
+		rowCap = c.R * c.cfg.MaxTokensPerRank // the blocking count is known after the summary
+		if want != nil {
+			rowCap = want.RecvCount
+		}
+	}
+	d := LayoutDims(c.cfg, c.R, me, T, rowCap)
+	d.Chunk = c.chunk
+	sum, tables, err := gpulayout.EmulateLayout(d, c.routing, c.scan)
+	if err != nil {
+		return err
+	}
+	got, gerr := SummaryLayout(sum, d)
+	if werr != nil || gerr != nil {
+		var re *RoutingError
+		if werr == nil || gerr == nil || !errors.As(gerr, &re) || werr.Error() != gerr.Error() {
+			return fmt.Errorf("error %v, want %v", gerr, werr)
+		}
+		if tables != nil {
+			return errors.New("tables written after a routing error")
+		}
+		return nil
+	}
+	if got.RecvCount != want.RecvCount || got.PermutedCount != want.PermutedCount ||
+		!slices.Equal(got.RecvCounts, want.RecvCounts) || !slices.Equal(got.PermutedCounts, want.PermutedCounts) ||
+		!slices.Equal(got.TokensPerExpert, want.TokensPerExpert) || !slices.Equal(got.ExpertOffsets, want.ExpertOffsets) {
+		return fmt.Errorf("summary %+v, want counts %d %d %v %v %v %v", got, want.RecvCount, want.PermutedCount,
+			want.RecvCounts, want.PermutedCounts, want.TokensPerExpert, want.ExpertOffsets)
+	}
+	wt := BuildTables(want, c.cfg, c.routing, min(c.cfg.TopK, c.R), rowCap)
+	if !slices.Equal(tables, wt) {
+		names := []string{"entTok", "entDest", "entRow", "slotEnt", "recvSrc", "recvEnt", "recvIdx", "pos"}
+		o := 0
+		for i, n := range TableSizes(T, c.cfg.TopK, min(c.cfg.TopK, c.R), rowCap) {
+			if g, w := tables[o:o+n], wt[o:o+n]; !slices.Equal(g, w) {
+				return fmt.Errorf("table %s:\n got  %v\n want %v\nrouting %v", names[i], g, w, c.routing)
+			}
+			o += n
+		}
+		return fmt.Errorf("tables differ (%d and %d entries)", len(tables), len(wt))
+	}
+	return nil
+}
+
+// TestSummaryCountsOrder: the CUDA layout copies this rank's RecvCount and
+// PermutedCount from the summary into the handle's device counts as one
+// pair (countsFromSummary), so both must be adjacent in the same order.
+func TestSummaryCountsOrder(t *testing.T) {
+	if gpulayout.SumPermuted != gpulayout.SumRecv+1 || CountPermuted != CountRecv+1 {
+		t.Fatalf("summary words recv %d, permuted %d; device counts recv %d, permuted %d: not one adjacent pair",
+			gpulayout.SumRecv, gpulayout.SumPermuted, CountRecv, CountPermuted)
+	}
+}

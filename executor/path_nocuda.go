@@ -1,0 +1,18 @@
+//go:build !cuda || !cgo
+
+package executor
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor/internal/datapath"
+)
+
+// newGPUPath fails: the CUDA data path (package gpu) is compiled in with
+// the cuda tag (and cgo) only.
+func newGPUPath(ctx context.Context, g comm.Group, b *device.CUDA, env *datapath.Env, s device.Stream, shm, staging bool) (datapath.Path, error) {
+	return nil, fmt.Errorf("executor: CUDA path: %w: not compiled in (build with -tags cuda)", ErrUnsupported)
+}

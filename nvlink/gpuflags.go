@@ -1,0 +1,82 @@
+package nvlink
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/goep/goep/comm"
+)
+
+// The GPU flag protocol (GPUFlags, kernels/flags.cuh) in the words both
+// sides read: every rank's flags region holds arrived[R] and done[R]
+// (uint64 each, epoch<<8 | op, written only by the peer they are named
+// after), then status (uint64: the first failure of a wait), the rank's
+// epoch counter (uint64), then missing[R] (int32: what a wait found of
+// each peer).
+
+// OpRejected is the operation a rank signals for a call whose input it
+// rejected (flags.cuh's opRejected): its peers fail the call at once.
+const OpRejected = 0x7f
+
+// The codes of missing[p] after a failed GPU wait (0: heard from).
+const (
+	WaitTimeout  = 1 // the peer did not signal within the timeout
+	WaitMismatch = 2 // the peer signalled another operation
+	WaitRejected = 3 // the peer rejected its input (OpRejected)
+)
+
+// GPUFlagsSize is the size of a domain's flags region for R ranks.
+func GPUFlagsSize(R int) int { return (2*R+2)*8 + 4*R }
+
+// Byte offsets in the flags region of a domain of R ranks.
+func statusOff(R int) int  { return 2 * R * 8 }
+func counterOff(R int) int { return (2*R + 1) * 8 }
+func missingOff(R int) int { return (2*R + 2) * 8 }
+
+// StatusBytes is the size of the status words a rank reads back after a
+// synchronize: status, epoch counter, missing[R].
+func StatusBytes(R int) int { return missingOff(R) + 4*R - statusOff(R) }
+
+// WaitError is the error of a failed GPU wait from its codes, one per
+// rank of the domain whose first global rank is base: the ranks that
+// timed out, rejected their input or ran another call. A rail peer
+// decodes a forwarded report with it too, so both sides name the same
+// cause. A rejection wraps ErrPeerReported, as a host exchange's does.
+func WaitError(codes []byte, base int) error {
+	var timedOut, mismatched, rejected []int
+	for p, c := range codes {
+		switch c {
+		case WaitTimeout:
+			timedOut = append(timedOut, base+p)
+		case WaitMismatch:
+			mismatched = append(mismatched, base+p)
+		case WaitRejected:
+			rejected = append(rejected, base+p)
+		}
+	}
+	switch {
+	case len(timedOut) > 0:
+		return &comm.TimeoutError{Op: "nvlink: GPU wait for peers' flags", Missing: timedOut}
+	case len(rejected) > 0:
+		return fmt.Errorf("nvlink: rank(s) %v rejected their input to a collective call: %w", rejected, ErrPeerReported)
+	case len(mismatched) > 0:
+		return fmt.Errorf("nvlink: rank(s) %v ran another collective call, or this one on rows of another dtype or with weights where this rank had none (or none where it had them): %w", mismatched, ErrPeerMismatch)
+	default:
+		return errors.New("nvlink: a GPU wait failed without naming a rank")
+	}
+}
+
+// decodeStatus reads the status words as read back (StatusBytes of them
+// for R ranks): nil, or the failure they record (WaitError).
+func decodeStatus(raw []byte, R, base int) error {
+	if binary.LittleEndian.Uint64(raw) == 0 {
+		return nil
+	}
+	m := raw[missingOff(R)-statusOff(R):]
+	codes := make([]byte, R)
+	for p := range codes {
+		codes[p] = m[4*p]
+	}
+	return WaitError(codes, base)
+}

@@ -1,0 +1,217 @@
+//go:build cuda && cgo
+
+package nvlink
+
+import (
+	"context"
+	_ "embed"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
+)
+
+//go:embed kernels/flags.ptx
+var flagsPTX []byte
+
+// GPUFlags is a domain's synchronization on the GPU: the protocol of the
+// host exchange (Domain.Exchange), enqueued on a stream so that the host
+// never waits. Every collective call of the GPU data path is
+//
+//  1. Begin: wait until every peer has signalled done for the previous
+//     call (its windows are free again); the epoch advances;
+//  2. the call's stores into the peers' windows;
+//  3. Arrive: signal arrived to every peer (after a system-wide fence),
+//     and wait until every peer has signalled arrived for this call, with
+//     the same operation;
+//  4. the call's reads of its own windows;
+//  5. Finish: signal done to every peer.
+//
+// Flags are epochs, equal on all ranks since the calls are, never reset;
+// waits are clock-bounded and record a failure in the status words instead
+// of spinning for ever; Status reads them after a synchronize. A rank that
+// rejected its input signals OpRejected (Reject, Abandon): its peers fail
+// the call at once. The words are described in kernels/flags.cuh.
+type GPUFlags struct {
+	s                    *device.CUDAStream
+	mod                  *device.Module
+	wait, signal, arrive *device.Kernel
+	own                  *device.Buffer // this rank's flags region
+	peers                *device.Buffer // uint64 [R]: every rank's flags region as mapped here
+	// R ranks in the domain, me this rank's index, base the global rank of
+	// index 0.
+	R, me, base int
+	timeoutNs   int64
+}
+
+// NewGPUFlags starts the protocol over region of win, which every rank
+// allocated with GPUFlagsSize bytes (zeroed by MapGPU), on stream s: it
+// loads the kernels and uploads the peers' addresses. Waits give up after
+// timeout; base is the global rank of the domain's first rank.
+func NewGPUFlags(ctx context.Context, s *device.CUDAStream, win *GPUWindows, region, base int, timeout time.Duration) (*GPUFlags, error) {
+	R := len(win.Peers[region])
+	me := -1
+	for p, b := range win.Peers[region] {
+		if b == win.Own[region] {
+			me = p
+		}
+	}
+	if me < 0 || win.Own[region].Size() < GPUFlagsSize(R) {
+		return nil, fmt.Errorf("nvlink: GPU flags: region %d of %d bytes does not hold the flags of %d ranks", region, win.Own[region].Size(), R)
+	}
+	f := &GPUFlags{s: s, own: win.Own[region], R: R, me: me, base: base, timeoutNs: timeout.Nanoseconds()}
+	var err error
+	if f.mod, err = s.CUDA().LoadModule(flagsPTX); err != nil {
+		return nil, fmt.Errorf("nvlink: GPU flags: %w", err)
+	}
+	for _, k := range []struct {
+		dst  **device.Kernel
+		name string
+	}{{&f.wait, "goep_nvlink_wait"}, {&f.signal, "goep_nvlink_signal"}, {&f.arrive, "goep_nvlink_arrive"}} {
+		if *k.dst, err = f.mod.Kernel(k.name); err != nil {
+			return nil, errors.Join(fmt.Errorf("nvlink: GPU flags: %w", err), f.Close())
+		}
+	}
+	addrs := make([]byte, 8*R)
+	for p, b := range win.Peers[region] {
+		binary.LittleEndian.PutUint64(addrs[8*p:], b.DevicePtr())
+	}
+	if f.peers, err = s.Alloc(len(addrs)); err != nil {
+		return nil, errors.Join(fmt.Errorf("nvlink: GPU flags: %w", err), f.Close())
+	}
+	if err := s.UploadBuffer(ctx, f.peers, addrs); err != nil {
+		return nil, errors.Join(fmt.Errorf("nvlink: GPU flags: %w", err), f.Close())
+	}
+	return f, nil
+}
+
+// Close frees the kernels and the peer table; the caller has synchronized
+// the stream.
+func (f *GPUFlags) Close() error {
+	if f == nil {
+		return nil
+	}
+	if f.peers != nil {
+		f.s.Free(f.peers)
+	}
+	if f.mod != nil {
+		return f.mod.Close()
+	}
+	return nil
+}
+
+// Size is the number of ranks in the domain; Rank this rank's index.
+func (f *GPUFlags) Size() int { return f.R }
+
+// Rank is this rank's index in the domain.
+func (f *GPUFlags) Rank() int { return f.me }
+
+// view is bytes [off, off+n) of this rank's flags region.
+func (f *GPUFlags) view(off, n int) *device.Buffer {
+	v, err := f.own.View(off, n)
+	if err != nil {
+		panic(fmt.Sprintf("nvlink: flags view [%d, +%d): %v", off, n, err)) // offsets are the region's own
+	}
+	return v
+}
+
+// Flag words: arrived[p] at word p, done[p] at word R+p.
+func (f *GPUFlags) arrivedSlot() int64 { return 0 }
+func (f *GPUFlags) doneSlot() int64    { return int64(f.R) }
+
+func (f *GPUFlags) block() [3]uint32 { return [3]uint32{uint32((f.R + 31) / 32 * 32), 1, 1} }
+
+// Begin starts a collective call: the wait for every peer's done of the
+// previous call, which also advances the epoch.
+func (f *GPUFlags) Begin() error {
+	return f.s.Launch(f.wait, [3]uint32{1, 1, 1}, f.block(), 0,
+		f.view(int(f.doneSlot())*8, f.R*8), int32(f.R), f.Counter(), int32(1), int64(1), uint32(0),
+		f.timeoutNs, f.Status(), f.Missing())
+}
+
+// signalPeers enqueues the store of epoch<<8|op into word slot+me of every
+// peer's flags.
+func (f *GPUFlags) signalPeers(slot int64, op uint32) error {
+	return f.s.Launch(f.signal, [3]uint32{1, 1, 1}, f.block(), 0,
+		f.peers, int32(f.R), slot+int64(f.me), f.Counter(), op)
+}
+
+// Arrive signals that this rank's stores into the peers' windows are done
+// and waits for every peer's, which must carry the same op (a data call's
+// op also names its dtype and whether weights travel, so that such calls
+// mismatch instead of misreading each other's rows): one launch.
+func (f *GPUFlags) Arrive(op uint32) error {
+	slot := f.arrivedSlot()
+	return f.s.Launch(f.arrive, [3]uint32{1, 1, 1}, f.block(), 0,
+		f.peers, int32(f.R), slot+int64(f.me), f.view(int(slot)*8, f.R*8),
+		f.Counter(), op, f.timeoutNs, f.Status(), f.Missing())
+}
+
+// Finish signals that this rank's windows may be written again.
+func (f *GPUFlags) Finish(op uint32) error { return f.signalPeers(f.doneSlot(), op) }
+
+// Reject joins a collective call whose input this rank rejected: its
+// peers see OpRejected and fail the call at once.
+func (f *GPUFlags) Reject() error {
+	return errors.Join(f.Begin(), f.signalPeers(f.arrivedSlot(), OpRejected), f.Finish(OpRejected))
+}
+
+// Abandon ends a call that failed on this rank between its Begin and its
+// Arrive (a launch refused, say): the peers see OpRejected and fail the
+// call at once instead of at their timeout, and the epochs stay in step.
+func (f *GPUFlags) Abandon() error {
+	return errors.Join(f.signalPeers(f.arrivedSlot(), OpRejected), f.Finish(OpRejected))
+}
+
+// Status is the status word (uint64: 0, or the first failure of a wait);
+// Counter the epoch counter; Missing the codes missing[R] (int32). Kernels
+// that report a call's outcome read them.
+func (f *GPUFlags) Status() *device.Buffer  { return f.view(statusOff(f.R), 8) }
+func (f *GPUFlags) Counter() *device.Buffer { return f.view(counterOff(f.R), 8) }
+func (f *GPUFlags) Missing() *device.Buffer { return f.view(missingOff(f.R), 4*f.R) }
+
+// StatusBytes is the size of the status words: status, epoch counter,
+// missing[R].
+func (f *GPUFlags) StatusBytes() int { return StatusBytes(f.R) }
+
+// CopyStatus enqueues the copy of the status words into dst at off;
+// ClearStatus enqueues clearing status and missing. A call that must not
+// be ended by an earlier call's failure (a layout) moves the failure aside
+// with both, and reports it later (StatusError on the copy).
+func (f *GPUFlags) CopyStatus(dst *device.Buffer, off int) error {
+	return f.s.Copy(dst, off, f.own, statusOff(f.R), f.StatusBytes())
+}
+
+// ClearStatus enqueues clearing the status word and missing[R].
+func (f *GPUFlags) ClearStatus() error {
+	return errors.Join(f.s.Memset(f.own, statusOff(f.R), 8, 0), f.s.Memset(f.own, missingOff(f.R), 4*f.R, 0))
+}
+
+// StatusError decodes status words as read back (StatusBytes of them):
+// nil, or the failure they record.
+func (f *GPUFlags) StatusError(raw []byte) error { return decodeStatus(raw, f.R, f.base) }
+
+// Check reads the status words back (the caller has synchronized the
+// stream; Read) and decodes them: nil, or the first failure. A failure
+// other than a timeout leaves the ranks in step (every call advanced every
+// epoch), so the status is cleared, on the stream, for the next call.
+func (f *GPUFlags) Check(ctx context.Context) error {
+	raw, err := f.s.DownloadBuffer(ctx, f.view(statusOff(f.R), f.StatusBytes()))
+	if err != nil {
+		return err
+	}
+	return f.Settle(raw)
+}
+
+// Settle is Check on status words already read back: nil, or the
+// failure, the status cleared unless it is a timeout.
+func (f *GPUFlags) Settle(raw []byte) error {
+	err := f.StatusError(raw)
+	if err != nil && !errors.Is(err, comm.ErrTimeout) {
+		err = errors.Join(err, f.ClearStatus())
+	}
+	return err
+}

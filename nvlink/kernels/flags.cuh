@@ -1,0 +1,105 @@
+// The device side of an NVLink domain's flag protocol (package nvlink,
+// GPUFlags): every rank owns one array of uint64 words, arrived[R] then
+// done[R], each word written only by the peer it is named after, with the
+// value epoch<<8 | op. Epochs only grow; no word is ever reset. After the
+// 2R flag words: status (the first failure of a wait: 1 timeout, 2
+// operation mismatch), the rank's epoch counter, then missing[R] (int32):
+// what a wait found of each peer (1 timed out, 2 ran another call, 3
+// rejected its input). The host reads status and missing after a
+// synchronize.
+//
+// Kernels that take part in the protocol include this header: flags.cu's
+// own kernels, and any data-path kernel that waits or signals in place.
+#ifndef GOEP_NVLINK_FLAGS_CUH
+#define GOEP_NVLINK_FLAGS_CUH
+
+#include <stdint.h>
+
+namespace goep_nvlink {  // named, not anonymous: keeps the PTX independent of the checkout path
+
+// now_ns is the GPU's global timer, in nanoseconds.
+__device__ __forceinline__ uint64_t now_ns()
+{
+	uint64_t t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
+}
+
+// opRejected is the operation a rank signals when it rejected its input on
+// the host: its peers fail the call instead of waiting (nvlink.OpRejected).
+constexpr uint32_t opRejected = 0x7f;
+
+// wait_flags waits, one thread per peer p < ranks, until flags[p] holds
+// an epoch of at least E - lag (flags[p] >> 8 >= E - lag), E being the
+// call's epoch *counter, which the wait first increments when bump is set
+// (the first kernel of a call). The epoch lives in device memory, never in
+// a kernel argument, so a captured graph replays with fresh epochs. If op
+// is not 0, a word at exactly E must carry op, else status[0] = 2 (the
+// peer runs another call; missing[p] = 2, or 3 when the peer rejected its
+// input: op opRejected). Past timeoutNs of waiting (globaltimer) it sets
+// status[0] = 1 and missing[p] = 1 and returns. A wait after an earlier
+// failure (status[0] != 0) returns at once. One block of at least ranks
+// threads.
+__device__ __forceinline__ void wait_flags(const uint64_t *flags, int32_t ranks, uint64_t *counter,
+					   int32_t bump, int64_t lag, uint32_t op, int64_t timeoutNs,
+					   uint64_t *status, int32_t *missing)
+{
+	__shared__ uint64_t epoch;
+	if (threadIdx.x == 0) {
+		uint64_t e = *(volatile uint64_t *)counter;
+		if (bump) {
+			e++;
+			*(volatile uint64_t *)counter = e;
+		}
+		epoch = e;
+	}
+	__syncthreads();
+	int p = threadIdx.x;
+	if (p >= ranks) {
+		return;
+	}
+	uint64_t want = epoch - (uint64_t)lag;
+	volatile const uint64_t *f = flags + p;
+	volatile uint64_t *st = status;
+	uint64_t start = now_ns();
+	for (int spin = 0;; spin++) {
+		if (*st != 0) {
+			return;
+		}
+		uint64_t v = *f;
+		if ((v >> 8) >= want) {
+			if (op != 0 && (v >> 8) == epoch && (uint32_t)(v & 0xff) != op) {
+				atomicCAS((unsigned long long *)status, 0ull, 2ull);
+				missing[p] = (v & 0xff) == opRejected ? 3 : 2;
+			}
+			break;
+		}
+		if ((spin & 63) == 63 && (int64_t)(now_ns() - start) > timeoutNs) {
+			atomicCAS((unsigned long long *)status, 0ull, 1ull);
+			missing[p] = 1;
+			return;
+		}
+		__nanosleep(64);
+	}
+	__threadfence_system(); // reads after the wait see the peer's writes
+}
+
+// signal_flags stores E<<8 | op (E = *counter, the call's epoch) into
+// word slot of every peer's flags (peerFlags[p] + slot, p < ranks), after a
+// system-wide fence so that the peer sees every write this stream made
+// before. One block of at least ranks threads.
+__device__ __forceinline__ void signal_flags(uint64_t *const *peerFlags, int32_t ranks, int64_t slot,
+					     const uint64_t *counter, uint32_t op)
+{
+	__threadfence_system();
+	int p = threadIdx.x;
+	if (p < ranks) {
+		uint64_t value = *(volatile const uint64_t *)counter << 8 | op;
+		volatile uint64_t *f = peerFlags[p] + slot;
+		*f = value;
+	}
+}
+
+}  // namespace goep_nvlink
+
+#endif  // GOEP_NVLINK_FLAGS_CUH
