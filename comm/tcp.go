@@ -177,20 +177,25 @@ func tcpConfigFrom(lookup func(string) (string, bool)) (TCPConfig, error) {
 // with a peer whose connection broke, or whose process died, fails with a
 // *PeerLostError naming it; with a peer that never calls, with a
 // *TimeoutError naming it. A write to a peer that is cut short (ctx
-// cancelled, or the peer stopped reading past the deadline plus a second)
-// leaves a half-written frame, so that connection is closed and both ranks
-// see each other as lost from then on. Calls of different collectives in
-// the same round, when one of them is a direct AllToAll, end in a timeout
-// rather than the relay's "same collectives" error.
+// cancelled, or the peer did not read it all by the deadline plus a
+// second) leaves a half-written frame, so that connection is closed: the
+// peer sees this rank as lost from then on, and this rank's calls with the
+// peer fail at once, with a *TimeoutError naming it if the write timed out
+// (a peer slow to read, its process descheduled, say, is not evidence that
+// it died) and a *PeerLostError otherwise. The same holds for the
+// connection to rank 0's rendezvous server. Calls of different collectives
+// in the same round, when one of them is a direct AllToAll, end in a
+// timeout rather than the relay's "same collectives" error.
 //
-// Every collective's waits are bounded by its ctx (a ctx without a deadline
-// gets DefaultTCPTimeout for its writes). A rank whose connection breaks
-// (its process died) is detected by the server at once, and every round of
-// every group that includes it then fails on every rank with a
-// *PeerLostError naming it; if rank 0 dies, every rank's current or next
-// collective fails with a *PeerLostError naming rank 0. Closing the world
-// group closes its sub-groups too; rank 0 closing stops the server, and the
-// other ranks' later collectives return ErrClosed.
+// Every collective's waits are bounded by its ctx; under a ctx without a
+// deadline, a write fails once the other side has read none of it for
+// DefaultTCPTimeout, however long the whole write takes. A rank whose
+// connection breaks (its process died) is detected by the server at once,
+// and every round of every group that includes it then fails on every rank
+// with a *PeerLostError naming it; if rank 0 dies, every rank's current or
+// next collective fails with a *PeerLostError naming rank 0. Closing the
+// world group closes its sub-groups too; rank 0 closing stops the server,
+// and the other ranks' later collectives return ErrClosed.
 func NewTCP(ctx context.Context, cfg TCPConfig) (Group, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -234,8 +239,9 @@ type tcpOptions struct {
 	relay bool
 }
 
-// DefaultTCPTimeout bounds a write to the rendezvous server when the
-// collective's ctx has no deadline (the default of GOEP_TIMEOUT).
+// DefaultTCPTimeout bounds, when a collective's ctx has no deadline, how
+// long a write of it to the rendezvous server or a peer may go without the
+// other side reading any of it (the default of GOEP_TIMEOUT).
 const DefaultTCPTimeout = 60 * time.Second
 
 func newTCP(ctx context.Context, cfg TCPConfig, ln net.Listener, opt tcpOptions) (_ Group, err error) {
@@ -362,12 +368,17 @@ func dialRetry(ctx context.Context, rank int, addr string) (net.Conn, error) {
 	}
 }
 
-// ctxDeadline is ctx's deadline, or now + DefaultTCPTimeout.
-func ctxDeadline(ctx context.Context) time.Time {
+// ctxWriteBound bounds the writes of a collective called with ctx: with a
+// deadline, nothing is written past it plus queryGrace (so that a
+// collective called with an expired ctx still contributes, then times out
+// and asks who is missing); without one, a write goes on as long as the
+// other side reads, and fails once it has read nothing for
+// DefaultTCPTimeout.
+func ctxWriteBound(ctx context.Context) writeBound {
 	if d, ok := ctx.Deadline(); ok {
-		return d
+		return writeBound{hard: d.Add(queryGrace)}
 	}
-	return time.Now().Add(DefaultTCPTimeout)
+	return writeBound{stall: DefaultTCPTimeout}
 }
 
 // handshake sends the hello and waits for the welcome (or a refusal). The
@@ -378,6 +389,9 @@ func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig, addr, peerAddr
 	op := fmt.Sprintf("connect on rank %d", cfg.Rank)
 	hello := helloMsg{Magic: tcpMagic, Version: tcpVersion, Size: cfg.Size, LocalRank: cfg.LocalRank, LocalSize: cfg.LocalSize, PeerAddr: peerAddr}
 	if err := c.send(ctx, frameHeader{Type: fHello, Rank: int32(cfg.Rank)}, hello.encode()); err != nil {
+		if isTimeout(err) { // rank 0 accepted the connection but reads nothing
+			return &TimeoutError{Op: fmt.Sprintf("%s (the hello to the rendezvous server at %s: %v)", op, addr, err), Missing: []int{0}}
+		}
 		return &PeerLostError{Op: op, Ranks: []int{0}, Cause: fmt.Sprintf("rendezvous server at %s: %v", addr, err)}
 	}
 	var query <-chan time.Time // set once the deadline passed and the server was asked
@@ -446,6 +460,7 @@ type tcpClient struct {
 	left       map[int]bool   // world ranks that closed the world group
 	groupsLeft map[uint64]int // sub-groups a member closed: gid → world rank
 	dead       string         // non-empty: the connection to the server broke, why
+	deadWrite  bool           // ... because this rank cut it when a write to the server timed out
 	shutdown   bool           // rank 0 closed the rendezvous
 	closed     bool           // this rank closed the world group
 	readerDone chan struct{}
@@ -481,7 +496,7 @@ func (c *tcpClient) read() {
 			if !welcomed {
 				c.toHandshake(hsEvent{err: err})
 			}
-			c.broken(err.Error())
+			c.broken(err.Error(), false)
 			return
 		}
 		if !welcomed {
@@ -519,7 +534,7 @@ func (c *tcpClient) read() {
 			c.changedLocked()
 		default:
 			c.mu.Unlock()
-			c.broken(fmt.Sprintf("unexpected %s frame", h.Type))
+			c.broken(fmt.Sprintf("unexpected %s frame", h.Type), false)
 			c.conn.Close()
 			return
 		}
@@ -535,27 +550,27 @@ func (c *tcpClient) toHandshake(ev hsEvent) {
 	}
 }
 
-// broken records that the connection to the server is gone.
-func (c *tcpClient) broken(cause string) {
+// broken records that the connection to the server is gone; timedOut
+// says that this rank cut it because a write to the server timed out.
+func (c *tcpClient) broken(cause string, timedOut bool) {
 	c.mu.Lock()
 	if c.dead == "" {
 		c.dead = cause
+		c.deadWrite = timedOut
 		c.changedLocked()
 	}
 	c.mu.Unlock()
 }
 
-// send writes one frame to the server; its deadline is ctx's plus
-// queryGrace (so that a collective called with an expired ctx still
-// contributes, then times out and asks who is missing). A failed write may
-// have left half a frame on the wire, so it ends the connection.
+// send writes one frame to the server, within ctxWriteBound(ctx). A failed
+// write may have left half a frame on the wire, so it ends the connection.
 func (c *tcpClient) send(ctx context.Context, h frameHeader, p []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	c.conn.SetWriteDeadline(ctxDeadline(ctx).Add(queryGrace))
-	err := writeFrame(c.conn, h, p)
+	b := ctxWriteBound(ctx)
+	err := writeFrameBy(c.conn, h, p, func() error { return c.conn.SetWriteDeadline(b.next()) })
 	if err != nil {
-		c.broken("write: " + err.Error())
+		c.broken("write: "+err.Error(), isTimeout(err))
 		c.conn.Close()
 	}
 	return err
@@ -619,11 +634,13 @@ func (g *tcpGroup) checkLocked(op string) error {
 		if c.shutdown {
 			return fmt.Errorf("comm: %s on rank %d: rank 0 closed the rendezvous: %w", op, g.rank, ErrClosed)
 		}
-		var ranks []int
-		if r := g.groupRank(0); r >= 0 {
-			ranks = []int{r}
+		if c.deadWrite {
+			// Rank 0 was slow to read, which is not evidence that it died:
+			// a timeout, though this rank has given up the connection.
+			return &TimeoutError{Op: fmt.Sprintf("%s on rank %d (a write to the rendezvous server, world rank 0, timed out and this rank closed the connection: %s)",
+				op, g.rank, c.dead), Missing: g.rank0()}
 		}
-		return &PeerLostError{Op: fmt.Sprintf("%s on rank %d", op, g.rank), Ranks: ranks,
+		return &PeerLostError{Op: fmt.Sprintf("%s on rank %d", op, g.rank), Ranks: g.rank0(),
 			Cause: "connection to the rendezvous server (world rank 0) broke: " + c.dead}
 	}
 	return nil
@@ -663,11 +680,11 @@ func (g *tcpGroup) round(ctx context.Context, op tcpOp, p []byte) ([]byte, error
 		testHookBeforeContrib(g)
 	}
 	h := frameHeader{Type: fContrib, Op: op, GID: g.gid, Seq: seq, Rank: int32(g.rank)}
-	if len(p) > maxFramePayload {
+	if limit := frameLimit(); len(p) > limit {
 		// Too large for a frame: the round fails on every member with
 		// this reason (the server answers fFail), the connection intact.
 		h.Type = fAbandon
-		p = fmt.Appendf(nil, "its %s contribution is %d bytes, more than the %d-byte frame limit", name, len(p), maxFramePayload)
+		p = fmt.Appendf(nil, "its %s contribution is %d bytes, more than the %d-byte frame limit", name, len(p), limit)
 	}
 	if err := c.send(ctx, h, p); err != nil {
 		if err := g.check(name); err != nil {

@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
+	"sync/atomic"
+	"time"
 )
 
 // The TCP rendezvous speaks length-prefixed binary frames. Every frame is a
 // 28-byte header followed by Len bytes of payload:
 //
 //	offset size field
-//	0      4    Len     payload length, little-endian, at most maxFramePayload
+//	0      4    Len     payload length, little-endian, at most frameLimit()
 //	4      1    Type    frameType
 //	5      1    Op      collective (tcpOp) for contributions and replies, else 0
 //	6      2    reserved, must be 0
@@ -25,8 +28,10 @@ import (
 // as bytes actually arrive, so a corrupt or hostile header cannot make it
 // allocate more than about twice what the peer really sent.
 const (
-	frameHeaderLen  = 28
-	maxFramePayload = 1 << 30    // 1 GiB: far above any control message
+	frameHeaderLen = 28
+	// maxFramePayload is the protocol's frame limit, 1 GiB: far above any
+	// control message.
+	maxFramePayload = 1 << 30
 	tcpMagic        = 0x50454f47 // "GOEP" little-endian
 	// tcpVersion 2: the welcome's Seq carries the world id, and AllToAll
 	// runs over direct peer connections (peer hello, data and bye frames).
@@ -101,6 +106,17 @@ type frameHeader struct {
 	Len  uint32
 }
 
+// frameLimitBytes is the frame limit in force: maxFramePayload, except in
+// tests, which lower it to check what happens past the limit with MBs
+// rather than GBs. Atomic because the goroutines of groups that are still
+// closing read it while a test sets it.
+var frameLimitBytes atomic.Int64
+
+func init() { frameLimitBytes.Store(maxFramePayload) }
+
+// frameLimit is the largest payload a frame may carry.
+func frameLimit() int { return int(frameLimitBytes.Load()) }
+
 // errFrame marks a malformed frame or payload.
 var errFrame = errors.New("malformed frame")
 
@@ -131,8 +147,8 @@ func parseHeader(b []byte) (frameHeader, error) {
 		return h, fmt.Errorf("%w: unknown op %d", errFrame, b[5])
 	case b[6] != 0 || b[7] != 0:
 		return h, fmt.Errorf("%w: reserved bytes %#x %#x", errFrame, b[6], b[7])
-	case h.Len > maxFramePayload:
-		return h, fmt.Errorf("%w: %s payload of %d bytes exceeds the %d-byte limit", errFrame, h.Type, h.Len, maxFramePayload)
+	case int64(h.Len) > int64(frameLimit()):
+		return h, fmt.Errorf("%w: %s payload of %d bytes exceeds the %d-byte limit", errFrame, h.Type, h.Len, frameLimit())
 	}
 	return h, nil
 }
@@ -178,20 +194,76 @@ func readFrameUpfront(r io.Reader, upfront int) (frameHeader, []byte, error) {
 	return h, p, nil
 }
 
-// writeFrame writes header and payload with one writev where it can.
+// writeFrame writes header and payload with one writev where it can,
+// under whatever write deadline the connection has.
 func writeFrame(w io.Writer, h frameHeader, payload []byte) error {
-	if len(payload) > maxFramePayload {
-		return fmt.Errorf("comm: %s payload of %d bytes exceeds the %d-byte frame limit", h.Type, len(payload), maxFramePayload)
+	return writeFrameBy(w, h, payload, func() error { return nil })
+}
+
+// writePiece is the most payload a frame's write hands the kernel under one
+// deadline.
+const writePiece = 1 << 20
+
+// writeFrameBy writes one frame in pieces of at most writePiece bytes of
+// payload (the header goes with the first, in one writev), calling before
+// ahead of each piece to set that piece's write deadline. A deadline per
+// piece, taken when the piece starts, bounds how long the reader may read
+// nothing, not how long a large frame takes to reach a reader that keeps
+// reading, however slowly (its process descheduled on a loaded machine,
+// say): a slow reader is not a dead one.
+func writeFrameBy(w io.Writer, h frameHeader, payload []byte, before func() error) error {
+	if len(payload) > frameLimit() {
+		return fmt.Errorf("comm: %s payload of %d bytes exceeds the %d-byte frame limit", h.Type, len(payload), frameLimit())
 	}
 	h.Len = uint32(len(payload))
-	hdr := appendHeader(make([]byte, 0, frameHeaderLen), h)
-	bufs := net.Buffers{hdr}
-	if len(payload) > 0 {
-		bufs = append(bufs, payload)
+	first := min(len(payload), writePiece)
+	bufs := net.Buffers{appendHeader(make([]byte, 0, frameHeaderLen), h)}
+	if first > 0 {
+		bufs = append(bufs, payload[:first])
 	}
-	_, err := bufs.WriteTo(w)
-	return err
+	if err := before(); err != nil {
+		return err
+	}
+	if _, err := bufs.WriteTo(w); err != nil {
+		return err
+	}
+	for off := first; off < len(payload); {
+		n := min(len(payload)-off, writePiece)
+		if err := before(); err != nil {
+			return err
+		}
+		if _, err := w.Write(payload[off : off+n]); err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
 }
+
+// writeBound says how long the write of a frame may take: each piece at
+// most stall from its start (0: no such bound), and nothing past hard
+// (zero: no such bound).
+type writeBound struct {
+	hard  time.Time
+	stall time.Duration
+}
+
+// next is the write deadline of a piece that starts now.
+func (b writeBound) next() time.Time {
+	if b.stall == 0 {
+		return b.hard
+	}
+	d := time.Now().Add(b.stall)
+	if !b.hard.IsZero() && b.hard.Before(d) {
+		return b.hard
+	}
+	return d
+}
+
+// isTimeout reports whether a write failed at its deadline (the reader
+// read too little in time, or this side cut the write short), as opposed
+// to a broken connection.
+func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 
 // helloMsg is the first frame's payload: who this rank says it is.
 type helloMsg struct {

@@ -47,6 +47,7 @@ type peerConn struct {
 
 	// Guarded by the client's mu.
 	down   string          // non-empty: the connection is unusable, why
+	slow   bool            // ... because this rank cut it when a write to the peer timed out
 	bye    bool            // the peer closed its world group (down then means closed, not lost)
 	groups map[uint64]bool // sub-groups the peer closed
 }
@@ -299,11 +300,11 @@ func (c *tcpClient) readPeer(pc *peerConn) {
 	for {
 		h, p, err := readFrameUpfront(pc.conn, peerReadUpfront)
 		if err != nil {
-			c.peerDown(pc, "read: "+err.Error())
+			c.peerDown(pc, "read: "+err.Error(), false)
 			return
 		}
 		if int(h.Rank) != pc.rank {
-			c.peerDown(pc, fmt.Sprintf("rank %d sent a %s frame as rank %d", pc.rank, h.Type, h.Rank))
+			c.peerDown(pc, fmt.Sprintf("rank %d sent a %s frame as rank %d", pc.rank, h.Type, h.Rank), false)
 			return
 		}
 		c.mu.Lock()
@@ -316,7 +317,7 @@ func (c *tcpClient) readPeer(pc *peerConn) {
 			rd := m.roundLocked(key)
 			if _, dup := rd.parts[pc.rank]; dup {
 				c.mu.Unlock()
-				c.peerDown(pc, fmt.Sprintf("rank %d sent its part of group %d's call %d twice", pc.rank, h.GID, h.Seq))
+				c.peerDown(pc, fmt.Sprintf("rank %d sent its part of group %d's call %d twice", pc.rank, h.GID, h.Seq), false)
 				return
 			}
 			if p == nil {
@@ -334,7 +335,7 @@ func (c *tcpClient) readPeer(pc *peerConn) {
 			c.changedLocked()
 		default:
 			c.mu.Unlock()
-			c.peerDown(pc, fmt.Sprintf("rank %d sent an unexpected %s frame", pc.rank, h.Type))
+			c.peerDown(pc, fmt.Sprintf("rank %d sent an unexpected %s frame", pc.rank, h.Type), false)
 			return
 		}
 		c.mu.Unlock()
@@ -351,11 +352,13 @@ func (m *tcpMesh) roundLocked(key roundKey) *p2pRound {
 	return rd
 }
 
-// peerDown records that pc can no longer be used, and why.
-func (c *tcpClient) peerDown(pc *peerConn, cause string) {
+// peerDown records that pc can no longer be used, and why; slow says that
+// this rank cut it because a write to the peer timed out.
+func (c *tcpClient) peerDown(pc *peerConn, cause string, slow bool) {
 	c.mu.Lock()
 	if pc.down == "" {
 		pc.down = cause
+		pc.slow = slow
 		if pc.bye {
 			pc.down = "closed"
 		}
@@ -364,9 +367,9 @@ func (c *tcpClient) peerDown(pc *peerConn, cause string) {
 	c.mu.Unlock()
 }
 
-// sendPeer writes one frame to pc. Its deadline is ctx's plus queryGrace,
-// like the writes to the server; cancelling ctx cuts it short. A write cut
-// short leaves half a frame on the wire, so it closes the connection.
+// sendPeer writes one frame to pc within ctxWriteBound(ctx), like the
+// writes to the server; cancelling ctx cuts it short. A write cut short
+// leaves half a frame on the wire, so it closes the connection.
 func (c *tcpClient) sendPeer(ctx context.Context, pc *peerConn, h frameHeader, p []byte) error {
 	pc.wmu.Lock()
 	defer pc.wmu.Unlock()
@@ -379,22 +382,38 @@ func (c *tcpClient) sendPeer(ctx context.Context, pc *peerConn, h frameHeader, p
 	if err := ctx.Err(); errors.Is(err, context.Canceled) {
 		return err
 	}
-	pc.conn.SetWriteDeadline(ctxDeadline(ctx).Add(queryGrace))
-	cut := make(chan struct{})
+	// A cancel sets a deadline in the past, under mu, so that the deadline
+	// of the next piece cannot undo it.
+	var mu sync.Mutex
+	cancelled := false
+	b := ctxWriteBound(ctx)
+	deadline := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if cancelled {
+			return pc.conn.SetWriteDeadline(time.Unix(1, 0))
+		}
+		return pc.conn.SetWriteDeadline(b.next())
+	}
+	fired := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
-		defer close(cut)
+		defer close(fired)
 		if errors.Is(ctx.Err(), context.Canceled) { // a deadline has its own, later
+			mu.Lock()
+			cancelled = true
 			pc.conn.SetWriteDeadline(time.Unix(1, 0))
+			mu.Unlock()
 		}
 	})
-	err := writeFrame(pc.conn, h, p)
+	err := writeFrameBy(pc.conn, h, p, deadline)
 	if !stop() {
-		<-cut // so that it cannot touch the next writer's deadline
+		<-fired // so that it cannot touch the next writer's deadline
 	}
 	if err != nil {
-		c.peerDown(pc, "write: "+err.Error())
+		cut := errors.Is(ctx.Err(), context.Canceled)
+		c.peerDown(pc, "write: "+err.Error(), isTimeout(err) && !cut)
 		pc.conn.Close()
-		if errors.Is(ctx.Err(), context.Canceled) {
+		if cut {
 			return fmt.Errorf("%w (cut short: %v)", context.Canceled, err)
 		}
 	}
@@ -407,8 +426,8 @@ func (g *tcpGroup) allToAllDirect(ctx context.Context, send [][]byte) ([][]byte,
 	const name = "alltoall"
 	op := fmt.Sprintf("%s on rank %d", name, g.rank)
 	for p, b := range send {
-		if len(b) > maxFramePayload {
-			return nil, fmt.Errorf("comm: %s: %d bytes for rank %d exceed the %d-byte frame limit", op, len(b), p, maxFramePayload)
+		if limit := frameLimit(); len(b) > limit {
+			return nil, fmt.Errorf("comm: %s: %d bytes for rank %d exceed the %d-byte frame limit", op, len(b), p, limit)
 		}
 	}
 	seq := g.seq
@@ -537,28 +556,39 @@ func (g *tcpGroup) directCheckLocked(name string) error {
 
 // missingCheckLocked says why the members in missing (group ranks,
 // ascending) will never send their parts, if one of them will not: this
-// rank closed the group, or one's peer connection broke (lost) or carried
-// its bye (closed). It looks only at the peer connections, where a part
-// comes before its sender's bye or end of stream: a rank that finished the
-// call and then closed or died, as told by the server, must not fail a call
-// whose parts from it are still on the way.
+// rank closed the group, or one's peer connection broke (lost), was cut by
+// this rank when a write to the peer timed out (a timeout: a peer slow to
+// read is not evidence that it died), or carried its bye (closed). It looks
+// only at the peer connections, where a part comes before its sender's bye
+// or end of stream: a rank that finished the call and then closed or died,
+// as told by the server, must not fail a call whose parts from it are
+// still on the way.
 func (g *tcpGroup) missingCheckLocked(name string, missing []int) error {
 	c := g.c
 	if c.closed || g.closed {
 		return fmt.Errorf("comm: %s on rank %d: this rank closed the group: %w", name, g.rank, ErrClosed)
 	}
-	var lost []int
-	var causes []string
+	var lost, slow []int
+	var lostCauses, slowCauses []string
 	for _, i := range missing {
 		pc := c.mesh.peers[g.members[i]]
-		if pc.down != "" && !pc.bye {
+		switch {
+		case pc.down == "" || pc.bye:
+		case pc.slow:
+			slow = append(slow, i)
+			slowCauses = append(slowCauses, fmt.Sprintf("rank %d: %s", i, pc.down))
+		default:
 			lost = append(lost, i)
-			causes = append(causes, fmt.Sprintf("rank %d: %s", i, pc.down))
+			lostCauses = append(lostCauses, fmt.Sprintf("rank %d: %s", i, pc.down))
 		}
 	}
 	if len(lost) > 0 {
 		return &PeerLostError{Op: fmt.Sprintf("%s on rank %d", name, g.rank), Ranks: lost,
-			Cause: "peer connection broke: " + strings.Join(causes, "; ")}
+			Cause: "peer connection broke: " + strings.Join(lostCauses, "; ")}
+	}
+	if len(slow) > 0 {
+		return &TimeoutError{Op: fmt.Sprintf("%s on rank %d (a write to the peer timed out and this rank closed the connection: %s)",
+			name, g.rank, strings.Join(slowCauses, "; ")), Missing: slow}
 	}
 	for _, i := range missing {
 		pc := c.mesh.peers[g.members[i]]

@@ -11,9 +11,10 @@ import (
 )
 
 // Timeouts of the rendezvous server, which has no caller's context: a
-// connection must say hello within helloTimeout, and a frame written to a
-// client must leave within serverWriteTimeout (clients read continuously, so
-// only a stuck or dead client trips it).
+// connection must say hello within helloTimeout, and a client must read
+// some of a frame written to it within serverWriteTimeout (clients read
+// continuously, so only a stuck or dead client trips it; a slow one, however
+// large the frame, does not).
 const (
 	helloTimeout       = 30 * time.Second
 	serverWriteTimeout = 30 * time.Second
@@ -78,7 +79,8 @@ type srvConn struct {
 	queue   []outFrame
 	closing bool // close once the queue is written
 	wake    chan struct{}
-	bye     bool // the client said bye: its EOF is not a loss
+	bye     bool   // the client said bye: its EOF is not a loss
+	cut     string // non-empty: the writer closed the connection, why
 }
 
 type outFrame struct {
@@ -166,9 +168,14 @@ func (s *tcpServer) write(sc *srvConn) {
 		q, closing := sc.queue, sc.closing
 		sc.queue = nil
 		sc.mu.Unlock()
+		b := writeBound{stall: serverWriteTimeout}
 		for _, f := range q {
-			sc.c.SetWriteDeadline(time.Now().Add(serverWriteTimeout))
-			if err := writeFrame(sc.c, f.h, f.p); err != nil {
+			if err := writeFrameBy(sc.c, f.h, f.p, func() error { return sc.c.SetWriteDeadline(b.next()) }); err != nil {
+				if isTimeout(err) {
+					sc.mu.Lock()
+					sc.cut = fmt.Sprintf("rank 0 closed its connection: the client read none of a frame for %v (%v)", serverWriteTimeout, err)
+					sc.mu.Unlock()
+				}
 				sc.c.Close() // the reader sees the closed connection
 				return
 			}
@@ -315,7 +322,13 @@ func (s *tcpServer) depart(sc *srvConn, cause error) {
 		s.joined-- // it may come back
 		return
 	}
-	s.goneLocked(r, !sc.bye, cause.Error())
+	why := cause.Error()
+	sc.mu.Lock()
+	if sc.cut != "" {
+		why = sc.cut
+	}
+	sc.mu.Unlock()
+	s.goneLocked(r, !sc.bye, why)
 }
 
 // goneLocked records that world rank r left (lost or closed), stops every
@@ -483,10 +496,10 @@ func (s *tcpServer) contribLocked(sc *srvConn, h frameHeader, p []byte, abandon 
 	delete(g.rounds, h.Seq)
 	replies := s.completeLocked(g, rd)
 	for i, r := range replies {
-		if len(r) > maxFramePayload {
+		if limit := frameLimit(); len(r) > limit {
 			// Every member is told, and every connection stays usable.
 			msg := fmt.Sprintf("collective %d (%s): the result for rank %d is %d bytes, more than the %d-byte frame limit",
-				h.Seq, h.Op, i, len(r), maxFramePayload)
+				h.Seq, h.Op, i, len(r), limit)
 			g.failed[h.Seq] = msg
 			for _, w := range g.members {
 				s.conns[w].send(frameHeader{Type: fFail, Op: h.Op, GID: h.GID, Seq: h.Seq}, []byte(msg))

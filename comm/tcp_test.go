@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -724,6 +723,115 @@ func TestTCPFrameLimits(t *testing.T) {
 	}
 }
 
+// slowConn is the writing end of a connection to a slow reader, on
+// virtual time: its reader takes perByte for each byte (and no real time
+// passes), and with stopAt > 0 reads nothing past byte stopAt. A write
+// fails, as at its deadline, once the virtual time since the last
+// SetWriteDeadline exceeds that deadline's distance from when it was set.
+type slowConn struct {
+	net.Conn // nil: only the methods below are used
+	perByte  time.Duration
+	stopAt   int
+
+	mu      sync.Mutex
+	budget  time.Duration // from the last SetWriteDeadline
+	elapsed time.Duration // virtual time since then
+	got     int           // bytes read by the reader
+	closed  bool
+}
+
+func (c *slowConn) SetWriteDeadline(d time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.budget, c.elapsed = time.Until(d), 0
+	if d.IsZero() {
+		c.budget = 1<<63 - 1
+	}
+	return nil
+}
+
+func (c *slowConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, net.ErrClosed
+	}
+	for n := range p {
+		if (c.stopAt > 0 && c.got >= c.stopAt) || c.elapsed+c.perByte > c.budget {
+			return n, fmt.Errorf("slow reader: %w", os.ErrDeadlineExceeded)
+		}
+		c.elapsed += c.perByte
+		c.got++
+	}
+	return len(p), nil
+}
+
+func (c *slowConn) SetReadDeadline(time.Time) error { return nil }
+
+func (c *slowConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	return nil
+}
+
+// TestTCPWriteBound: a write to a reader that goes on reading, however
+// slowly, succeeds however long the whole frame takes; one to a reader
+// that stops fails at its deadline and is reported as a timeout. Each
+// writer is driven on a slowConn whose reader takes 40% of the writer's
+// stall bound for every piece of a frame of 8 pieces (3.2 bounds in all).
+func TestTCPWriteBound(t *testing.T) {
+	const frame = 8 * writePiece
+	for _, tc := range []struct {
+		name  string
+		stall time.Duration
+		// write sends a frame of p on conn and returns the error it
+		// reports, and whether it marked the connection cut for a timeout.
+		write func(conn net.Conn, p []byte) (error, bool)
+	}{
+		{"rank to rendezvous server", DefaultTCPTimeout, func(conn net.Conn, p []byte) (error, bool) {
+			c := &tcpClient{conn: conn, notify: make(chan struct{})}
+			err := c.send(context.Background(), frameHeader{Type: fContrib, Op: opAllGather}, p)
+			return err, c.deadWrite
+		}},
+		{"rank to peer", DefaultTCPTimeout, func(conn net.Conn, p []byte) (error, bool) {
+			c := &tcpClient{notify: make(chan struct{})}
+			pc := &peerConn{rank: 1, conn: conn}
+			err := c.sendPeer(context.Background(), pc, frameHeader{Type: fPeerData, Op: opAllToAll, Rank: 0}, p)
+			return err, pc.slow
+		}},
+		{"rendezvous server to rank", serverWriteTimeout, func(conn net.Conn, p []byte) (error, bool) {
+			s := &tcpServer{}
+			sc := &srvConn{c: conn, rank: 1, wake: make(chan struct{}, 1)}
+			sc.send(frameHeader{Type: fResult, Op: opAllGather}, p)
+			sc.finish()
+			s.wg.Add(1)
+			s.write(sc)
+			if sc.cut != "" {
+				return fmt.Errorf("%s: %w", sc.cut, os.ErrDeadlineExceeded), true
+			}
+			return nil, false
+		}},
+	} {
+		perByte := tc.stall * 4 / 10 / writePiece
+		t.Run(tc.name+"/slow reader", func(t *testing.T) {
+			conn := &slowConn{perByte: perByte}
+			err, cut := tc.write(conn, make([]byte, frame))
+			if err != nil || cut || conn.got != frameHeaderLen+frame {
+				t.Errorf("%v, cut %v, %d of %d bytes read; want the whole frame written: a slow reader is not a stuck one",
+					err, cut, conn.got, frameHeaderLen+frame)
+			}
+		})
+		t.Run(tc.name+"/stopped reader", func(t *testing.T) {
+			conn := &slowConn{perByte: perByte, stopAt: 3 * writePiece}
+			err, cut := tc.write(conn, make([]byte, frame))
+			if !isTimeout(err) || !cut || !conn.closed {
+				t.Errorf("%v, cut %v, closed %v; want a timeout, the connection cut and closed", err, cut, conn.closed)
+			}
+		})
+	}
+}
+
 // FuzzTCPFrame feeds arbitrary bytes to the frame reader and every payload
 // decoder: they must return errors, never panic, and never allocate much
 // more than the input.
@@ -763,18 +871,130 @@ func FuzzTCPFrame(f *testing.F) {
 	})
 }
 
-// TestTCPProcesses runs three ranks as child processes (this test binary
-// re-executed) and SIGKILLs one of them while the others wait in a barrier
-// (relayed through rank 0) or an AllToAll (over the direct peer
-// connections): the others must return a *PeerLostError naming it, long
-// before their deadline.
-func TestTCPProcesses(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts child processes; skipped with -short")
-	}
+// tcpChild is a rank of TestTCPChildProcess running in a child process
+// (this test binary re-executed), its output collected line by line.
+type tcpChild struct {
+	cmd *exec.Cmd
+
+	mu      sync.Mutex
+	lines   []string
+	ended   bool
+	changed chan struct{} // closed (and replaced) at each line and at the end
+}
+
+// startTCPChild starts rank of a world of n whose rank 0 listens on port;
+// victim and op are the child's instructions (see TestTCPChildProcess). The
+// child is killed when the test ends.
+func startTCPChild(t *testing.T, port, rank, n, victim int, op string) *tcpChild {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Skipf("cannot re-execute the test binary: %v", err)
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^TestTCPChildProcess$")
+	cmd.Env = append(os.Environ(), "GOEP_TCP_TEST_CHILD=1", "GOEP_MASTER_ADDR=127.0.0.1",
+		fmt.Sprintf("GOEP_MASTER_PORT=%d", port), fmt.Sprintf("RANK=%d", rank), fmt.Sprintf("WORLD_SIZE=%d", n),
+		fmt.Sprintf("GOEP_TCP_TEST_VICTIM=%d", victim), "GOEP_TCP_TEST_OP="+op)
+	cmd.Stdout, cmd.Stderr = pw, pw
+	err = cmd.Start()
+	pw.Close() // the child has its copy
+	if err != nil {
+		pr.Close()
+		t.Fatal(err)
+	}
+	c := &tcpChild{cmd: cmd, changed: make(chan struct{})}
+	go func() {
+		defer pr.Close()
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			c.mu.Lock()
+			c.lines = append(c.lines, sc.Text())
+			close(c.changed)
+			c.changed = make(chan struct{})
+			c.mu.Unlock()
+		}
+		c.mu.Lock()
+		c.ended = true
+		close(c.changed)
+		c.mu.Unlock()
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return c
+}
+
+// waitLine waits until the child prints a line starting with prefix.
+func (c *tcpChild) waitLine(t *testing.T, prefix string) {
+	t.Helper()
+	timeout := time.After(hang)
+	for {
+		c.mu.Lock()
+		for _, l := range c.lines {
+			if strings.HasPrefix(l, prefix) {
+				c.mu.Unlock()
+				return
+			}
+		}
+		changed, ended := c.changed, c.ended
+		c.mu.Unlock()
+		if ended {
+			t.Fatalf("child rank printed no %q line before its output ended:\n%s", prefix, c.output())
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("child rank printed no %q line in %v:\n%s", prefix, hang, c.output())
+		}
+	}
+}
+
+// waitEnd waits until the child's output has ended.
+func (c *tcpChild) waitEnd(t *testing.T) {
+	t.Helper()
+	timeout := time.After(hang)
+	for {
+		c.mu.Lock()
+		changed, ended := c.changed, c.ended
+		c.mu.Unlock()
+		if ended {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("the child's output did not end in %v:\n%s", hang, c.output())
+		}
+	}
+}
+
+// output is what the child printed so far.
+func (c *tcpChild) output() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.lines, "\n")
+}
+
+// freeTCPPort is a loopback port that was free a moment ago (for a child
+// rank 0 to listen on; the race for it is harmless here).
+func freeTCPPort(t *testing.T) int {
+	ln, port := tcpListen(t)
+	ln.Close()
+	return port
+}
+
+// TestTCPProcesses runs three ranks as child processes and SIGKILLs one of
+// them while the others wait in a barrier (relayed through rank 0) or an
+// AllToAll (over the direct peer connections): the others must return a
+// *PeerLostError naming it, long before their deadline.
+func TestTCPProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes; skipped with -short")
 	}
 	for _, tc := range []struct {
 		op     string
@@ -782,71 +1002,48 @@ func TestTCPProcesses(t *testing.T) {
 	}{{"barrier", 2}, {"barrier", 0}, {"alltoall", 2}, {"alltoall", 0}} {
 		victim := tc.victim
 		t.Run(fmt.Sprintf("op=%s/kill=%d", tc.op, victim), func(t *testing.T) {
-			ln, port := tcpListen(t)
-			ln.Close() // rank 0 (a child) listens there; the race for the port is harmless here
+			port := freeTCPPort(t)
 			const n = 3
-			cmds := make([]*exec.Cmd, n)
-			outs := make([]*bytes.Buffer, n)
-			var joined io.Reader
+			children := make([]*tcpChild, n)
 			for r := range n {
-				cmd := exec.CommandContext(t.Context(), exe, "-test.run=^TestTCPChildProcess$")
-				cmd.Env = append(os.Environ(), "GOEP_TCP_TEST_CHILD=1", "GOEP_MASTER_ADDR=127.0.0.1",
-					fmt.Sprintf("GOEP_MASTER_PORT=%d", port), fmt.Sprintf("RANK=%d", r), fmt.Sprintf("WORLD_SIZE=%d", n),
-					fmt.Sprintf("GOEP_TCP_TEST_VICTIM=%d", victim), "GOEP_TCP_TEST_OP="+tc.op)
-				outs[r] = new(bytes.Buffer)
-				cmd.Stderr = outs[r]
-				if r == victim {
-					pipe, err := cmd.StdoutPipe()
-					if err != nil {
-						t.Fatal(err)
-					}
-					joined = pipe
-				} else {
-					cmd.Stdout = outs[r]
-				}
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				cmds[r] = cmd
+				children[r] = startTCPChild(t, port, r, n, victim, tc.op)
 			}
-			defer func() {
-				for _, cmd := range cmds {
-					cmd.Process.Kill()
-					cmd.Wait()
+			// Once the others are calling, every rank has joined (the
+			// victim included), and the victim dies while they wait.
+			for r, c := range children {
+				if r != victim {
+					c.waitLine(t, "calling")
 				}
-			}()
-			// Wait for the victim to join (then everyone has), give the
-			// others time to enter the barrier, and kill it.
-			sc := bufio.NewScanner(joined)
-			for sc.Scan() && !strings.HasPrefix(sc.Text(), "joined") {
 			}
-			if sc.Err() != nil || !strings.HasPrefix(sc.Text(), "joined") {
-				t.Fatalf("victim rank %d did not join: %v\n%s", victim, sc.Err(), outs[victim])
-			}
-			time.Sleep(200 * time.Millisecond)
 			start := time.Now()
-			if err := cmds[victim].Process.Signal(syscall.SIGKILL); err != nil {
+			if err := children[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-			for r, cmd := range cmds {
+			for r, c := range children {
 				if r == victim {
 					continue
 				}
-				err := cmd.Wait()
-				out := outs[r].String()
+				err := c.cmd.Wait()
+				c.waitEnd(t)
 				want := fmt.Sprintf("RESULT lost=[%d]", victim)
-				if err != nil || !strings.Contains(out, want) {
+				if out := c.output(); err != nil || !strings.Contains(out, want) {
 					t.Errorf("rank %d: exit %v; want %q in its output:\n%s", r, err, want, out)
 				}
 			}
-			if d := time.Since(start); d > 5*time.Second {
-				t.Errorf("the others took %v to notice (deadline 20s)", d)
+			if d := time.Since(start); d > childDeadline/3 {
+				t.Errorf("the others took %v to notice (their deadline is %v)", d, childDeadline)
 			}
 		})
 	}
 }
 
-// TestTCPChildProcess is one rank of TestTCPProcesses.
+// childDeadline bounds every wait of a TestTCPChildProcess.
+const childDeadline = hang
+
+// TestTCPChildProcess is one rank of TestTCPProcesses and TestTCPStoppedPeer.
+// GOEP_TCP_TEST_VICTIM names the rank that joins and then only waits (to be
+// killed or stopped); the others print "calling" and call
+// GOEP_TCP_TEST_OP, expecting a lost peer.
 func TestTCPChildProcess(t *testing.T) {
 	if os.Getenv("GOEP_TCP_TEST_CHILD") != "1" {
 		t.Skip("a child of TestTCPProcesses")
@@ -856,7 +1053,7 @@ func TestTCPChildProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	victim, _ := strconv.Atoi(os.Getenv("GOEP_TCP_TEST_VICTIM"))
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), childDeadline)
 	defer cancel()
 	g, err := NewTCP(ctx, cfg)
 	if err != nil {
@@ -865,10 +1062,11 @@ func TestTCPChildProcess(t *testing.T) {
 	defer g.Close()
 	fmt.Printf("joined rank %d\n", cfg.Rank)
 	if cfg.Rank == victim {
-		<-ctx.Done() // never enters the barrier; killed before the deadline
+		<-ctx.Done() // killed before the deadline
 		t.Fatal("the victim was not killed")
 	}
 	op := os.Getenv("GOEP_TCP_TEST_OP")
+	fmt.Printf("calling %s\n", op)
 	if op == "alltoall" {
 		if g.(*tcpGroup).c.mesh == nil {
 			t.Fatal("alltoall: no direct peer connections")
@@ -888,22 +1086,104 @@ func TestTCPChildProcess(t *testing.T) {
 	fmt.Printf("RESULT lost=%v: %v\n", pe.Ranks, err)
 }
 
-// TestTCPOverFrameLimit: a collective whose contribution or result does
-// not fit a frame (1 GiB) fails on every rank with an error saying so,
-// and the group stays usable. (It broke every rank's connection, each
-// reporting rank 0 lost.)
-func TestTCPOverFrameLimit(t *testing.T) {
+// TestTCPStoppedPeer: a rank whose process is stopped (SIGSTOP: alive but
+// reading nothing, like a process descheduled for long on a loaded
+// machine) makes a large write to it time out. That is a *TimeoutError
+// naming it, not a lost peer, both for the call whose write timed out and
+// for the calls after it, which fail at once (the connection, left with
+// half a frame, is given up): only a broken connection means a lost peer.
+func TestTCPStoppedPeer(t *testing.T) {
 	if testing.Short() {
-		t.Skip("moves over a GiB")
+		t.Skip("starts a child process; skipped with -short")
 	}
+	// Far more than the kernel buffers for a reader that reads nothing.
+	big := make([]byte, 64<<20)
+	for _, tc := range []struct {
+		name string
+		me   int // this process's rank of 2; the child is the other
+		call func(context.Context, Group) error
+	}{
+		{"relayed to a stopped rank 0", 1, func(ctx context.Context, g Group) error { _, err := g.AllGather(ctx, big); return err }},
+		{"direct to a stopped peer", 0, func(ctx context.Context, g Group) error { _, err := g.AllToAll(ctx, [][]byte{nil, big}); return err }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			peer := 1 - tc.me
+			ctx, cancel := context.WithTimeout(t.Context(), childDeadline)
+			defer cancel()
+			var g Group
+			var err error
+			if tc.me == 0 {
+				ln, port := tcpListen(t)
+				child := startTCPChild(t, port, peer, 2, peer, "")
+				g, err = NewTCPWithListener(ctx, tcpCfg(port, 0, 2), ln)
+				if err == nil {
+					child.waitLine(t, "joined")
+					defer stopChild(t, child)()
+				}
+			} else {
+				port := freeTCPPort(t)
+				child := startTCPChild(t, port, peer, 2, peer, "")
+				g, err = NewTCP(ctx, tcpCfg(port, 1, 2))
+				if err == nil {
+					child.waitLine(t, "joined")
+					defer stopChild(t, child)()
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			if g.(*tcpGroup).c.mesh == nil {
+				t.Fatal("no direct peer connections")
+			}
+
+			short, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+			defer cancel()
+			err = tc.call(short, g)
+			wantTimeout(t, "the call that wrote", err, []int{peer})
+			if errors.Is(err, ErrPeerLost) {
+				t.Errorf("the call that wrote: %v: a stopped peer reported lost", err)
+			}
+			// The next call fails at once, the same way.
+			start := time.Now()
+			err = tc.call(ctx, g)
+			wantTimeout(t, "the next call", err, []int{peer})
+			if err == nil || errors.Is(err, ErrPeerLost) || !strings.Contains(err.Error(), "closed the connection") {
+				t.Errorf("the next call: %v, want a timeout saying this rank closed the connection", err)
+			}
+			if d := time.Since(start); d > slack {
+				t.Errorf("the next call took %v, want it to fail at once", d)
+			}
+		})
+	}
+}
+
+// stopChild stops the child's process (SIGSTOP) and returns the function
+// that kills it.
+func stopChild(t *testing.T, c *tcpChild) func() {
+	t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	return func() { c.cmd.Process.Kill() }
+}
+
+// TestTCPOverFrameLimit: a collective whose contribution or result does
+// not fit a frame fails on every rank with an error saying so, and the
+// group stays usable. The limit is lowered to 1 MiB so that the test moves
+// MBs, not GBs.
+func TestTCPOverFrameLimit(t *testing.T) {
+	const limit = 1 << 20
+	frameLimitBytes.Store(limit)
+	t.Cleanup(func() { frameLimitBytes.Store(maxFramePayload) })
 	gs := tcpWorld(t, 2)
 	for _, tc := range []struct {
 		name string
 		size func(r int) int
 		want string
 	}{
-		{"result", func(int) int { return 600 << 20 }, "the result for rank 0 is"},
-		{"contribution", func(r int) int { return (maxFramePayload + 1) * (1 - r) }, "rank 0 cannot take part in collective"},
+		{"result", func(int) int { return limit * 6 / 10 }, "the result for rank 0 is"},
+		{"contribution", func(r int) int { return (limit + 1) * (1 - r) }, "rank 0 cannot take part in collective"},
 	} {
 		errs := make([]error, len(gs))
 		var wg sync.WaitGroup
