@@ -1,7 +1,6 @@
 package comm
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -104,14 +103,34 @@ func TestSplitExtremeKeys(t *testing.T) {
 	})
 }
 
+// localArrived reports whether the given ranks of an in-process world have
+// all entered its collective number seq.
+func localArrived(g Group, seq uint64, ranks ...int) func() bool {
+	w := g.(*localGroup).w
+	return func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		rd := w.rounds[seq]
+		if rd == nil {
+			return false
+		}
+		for _, r := range ranks {
+			if !rd.arrived[r] {
+				return false
+			}
+		}
+		return true
+	}
+}
+
 func TestTimeoutNamesMissingRanks(t *testing.T) {
 	gs := NewLocal(4)
 	errs := make([]error, 2)
 	var eg errgroup.Group
+	// The deadline comes once ranks 0 and 1 are both in the collective.
+	ctx := expireWhen(t, localArrived(gs[0], 0, 0, 1))
 	for r := range 2 { // ranks 2 and 3 never come
 		eg.Go(func() error {
-			ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
-			defer cancel()
 			_, errs[r] = gs[r].AllGather(ctx, nil)
 			return nil
 		})
@@ -129,14 +148,14 @@ func TestCloseReleasesWaiters(t *testing.T) {
 	gs := NewLocal(2)
 	done := make(chan error)
 	go func() { done <- gs[0].Barrier(t.Context()) }()
-	time.Sleep(10 * time.Millisecond)
+	waitFor(t, "rank 0 to enter the barrier", localArrived(gs[0], 0, 0))
 	gs[1].Close()
 	select {
 	case err := <-done:
 		if !errors.Is(err, ErrClosed) {
 			t.Fatalf("barrier: %v, want ErrClosed", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(hang):
 		t.Fatal("a closed peer left the barrier hanging")
 	}
 }

@@ -358,6 +358,9 @@ func dialRetry(ctx context.Context, rank int, addr string) (net.Conn, error) {
 			}
 			return nil, &TimeoutError{Op: fmt.Sprintf("connect on rank %d to rank 0 at %s (last error: %v)", rank, addr, err), Missing: []int{0}}
 		}
+		if testHookDialFailed != nil {
+			testHookDialFailed(rank)
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -367,6 +370,10 @@ func dialRetry(ctx context.Context, rank int, addr string) (net.Conn, error) {
 		wait = min(2*wait, 250*time.Millisecond)
 	}
 }
+
+// testHookDialFailed, when set (tests), is called with the rank each time
+// its dial to rank 0 fails and is to be retried.
+var testHookDialFailed func(rank int)
 
 // ctxWriteBound bounds the writes of a collective called with ctx: with a
 // deadline, nothing is written past it plus queryGrace (so that a

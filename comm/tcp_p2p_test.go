@@ -241,18 +241,24 @@ func TestTCPDirectTimeout(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			errs := make([]error, 3)
 			var wg sync.WaitGroup
-			start := time.Now()
 			for r := range 3 { // world rank 3 never calls
+				// Each rank's deadline comes once it holds the parts of
+				// the other two that call.
+				var others []int
+				for p := range 3 {
+					if p != r {
+						others = append(others, tc.groups[p].Rank())
+					}
+				}
+				ctx := expireWhen(t, hasParts(tc.groups[r], others...))
 				wg.Go(func() {
-					ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-					defer cancel()
 					errs[r] = a2aRound(ctx, tc.groups[r], 0, func(src, dst int) int { return 1000 })
+					if d := time.Since(ctx.expiredAt()); d > slack {
+						t.Errorf("world rank %d: alltoall returned %v after its deadline", r, d)
+					}
 				})
 			}
 			wg.Wait()
-			if d := time.Since(start); d > 200*time.Millisecond+queryGrace {
-				t.Errorf("alltoall took %v with a 200ms deadline", d)
-			}
 			for r := range 3 {
 				wantTimeout(t, fmt.Sprintf("world rank %d", r), errs[r], tc.missing)
 			}
@@ -269,19 +275,22 @@ func TestTCPDirectPeerKilled(t *testing.T) {
 	})
 	errs := make([]error, 3)
 	var wg sync.WaitGroup
-	start := time.Now()
 	for r := range 3 {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), hang)
 			defer cancel()
 			errs[r] = a2aRound(ctx, gs[r], 0, func(src, dst int) int { return 1 << 20 })
 		})
 	}
-	time.Sleep(100 * time.Millisecond) // the others are waiting for rank 3's parts
+	// Rank 3 dies once the others wait for its parts only.
+	waitFor(t, "ranks 0 to 2 to hold each other's parts", func() bool {
+		return hasParts(gs[0], 1, 2)() && hasParts(gs[1], 0, 2)() && hasParts(gs[2], 0, 1)()
+	})
+	start := time.Now()
 	gs[3].(*tcpGroup).kill()
 	wg.Wait()
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("lost peer found after %v", d)
+	if d := time.Since(start); d > slack {
+		t.Errorf("lost peer found %v after it was killed", d)
 	}
 	for r := range 3 {
 		wantLost(t, fmt.Sprintf("rank %d", r), errs[r], []int{3})
@@ -289,7 +298,7 @@ func TestTCPDirectPeerKilled(t *testing.T) {
 	// Later calls fail at once, in the world and in {2,3} (where rank 3
 	// is rank 1); {0,1} still works.
 	each(t, gs[:3], func(g Group) error {
-		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(t.Context(), hang)
 		defer cancel()
 		_, err := g.AllToAll(ctx, make([][]byte, 4))
 		wantLost(t, fmt.Sprintf("rank %d, next call", g.Rank()), err, []int{3})
@@ -320,7 +329,11 @@ func TestTCPDirectCloseReleasesWaiters(t *testing.T) {
 			for r := range 2 {
 				go func() { done <- a2aRound(t.Context(), tc.groups[r], 0, func(int, int) int { return 5 }) }()
 			}
-			time.Sleep(50 * time.Millisecond)
+			// Rank 2 closes once the others wait for its parts only.
+			g0, g1 := tc.groups[0], tc.groups[1]
+			waitFor(t, "ranks 0 and 1 to hold each other's parts", func() bool {
+				return hasParts(g0, g1.Rank())() && hasParts(g1, g0.Rank())()
+			})
 			tc.groups[2].Close()
 			for range 2 {
 				select {
@@ -328,7 +341,7 @@ func TestTCPDirectCloseReleasesWaiters(t *testing.T) {
 					if !errors.Is(err, ErrClosed) {
 						t.Errorf("alltoall: %v, want ErrClosed", err)
 					}
-				case <-time.After(5 * time.Second):
+				case <-time.After(hang):
 					t.Fatal("a closed peer left the alltoall hanging")
 				}
 			}
@@ -369,14 +382,14 @@ func TestTCPDirectCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { _, err := gs[0].AllToAll(ctx, make([][]byte, 3)); done <- err }()
-	time.Sleep(50 * time.Millisecond)
+	waitFor(t, "rank 0 to start its alltoall", inCall(gs[0]))
 	cancel()
 	select {
 	case err := <-done:
 		if !errors.Is(err, context.Canceled) {
 			t.Errorf("cancelled alltoall: %v, want context.Canceled", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(hang):
 		t.Fatal("cancel left the alltoall hanging")
 	}
 }
@@ -416,7 +429,7 @@ func TestTCPPeerHelloRejectsStrays(t *testing.T) {
 	}
 	done := make(chan res, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(t.Context(), hang) // meshTimeout bounds it too
 		defer cancel()
 		peers, err := connectMesh(ctx, ln, 1, []string{"unused:1", addr}, world) // rank 1 of 2
 		done <- res{peers, err}
@@ -442,7 +455,7 @@ func TestTCPPeerHelloRejectsStrays(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Write(stray.data)
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		c.SetReadDeadline(time.Now().Add(hang))
 		if n, err := io.Copy(io.Discard, c); (err != nil && !errors.Is(err, syscall.ECONNRESET)) || n != 0 {
 			t.Errorf("%s: got %d bytes back, %v; want the connection closed without an answer", stray.name, n, err)
 		}

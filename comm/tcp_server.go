@@ -101,10 +101,17 @@ func startServer(ln net.Listener, size int) *tcpServer {
 		// GID 0 is the world group; sub-groups count up from 1.
 		nextGID: 1,
 	}
+	if testHookServer != nil {
+		testHookServer(s)
+	}
 	s.wg.Add(1)
 	go s.accept()
 	return s
 }
+
+// testHookServer, when set (tests), is called with every rendezvous server
+// as it starts.
+var testHookServer func(*tcpServer)
 
 func (s *tcpServer) accept() {
 	defer s.wg.Done()

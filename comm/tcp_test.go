@@ -303,12 +303,11 @@ func TestTCPNeverJoins(t *testing.T) {
 	for r := range 3 { // rank 3 of 4 never comes
 		cfgs[r] = tcpCfg(port, r, 4)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
-	defer cancel()
-	start := time.Now()
+	// The deadline comes once the server has heard from ranks 0 to 2.
+	ctx := expireWhen(t, seen(hookServer(t), 0, 1, 2))
 	gs, errs := joinTCP(ctx, ln, port, 4, cfgs)
-	if d := time.Since(start); d > 300*time.Millisecond+2*queryGrace {
-		t.Errorf("NewTCP took %v with a 300ms deadline", d)
+	if d := time.Since(ctx.expiredAt()); d > 2*queryGrace+slack {
+		t.Errorf("NewTCP returned %v after its deadline", d)
 	}
 	for r := range 3 {
 		if gs[r] != nil {
@@ -335,16 +334,29 @@ func TestTCPNoServer(t *testing.T) {
 
 func TestTCPLateRankZero(t *testing.T) {
 	ln, port := tcpListen(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), hang)
 	defer cancel()
 	ln.Close() // rank 0 is not there yet: the others must keep dialling
+	// Rank 0 starts once ranks 1 and 2 have each been refused.
+	var mu sync.Mutex
+	refused := map[int]bool{}
+	testHookDialFailed = func(rank int) {
+		mu.Lock()
+		refused[rank] = true
+		mu.Unlock()
+	}
+	defer func() { testHookDialFailed = nil }()
 	var gs [3]Group
 	var errs [3]error
 	var wg sync.WaitGroup
 	for r := 1; r < 3; r++ {
 		wg.Go(func() { gs[r], errs[r] = NewTCP(ctx, tcpCfg(port, r, 3)) })
 	}
-	time.Sleep(200 * time.Millisecond)
+	waitFor(t, "ranks 1 and 2 to be refused by the absent rank 0", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return refused[1] && refused[2]
+	})
 	gs[0], errs[0] = NewTCP(ctx, tcpCfg(port, 0, 3))
 	wg.Wait()
 	defer func() {
@@ -364,17 +376,14 @@ func TestTCPCollectiveTimeout(t *testing.T) {
 	gs := tcpWorld(t, 4)
 	errs := make([]error, 4)
 	var wg sync.WaitGroup
-	start := time.Now()
+	// The deadline comes once ranks 0 and 1 are both in the barrier.
+	ctx := expireWhen(t, arrived(serverOf(gs[0]), 0, 0, 1))
 	for r := range 2 { // ranks 2 and 3 never call the barrier
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-			defer cancel()
-			errs[r] = gs[r].Barrier(ctx)
-		})
+		wg.Go(func() { errs[r] = gs[r].Barrier(ctx) })
 	}
 	wg.Wait()
-	if d := time.Since(start); d > 200*time.Millisecond+queryGrace {
-		t.Errorf("barrier took %v with a 200ms deadline", d)
+	if d := time.Since(ctx.expiredAt()); d > queryGrace+slack {
+		t.Errorf("barrier returned %v after its deadline", d)
 	}
 	for r := range 2 {
 		wantTimeout(t, fmt.Sprintf("rank %d", r), errs[r], []int{2, 3})
@@ -385,19 +394,19 @@ func TestTCPPeerKilled(t *testing.T) {
 	gs := tcpWorld(t, 4)
 	errs := make([]error, 3)
 	var wg sync.WaitGroup
-	start := time.Now()
 	for r := range 3 {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), hang)
 			defer cancel()
 			errs[r] = gs[r].Barrier(ctx)
 		})
 	}
-	time.Sleep(100 * time.Millisecond) // the others are waiting for rank 3
+	waitFor(t, "ranks 0 to 2 to enter the barrier", arrived(serverOf(gs[0]), 0, 0, 1, 2))
+	start := time.Now()
 	gs[3].(*tcpGroup).kill()
 	wg.Wait()
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("lost peer found after %v", d)
+	if d := time.Since(start); d > slack {
+		t.Errorf("lost peer found %v after it was killed", d)
 	}
 	for r := range 3 {
 		wantLost(t, fmt.Sprintf("rank %d", r), errs[r], []int{3})
@@ -405,7 +414,7 @@ func TestTCPPeerKilled(t *testing.T) {
 	// Later rounds fail at once too, and so do rounds of sub-groups that
 	// include the lost rank; rounds without it still work.
 	each(t, gs[:3], func(g Group) error {
-		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(t.Context(), hang)
 		defer cancel()
 		_, err := g.AllGather(ctx, nil)
 		wantLost(t, fmt.Sprintf("rank %d, next round", g.Rank()), err, []int{3})
@@ -422,7 +431,7 @@ func TestTCPPeerKilledInSubgroup(t *testing.T) {
 	})
 	gs[3].(*tcpGroup).kill()
 	each(t, gs[:3], func(g Group) error {
-		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(t.Context(), hang)
 		defer cancel()
 		sub := subs[g.Rank()]
 		err := sub.Barrier(ctx)
@@ -451,20 +460,21 @@ func TestTCPLostBeforeContrib(t *testing.T) {
 		for {
 			c2.mu.Lock()
 			_, heard := c2.lost[1]
+			changed := c2.notify
 			c2.mu.Unlock()
 			if heard {
 				return
 			}
-			time.Sleep(time.Millisecond)
+			<-changed
 		}
 	}
 	defer func() { testHookBeforeContrib = nil }()
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), hang)
 	defer cancel()
 	start := time.Now()
 	err := gs[2].Barrier(ctx)
 	wantLost(t, "rank 2", err, []int{1})
-	if d := time.Since(start); d > time.Second {
+	if d := time.Since(start); d > slack {
 		t.Errorf("lost peer reported after %v", d)
 	}
 }
@@ -473,19 +483,19 @@ func TestTCPRankZeroKilled(t *testing.T) {
 	gs := tcpWorld(t, 3)
 	errs := make([]error, 3)
 	var wg sync.WaitGroup
-	start := time.Now()
 	for r := 1; r < 3; r++ {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), hang)
 			defer cancel()
 			errs[r] = gs[r].Barrier(ctx)
 		})
 	}
-	time.Sleep(100 * time.Millisecond)
+	waitFor(t, "ranks 1 and 2 to enter the barrier", arrived(serverOf(gs[0]), 0, 1, 2))
+	start := time.Now()
 	gs[0].(*tcpGroup).kill()
 	wg.Wait()
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("lost rank 0 found after %v", d)
+	if d := time.Since(start); d > slack {
+		t.Errorf("lost rank 0 found %v after it was killed", d)
 	}
 	for r := 1; r < 3; r++ {
 		wantLost(t, fmt.Sprintf("rank %d", r), errs[r], []int{0})
@@ -499,12 +509,14 @@ func TestTCPCloseReleasesWaiters(t *testing.T) {
 		t.Run(fmt.Sprintf("closer=%d", closer), func(t *testing.T) {
 			gs := tcpWorld(t, 3)
 			done := make(chan error, 3)
+			var waiting []int
 			for r := range 3 {
 				if r != closer {
+					waiting = append(waiting, r)
 					go func() { done <- gs[r].Barrier(t.Context()) }()
 				}
 			}
-			time.Sleep(50 * time.Millisecond)
+			waitFor(t, fmt.Sprintf("ranks %v to enter the barrier", waiting), arrived(serverOf(gs[0]), 0, waiting...))
 			gs[closer].Close()
 			for range 2 {
 				select {
@@ -512,7 +524,7 @@ func TestTCPCloseReleasesWaiters(t *testing.T) {
 					if !errors.Is(err, ErrClosed) {
 						t.Errorf("barrier: %v, want ErrClosed", err)
 					}
-				case <-time.After(5 * time.Second):
+				case <-time.After(hang):
 					t.Fatal("a closed peer left the barrier hanging")
 				}
 			}
@@ -532,14 +544,14 @@ func TestTCPSubgroupClose(t *testing.T) {
 	})
 	done := make(chan error, 1)
 	go func() { done <- subs[0].Barrier(t.Context()) }()
-	time.Sleep(50 * time.Millisecond)
+	waitFor(t, "rank 0 to enter the sub-group's barrier", arrived(serverOf(gs[0]), subs[0].(*tcpGroup).gid, 0))
 	subs[2].Close()
 	select {
 	case err := <-done:
 		if !errors.Is(err, ErrClosed) {
 			t.Errorf("sub barrier: %v, want ErrClosed", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(hang):
 		t.Fatal("a closed sub-group left the barrier hanging")
 	}
 	// The world group is unaffected.
@@ -548,7 +560,7 @@ func TestTCPSubgroupClose(t *testing.T) {
 
 func TestTCPMismatchedCalls(t *testing.T) {
 	gs := tcpWorld(t, 3)
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), hang)
 	defer cancel()
 	errs := make([]error, 3)
 	var wg sync.WaitGroup
@@ -585,15 +597,25 @@ func TestTCPBadRendezvous(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ln, port := tcpListen(t)
-			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			server := hookServer(t)
+			ctx, cancel := context.WithTimeout(t.Context(), hang)
 			defer cancel()
 			errs := make([]error, len(tc.cfgs))
 			var wg sync.WaitGroup
-			start := time.Now()
+			var start time.Time
 			for i, cfg := range tc.cfgs {
 				cfg.Port = port
 				if i == len(tc.cfgs)-1 {
-					time.Sleep(200 * time.Millisecond)
+					waitFor(t, "the others to join", func() bool {
+						s := server()
+						if s == nil {
+							return false
+						}
+						s.mu.Lock()
+						defer s.mu.Unlock()
+						return s.joined == len(tc.cfgs)-1
+					})
+					start = time.Now()
 				}
 				wg.Go(func() {
 					var g Group
@@ -608,8 +630,8 @@ func TestTCPBadRendezvous(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			if d := time.Since(start); d > 3*time.Second {
-				t.Errorf("errors took %v", d)
+			if d := time.Since(start); d > slack {
+				t.Errorf("errors took %v after the offender started", d)
 			}
 			for i, err := range errs {
 				if err == nil || errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "refused") {
