@@ -18,6 +18,7 @@ import (
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
+	"github.com/goep/goep/internal/ranktest"
 )
 
 var gpuBench = flag.Bool("gpu.bench", false, "run TestCUDABenchmark (needs a GPU)")
@@ -295,27 +296,15 @@ func TestCUDABenchmark(t *testing.T) {
 		defer b.Close()
 		gs := comm.NewLocal(n)
 		res := make([][]map[string]string, n)
-		errs := make([]error, n)
-		done := make(chan struct{})
 		// A rank that fails leaves the others in a collective: bound them.
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 		defer cancel()
-		for r := range n {
-			go func() {
-				defer func() { done <- struct{}{} }()
-				res[r], errs[r] = benchRank(ctx, gs[r], b)
-			}()
-		}
-		for range n {
-			<-done
-		}
-		for r, err := range errs {
-			if err != nil {
-				t.Errorf("rank %d: %v", r, err)
-			}
-		}
-		if t.Failed() {
-			t.FailNow()
+		errs := ranktest.Run(n, func(r int) (err error) {
+			res[r], err = benchRank(ctx, gs[r], b)
+			return err
+		})
+		if err := ranktest.Err(errs); err != nil {
+			t.Fatal(err)
 		}
 		logBench(t, n, "ranks on one GPU", res[0])
 	})

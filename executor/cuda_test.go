@@ -22,6 +22,7 @@ import (
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
+	"github.com/goep/goep/internal/ranktest"
 )
 
 var (
@@ -382,18 +383,11 @@ func TestCUDAGraph(t *testing.T) {
 		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
 			gs := comm.NewLocal(n)
 			want := make([][]map[string]string, n)
-			errs := make([]error, n)
-			done := make(chan struct{})
-			for r := range n {
-				go func() {
-					defer func() { done <- struct{}{} }()
-					want[r], errs[r] = graphPipeline(t.Context(), gs[r], device.NewHost())
-				}()
-			}
-			for range n {
-				<-done
-			}
-			if err := errors.Join(errs...); err != nil {
+			errs := ranktest.Run(n, func(r int) (err error) {
+				want[r], err = graphPipeline(t.Context(), gs[r], device.NewHost())
+				return err
+			})
+			if err := ranktest.Err(errs); err != nil {
 				t.Fatal(err)
 			}
 			got, lerr, log := runWorldN(t, "spawn", "graph", n, 3*time.Minute, "GOEP_MP_BACKEND=cuda", "GOEP_DEBUG_POINTERS=1")

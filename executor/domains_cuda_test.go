@@ -5,10 +5,10 @@ package executor_test
 import (
 	"fmt"
 	"strconv"
-	"sync"
 	"testing"
 
 	"github.com/goep/goep/comm"
+	"github.com/goep/goep/internal/ranktest"
 )
 
 // TestCUDADomains runs the whole API with several NVLink domains on the
@@ -26,28 +26,18 @@ func TestCUDADomains(t *testing.T) {
 			want := inProcessDigestsN(t, 4)
 			gs := comm.NewLocal(4)
 			got := make([][]map[string]string, 4)
-			errs := make([]error, 4)
-			var wg sync.WaitGroup
-			for r := range 4 {
-				wg.Go(func() {
-					for _, seed := range seeds() {
-						dg, err := mpPipeline(t.Context(), gs[r], b, seed)
-						if err != nil {
-							errs[r] = fmt.Errorf("seed %d: %w", seed, err)
-							return
-						}
-						got[r] = append(got[r], dg)
+			errs := ranktest.Run(4, func(r int) error {
+				for _, seed := range seeds() {
+					dg, err := mpPipeline(t.Context(), gs[r], b, seed)
+					if err != nil {
+						return fmt.Errorf("seed %d: %w", seed, err)
 					}
-				})
-			}
-			wg.Wait()
-			for r, err := range errs {
-				if err != nil {
-					t.Errorf("rank %d: %v", r, err)
+					got[r] = append(got[r], dg)
 				}
-			}
-			if t.Failed() {
-				t.FailNow()
+				return nil
+			})
+			if err := ranktest.Err(errs); err != nil {
+				t.Fatal(err)
 			}
 			compareDigests(t, want, got, "on CUDA", "on the host")
 		})

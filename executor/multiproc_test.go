@@ -17,16 +17,17 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
+	"github.com/goep/goep/internal/ranktest"
 	"github.com/goep/goep/launcher"
-	"go.uber.org/zap"
 )
 
 // The multi-process tests re-execute this test binary as the ranks of a
@@ -504,21 +505,16 @@ func inProcessDigestsN(t *testing.T, n int) [][]map[string]string {
 	gs := comm.NewLocal(n)
 	b := device.NewHost()
 	want := make([][]map[string]string, n)
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for r := range n {
-		wg.Go(func() {
-			for _, seed := range seeds() {
-				d, err := mpPipeline(t.Context(), gs[r], b, seed)
-				if err != nil {
-					errs[r] = err
-					return
-				}
-				want[r] = append(want[r], d)
+	errs := ranktest.Run(n, func(r int) error {
+		for _, seed := range seeds() {
+			d, err := mpPipeline(t.Context(), gs[r], b, seed)
+			if err != nil {
+				return err
 			}
-		})
-	}
-	wg.Wait()
+			want[r] = append(want[r], d)
+		}
+		return nil
+	})
 	for r, err := range errs {
 		if err != nil {
 			t.Fatalf("in-process rank %d: %v", r, err)

@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"flag"
@@ -13,11 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
-	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
+	"github.com/goep/goep/internal/ranktest"
+	"github.com/goep/goep/internal/testenv"
 	"github.com/goep/goep/internal/reference"
 )
 
@@ -38,7 +38,7 @@ import (
 
 var (
 	propSeed  = flag.Uint64("prop.seed", 0, "run only the property case with this seed")
-	propCases = flag.Int("prop.cases", 0, "number of random property cases (0: 200, or 40 with -short)")
+	propCases = flag.Int("prop.cases", 0, "number of random property cases (0: 40 with -short, else 200 with GOEP_TEST_FULL=1, else 60)")
 )
 
 // propCase is one random configuration and routing.
@@ -653,31 +653,13 @@ func runEngine(t *testing.T, c *propCase, in *propInputs) (first, second []*prop
 
 // eachRank runs fn on each of the case's R in-process ranks, each with an
 // engine of the case's config on one host backend, and fails the test
-// with the first error (prefixed with its rank).
+// with the ranks' errors.
 func eachRank(t *testing.T, c *propCase, fn func(r int, e *executor.Engine) error) {
 	t.Helper()
-	groups := comm.NewLocal(c.R)
-	b := device.NewHost()
-	defer b.Close()
-	var g errgroup.Group
-	for r := range c.R {
-		g.Go(func() (err error) {
-			e, err := executor.New(t.Context(), groups[r], b, c.config())
-			if err != nil {
-				return fmt.Errorf("rank %d: New: %w", r, err)
-			}
-			defer func() {
-				if cerr := e.Close(); cerr != nil && err == nil {
-					err = fmt.Errorf("rank %d: Close: %w", r, cerr)
-				}
-			}()
-			if err := fn(r, e); err != nil {
-				return fmt.Errorf("rank %d: %w", r, err)
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
+	errs := executor.RunEngines(t, c.R, c.config(), func(ctx context.Context, e *executor.Engine) error {
+		return fn(e.Rank(), e)
+	})
+	if err := ranktest.Err(errs); err != nil {
 		t.Fatalf("%v: %v", c, err)
 	}
 }
@@ -831,11 +813,14 @@ func withD(c *propCase, d int) *propCase {
 
 func TestPropertyEngine(t *testing.T) {
 	n := *propCases
-	if n == 0 {
+	switch {
+	case n > 0:
+	case testing.Short():
+		n = 40
+	case testenv.Full(t):
 		n = 200
-		if testing.Short() {
-			n = 40
-		}
+	default:
+		n = 60
 	}
 	seeds := make([]uint64, n)
 	for i := range seeds {

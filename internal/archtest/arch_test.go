@@ -55,6 +55,9 @@ var allowed = map[string][]string{
 	"internal/gpulayout": {},
 	"internal/view":      {},
 	"internal/ptxgen":    {},
+	// Test support, imported by tests only.
+	"internal/ranktest": {},
+	"internal/testenv":  {},
 }
 
 var cgoAllowed = []string{"internal/cuda", "internal/mpi", "internal/ucx", "internal/gpulayout"}

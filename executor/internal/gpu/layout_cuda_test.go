@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/goep/goep/executor/internal/datapath"
 	"github.com/goep/goep/executor/internal/plan"
 	"github.com/goep/goep/executor/internal/plan/plantest"
+	"github.com/goep/goep/internal/ranktest"
 	"github.com/goep/goep/internal/view"
 )
 
@@ -125,13 +125,7 @@ func TestCUDALayoutKernels(t *testing.T) {
 // onRanks runs fn on R goroutine ranks of an in-process group.
 func onRanks(ctx context.Context, R int, fn func(ctx context.Context, g comm.Group) error) []error {
 	gs := comm.NewLocal(R)
-	errs := make([]error, R)
-	var wg sync.WaitGroup
-	for r := range R {
-		wg.Go(func() { errs[r] = fn(ctx, gs[r]) })
-	}
-	wg.Wait()
-	return errs
+	return ranktest.Run(R, func(r int) error { return fn(ctx, gs[r]) })
 }
 
 // testPath is a rank's GPU path outside an engine, as executor.New makes
