@@ -373,9 +373,20 @@ func (rk *rank) closeAll(extra []*os.File) {
 	}
 }
 
+// drainGrace is how long drain waits for the ranks' output to end before
+// it closes the pipes that some process still holds. A variable for tests.
+var drainGrace = time.Second
+
+// testHookDrained, when set (tests), runs once drainGrace has passed and
+// drain has closed the pipes it closes then.
+var testHookDrained func()
+
 // drain waits for the ranks' output to end. Every process group has been
-// killed; a descendant that left its group may still hold a pipe, so the
-// wait is bounded.
+// killed, but a descendant that left its group may still hold a pipe, and
+// its reader would wait for ever: after drainGrace, such a pipe is closed
+// (what it still holds is lost). A pipe that no process holds any more
+// holds a finite rest and its end, so its reader, merely slow (descheduled
+// on a loaded machine, or held up by a slow Stdout), is waited for.
 func (j *job) drain(ranks []*rank) {
 	all := make(chan struct{})
 	go func() {
@@ -388,11 +399,19 @@ func (j *job) drain(ranks []*rank) {
 	}()
 	select {
 	case <-all:
-	case <-time.After(time.Second):
+	case <-time.After(drainGrace):
 		for _, rk := range ranks {
-			if rk != nil {
-				rk.closeAll(nil)
+			if rk == nil {
+				continue
 			}
+			for _, f := range rk.pipes {
+				if !writersGone(f) {
+					f.Close()
+				}
+			}
+		}
+		if testHookDrained != nil {
+			testHookDrained()
 		}
 		<-all
 	}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -63,6 +64,26 @@ var helperActions = map[string]func(rank int){
 		fmt.Printf("grandchild %d\n", c.Process.Pid)
 		ready(r)
 		time.Sleep(time.Minute)
+	},
+	// stray leaves a process that holds the rank's output in a process
+	// group of its own, where Spawn does not reach it, and writes its pid
+	// to the file "stray" of the ready directory.
+	"stray": func(int) {
+		c := exec.Command("sleep", "600")
+		c.Stdout = os.Stdout
+		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := c.Start(); err != nil {
+			fmt.Println("stray:", err)
+			os.Exit(1)
+		}
+		_ = os.WriteFile(os.Getenv(readyDir)+"/stray", []byte(strconv.Itoa(c.Process.Pid)), 0o644)
+	},
+	// lines prints 400 numbered lines of 100 bytes: 40 KB, which a pipe
+	// holds whole, so that the rank exits however slowly it is read.
+	"lines": func(rank int) {
+		for i := range 400 {
+			fmt.Printf("line %3d of rank %d %s\n", i, rank, strings.Repeat("x", 100-len("line 000 of rank 0 \n")))
+		}
 	},
 	"spam": func(rank int) {
 		tail := strings.Repeat("x", 100+rank*1000)
@@ -126,10 +147,16 @@ func TestHelperProcess(t *testing.T) {
 // Spawn's error, the output and how long it took.
 func spawnHelper(t *testing.T, ctx context.Context, cfg SpawnConfig, spec string) (err error, stdout, stderr string, took time.Duration) {
 	t.Helper()
+	return spawnHelperIn(t, ctx, cfg, spec, t.TempDir())
+}
+
+// spawnHelperIn is spawnHelper whose ranks say they are ready in dir.
+func spawnHelperIn(t *testing.T, ctx context.Context, cfg SpawnConfig, spec, dir string) (err error, stdout, stderr string, took time.Duration) {
+	t.Helper()
 	var out, errb bytes.Buffer
 	cfg.Command = []string{os.Args[0], "-test.run=^TestHelperProcess$"}
 	cfg.Stdout, cfg.Stderr = &out, &errb
-	cfg.Env = append(os.Environ(), helperVar+"="+spec, readyDir+"="+t.TempDir())
+	cfg.Env = append(os.Environ(), helperVar+"="+spec, readyDir+"="+dir)
 	start := time.Now()
 	err = Spawn(ctx, cfg)
 	took = time.Since(start)
@@ -411,6 +438,81 @@ func TestSpawnTimeout(t *testing.T) {
 	}
 	ranks, _ := pids(t, 2, stdout)
 	checkReaped(t, ranks)
+}
+
+// blockedWriter takes nothing until release is closed.
+type blockedWriter struct {
+	release chan struct{}
+	mu      sync.Mutex
+	buf     bytes.Buffer
+}
+
+func (w *blockedWriter) Write(p []byte) (int, error) {
+	<-w.release
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(p)
+}
+
+// TestSpawnSlowOutput: what a rank wrote before it exited is not lost when
+// its output is read slowly. Here Stdout takes nothing until drain's bound
+// has passed, so the ranks' lines are still in their pipes then; every
+// line must come out all the same.
+func TestSpawnSlowOutput(t *testing.T) {
+	grace := drainGrace
+	drainGrace = 0 // the wait is on the hook below, not on the bound
+	w := &blockedWriter{release: make(chan struct{})}
+	testHookDrained = func() { close(w.release) }
+	t.Cleanup(func() { drainGrace, testHookDrained = grace, nil })
+	cfg := SpawnConfig{N: 2, Command: []string{os.Args[0], "-test.run=^TestHelperProcess$"}, Stdout: w,
+		Env: append(os.Environ(), helperVar+"=*:lines")}
+	if err := Spawn(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	out := w.buf.String()
+	for r := range 2 {
+		for i := range 400 {
+			if want := fmt.Sprintf("[rank %d] line %3d of rank %d ", r, i, r); !strings.Contains(out, want) {
+				t.Fatalf("stdout lacks %q: %d bytes of output in all", want, len(out))
+			}
+		}
+	}
+}
+
+// TestSpawnStrayHoldsOutput: a descendant that left its rank's process
+// group and holds the rank's output does not keep Spawn waiting past
+// drain's bound.
+func TestSpawnStrayHoldsOutput(t *testing.T) {
+	if _, err := exec.LookPath("sleep"); err != nil {
+		t.Skip("no sleep command:", err)
+	}
+	grace := drainGrace
+	drainGrace = 0
+	t.Cleanup(func() { drainGrace = grace })
+	dir := t.TempDir()
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(dir + "/stray"); err == nil {
+			if pid, err := strconv.Atoi(string(b)); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	done := make(chan error, 1)
+	go func() {
+		err, _, _, _ := spawnHelperIn(t, t.Context(), SpawnConfig{N: 1}, "*:stray", dir)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("Spawn still waits %v after a rank left a stray holding its output", time.Minute)
+	}
+	if _, err := os.Stat(dir + "/stray"); err != nil {
+		t.Fatalf("the rank left no stray: %v", err)
+	}
 }
 
 func TestSpawnBadConfig(t *testing.T) {
