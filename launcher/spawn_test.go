@@ -40,6 +40,8 @@ var helperActions = map[string]func(rank int){
 	},
 	"exit0": func(int) {},
 	"exit3": func(int) { os.Exit(3) },
+	// The ranks that wait do so for longer than any test runs: only
+	// Spawn ends them.
 	// failsoon fails once every other rank is ready.
 	"failsoon": func(r int) { ready(r); waitReady(); os.Exit(3) },
 	"killself": func(r int) {
@@ -48,12 +50,12 @@ var helperActions = map[string]func(rank int){
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
 	},
-	"sleep": func(r int) { ready(r); time.Sleep(time.Minute) },
+	"sleep": func(r int) { ready(r); time.Sleep(helperSleep) },
 	"trap": func(r int) {
 		signal.Ignore(syscall.SIGTERM)
 		fmt.Println("trapping")
 		ready(r)
-		time.Sleep(time.Minute)
+		time.Sleep(helperSleep)
 	},
 	"grandchild": func(r int) {
 		c := exec.Command("sleep", "60")
@@ -63,7 +65,7 @@ var helperActions = map[string]func(rank int){
 		}
 		fmt.Printf("grandchild %d\n", c.Process.Pid)
 		ready(r)
-		time.Sleep(time.Minute)
+		time.Sleep(helperSleep)
 	},
 	// stray leaves a process that holds the rank's output in a process
 	// group of its own, where Spawn does not reach it, and writes its pid
@@ -93,8 +95,17 @@ var helperActions = map[string]func(rank int){
 	},
 }
 
+// helperSleep is how long the waiting helpers wait: longer than any test.
+const helperSleep = 10 * time.Minute
+
+// prompt bounds how long Spawn may take to end a job that it must end at
+// once (a rank failed, ctx ended): far above starting a few test binaries on
+// a loaded machine, far below helperSleep.
+const prompt = time.Minute
+
 // readyDir is where helpers say they are ready (they have printed their pid
-// and set up), so that a failing rank fails only once the others run.
+// and set up), so that a failing rank fails only once the others run, and
+// tests act once they do.
 const readyDir = "GOEP_LAUNCHER_TEST_READY"
 
 func ready(rank int) {
@@ -103,14 +114,40 @@ func ready(rank int) {
 	}
 }
 
-// waitReady waits (at most 30 s) until every rank is ready.
+// readyIn is the number of ranks that said they are ready in dir.
+func readyIn(dir string) int {
+	ents, _ := os.ReadDir(dir)
+	return len(ents)
+}
+
+// awaitReady waits until n ranks have said they are ready in dir, or ctx
+// ends, and says whether they have.
+func awaitReady(ctx context.Context, dir string, n int) bool {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for readyIn(dir) < n {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
+// waitReady waits until every rank is ready. Past helperSleep it gives up
+// loudly (exit status 101), rather than fail as its action says.
 func waitReady() {
 	dir := os.Getenv(readyDir)
 	n, _ := strconv.Atoi(os.Getenv("WORLD_SIZE"))
-	for deadline := time.Now().Add(30 * time.Second); dir != "" && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if ents, _ := os.ReadDir(dir); len(ents) >= n {
-			return
-		}
+	if dir == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), helperSleep)
+	defer cancel()
+	if !awaitReady(ctx, dir, n) {
+		fmt.Fprintf(os.Stderr, "helper: %d of %d ranks ready after %v\n", readyIn(dir), n, helperSleep)
+		os.Exit(101)
 	}
 }
 
@@ -342,7 +379,7 @@ func TestSpawnAllSucceed(t *testing.T) {
 }
 
 // TestSpawnFailure checks that a failing rank is named and that the others,
-// which would sleep a minute, are terminated at once.
+// which would sleep for helperSleep, are terminated at once.
 func TestSpawnFailure(t *testing.T) {
 	for _, tc := range []struct {
 		name, spec string
@@ -359,7 +396,7 @@ func TestSpawnFailure(t *testing.T) {
 			if !errors.As(err, &re) || *re != tc.want || !strings.Contains(err.Error(), tc.msg) {
 				t.Fatalf("error %v, want %q (%+v)\nstdout:\n%s\nstderr:\n%s", err, tc.msg, tc.want, stdout, stderr)
 			}
-			if took > 10*time.Second {
+			if took > prompt {
 				t.Errorf("Spawn took %v: the sleeping ranks were not terminated promptly", took)
 			}
 			if tc.name == "exit at once" {
@@ -378,8 +415,8 @@ func TestSpawnGrace(t *testing.T) {
 	if re := (*RankError)(nil); !errors.As(err, &re) || re.Rank != 0 {
 		t.Fatalf("error %v, want rank 0's", err)
 	}
-	if took < 500*time.Millisecond || took > 10*time.Second {
-		t.Errorf("Spawn took %v, want at least the 500 ms grace period", took)
+	if took < 500*time.Millisecond || took > prompt {
+		t.Errorf("Spawn took %v, want at least the 500 ms grace period and at most %v", took, prompt)
 	}
 	if n := strings.Count(stdout, "trapping"); n != 2 {
 		t.Errorf("%d ranks trapped SIGTERM, want 2", n)
@@ -397,7 +434,7 @@ func TestSpawnGrandchild(t *testing.T) {
 	if re := (*RankError)(nil); !errors.As(err, &re) || re.Rank != 1 {
 		t.Fatalf("error %v, want rank 1's", err)
 	}
-	if took > 10*time.Second {
+	if took > prompt {
 		t.Errorf("Spawn took %v", took)
 	}
 	ranks, gc := pids(t, 2, stdout)
@@ -405,39 +442,65 @@ func TestSpawnGrandchild(t *testing.T) {
 	if len(gc) != 1 {
 		t.Fatalf("grandchild pids %v:\n%s", gc, stdout)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	// Killed with its group; the kernel may take a moment to show it.
+	deadline := time.Now().Add(prompt)
 	for !dead(gc[0]) {
 		if time.Now().After(deadline) {
-			t.Fatalf("grandchild %d still alive", gc[0])
+			t.Fatalf("grandchild %d still alive %v after Spawn returned", gc[0], prompt)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
+// TestSpawnCancel cancels ctx once every rank runs: Spawn must end them
+// all, reap them, and say it was interrupted.
 func TestSpawnCancel(t *testing.T) {
+	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(t.Context())
-	time.AfterFunc(300*time.Millisecond, cancel)
-	err, stdout, _, took := spawnHelper(t, ctx, SpawnConfig{N: 3}, "*:sleep")
+	var cancelled time.Time
+	go func() {
+		if awaitReady(ctx, dir, 3) {
+			cancelled = time.Now()
+			cancel()
+		}
+	}()
+	err, stdout, _, _ := spawnHelperIn(t, ctx, SpawnConfig{N: 3}, "*:sleep", dir)
 	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "interrupted") {
 		t.Fatalf("error %v, want an interruption", err)
 	}
-	if took > 10*time.Second {
-		t.Errorf("Spawn took %v", took)
+	if took := time.Since(cancelled); took > prompt {
+		t.Errorf("Spawn returned %v after the cancel", took)
 	}
 	ranks, _ := pids(t, 3, stdout)
 	checkReaped(t, ranks)
 }
 
+// TestSpawnTimeout: a job still running at SpawnConfig.Timeout is ended,
+// its ranks reaped, and the error says it timed out. A timeout that came
+// before every rank ran (a loaded machine starts test binaries slowly)
+// shows nothing about ending running ranks: the run is repeated with
+// twice the timeout.
 func TestSpawnTimeout(t *testing.T) {
-	err, stdout, _, took := spawnHelper(t, t.Context(), SpawnConfig{N: 2, Timeout: 300 * time.Millisecond}, "*:sleep")
-	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "timed out after 300ms") {
-		t.Fatalf("error %v, want a timeout", err)
+	for timeout := 300 * time.Millisecond; ; timeout *= 2 {
+		dir := t.TempDir()
+		err, stdout, _, took := spawnHelperIn(t, t.Context(), SpawnConfig{N: 2, Timeout: timeout}, "*:sleep", dir)
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), fmt.Sprintf("timed out after %v", timeout)) {
+			t.Fatalf("error %v, want a timeout after %v", err, timeout)
+		}
+		if n := readyIn(dir); n < 2 {
+			if timeout > prompt {
+				t.Fatalf("%d of 2 ranks ran before a %v timeout", n, timeout)
+			}
+			t.Logf("%d of 2 ranks ran before the %v timeout; again with twice the timeout", n, timeout)
+			continue
+		}
+		if took > timeout+prompt {
+			t.Errorf("Spawn took %v with a %v timeout", took, timeout)
+		}
+		ranks, _ := pids(t, 2, stdout)
+		checkReaped(t, ranks)
+		return
 	}
-	if took > 10*time.Second {
-		t.Errorf("Spawn took %v", took)
-	}
-	ranks, _ := pids(t, 2, stdout)
-	checkReaped(t, ranks)
 }
 
 // blockedWriter takes nothing until release is closed.
@@ -507,8 +570,8 @@ func TestSpawnStrayHoldsOutput(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(time.Minute):
-		t.Fatalf("Spawn still waits %v after a rank left a stray holding its output", time.Minute)
+	case <-time.After(prompt):
+		t.Fatalf("Spawn still waits %v after a rank left a stray holding its output", prompt)
 	}
 	if _, err := os.Stat(dir + "/stray"); err != nil {
 		t.Fatalf("the rank left no stray: %v", err)
