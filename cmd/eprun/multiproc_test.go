@@ -21,7 +21,10 @@ func TestLaunchedWorld(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "eprun")
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	// Only a hang reaches this (a loaded machine may take a minute or two
+	// to build eprun and run its processes), and before go test's own
+	// ten-minute timeout, which would say less.
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
