@@ -101,9 +101,16 @@ func TestUntilPhases(t *testing.T) {
 		most  = 4 * time.Millisecond
 		total = 80 * time.Millisecond
 	)
-	start := time.Now()
+	// The clock starts at the first query, after Until has set the end of
+	// its spin: a query at spin or later is past it, so the gaps that follow
+	// are sleeps, each at least as long as the sleeps' sequence says (if the
+	// sleeps began a query earlier, they are even longer).
+	var start time.Time
 	var at []time.Duration
 	err := Until(t.Context(), Policy{Spin: spin, First: first, Most: most}, func() (bool, error) {
+		if start.IsZero() {
+			start = time.Now()
+		}
 		at = append(at, time.Since(start))
 		return at[len(at)-1] >= total, nil
 	})
@@ -117,8 +124,6 @@ func TestUntilPhases(t *testing.T) {
 	if spun < 10 {
 		t.Errorf("%d queries in the %v spin, want many", spun, spin)
 	}
-	// The first query at or past the end of the spin is followed by the
-	// first sleep.
 	want := first
 	for i := spun + 1; i < len(at); i++ {
 		if gap := at[i] - at[i-1]; gap < want {
