@@ -131,6 +131,46 @@ func (a *A2A) goesTo(t, d int) bool {
 	return false
 }
 
+// destsOf returns the ranks token t goes to, ascending, in buf.
+func (a *A2A) destsOf(t int, buf []int) []int {
+	buf = buf[:0]
+	for d := range a.w.Ranks {
+		if a.goesTo(t, d) {
+			buf = append(buf, d)
+		}
+	}
+	return buf
+}
+
+// domainSum adds the terms of one element of a token's rows, which came
+// from the destination ranks dests (ascending), as goep's combine does with
+// several domains: a partial per domain in fp32, rounded to the dtype when
+// it crosses domains (it travels in the dtype), then the partials in domain
+// order in fp32. A sum of one term is that term (a -0 stays -0).
+func (a *A2A) domainSum(dests []int, terms []float32) float32 {
+	D := a.w.RanksPerDomain
+	var total float32
+	haveTotal := false
+	for i := 0; i < len(dests); {
+		dom := dests[i] / D
+		part := terms[i]
+		j := i + 1
+		for ; j < len(dests) && dests[j]/D == dom; j++ {
+			part = float32(part + terms[j])
+		}
+		if dom != a.me/D && a.dt == device.BF16 {
+			part = device.BF16ToFloat32(device.Float32ToBF16(part))
+		}
+		if haveTotal {
+			total = float32(total + part)
+		} else {
+			total, haveTotal = part, true
+		}
+		i = j
+	}
+	return total
+}
+
 // Dispatch exchanges the token rows: afterwards Rows, RecvIdx and
 // RecvWeights hold this rank's dispatch output.
 func (a *A2A) Dispatch(ctx context.Context) error {
@@ -286,7 +326,7 @@ func (a *A2A) Combine(ctx context.Context, z []byte) error {
 	cur := make([]int, len(back))
 	for t := range T {
 		a.toff[t] = len(a.terms)
-		a.dests = a.w.Dests(a.me, t, a.dests)
+		a.dests = a.destsOf(t, a.dests)
 		for _, d := range a.dests {
 			c := cur[d]
 			if (c+1)*rb > len(back[d]) {
@@ -310,7 +350,7 @@ func (a *A2A) Combine(ctx context.Context, z []byte) error {
 	// summation order of DESIGN.md section 2).
 	var terms []float32
 	for t := range T {
-		a.dests = a.w.Dests(a.me, t, a.dests)
+		a.dests = a.destsOf(t, a.dests)
 		rows := a.terms[a.toff[t]:a.toff[t+1]]
 		for j := range a.h {
 			terms = terms[:0]
@@ -319,7 +359,7 @@ func (a *A2A) Combine(ctx context.Context, z []byte) error {
 			}
 			v := float32(0)
 			if len(terms) > 0 {
-				v = a.w.combineSum(a.me, a.dests, terms)
+				v = a.domainSum(a.dests, terms)
 			}
 			device.StoreFloat32(a.dt, a.Out[t*rb:(t+1)*rb], j, v)
 		}

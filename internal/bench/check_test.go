@@ -11,17 +11,13 @@ import (
 	"github.com/goep/goep/internal/reference"
 )
 
-// refWorld is the reference model of the same inputs as w.
+// refWorld is the reference model of the same inputs as w, its payload
+// included.
 func refWorld(w *World, pad int) *reference.World {
-	rw := &reference.World{
-		NumRanks: w.Ranks, NumExperts: w.Experts, TopK: w.TopK, Hidden: w.Hidden,
-		RanksPerDomain: w.RanksPerDomain, PadMultiple: pad, DType: w.DType,
-	}
+	rw := w.model(pad)
 	for r := range w.Ranks {
-		x, idx, wts := w.Inputs(r)
-		rw.TopkIdx = append(rw.TopkIdx, idx)
+		x, _, _ := w.Inputs(r)
 		rw.X = append(rw.X, x)
-		rw.Weights = append(rw.Weights, wts)
 		if w.DType == device.FP8E4M3 {
 			rw.Scales = append(rw.Scales, w.InputScales(r))
 		}
@@ -175,9 +171,8 @@ func TestChecksFP8(t *testing.T) {
 				bad[0] ^= 0x01
 				wrong(fmt.Sprintf("rank %d permute, one fp8 byte flipped", d), w.CheckPermute(d, tc.pad, lay.PermutedCount, bad, ps, pw), 1)
 				// A padding row's scales must be zero.
-				offsets, rows, _ := w.PermutedLayout(d, tc.pad)
-				for e := range rows {
-					if q := offsets[e] + len(rows[e]); q < offsets[e+1] {
+				for e, n := range lay.TokensPerExpert {
+					if q := lay.ExpertOffsets[e] + n; q < lay.ExpertOffsets[e+1] {
 						bad = bytes.Clone(ps)
 						bad[q*sb] = 1
 						wrong(fmt.Sprintf("rank %d permute, a scale on padding", d), w.CheckPermute(d, tc.pad, lay.PermutedCount, px, bad, pw), 1)
@@ -199,26 +194,27 @@ func TestChecksFP8(t *testing.T) {
 func TestPayloadRowsDiffer(t *testing.T) {
 	for _, dt := range []device.DType{device.BF16, device.FP32, device.FP8E4M3} {
 		w := NewWorld(5, 4, 4, 8, 2, 128, dt, []int{50, 50, 50, 50})
-		seen, seenS := map[string]Source{}, map[string]Source{}
+		type source struct{ Rank, Token int }
+		seen, seenS := map[string]source{}, map[string]source{}
 		row, srow := make([]byte, w.Hidden*dt.Size()), make([]byte, 4*w.ScaleCols())
 		for s := range w.Ranks {
 			for tok := range w.Tokens[s] {
 				w.XRow(row, s, tok)
 				if prev, ok := seen[string(row)]; ok {
-					t.Fatalf("%v: rows %v and %v are equal", dt, prev, Source{s, tok})
+					t.Fatalf("%v: rows %v and %v are equal", dt, prev, source{s, tok})
 				}
-				seen[string(row)] = Source{s, tok}
+				seen[string(row)] = source{s, tok}
 				if dt != device.FP8E4M3 {
 					continue
 				}
 				w.ScaleRow(srow, s, tok)
 				if prev, ok := seenS[string(srow)]; ok {
-					t.Fatalf("scale rows %v and %v are equal", prev, Source{s, tok})
+					t.Fatalf("scale rows %v and %v are equal", prev, source{s, tok})
 				}
-				seenS[string(srow)] = Source{s, tok}
+				seenS[string(srow)] = source{s, tok}
 				for j := range w.ScaleCols() {
 					if f := math.Float32frombits(binary.LittleEndian.Uint32(srow[4*j:])); !(f >= 1.0/256 && f < 256) {
-						t.Fatalf("scale %d of %v is %v, want a normal number in [2^-8, 2^8)", j, Source{s, tok}, f)
+						t.Fatalf("scale %d of %v is %v, want a normal number in [2^-8, 2^8)", j, source{s, tok}, f)
 					}
 				}
 			}

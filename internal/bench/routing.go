@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/goep/goep/device"
+	"github.com/goep/goep/internal/reference"
 )
 
 // Routing returns the top-k routing of one rank: tokens rows of topk
@@ -65,60 +66,40 @@ func NewRoutedWorld(spec RoutingSpec, seed uint64, ranks, ranksPerDomain, expert
 // LocalExperts is L = E / R.
 func (w *World) LocalExperts() int { return w.Experts / w.Ranks }
 
-// Dests returns the ranks token t of rank s goes to, ascending.
-func (w *World) Dests(s, t int, buf []int) []int {
-	buf = buf[:0]
-	l := w.LocalExperts()
-	for _, e := range w.Idx[s][t*w.TopK : (t+1)*w.TopK] {
-		if e < 0 {
-			continue
-		}
-		d := int(e) / l
-		seen := false
-		for _, x := range buf {
-			if x == d {
-				seen = true
-				break
-			}
-		}
-		if !seen {
-			buf = append(buf, d)
-		}
+// routing is the reference model (internal/reference) of w's routing: the
+// receive order, every layout table but the weights, and each token's
+// destinations, which the counts of rows below read.
+func (w *World) routing() *reference.World {
+	return &reference.World{
+		NumRanks: w.Ranks, NumExperts: w.Experts, TopK: w.TopK, Hidden: w.Hidden,
+		RanksPerDomain: w.RanksPerDomain, DType: w.DType, TopkIdx: w.Idx[:w.Ranks],
 	}
-	// insertion sort: at most K entries
-	for i := 1; i < len(buf); i++ {
-		for j := i; j > 0 && buf[j] < buf[j-1]; j-- {
-			buf[j], buf[j-1] = buf[j-1], buf[j]
-		}
-	}
-	return buf
 }
 
-// Source is a received row's origin.
-type Source struct{ Rank, Token int }
-
-// Recv returns the rows rank d receives, in receive order: by source rank,
-// then source token.
-func (w *World) Recv(d int) []Source {
-	var out []Source
-	l := w.LocalExperts()
+// model is the reference model of w's routing and router weights, its
+// permuted segments padded to pad rows: what the checks compare against.
+// It holds no payload: the checks make the rows they need with XRow and
+// ScaleRow, one at a time, as a full-size case is too large to hold for
+// every rank.
+func (w *World) model(pad int) *reference.World {
+	m := w.routing()
+	m.PadMultiple = pad
+	m.Weights = make([][]float32, w.Ranks)
 	for s := range w.Ranks {
+		m.Weights[s] = make([]float32, w.Tokens[s]*w.TopK)
 		for t := range w.Tokens[s] {
-			for _, e := range w.Idx[s][t*w.TopK : (t+1)*w.TopK] {
-				if e >= 0 && int(e)/l == d {
-					out = append(out, Source{s, t})
-					break
-				}
+			for k := range w.TopK {
+				m.Weights[s][t*w.TopK+k] = w.Weight(s, t, k)
 			}
 		}
 	}
-	return out
+	return m
 }
 
-// PeerRows is the rows of Recv(d) that rank d reads from another GPU: over
-// NVLink on a cluster's node, the bytes a peer-copy bandwidth bounds. A row
-// comes from its source rank when the source is in d's domain, else from
-// its forwarder there (the rank of d's domain with the source's local
+// PeerRows is the rows rank d receives that it reads from another GPU:
+// over NVLink on a cluster's node, the bytes a peer-copy bandwidth bounds.
+// A row comes from its source rank when the source is in d's domain, else
+// from its forwarder there (the rank of d's domain with the source's local
 // index); it is a peer row unless that rank is d itself, whose rows are
 // copies within d's GPU. With one domain (RanksPerDomain 0 or Ranks) that
 // is every row but d's own tokens'. Rows a capacity drops are counted.
@@ -127,11 +108,12 @@ func (w *World) PeerRows(d int) int {
 	if D <= 0 {
 		D = w.Ranks
 	}
+	lay := w.routing().Layout(d)
 	n := 0
-	for _, src := range w.Recv(d) {
-		via := src.Rank
-		if src.Rank/D != d/D {
-			via = d/D*D + src.Rank%D
+	for _, s := range lay.SrcRank {
+		via := int(s)
+		if via/D != d/D {
+			via = d/D*D + via%D
 		}
 		if via != d {
 			n++
@@ -153,13 +135,12 @@ func (w *World) CrossDomainRows(s int) int { return w.domainRows(s, false) }
 // domainRows sums over the tokens of rank s the distinct destination
 // domains, s's own counted only when own.
 func (w *World) domainRows(s int, own bool) int {
+	m := w.routing()
 	n := 0
 	mine := s / w.RanksPerDomain
-	var buf []int
 	for t := range w.Tokens[s] {
-		buf = w.Dests(s, t, buf)
 		last := -1
-		for _, d := range buf { // ascending, so a domain's ranks are adjacent
+		for _, d := range m.Dests(s, t) { // ascending, so a domain's ranks are adjacent
 			if dom := d / w.RanksPerDomain; dom != last {
 				if own || dom != mine {
 					n++
@@ -175,12 +156,11 @@ func (w *World) domainRows(s int, own bool) int {
 // scheme, where every token goes straight to every destination rank: the
 // sum over its tokens of the destination ranks outside s's domain.
 func (w *World) FlatRemoteRows(s int) int {
+	m := w.routing()
 	n := 0
 	own := s / w.RanksPerDomain
-	var buf []int
 	for t := range w.Tokens[s] {
-		buf = w.Dests(s, t, buf)
-		for _, d := range buf {
+		for _, d := range m.Dests(s, t) {
 			if d/w.RanksPerDomain != own {
 				n++
 			}

@@ -11,6 +11,13 @@
 // Index tables ([rows, TopK]) are []int32 and weight tables []float32, both
 // row-major. Per-rank data is indexed by rank: x[r] is rank r's tensor.
 //
+// A few calls have a form that takes or gives one row at a time (RecvRow,
+// Dests, PermutedSlots, UnpermuteRow, CombineRow), for callers whose
+// tensors are too large to hold for every rank at once (internal/bench
+// checks one rank's outputs of a full-size case, generating the inputs'
+// rows as it goes). Layout, Permute, Unpermute and Combine run their row
+// forms over every row, so the two forms cannot disagree.
+//
 // Usage:
 //
 //	w := &reference.World{NumRanks: 4, NumExperts: 8, TopK: 2, Hidden: 2,

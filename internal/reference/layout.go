@@ -1,5 +1,7 @@
 package reference
 
+import "slices"
+
 // RankLayout is the layout of one rank d (DESIGN.md section 2, Layout).
 // N = RecvCount, K = TopK, L = NumLocalExperts.
 type RankLayout struct {
@@ -36,34 +38,17 @@ func (w *World) Layout(d int) RankLayout {
 	K, L := w.TopK, w.NumLocalExperts()
 	var lay RankLayout
 	// Received rows: every (s, t), s ascending then t ascending, that has a
-	// slot naming an expert on d (expert e lives on rank e / L).
+	// slot naming an expert on d.
 	for s := range w.NumRanks {
 		for t := range w.NumTokens(s) {
-			row := w.TopkIdx[s][t*K : (t+1)*K]
-			goesHere := false
-			for _, e := range row {
-				if e >= 0 && int(e)/L == d {
-					goesHere = true
-				}
-			}
-			if !goesHere {
+			idx, weights := w.RecvRow(d, s, t)
+			if idx == nil {
 				continue
 			}
 			lay.SrcRank = append(lay.SrcRank, int32(s))
 			lay.SrcToken = append(lay.SrcToken, int32(t))
-			for k, e := range row {
-				if e >= 0 && int(e)/L == d {
-					lay.RecvIdx = append(lay.RecvIdx, e%int32(L))
-					if w.Weights != nil {
-						lay.RecvWeights = append(lay.RecvWeights, w.Weights[s][t*K+k])
-					}
-				} else {
-					lay.RecvIdx = append(lay.RecvIdx, -1)
-					if w.Weights != nil {
-						lay.RecvWeights = append(lay.RecvWeights, 0)
-					}
-				}
-			}
+			lay.RecvIdx = append(lay.RecvIdx, idx...)
+			lay.RecvWeights = append(lay.RecvWeights, weights...)
 		}
 	}
 	lay.RecvCount = len(lay.SrcRank)
@@ -101,6 +86,64 @@ func (w *World) Layout(d int) RankLayout {
 		}
 	}
 	return lay
+}
+
+// RecvRow is source token (s, t)'s row in rank d's layout: its RecvIdx row
+// [K] (e % L for a slot naming an expert e on d, that is e / L == d; else
+// -1) and its RecvWeights row [K] (the source's weight of each slot kept,
+// 0 elsewhere; nil for an unweighted World). Both are nil when no slot of
+// (s, t) names an expert on d: d does not receive it.
+func (w *World) RecvRow(d, s, t int) (idx []int32, weights []float32) {
+	K, L := w.TopK, w.NumLocalExperts()
+	for k, e := range w.TopkIdx[s][t*K : (t+1)*K] {
+		if e < 0 || int(e)/L != d {
+			continue
+		}
+		if idx == nil {
+			idx = slices.Repeat([]int32{-1}, K)
+			if w.Weights != nil {
+				weights = make([]float32, K)
+			}
+		}
+		idx[k] = e % int32(L)
+		if weights != nil {
+			weights[k] = w.Weights[s][t*K+k]
+		}
+	}
+	return idx, weights
+}
+
+// Dests returns the ranks that source token (s, t) goes to, ascending: the
+// ranks of the experts its slots name (expert e lives on rank e / L), each
+// once. In capacity mode a rank that drops the row is still one.
+func (w *World) Dests(s, t int) []int {
+	K, L := w.TopK, w.NumLocalExperts()
+	var dests []int
+	for _, e := range w.TopkIdx[s][t*K : (t+1)*K] {
+		if e >= 0 && !slices.Contains(dests, int(e)/L) {
+			dests = append(dests, int(e)/L)
+		}
+	}
+	slices.Sort(dests)
+	return dests
+}
+
+// PermutedSlots is the inverse of lay.Pos, a row form of Permute: for each
+// row p of rank d's permuted outputs (PermutedRows of them), the received
+// row i and the slot k whose copy it holds, that is Pos[i][k] = p; -1, -1
+// for a row that holds none (padding, and in capacity mode the rows of
+// dropped slots and past the valid prefix).
+func (w *World) PermutedSlots(lay RankLayout) (rows, slots []int) {
+	n := w.PermutedRows(lay)
+	rows, slots = slices.Repeat([]int{-1}, n), slices.Repeat([]int{-1}, n)
+	for i := range w.validRecv(lay) {
+		for k := range w.TopK {
+			if p := w.slotPos(lay, i, k); p >= 0 {
+				rows[p], slots[p] = i, k
+			}
+		}
+	}
+	return rows, slots
 }
 
 // Route is one destination of a source token: the rank it went to and its

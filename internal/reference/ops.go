@@ -51,21 +51,18 @@ func (w *World) PermuteScales(d int, recvScales []byte) []byte {
 // permute is Permute of rows of rb bytes.
 func (w *World) permute(d int, recvX []byte, rb int, recvWeights []float32) (px []byte, pw []float32) {
 	lay := w.Layout(d)
-	K := w.TopK
-	px = make([]byte, w.PermutedRows(lay)*rb) // zero: padding rows stay zero
+	rows, slots := w.PermutedSlots(lay)
+	px = make([]byte, len(rows)*rb) // zero: padding rows stay zero
 	if recvWeights != nil {
-		pw = make([]float32, w.PermutedRows(lay))
+		pw = make([]float32, len(rows))
 	}
-	for i := range w.validRecv(lay) {
-		for k := range K {
-			p := w.slotPos(lay, i, k)
-			if p < 0 {
-				continue
-			}
-			copy(px[p*rb:(p+1)*rb], recvX[i*rb:(i+1)*rb])
-			if pw != nil {
-				pw[p] = recvWeights[i*K+k]
-			}
+	for p, i := range rows {
+		if i < 0 {
+			continue
+		}
+		copy(px[p*rb:(p+1)*rb], recvX[i*rb:(i+1)*rb])
+		if pw != nil {
+			pw[p] = recvWeights[i*w.TopK+slots[p]]
 		}
 	}
 	return px, pw
@@ -91,31 +88,51 @@ func (w *World) DispatchPermute(d int) (px []byte, pw []float32) {
 // positions dropped, or the row itself) is zero.
 func (w *World) Unpermute(d int, y []byte, weights []float32) []byte {
 	lay := w.Layout(d)
-	K, H, dt := w.TopK, w.Hidden, w.DType
-	out := make([]byte, w.RecvRows(lay)*w.RowBytes())
+	K, rb := w.TopK, w.RowBytes()
+	out := make([]byte, w.RecvRows(lay)*rb)
+	rows := make([][]byte, K)
 	for i := range w.validRecv(lay) {
-		for j := range H {
-			var acc float32
-			first := true
-			for k := range K {
-				p := w.slotPos(lay, i, k)
-				if p < 0 {
-					continue
-				}
-				term := device.LoadFloat32(dt, y, p*H+j) // c = 1: the element itself
-				if weights != nil {
-					term = float32(weights[i*K+k] * term)
-				}
-				if first {
-					acc, first = term, false
-				} else {
-					acc = float32(acc + term)
-				}
+		for k := range K {
+			rows[k] = nil
+			if p := w.slotPos(lay, i, k); p >= 0 {
+				rows[k] = y[p*rb : (p+1)*rb]
 			}
-			device.StoreFloat32(dt, out, i*H+j, acc) // acc is +0 when there was no term
 		}
+		var wi []float32
+		if weights != nil {
+			wi = weights[i*K : (i+1)*K]
+		}
+		w.UnpermuteRow(out[i*rb:(i+1)*rb], rows, wi)
 	}
 	return out
+}
+
+// UnpermuteRow is one row of Unpermute, for callers that hold a row's
+// permuted copies but not a rank's whole y: it writes into dst ([H] in
+// DType) the fold of rows, where rows[k] ([H] in DType) is the permuted row
+// that holds slot k (nil for a slot without one: empty, or its position
+// dropped) and weights is the row's [K] weights (nil: unweighted). The
+// terms and their order are Unpermute's.
+func (w *World) UnpermuteRow(dst []byte, rows [][]byte, weights []float32) {
+	for j := range w.Hidden {
+		var acc float32
+		first := true
+		for k, y := range rows {
+			if y == nil {
+				continue
+			}
+			term := device.LoadFloat32(w.DType, y, j) // c = 1: the element itself
+			if weights != nil {
+				term = float32(weights[k] * term)
+			}
+			if first {
+				acc, first = term, false
+			} else {
+				acc = float32(acc + term)
+			}
+		}
+		device.StoreFloat32(w.DType, dst, j, acc) // acc is +0 when there was no term
+	}
 }
 
 // Combine sums processed rows back to their sources: given z[d] [N_d, H] on
@@ -134,45 +151,60 @@ func (w *World) Unpermute(d int, y []byte, weights []float32) []byte {
 // destination ranks in ascending order, rounded once. A token routed nowhere
 // gets a zero row.
 func (w *World) Combine(z [][]byte) [][]byte {
-	H, dt, D := w.Hidden, w.DType, w.ranksPerDomain()
+	rb := w.RowBytes()
 	routes := w.Routes()
 	out := make([][]byte, w.NumRanks)
 	for s := range w.NumRanks {
-		out[s] = make([]byte, w.NumTokens(s)*w.RowBytes())
-		for t := range w.NumTokens(s) {
-			rs := routes[s][t]
-			for j := range H {
-				var acc float32
-				haveAcc := false
-				// Domains in ascending order; routes are in ascending rank
-				// order, so each domain's ranks are contiguous in rs.
-				for a := 0; a < len(rs); {
-					n := rs[a].Rank / D
-					b := a
-					var part float32
-					for ; b < len(rs) && rs[b].Rank/D == n; b++ {
-						v := device.LoadFloat32(dt, z[rs[b].Rank], rs[b].Row*H+j)
-						if b == a {
-							part = v
-						} else {
-							part = float32(part + v)
-						}
-					}
-					if n != s/D {
-						part = roundTo(dt, part)
-					}
-					if !haveAcc {
-						acc, haveAcc = part, true
-					} else {
-						acc = float32(acc + part)
-					}
-					a = b
-				}
-				device.StoreFloat32(dt, out[s], t*H+j, acc) // +0 when routed nowhere
+		out[s] = make([]byte, w.NumTokens(s)*rb)
+		for t, rs := range routes[s] {
+			dests := make([]int, len(rs))
+			rows := make([][]byte, len(rs))
+			for i, r := range rs {
+				dests[i], rows[i] = r.Rank, z[r.Rank][r.Row*rb:(r.Row+1)*rb]
 			}
+			w.CombineRow(out[s][t*rb:(t+1)*rb], s, dests, rows)
 		}
 	}
 	return out
+}
+
+// CombineRow is one row of Combine, for callers that hold a token's
+// returned rows but not every rank's whole z: it writes into dst ([H] in
+// DType) the combined row of a token of source rank s from rows[i] ([H] in
+// DType), the row that destination rank dests[i] returns, dests ascending.
+// The partials per domain and the order of the sums are Combine's; no
+// destination gives a zero row.
+func (w *World) CombineRow(dst []byte, s int, dests []int, rows [][]byte) {
+	dt, D := w.DType, w.ranksPerDomain()
+	for j := range w.Hidden {
+		var acc float32
+		haveAcc := false
+		// Domains in ascending order; dests are ascending, so each
+		// domain's ranks are contiguous in them.
+		for a := 0; a < len(dests); {
+			n := dests[a] / D
+			b := a
+			var part float32
+			for ; b < len(dests) && dests[b]/D == n; b++ {
+				v := device.LoadFloat32(dt, rows[b], j)
+				if b == a {
+					part = v
+				} else {
+					part = float32(part + v)
+				}
+			}
+			if n != s/D {
+				part = roundTo(dt, part)
+			}
+			if !haveAcc {
+				acc, haveAcc = part, true
+			} else {
+				acc = float32(acc + part)
+			}
+			a = b
+		}
+		device.StoreFloat32(dt, dst, j, acc) // +0 when routed nowhere
+	}
 }
 
 // UnpermuteCombine is Combine of Unpermute on every rank: u[d] =

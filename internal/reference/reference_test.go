@@ -161,6 +161,60 @@ func TestExampleLayout(t *testing.T) {
 	}
 }
 
+// TestExampleRows checks the row-at-a-time forms on the example: Dests and
+// PermutedSlots against the tables by hand, RecvRow against the layout it
+// is one row of. (UnpermuteRow and CombineRow are what Unpermute and
+// Combine run, row by row.)
+func TestExampleRows(t *testing.T) {
+	dests := [][][]int{
+		{{0, 2}, {1, 2}, nil}, // rank 0: experts 1,4; 5,2; nowhere
+		{{0, 1}, {3}},         // rank 1: experts 3,0; 7
+		{},                    // rank 2: no tokens
+		{{2}, {0, 1}, {0, 3}}, // rank 3: experts 4,5 (one rank, once); 2,1; 6,0
+	}
+	w := exampleWorld(device.BF16, 4)
+	for s := range w.NumRanks {
+		for tok := range w.NumTokens(s) {
+			if got := w.Dests(s, tok); !slices.Equal(got, dests[s][tok]) {
+				t.Errorf("Dests(%d, %d) = %v, want %v", s, tok, got, dests[s][tok])
+			}
+		}
+	}
+	K := w.TopK
+	for d := range w.NumRanks {
+		lay := w.Layout(d)
+		row := map[[2]int32]int{} // received row of each source (s, t)
+		for i := range lay.RecvCount {
+			row[[2]int32{lay.SrcRank[i], lay.SrcToken[i]}] = i
+		}
+		for s := range w.NumRanks {
+			for tok := range w.NumTokens(s) {
+				idx, weights := w.RecvRow(d, s, tok)
+				i, received := row[[2]int32{int32(s), int32(tok)}]
+				if !received {
+					if idx != nil || weights != nil {
+						t.Errorf("RecvRow(%d, %d, %d) = %v, %v; rank %d does not receive it", d, s, tok, idx, weights, d)
+					}
+					continue
+				}
+				if !slices.Equal(idx, lay.RecvIdx[i*K:(i+1)*K]) || !slices.Equal(weights, lay.RecvWeights[i*K:(i+1)*K]) {
+					t.Errorf("RecvRow(%d, %d, %d) = %v, %v; want row %d of the layout: %v, %v", d, s, tok, idx, weights, i, lay.RecvIdx[i*K:(i+1)*K], lay.RecvWeights[i*K:(i+1)*K])
+				}
+			}
+		}
+	}
+	// Rank 0 with pad 4 (TestExampleLayout): Pos = [4 -1; -1 0; -1 5; -1 1],
+	// so P = 8 rows: 0 and 1 hold slot 1 of rows 1 and 3, 4 and 5 slot 0 of
+	// row 0 and slot 1 of row 2, the rest are padding.
+	rows, slots := w.PermutedSlots(w.Layout(0))
+	if want := []int{1, 3, -1, -1, 0, 2, -1, -1}; !slices.Equal(rows, want) {
+		t.Errorf("PermutedSlots of rank 0: rows %v, want %v", rows, want)
+	}
+	if want := []int{1, 1, -1, -1, 0, 1, -1, -1}; !slices.Equal(slots, want) {
+		t.Errorf("PermutedSlots of rank 0: slots %v, want %v", slots, want)
+	}
+}
+
 func TestExampleDispatchPermute(t *testing.T) {
 	recvX := [][][2]float32{
 		{{0, 100}, {10, 110}, {31, 131}, {32, 132}},
