@@ -1133,28 +1133,28 @@ func TestTCPStoppedPeer(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), childDeadline)
 			defer cancel()
 			var g Group
+			var child *tcpChild
 			var err error
 			if tc.me == 0 {
 				ln, port := tcpListen(t)
-				child := startTCPChild(t, port, peer, 2, peer, "")
+				child = startTCPChild(t, port, peer, 2, peer, "")
 				g, err = NewTCPWithListener(ctx, tcpCfg(port, 0, 2), ln)
-				if err == nil {
-					child.waitLine(t, "joined")
-					defer stopChild(t, child)()
-				}
 			} else {
 				port := freeTCPPort(t)
-				child := startTCPChild(t, port, peer, 2, peer, "")
+				child = startTCPChild(t, port, peer, 2, peer, "")
 				g, err = NewTCP(ctx, tcpCfg(port, 1, 2))
-				if err == nil {
-					child.waitLine(t, "joined")
-					defer stopChild(t, child)()
-				}
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Killed before the close, which then need not wait for a
+			// stopped peer to answer its goodbyes.
 			defer g.Close()
+			defer child.cmd.Process.Kill()
+			child.waitLine(t, "joined")
+			if err := child.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
 			if g.(*tcpGroup).c.mesh == nil {
 				t.Fatal("no direct peer connections")
 			}
@@ -1178,16 +1178,6 @@ func TestTCPStoppedPeer(t *testing.T) {
 			}
 		})
 	}
-}
-
-// stopChild stops the child's process (SIGSTOP) and returns the function
-// that kills it.
-func stopChild(t *testing.T, c *tcpChild) func() {
-	t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	return func() { c.cmd.Process.Kill() }
 }
 
 // TestTCPOverFrameLimit: a collective whose contribution or result does
