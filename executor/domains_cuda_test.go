@@ -13,7 +13,8 @@ import (
 
 // TestCUDADomains runs the whole API with several NVLink domains on the
 // CUDA backend (the domain's windows on the GPU, the rail in host memory
-// through pinned staging) and compares every output bit for bit with the
+// fed by the GPU, or staged through the host with GOEP_RAIL_HOST_STAGING)
+// and compares every output bit for bit with the
 // host backend's run of the same worlds: 2 domains x 2 ranks, 4 x 1 and one
 // domain of 4 (the one-domain path), as
 // goroutines of this process sharing the GPU (the in-process rail).

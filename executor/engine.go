@@ -108,7 +108,7 @@ type options struct {
 func WithStream(s device.Stream) Option { return func(o *options) { o.stream = s } }
 
 // WithLogger sets the logger (default: no logging). The engine logs under
-// the names "executor" and "layout", never per token or per chunk.
+// the names "executor" and "executor.layout", never per token or per chunk.
 func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
 
 // setupTimeout is the least time New's setup (the domain, the rail, the

@@ -15,7 +15,7 @@
 // buildTables makes from ComputeLayout's Layout, and the summary holds the
 // world counts and the first routing error in ComputeLayout's order.
 //
-// Launch sequence (executor/layout_cuda.go; internal/gpulayout runs the same):
+// Launch sequence (executor/internal/gpu/layout.go; internal/gpulayout runs the same):
 //
 //	ws = 0, *errKey = ~0
 //	count     threads R*maxT          counters and routing errors

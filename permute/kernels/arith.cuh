@@ -1,6 +1,6 @@
 // The fp32 and bf16 arithmetic of package permute on the GPU, shared by
-// permute.cu and executor/kernels/ep.cu (which includes it by its path
-// from there). Each function matches, bit for bit, the host function named
+// permute.cu and the GPU data path's ep.cu (executor/internal/gpu, which
+// names this directory with -I in its go:generate). Each function matches, bit for bit, the host function named
 // in its comment. NaN results follow the host's rules (permute/rows.go add
 // and mul as executed on the host CPU), not the GPU's canonical NaN: when
 // an operand is NaN the result is the first NaN operand, quieted; a NaN

@@ -18,7 +18,7 @@
 // starts from the first term and adds the others in slot order
 // (__fadd_rn), and is rounded to the output dtype once. add, mul, to_bf16
 // and their NaN rules (the host's, not the GPU's canonical NaN) are in
-// arith.cuh, which executor/kernels/ep.cu shares.
+// arith.cuh, which the GPU data path's ep.cu shares.
 #include <stdint.h>
 
 #include "arith.cuh"

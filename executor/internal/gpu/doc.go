@@ -1,5 +1,6 @@
-// Package gpu is the data path of the CUDA backend (build tag cuda; the
-// package is empty without it). Every data call is GPU work in stream
+// Package gpu is the data path of the CUDA backend (build tag cuda; without
+// it the package holds only its launch-shape arithmetic and go:generate
+// directives). Every data call is GPU work in stream
 // order on the NVLink domain's windows, which every rank maps from its
 // peers (nvlink.MapGPU), synchronized by the domain's flag protocol
 // (nvlink.GPUFlags): Begin, the pushes into the peers' windows, Arrive,

@@ -6,7 +6,7 @@ import "slices"
 // array: entTok, entDest, entRow [T*W], slotEnt [T*K], recvSrc, recvEnt
 // [rowCap], recvIdx, pos [rowCap*K], -1 where nothing is written. Entry
 // e = t*W + c is local token t's c-th destination (ascending). The GPU
-// layout kernels (internal/kernels/layout.h) write the same array;
+// layout kernels (internal/gpulayout/layout.h) write the same array;
 // BuildTables is their reference and the host layout's path.
 
 // TableSizes are the parts' lengths, in order.
