@@ -17,8 +17,8 @@ import (
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
 	"github.com/goep/goep/internal/ranktest"
-	"github.com/goep/goep/internal/testenv"
 	"github.com/goep/goep/internal/reference"
+	"github.com/goep/goep/internal/testenv"
 )
 
 // Property tests: the engine on the host backend against the naive model of
