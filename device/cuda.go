@@ -50,7 +50,7 @@ type CUDA struct {
 	// Close: LoadModule of PTX already loaded returns a handle on its
 	// module. Every engine on this backend (the ranks of a process, the
 	// cases of a sweep) loads the same kernels, and a load JIT-compiles
-	// them, about half a second a module on an H200 host. Guarded by
+	// them, which is slow. Guarded by
 	// modMu, which is held across the load so that concurrent loads of
 	// the same PTX compile it once, and is never taken inside Device.Do.
 	modMu     sync.Mutex

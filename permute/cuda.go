@@ -84,19 +84,17 @@ const (
 // stagedThreads threads, stagedBlocksPerSM of them an SM (its
 // __launch_bounds__), for calls with 16-byte units, top-k of at least
 // stagedMinTopK (and as many permuted rows a row) and at least
-// stagedMinRowsPerSM rows an SM (stagedPlan). On an H200 (hidden 7168,
-// top-8, every slot in use) it ran bf16 at 0.92 of a copy for 4096 rows
-// (goep_permute_bf16: 0.88), 0.95-0.96 for 2048 (0.88), 0.91 for 8192
-// (0.87) and 0.89 for 16384 (0.88), fp32 at 0.91 for 4096 (0.87); it lost
-// at 512 rows (0.91 against 0.93) and did not gain at top-4 or less, nor
-// for a rank's permute after a dispatch, whose top-8 slots are mostly
-// empty (docs/PERFORMANCE.md, sixteenth session).
+// stagedMinRowsPerSM rows an SM (stagedPlan): the calls where it measured
+// faster than goep_permute_bf16 and goep_permute_fp32, many rows at top-8
+// with their slots in use. It loses at a few hundred rows, gains nothing
+// at top-4 or less, nor for a rank's permute after a dispatch, whose top-8
+// slots are mostly empty (docs/results/2026-12-04-h200-permute-staged.md).
 //
 // stagedSlack is shared memory past the last key, never used: the GPU's
 // compiler (the driver's, from the PTX) may merge the rank loop's last
 // scalar loads of keys into one wider load that reaches past the last
-// key; compute-sanitizer memcheck saw an 8-byte read of the last key and
-// the 4 bytes after the allocation on an H200, without the slack.
+// key (compute-sanitizer memcheck reports an 8-byte read of the last key
+// and the 4 bytes after the allocation without the slack).
 const (
 	stagedThreads      = 1024
 	stagedBlocksPerSM  = 2
@@ -114,11 +112,10 @@ var defaultPermute = launchCfg{block: 256, units: 4, hints: 1}
 // Unpermute: a thread reads the row's positions and weights once and sums
 // 2 units, each with its (up to 8) slot loads in flight together; for
 // topk <= 4, 8 units, unpermuteGroup(topk) of them loaded together (one
-// read of the positions and weights serves more units: on an H200, bf16
-// top-4 and top-2 ran at 0.91-0.92 of a copy against 0.89-0.90 with 2
-// units, fp32 at 0.93 and 0.90 against 0.92 and 0.89-0.90, top-1 the same;
-// docs/PERFORMANCE.md); blocks of at most 256 threads (the kernels'
-// __launch_bounds__, maxUnpermuteBlock).
+// read of the positions and weights then serves more units, which
+// measured faster at small top-k: docs/results/2026-12-03-h200-permute-topk.md);
+// blocks of at most 256 threads (the kernels' __launch_bounds__,
+// maxUnpermuteBlock).
 var defaultUnpermute = launchCfg{block: 256, units: 2, unitsSmallTopK: 8}
 
 // maxUnpermuteBlock is maxUnpermuteBlock of kernels/permute.cu.
@@ -128,9 +125,9 @@ const maxUnpermuteBlock = 256
 // for topk slots (M of kernels/permute.cu's unpermute_units): 8, 4, 2 or
 // 1 for topk 1, 2, 3-4 or more, so that a thread keeps about 8 loads in
 // flight whatever topk. Unpermute gives each thread at least that many
-// units. (Summing a thread's units one after the other, a top-2 bf16
-// unpermute has 2 loads in flight a thread and ran at 0.59 of a copy on an
-// H200, top-1 at 0.46; grouped, 0.83 and 0.80: docs/PERFORMANCE.md.)
+// units. (Summing a thread's units one after the other leaves a top-2 or
+// top-1 unpermute one or two loads in flight a thread, too few to hide
+// memory latency: docs/results/2026-12-03-h200-permute-topk.md.)
 func unpermuteGroup(topk int) int {
 	switch {
 	case topk <= 1:
@@ -191,7 +188,7 @@ func LoadCUDAKernels(b *device.CUDA) (*CUDAKernels, error) {
 	// share of the SM's shared memory less the driver's reservation; not
 	// on a GPU whose SMs cannot hold that many blocks of stagedThreads
 	// (1536 threads an SM: the blocks would run in two waves, and the
-	// rule, measured on an H200, would choose the slower kernel).
+	// rule, measured where both fit, would choose the slower kernel).
 	lim := b.Driver().Limits()
 	shared := min(lim.SharedPerBlockOptin, lim.SharedPerSM/stagedBlocksPerSM-lim.ReservedSharedPerBlock)
 	if lim.SMs > 0 && shared > 0 && lim.ThreadsPerSM >= stagedBlocksPerSM*stagedThreads {

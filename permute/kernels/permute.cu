@@ -149,10 +149,9 @@ constexpr int slots = 8;
 // blocks, up to 80 registers a thread, enough for 8 slots of 16-byte loads
 // in flight without spilling. bf16 (twice the elements of a 16-byte unit
 // to widen, add and round, so more latency to hide): 4 blocks, 64
-// registers, with a few spills around the NaN path's call; on an H200 that
-// ran bf16 unpermutes at 0.94, 0.88, 0.83 and 0.80 of a copy for top-8,
-// 4, 2 and 1 against 0.91, 0.79, 0.77 and 0.79 with 3 blocks, while fp32
-// lost 0.01-0.03 with 4 (docs/PERFORMANCE.md).
+// registers, with a few spills around the NaN path's call: the faster
+// choice for bf16 at every top-k, while fp32 is faster with 3
+// (docs/results/2026-12-03-h200-permute-topk.md).
 constexpr int maxUnpermuteBlock = 256;
 constexpr int minUnpermuteBlocksBF16 = 4;
 constexpr int minUnpermuteBlocksFP32 = 3;
@@ -609,9 +608,7 @@ goep_permute_fp32(void *px, float *pw, const void *x, const float *w, const int3
 // of units 16-byte units (any dtype: it moves bytes), staged in shared
 // memory so that the GPU reads the rows in bursts and writes the permuted
 // rows in the order of their positions. It is the faster shape for many
-// rows at top-8 (docs/PERFORMANCE.md, sixteenth session: on an H200, bf16
-// rows of 7168 at 0.92 of a copy for 4096 rows and 0.95 for 2048, against
-// 0.88 for goep_permute_bf16).
+// rows at top-8 (docs/results/2026-12-04-h200-permute-staged.md).
 //
 // The grid's blocks work in rounds; in each, block b takes up to g rows,
 // i = base + b + r*gridDim.x for r < g (the blocks together take
