@@ -15,6 +15,7 @@ import (
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
+	"github.com/goep/goep/internal/ranktest"
 )
 
 // domains builds n in-process domain members on one host backend.
@@ -87,15 +88,7 @@ func TestExchangeMovesData(t *testing.T) {
 }
 
 // onEach runs call(r) for every rank r at once and returns their errors.
-func onEach(n int, call func(r int) error) []error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Go(func() { errs[r] = call(r) })
-	}
-	wg.Wait()
-	return errs
-}
+func onEach(n int, call func(r int) error) []error { return ranktest.Run(n, call) }
 
 func TestExchangeMismatchAndPeerStatus(t *testing.T) {
 	const n = 3

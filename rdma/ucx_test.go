@@ -16,12 +16,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/goep/goep/comm"
+	"github.com/goep/goep/internal/ranktest"
 	"github.com/goep/goep/launcher"
 	"github.com/goep/goep/rdma"
 )
@@ -90,20 +90,14 @@ func inProcess(t *testing.T, R int, cfg rdma.Config, f func(ctx context.Context,
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	gs := comm.NewLocal(R)
-	errs := make([]error, R)
-	var wg sync.WaitGroup
-	for r := range R {
-		wg.Go(func() {
-			defer gs[r].Close()
-			tr, err := rdma.NewUCX(ctx, gs[r], cfg)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			errs[r] = errors.Join(f(ctx, gs[r], tr), tr.Close())
-		})
-	}
-	wg.Wait()
+	errs := ranktest.Run(R, func(r int) error {
+		defer gs[r].Close()
+		tr, err := rdma.NewUCX(ctx, gs[r], cfg)
+		if err != nil {
+			return err
+		}
+		return errors.Join(f(ctx, gs[r], tr), tr.Close())
+	})
 	for r, err := range errs {
 		if err != nil {
 			t.Errorf("rank %d: %v", r, err)
@@ -224,21 +218,16 @@ func TestMismatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	gs := comm.NewLocal(2)
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Go(func() {
-			defer gs[r].Close()
-			cfg := transportConfig(t, "tcp", 64, 64)
-			cfg.SharedMemory = r == 1
-			tr, err := rdma.NewUCX(ctx, gs[r], cfg)
-			if err == nil {
-				tr.Close()
-			}
-			errs[r] = err
-		})
-	}
-	wg.Wait()
+	errs := ranktest.Run(2, func(r int) error {
+		defer gs[r].Close()
+		cfg := transportConfig(t, "tcp", 64, 64)
+		cfg.SharedMemory = r == 1
+		tr, err := rdma.NewUCX(ctx, gs[r], cfg)
+		if err == nil {
+			tr.Close()
+		}
+		return err
+	})
 	for r, err := range errs {
 		if !errors.Is(err, rdma.ErrPeerMismatch) || !strings.Contains(err.Error(), "SharedMemory") {
 			t.Errorf("rank %d: %v, want ErrPeerMismatch naming SharedMemory", r, err)

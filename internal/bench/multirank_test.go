@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"golang.org/x/sync/errgroup"
@@ -15,6 +14,7 @@ import (
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
+	"github.com/goep/goep/internal/ranktest"
 )
 
 // TestRunRankWorld runs RunRank on 4 in-process groups, one goroutine and
@@ -277,22 +277,19 @@ func TestRunRankConfigMismatch(t *testing.T) {
 	c := Defaults()
 	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 3, 6, Ints{2}, Ints{8}, Ints{4}, 2, 0
 	groups := comm.NewLocal(c.Ranks)
-	errs := make([]error, c.Ranks)
-	var wg sync.WaitGroup
-	for r, g := range groups {
-		wg.Go(func() {
-			defer g.Close()
-			cr := c
-			switch r {
-			case 1:
-				cr.Iters = 3
-			case 2:
-				cr.Warmup = 1
-			}
-			_, errs[r] = RunRank(context.Background(), cr, g, Options{})
-		})
-	}
-	wg.Wait()
+	errs := ranktest.Run(c.Ranks, func(r int) error {
+		g := groups[r]
+		defer g.Close()
+		cr := c
+		switch r {
+		case 1:
+			cr.Iters = 3
+		case 2:
+			cr.Warmup = 1
+		}
+		_, err := RunRank(context.Background(), cr, g, Options{})
+		return err
+	})
 	for r, want := range []string{"rank 1 runs another config than rank 0: iters 2 here, 3 there", "rank 0 runs another config than rank 1: iters 3 here, 2 there", "rank 0 runs another config than rank 2: warmup 1 here, 0 there"} {
 		if errs[r] == nil || !strings.Contains(errs[r].Error(), want) {
 			t.Errorf("rank %d: %v, want an error saying %q", r, errs[r], want)
