@@ -35,15 +35,7 @@ func runCapacity(t *testing.T, R int, cfg Config, T int, dt device.DType) []capR
 		r := e.Rank()
 		K, E, H := cfg.TopK, cfg.NumExperts, cfg.Hidden
 		idx, x, w := rankInputs(11, r, T, K, E, H, dt)
-		ti, err := upload(ctx, e, device.Int32, device.EncodeInt32(idx), T, K)
-		if err != nil {
-			return err
-		}
-		xt, err := upload(ctx, e, dt, x, T, H)
-		if err != nil {
-			return err
-		}
-		wt, err := upload(ctx, e, device.FP32, device.EncodeFloat32(device.FP32, w), T, K)
+		ti, xt, wt, err := uploadInputs(ctx, e, idx, x, w, T, dt)
 		if err != nil {
 			return err
 		}

@@ -349,26 +349,7 @@ func graphPipeline(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 // some slots empty), bf16 tokens and weights for T tokens.
 func graphInputs(seed uint64, r int, cfg executor.Config, T int) (idx []int32, x []byte, w []float32) {
 	rng := rand.New(rand.NewPCG(seed, uint64(r)+2000))
-	K, E := cfg.TopK, cfg.NumExperts
-	idx = make([]int32, T*K)
-	for t := range T {
-		perm, n := rng.Perm(E), rng.IntN(K+1)
-		for k := range K {
-			idx[t*K+k] = -1
-			if k < n {
-				idx[t*K+k] = int32(perm[k])
-			}
-		}
-	}
-	xs := make([]float32, T*cfg.Hidden)
-	for i := range xs {
-		xs[i] = float32(rng.NormFloat64())
-	}
-	w = make([]float32, T*K)
-	for i := range w {
-		w[i] = rng.Float32()
-	}
-	return idx, device.EncodeFloat32(device.BF16, xs), w
+	return executor.RandomInputs(rng, T, cfg.TopK, cfg.NumExperts, cfg.Hidden, device.BF16)
 }
 
 // TestCUDAGraph captures a capacity-mode DispatchPermuteInto and

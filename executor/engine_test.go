@@ -81,9 +81,41 @@ func upload(ctx context.Context, e *Engine, dt device.DType, data []byte, shape 
 	return t, device.Upload(ctx, t, data)
 }
 
+// zeros is a new tensor of zeros; the bad-input tests make many and stop
+// at the first that cannot be allocated.
+func zeros(e *Engine, dt device.DType, shape ...int) *device.Tensor {
+	t, err := e.NewTensor(dt, shape...)
+	if err != nil {
+		panic(err)
+	}
+	clear(t.Bytes())
+	return t
+}
+
+// uploadInputs uploads a rank's routing idx, rows x (dtype dt) and
+// weights w of T tokens to new tensors.
+func uploadInputs(ctx context.Context, e *Engine, idx []int32, x []byte, w []float32, T int, dt device.DType) (ti, xt, wt *device.Tensor, err error) {
+	K, H := e.cfg.TopK, e.cfg.Hidden
+	if ti, err = upload(ctx, e, device.Int32, device.EncodeInt32(idx), T, K); err != nil {
+		return nil, nil, nil, err
+	}
+	if xt, err = upload(ctx, e, dt, x, T, H); err != nil {
+		return nil, nil, nil, err
+	}
+	if wt, err = upload(ctx, e, device.FP32, device.EncodeFloat32(device.FP32, w), T, K); err != nil {
+		return nil, nil, nil, err
+	}
+	return ti, xt, wt, nil
+}
+
 // rankInputs builds rank r's routing, tokens and weights deterministically.
 func rankInputs(seed uint64, r, T, K, E, H int, dt device.DType) (idx []int32, x []byte, w []float32) {
-	rng := rand.New(rand.NewPCG(seed, uint64(r)))
+	return randomInputs(rand.New(rand.NewPCG(seed, uint64(r))), T, K, E, H, dt)
+}
+
+// randomInputs draws T tokens' routing (randomRouting), rows of H normal
+// values in dtype dt and K weights in [0, 1) each.
+func randomInputs(rng *rand.Rand, T, K, E, H int, dt device.DType) (idx []int32, x []byte, w []float32) {
 	idx = randomRouting(rng, T, K, E)
 	xs := make([]float32, T*H)
 	for i := range xs {
@@ -99,20 +131,11 @@ func rankInputs(seed uint64, r, T, K, E, H int, dt device.DType) (idx []int32, x
 // pipeline runs layout, dispatch-permute (weighted), unpermute-combine and
 // returns the combined output bytes.
 func pipeline(ctx context.Context, e *Engine, idx []int32, x []byte, w []float32, T int, dt device.DType, poison bool) ([]byte, error) {
-	K, H := e.cfg.TopK, e.cfg.Hidden
-	ti, err := upload(ctx, e, device.Int32, device.EncodeInt32(idx), T, K)
+	ti, xt, wt, err := uploadInputs(ctx, e, idx, x, w, T, dt)
 	if err != nil {
 		return nil, err
 	}
 	h, err := e.Layout(ctx, LayoutInput{TopkIdx: ti})
-	if err != nil {
-		return nil, err
-	}
-	xt, err := upload(ctx, e, dt, x, T, H)
-	if err != nil {
-		return nil, err
-	}
-	wt, err := upload(ctx, e, device.FP32, device.EncodeFloat32(device.FP32, w), T, K)
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +173,7 @@ func pipeline(ctx context.Context, e *Engine, idx []int32, x []byte, w []float32
 		var junk []*device.Tensor
 		for _, rows := range []int{T, T * 4, T * 8} {
 			for _, d := range []device.DType{dt, device.FP32, device.Int32} {
-				j, err := e.NewTensor(d, rows, H)
+				j, err := e.NewTensor(d, rows, e.cfg.Hidden)
 				if err != nil {
 					return nil, err
 				}

@@ -5,6 +5,11 @@ package executor
 // the engines; nil clears it.
 func SetAllocHook(f func(rank int) error) { testHookAlloc = f }
 
+// RandomInputs is randomInputs for the tests of package executor_test: T
+// tokens' routing over E experts (up to K distinct a token), rows of H
+// elements and weights.
+var RandomInputs = randomInputs
+
 // RunEngines is runRanks for the tests of package executor_test: an
 // in-process world of R engines on one host backend, fn on every rank,
 // the engines closed and every buffer checked freed.

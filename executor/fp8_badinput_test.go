@@ -18,14 +18,7 @@ func TestBadInputFP8(t *testing.T) {
 	const E, K, H, T = 12, 2, 256, 4
 	const S = H / device.FP8ScaleChannels
 	const bad = 1 // the rank that misbehaves
-	mk := func(e *Engine, dt device.DType, shape ...int) *device.Tensor {
-		t, err := e.NewTensor(dt, shape...)
-		if err != nil {
-			panic(err)
-		}
-		clear(t.Bytes())
-		return t
-	}
+	mk := zeros
 	// onBad returns faulty on the bad rank, good elsewhere.
 	onBad := func(e *Engine, good, faulty *device.Tensor) *device.Tensor {
 		if e.Rank() == bad {

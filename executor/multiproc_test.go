@@ -76,27 +76,8 @@ func mpInputs(seed uint64, r int, cfg executor.Config, dt device.DType) (idx []i
 	if r == 1 && seed%4 == 0 {
 		T = 0
 	}
-	K, E := cfg.TopK, cfg.NumExperts
-	idx = make([]int32, T*K)
-	for t := range T {
-		perm := rng.Perm(E)
-		n := rng.IntN(K + 1)
-		for k := range K {
-			idx[t*K+k] = -1
-			if k < n {
-				idx[t*K+k] = int32(perm[k])
-			}
-		}
-	}
-	xs := make([]float32, T*cfg.Hidden)
-	for i := range xs {
-		xs[i] = float32(rng.NormFloat64())
-	}
-	w = make([]float32, T*K)
-	for i := range w {
-		w[i] = rng.Float32()
-	}
-	return idx, device.EncodeFloat32(dt, xs), w, T
+	idx, x, w = executor.RandomInputs(rng, T, cfg.TopK, cfg.NumExperts, cfg.Hidden, dt)
+	return idx, x, w, T
 }
 
 // mpPipeline runs every call of the API on one case and returns a digest

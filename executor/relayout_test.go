@@ -32,15 +32,7 @@ func TestRelayoutInto(t *testing.T) {
 				for i, seed := range []uint64{1, 2, 3, 4} {
 					dt := device.BF16
 					idx, x, w := rankInputs(seed, r, T, K, E, H, dt)
-					ti, err := upload(ctx, e, device.Int32, device.EncodeInt32(idx), T, K)
-					if err != nil {
-						return err
-					}
-					xt, err := upload(ctx, e, dt, x, T, H)
-					if err != nil {
-						return err
-					}
-					wt, err := upload(ctx, e, device.FP32, device.EncodeFloat32(device.FP32, w), T, K)
+					ti, xt, wt, err := uploadInputs(ctx, e, idx, x, w, T, dt)
 					if err != nil {
 						return err
 					}
