@@ -13,10 +13,7 @@ import (
 )
 
 // Path is the host backend's data path (datapath.Path).
-type Path struct {
-	*Control
-	env *datapath.Env
-}
+type Path struct{ *Control }
 
 // New creates a rank's host data path on b (collective over g; shm is
 // GOEP_RDMA_SHARED_MEMORY).
@@ -25,7 +22,7 @@ func New(ctx context.Context, g comm.Group, b *device.Host, env *datapath.Env, s
 	if err != nil {
 		return nil, err
 	}
-	return &Path{Control: ctl, env: env}, nil
+	return &Path{Control: ctl}, nil
 }
 
 // Stream is the host stream every call's task runs on.
