@@ -7,79 +7,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/goep/goep/internal/mpi"
+	"github.com/goep/goep/internal/ranktest"
 )
 
-// The MPI tests re-execute this test binary under mpirun: the parent (no
-// OMPI_COMM_WORLD_SIZE in its environment) starts mpirun and checks the
-// result; the children, one per rank, do the checks. (internal/mpi's tests
-// do the same; the helper is small enough to repeat.)
+// The MPI tests re-execute this test binary under mpirun (see
+// internal/ranktest): the children, one per rank, do the checks.
 
 const mpiNP = 4
 
-func underMPIRun() bool {
-	_, ok := os.LookupEnv("OMPI_COMM_WORLD_SIZE")
-	return ok
-}
-
-// mpirun runs test name of this binary in mpiNP processes and returns
-// mpirun's combined output and error. Root and oversubscription are
-// allowed; unless set by the caller, the MCA settings of scripts/test.sh
-// keep Open MPI to shared memory and loopback (no network or InfiniBand
-// probing) without single-copy CMA transfers (containers often forbid the
-// ptrace they need).
-func mpirun(t *testing.T, name string, extraEnv ...string) ([]byte, error) {
-	t.Helper()
-	bin, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skipf("mpirun not found (apt-get install openmpi-bin): %v", err)
-	}
-	env := append(os.Environ(),
-		"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-		"OMPI_MCA_rmaps_base_oversubscribe=1")
-	for _, kv := range []string{
-		"OMPI_MCA_btl=self,vader",
-		"OMPI_MCA_btl_vader_single_copy_mechanism=none",
-		"OMPI_MCA_pml=ob1",
-	} {
-		if k, _, _ := strings.Cut(kv, "="); os.Getenv(k) == "" {
-			env = append(env, kv)
-		}
-	}
-	args := []string{"--allow-run-as-root", "--oversubscribe", "-np", strconv.Itoa(mpiNP)}
-	for _, kv := range extraEnv {
-		k, _, _ := strings.Cut(kv, "=")
-		args = append(args, "-x", k)
-	}
-	args = append(args, os.Args[0], "-test.run", "^"+name+"$", "-test.timeout", "50s", "-test.v")
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(env, extraEnv...)
-	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.CombinedOutput()
-	if ctx.Err() != nil {
-		t.Fatalf("mpirun %s: no result within the deadline (%v); output:\n%s", name, ctx.Err(), out)
-	}
-	return out, err
-}
-
 func TestMPIGroup(t *testing.T) {
-	if !underMPIRun() {
-		out, err := mpirun(t, "TestMPIGroup")
-		if err != nil {
-			t.Fatalf("mpirun: %v; output:\n%s", err, out)
-		}
-		t.Logf("mpirun output:\n%s", out)
+	if !ranktest.UnderMPI(t, mpiNP) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
@@ -213,71 +155,22 @@ func TestMPIGroup(t *testing.T) {
 // given up on it; they must get a *TimeoutError (wrapping ErrTimeout) at
 // their deadline, and then fail fast. MPI_Finalize could hang on the
 // abandoned barrier, so Close skips it (and says so) and the children end
-// with os.Exit(0) after writing their verdicts to files; mpirun calls that
-// an abnormal end, so the parent judges by the files.
+// with ranktest.ExitWithVerdict.
 func TestMPITimeout(t *testing.T) {
-	if !underMPIRun() {
-		dir := t.TempDir()
-		out, err := mpirun(t, "TestMPITimeout", "GOEPTEST_MPI_DIR="+dir)
-		t.Logf("mpirun: %v; output:\n%s", err, out)
-		for r := range mpiNP {
-			b, err := os.ReadFile(filepath.Join(dir, fmt.Sprint(r)))
-			if err != nil {
-				t.Errorf("rank %d wrote no verdict: %v", r, err)
-			} else if string(b) != "ok" {
-				t.Errorf("rank %d: %s", r, b)
-			}
-		}
+	dir, under := ranktest.UnderMPIWithVerdicts(t, mpiNP)
+	if !under {
 		return
-	}
-	dir := os.Getenv("GOEPTEST_MPI_DIR") // set by the parent; not a goep setting
-	if dir == "" {
-		t.Fatal("GOEPTEST_MPI_DIR not set")
 	}
 	g, err := NewMPI(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	// verdicts waits (at most 40 s, within mpirun's minute) until the
-	// given ranks have written their verdicts, and says whether they have.
-	verdicts := func(ranks ...int) bool {
-		for end := time.Now().Add(40 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-			written := 0
-			for _, r := range ranks {
-				if _, err := os.Stat(filepath.Join(dir, fmt.Sprint(r))); err == nil {
-					written++
-				}
-			}
-			if written == len(ranks) {
-				return true
-			}
-		}
-		return false
-	}
-	verdict := "ok"
-	if err := mpiTimeoutRank(g, verdicts); err != nil {
-		verdict = err.Error()
-	}
-	path := filepath.Join(dir, fmt.Sprint(g.Rank()))
-	if err := os.WriteFile(path+".tmp", []byte(verdict), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
-		t.Fatal(err)
-	}
-	// The first process to exit makes mpirun end the others: wait for
-	// every verdict.
-	all := make([]int, g.Size())
-	for r := range all {
-		all[r] = r
-	}
-	verdicts(all...)
-	os.Exit(0)
+	ranktest.ExitWithVerdict(t, dir, g.Rank(), g.Size(), mpiTimeoutRank(g, dir))
 }
 
-// mpiTimeoutRank is one rank of TestMPITimeout. verdicts waits until the
-// given ranks have written their verdicts and says whether they have.
-func mpiTimeoutRank(g Group, verdicts func(ranks ...int) bool) error {
+// mpiTimeoutRank is one rank of TestMPITimeout; dir holds the ranks'
+// verdicts.
+func mpiTimeoutRank(g Group, dir string) error {
 	const deadline = 500 * time.Millisecond
 	// A promptness bound a loaded machine meets, far below the minute a
 	// hang runs into (mpirun's bound).
@@ -293,7 +186,7 @@ func mpiTimeoutRank(g Group, verdicts func(ranks ...int) bool) error {
 		for r := range others {
 			others[r] = r
 		}
-		if !verdicts(others...) {
+		if !ranktest.WaitVerdicts(dir, others...) {
 			return errors.New("late rank: the others wrote no verdicts")
 		}
 		if err := g.Barrier(ctx); err != nil && !errors.Is(err, ErrTimeout) {

@@ -7,84 +7,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/goep/goep/internal/ranktest"
 )
 
-// Multi-process tests re-execute this test binary under mpirun: the parent
-// (no OMPI_COMM_WORLD_SIZE in its environment) starts mpirun and checks
-// its exit status; the children, one per rank, do the checks.
+// Multi-process tests re-execute this test binary under mpirun (see
+// internal/ranktest): the children, one per rank, do the checks.
 
 const np = 4
 
-// underMPIRun reports whether this process was started by mpirun.
-func underMPIRun() bool {
-	_, ok := os.LookupEnv("OMPI_COMM_WORLD_SIZE")
-	return ok
-}
-
-// mpirunEnv is the environment of mpirun and its children: root is allowed
-// (CI containers run as root), oversubscription too (np exceeds the cores),
-// and, unless the caller set them, the container-friendly MCA settings of
-// scripts/test.sh: shared memory and loopback only (no network probing, no
-// InfiniBand warnings), and no single-copy (CMA) transfers, which need
-// ptrace rights a container usually lacks.
-func mpirunEnv(extra ...string) []string {
-	env := append(os.Environ(),
-		"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-		"OMPI_MCA_rmaps_base_oversubscribe=1")
-	for _, kv := range []string{
-		"OMPI_MCA_btl=self,vader",
-		"OMPI_MCA_btl_vader_single_copy_mechanism=none",
-		"OMPI_MCA_pml=ob1",
-	} {
-		k, _, _ := strings.Cut(kv, "=")
-		if _, ok := os.LookupEnv(k); !ok {
-			env = append(env, kv)
-		}
-	}
-	return append(env, extra...)
-}
-
-// mpirun runs test name of this binary in np processes under mpirun and
-// returns its combined output and error (nil on exit status 0).
-func mpirun(t *testing.T, name string, extraEnv ...string) ([]byte, error) {
-	t.Helper()
-	bin, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skipf("mpirun not found (apt-get install openmpi-bin): %v", err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	args := []string{"--allow-run-as-root", "--oversubscribe", "-np", strconv.Itoa(np)}
-	for _, kv := range extraEnv {
-		k, _, _ := strings.Cut(kv, "=")
-		args = append(args, "-x", k)
-	}
-	args = append(args, os.Args[0], "-test.run", "^"+name+"$", "-test.timeout", "50s", "-test.v")
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = mpirunEnv(extraEnv...)
-	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.CombinedOutput()
-	if ctx.Err() != nil {
-		t.Fatalf("mpirun %s: no result within the deadline (%v); output:\n%s", name, ctx.Err(), out)
-	}
-	return out, err
-}
-
 func TestCollectives(t *testing.T) {
-	if !underMPIRun() {
-		out, err := mpirun(t, "TestCollectives")
-		if err != nil {
-			t.Fatalf("mpirun: %v; output:\n%s", err, out)
-		}
-		t.Logf("mpirun output:\n%s", out)
+	if !ranktest.UnderMPI(t, np) {
 		return
 	}
 	if err := Init(); err != nil {
@@ -291,59 +227,18 @@ func TestCollectives(t *testing.T) {
 // barrier. The others must get an error wrapping context.DeadlineExceeded
 // and ErrAbandoned within the deadline, later calls must fail at once, and
 // Finalize must refuse to run (MPI_Finalize could hang on the abandoned
-// barrier). The children therefore cannot finalize: each writes its verdict
-// to a file, waits until every rank has written one, and leaves with
-// os.Exit(0) without MPI_Finalize. mpirun reports that as an abnormal end,
-// so the parent judges by the files, not by mpirun's exit status.
+// barrier). The children therefore cannot finalize: they end with
+// ranktest.ExitWithVerdict.
 func TestTimeout(t *testing.T) {
-	if !underMPIRun() {
-		dir := t.TempDir()
-		out, err := mpirun(t, "TestTimeout", "GOEPTEST_MPI_DIR="+dir)
-		t.Logf("mpirun: %v; output:\n%s", err, out)
-		for r := range np {
-			b, err := os.ReadFile(filepath.Join(dir, fmt.Sprint(r)))
-			if err != nil {
-				t.Errorf("rank %d wrote no verdict: %v", r, err)
-			} else if string(b) != "ok" {
-				t.Errorf("rank %d: %s", r, b)
-			}
-		}
+	dir, under := ranktest.UnderMPIWithVerdicts(t, np)
+	if !under {
 		return
-	}
-	dir := os.Getenv("GOEPTEST_MPI_DIR") // set by the parent; not a goep setting
-	if dir == "" {
-		t.Fatal("GOEPTEST_MPI_DIR not set")
 	}
 	if err := Init(); err != nil {
 		t.Fatal(err)
 	}
 	w := World()
-	verdict := verdictOf(func() error { return timeoutRank(w) })
-	path := filepath.Join(dir, fmt.Sprint(w.Rank()))
-	if err := os.WriteFile(path+".tmp", []byte(verdict), 0o644); err == nil {
-		err = os.Rename(path+".tmp", path)
-	}
-	// Wait for the others' verdicts: the first process to exit makes
-	// mpirun kill the rest.
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		written := 0
-		for r := range w.Size() {
-			if _, err := os.Stat(filepath.Join(dir, fmt.Sprint(r))); err == nil {
-				written++
-			}
-		}
-		if written == w.Size() {
-			break
-		}
-	}
-	os.Exit(0)
-}
-
-func verdictOf(f func() error) string {
-	if err := f(); err != nil {
-		return err.Error()
-	}
-	return "ok"
+	ranktest.ExitWithVerdict(t, dir, w.Rank(), w.Size(), timeoutRank(w))
 }
 
 func timeoutRank(w *Comm) error {
