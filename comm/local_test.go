@@ -1,13 +1,14 @@
 package comm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"testing"
-	"time"
 
+	"github.com/goep/goep/internal/ranktest"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -22,67 +23,89 @@ func each(t *testing.T, gs []Group, fn func(g Group) error) {
 	}
 }
 
-func TestAllGatherBroadcastBarrier(t *testing.T) {
-	gs := NewLocal(5)
-	each(t, gs, func(g Group) error {
-		ctx := t.Context()
-		for round := range 20 {
-			data := make([]byte, g.Rank()+round%3) // lengths differ
-			for i := range data {
-				data[i] = byte(g.Rank())
-			}
-			all, err := g.AllGather(ctx, data)
-			if err != nil {
-				return err
-			}
-			for r, d := range all {
-				if len(d) != r+round%3 || (len(d) > 0 && d[0] != byte(r)) {
-					return fmt.Errorf("rank %d round %d: got %v from rank %d", g.Rank(), round, d, r)
-				}
-			}
-			b, err := g.Broadcast(ctx, round%5, []byte{byte(g.Rank())})
-			if err != nil {
-				return err
-			}
-			if len(b) != 1 || int(b[0]) != round%5 {
-				return fmt.Errorf("broadcast from %d gave %v", round%5, b)
-			}
-			if err := g.Barrier(ctx); err != nil {
-				return err
+// groupCollectives hands g's collectives to ranktest.CheckCollectives.
+func groupCollectives(g Group) ranktest.Collectives {
+	return ranktest.Collectives{
+		Rank: g.Rank(), Size: g.Size(),
+		AllGather: g.AllGather, AllToAll: g.AllToAll, Broadcast: g.Broadcast, Barrier: g.Barrier,
+	}
+}
+
+// checkAllToAll sends rank-and-destination-tagged buffers of differing
+// lengths (some empty) and checks what arrives.
+func checkAllToAll(ctx context.Context, g Group, tag int) error {
+	send := make([][]byte, g.Size())
+	for p := range send {
+		send[p] = make([]byte, g.Rank()+p)
+		for i := range send[p] {
+			send[p][i] = byte(tag*g.Rank() + p)
+		}
+	}
+	got, err := g.AllToAll(ctx, send)
+	if err != nil {
+		return err
+	}
+	if len(got) != g.Size() {
+		return fmt.Errorf("rank %d: alltoall gave %d buffers", g.Rank(), len(got))
+	}
+	for r, b := range got {
+		if len(b) != r+g.Rank() {
+			return fmt.Errorf("rank %d: %d bytes from rank %d, want %d", g.Rank(), len(b), r, r+g.Rank())
+		}
+		for _, v := range b {
+			if v != byte(tag*r+g.Rank()) {
+				return fmt.Errorf("rank %d: byte %d from rank %d", g.Rank(), v, r)
 			}
 		}
-		return nil
+	}
+	return nil
+}
+
+// paritySplit splits g, a world of 6 ranks, by rank parity with keys that
+// reverse the order.
+func paritySplit(ctx context.Context, g Group) (Group, error) {
+	return g.Split(ctx, g.Rank()%2, -g.Rank())
+}
+
+// checkParityOrder checks sub, g's group of paritySplit, with an
+// AllGather: its size and its members' order. It returns the members'
+// world ranks by new rank.
+func checkParityOrder(ctx context.Context, g, sub Group) ([]int, error) {
+	if sub.Size() != 3 {
+		return nil, fmt.Errorf("sub size %d", sub.Size())
+	}
+	all, err := sub.AllGather(ctx, []byte{byte(g.Rank())})
+	if err != nil {
+		return nil, err
+	}
+	var got []int
+	for _, d := range all {
+		got = append(got, int(d[0]))
+	}
+	want := []int{4, 2, 0}
+	if g.Rank()%2 == 1 {
+		want = []int{5, 3, 1}
+	}
+	if !slices.Equal(got, want) || got[sub.Rank()] != g.Rank() {
+		return nil, fmt.Errorf("rank %d: sub ranks %v (me %d), want %v", g.Rank(), got, sub.Rank(), want)
+	}
+	return want, nil
+}
+
+func TestAllGatherBroadcastBarrier(t *testing.T) {
+	each(t, NewLocal(5), func(g Group) error {
+		return ranktest.CheckCollectives(t.Context(), groupCollectives(g), 20)
 	})
 }
 
 func TestSplit(t *testing.T) {
-	gs := NewLocal(6)
-	each(t, gs, func(g Group) error {
-		ctx := t.Context()
-		// Colors by parity, keys reverse the order.
-		sub, err := g.Split(ctx, g.Rank()%2, -g.Rank())
+	each(t, NewLocal(6), func(g Group) error {
+		sub, err := paritySplit(t.Context(), g)
 		if err != nil {
 			return err
 		}
-		if sub.Size() != 3 {
-			return fmt.Errorf("sub size %d", sub.Size())
-		}
-		all, err := sub.AllGather(ctx, []byte{byte(g.Rank())})
-		if err != nil {
-			return err
-		}
-		var got []int
-		for _, d := range all {
-			got = append(got, int(d[0]))
-		}
-		want := []int{4, 2, 0}
-		if g.Rank()%2 == 1 {
-			want = []int{5, 3, 1}
-		}
-		if !slices.Equal(got, want) || got[sub.Rank()] != g.Rank() {
-			return fmt.Errorf("rank %d: sub ranks %v (me %d), want %v", g.Rank(), got, sub.Rank(), want)
-		}
-		return nil
+		_, err = checkParityOrder(t.Context(), g, sub)
+		return err
 	})
 }
 
@@ -150,40 +173,9 @@ func TestCloseReleasesWaiters(t *testing.T) {
 	go func() { done <- gs[0].Barrier(t.Context()) }()
 	waitFor(t, "rank 0 to enter the barrier", localArrived(gs[0], 0, 0))
 	gs[1].Close()
-	select {
-	case err := <-done:
-		if !errors.Is(err, ErrClosed) {
-			t.Fatalf("barrier: %v, want ErrClosed", err)
-		}
-	case <-time.After(hang):
-		t.Fatal("a closed peer left the barrier hanging")
-	}
+	wantClosed(t, "barrier", done)
 }
 
 func TestAllToAll(t *testing.T) {
-	gs := NewLocal(4)
-	each(t, gs, func(g Group) error {
-		send := make([][]byte, g.Size())
-		for p := range send {
-			send[p] = make([]byte, g.Rank()+p) // lengths differ, some empty
-			for i := range send[p] {
-				send[p][i] = byte(10*g.Rank() + p)
-			}
-		}
-		got, err := g.AllToAll(t.Context(), send)
-		if err != nil {
-			return err
-		}
-		for r, b := range got {
-			if len(b) != r+g.Rank() {
-				return fmt.Errorf("rank %d: %d bytes from rank %d, want %d", g.Rank(), len(b), r, r+g.Rank())
-			}
-			for _, v := range b {
-				if v != byte(10*r+g.Rank()) {
-					return fmt.Errorf("rank %d: byte %d from rank %d", g.Rank(), v, r)
-				}
-			}
-		}
-		return nil
-	})
+	each(t, NewLocal(4), func(g Group) error { return checkAllToAll(t.Context(), g, 10) })
 }

@@ -3,7 +3,6 @@
 package comm
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -34,49 +33,8 @@ func TestMPIGroup(t *testing.T) {
 	if n != mpiNP {
 		t.Fatalf("size %d, want %d", n, mpiNP)
 	}
-	// payload is rank r's data for peer p in round i; lengths differ and
-	// include 0.
-	payload := func(i, r, p int) []byte {
-		b := make([]byte, (r*3+p+i)%5)
-		for j := range b {
-			b[j] = byte(100*i + 10*r + p + j)
-		}
-		return b
-	}
-	for i := range 3 {
-		all, err := g.AllGather(ctx, payload(i, me, 0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for r := range n {
-			if want := payload(i, r, 0); !bytes.Equal(all[r], want) {
-				t.Errorf("allgather round %d: from rank %d got %v, want %v", i, r, all[r], want)
-			}
-		}
-		send := make([][]byte, n)
-		for p := range send {
-			send[p] = payload(i, me, p)
-		}
-		recv, err := g.AllToAll(ctx, send)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for r := range n {
-			if want := payload(i, r, me); !bytes.Equal(recv[r], want) {
-				t.Errorf("alltoall round %d: from rank %d got %v, want %v", i, r, recv[r], want)
-			}
-		}
-		root := (i + 1) % n
-		got, err := g.Broadcast(ctx, root, payload(i, me, 9))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := payload(i, root, 9); !bytes.Equal(got, want) {
-			t.Errorf("broadcast from %d: got %v, want %v", root, got, want)
-		}
-		if err := g.Barrier(ctx); err != nil {
-			t.Fatal(err)
-		}
+	if err := ranktest.CheckCollectives(ctx, groupCollectives(g), 3); err != nil {
+		t.Fatal(err)
 	}
 
 	// Bad input is an error on every rank, and the group stays usable.

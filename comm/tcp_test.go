@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goep/goep/internal/ranktest"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -83,31 +84,8 @@ func TestTCPCollectives(t *testing.T) {
 	gs := tcpWorld(t, 5)
 	each(t, gs, func(g Group) error {
 		ctx := t.Context()
-		for round := range 20 {
-			data := make([]byte, g.Rank()+round%3) // lengths differ; rank 0 sends nothing every third round
-			for i := range data {
-				data[i] = byte(g.Rank())
-			}
-			all, err := g.AllGather(ctx, data)
-			if err != nil {
-				return err
-			}
-			for r, d := range all {
-				if len(d) != r+round%3 || (len(d) > 0 && d[0] != byte(r)) {
-					return fmt.Errorf("rank %d round %d: got %v from rank %d", g.Rank(), round, d, r)
-				}
-			}
-			root := round % 5
-			b, err := g.Broadcast(ctx, root, bytes.Repeat([]byte{byte(g.Rank())}, 3))
-			if err != nil {
-				return err
-			}
-			if !bytes.Equal(b, bytes.Repeat([]byte{byte(root)}, 3)) {
-				return fmt.Errorf("broadcast from %d gave %v", root, b)
-			}
-			if err := g.Barrier(ctx); err != nil {
-				return err
-			}
+		if err := ranktest.CheckCollectives(ctx, groupCollectives(g), 20); err != nil {
+			return err
 		}
 		b, err := g.Broadcast(ctx, 2, nil) // an empty broadcast
 		if err != nil || len(b) != 0 {
@@ -117,64 +95,19 @@ func TestTCPCollectives(t *testing.T) {
 	})
 }
 
-// checkAllToAll sends rank-and-destination-tagged buffers of differing
-// lengths (some empty) and checks what arrives.
-func checkAllToAll(ctx context.Context, g Group, tag int) error {
-	send := make([][]byte, g.Size())
-	for p := range send {
-		send[p] = make([]byte, g.Rank()+p)
-		for i := range send[p] {
-			send[p][i] = byte(tag*g.Rank() + p)
-		}
-	}
-	got, err := g.AllToAll(ctx, send)
-	if err != nil {
-		return err
-	}
-	if len(got) != g.Size() {
-		return fmt.Errorf("rank %d: alltoall gave %d buffers", g.Rank(), len(got))
-	}
-	for r, b := range got {
-		if len(b) != r+g.Rank() {
-			return fmt.Errorf("rank %d: %d bytes from rank %d, want %d", g.Rank(), len(b), r, r+g.Rank())
-		}
-		for _, v := range b {
-			if v != byte(tag*r+g.Rank()) {
-				return fmt.Errorf("rank %d: byte %d from rank %d", g.Rank(), v, r)
-			}
-		}
-	}
-	return nil
-}
-
 func TestTCPSplit(t *testing.T) {
 	gs := tcpWorld(t, 6)
 	each(t, gs, func(g Group) error {
 		ctx := t.Context()
-		// Colors by parity, keys reverse the order.
-		sub, err := g.Split(ctx, g.Rank()%2, -g.Rank())
+		sub, err := paritySplit(ctx, g)
 		if err != nil {
 			return err
 		}
 		defer sub.Close()
-		if sub.Size() != 3 {
-			return fmt.Errorf("sub size %d", sub.Size())
-		}
 		for range 3 {
-			all, err := sub.AllGather(ctx, []byte{byte(g.Rank())})
+			want, err := checkParityOrder(ctx, g, sub)
 			if err != nil {
 				return err
-			}
-			var got []int
-			for _, d := range all {
-				got = append(got, int(d[0]))
-			}
-			want := []int{4, 2, 0}
-			if g.Rank()%2 == 1 {
-				want = []int{5, 3, 1}
-			}
-			if !slices.Equal(got, want) || got[sub.Rank()] != g.Rank() {
-				return fmt.Errorf("rank %d: sub ranks %v (me %d), want %v", g.Rank(), got, sub.Rank(), want)
 			}
 			b, err := sub.Broadcast(ctx, 0, []byte{byte(g.Rank())})
 			if err != nil {
@@ -297,6 +230,36 @@ func wantLost(t *testing.T, who string, err error, ranks []int) {
 	}
 }
 
+// killMidCall runs call on every rank of gs but victim, kills victim once
+// ready (what) holds, and checks that every call fails within slack of the
+// kill with victim lost.
+func killMidCall(t *testing.T, gs []Group, victim int, what string, ready func() bool, call func(ctx context.Context, g Group) error) {
+	t.Helper()
+	errs := make([]error, len(gs))
+	var wg sync.WaitGroup
+	for r, g := range gs {
+		if r != victim {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(t.Context(), hang)
+				defer cancel()
+				errs[r] = call(ctx, g)
+			})
+		}
+	}
+	waitFor(t, what, ready)
+	start := time.Now()
+	gs[victim].(*tcpGroup).kill()
+	wg.Wait()
+	if d := time.Since(start); d > slack {
+		t.Errorf("lost rank %d found %v after it was killed", victim, d)
+	}
+	for r, err := range errs {
+		if r != victim {
+			wantLost(t, fmt.Sprintf("rank %d", r), err, []int{victim})
+		}
+	}
+}
+
 func TestTCPNeverJoins(t *testing.T) {
 	ln, port := tcpListen(t)
 	cfgs := map[int]TCPConfig{}
@@ -392,25 +355,8 @@ func TestTCPCollectiveTimeout(t *testing.T) {
 
 func TestTCPPeerKilled(t *testing.T) {
 	gs := tcpWorld(t, 4)
-	errs := make([]error, 3)
-	var wg sync.WaitGroup
-	for r := range 3 {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(t.Context(), hang)
-			defer cancel()
-			errs[r] = gs[r].Barrier(ctx)
-		})
-	}
-	waitFor(t, "ranks 0 to 2 to enter the barrier", arrived(serverOf(gs[0]), 0, 0, 1, 2))
-	start := time.Now()
-	gs[3].(*tcpGroup).kill()
-	wg.Wait()
-	if d := time.Since(start); d > slack {
-		t.Errorf("lost peer found %v after it was killed", d)
-	}
-	for r := range 3 {
-		wantLost(t, fmt.Sprintf("rank %d", r), errs[r], []int{3})
-	}
+	killMidCall(t, gs, 3, "ranks 0 to 2 to enter the barrier", arrived(serverOf(gs[0]), 0, 0, 1, 2),
+		func(ctx context.Context, g Group) error { return g.Barrier(ctx) })
 	// Later rounds fail at once too, and so do rounds of sub-groups that
 	// include the lost rank; rounds without it still work.
 	each(t, gs[:3], func(g Group) error {
@@ -481,24 +427,9 @@ func TestTCPLostBeforeContrib(t *testing.T) {
 
 func TestTCPRankZeroKilled(t *testing.T) {
 	gs := tcpWorld(t, 3)
-	errs := make([]error, 3)
-	var wg sync.WaitGroup
+	killMidCall(t, gs, 0, "ranks 1 and 2 to enter the barrier", arrived(serverOf(gs[0]), 0, 1, 2),
+		func(ctx context.Context, g Group) error { return g.Barrier(ctx) })
 	for r := 1; r < 3; r++ {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(t.Context(), hang)
-			defer cancel()
-			errs[r] = gs[r].Barrier(ctx)
-		})
-	}
-	waitFor(t, "ranks 1 and 2 to enter the barrier", arrived(serverOf(gs[0]), 0, 1, 2))
-	start := time.Now()
-	gs[0].(*tcpGroup).kill()
-	wg.Wait()
-	if d := time.Since(start); d > slack {
-		t.Errorf("lost rank 0 found %v after it was killed", d)
-	}
-	for r := 1; r < 3; r++ {
-		wantLost(t, fmt.Sprintf("rank %d", r), errs[r], []int{0})
 		_, err := gs[r].AllGather(t.Context(), nil)
 		wantLost(t, fmt.Sprintf("rank %d, next round", r), err, []int{0})
 	}
@@ -519,14 +450,7 @@ func TestTCPCloseReleasesWaiters(t *testing.T) {
 			waitFor(t, fmt.Sprintf("ranks %v to enter the barrier", waiting), arrived(serverOf(gs[0]), 0, waiting...))
 			gs[closer].Close()
 			for range 2 {
-				select {
-				case err := <-done:
-					if !errors.Is(err, ErrClosed) {
-						t.Errorf("barrier: %v, want ErrClosed", err)
-					}
-				case <-time.After(hang):
-					t.Fatal("a closed peer left the barrier hanging")
-				}
+				wantClosed(t, "barrier", done)
 			}
 			if err := gs[closer].Barrier(t.Context()); !errors.Is(err, ErrClosed) {
 				t.Errorf("barrier on the closed rank: %v, want ErrClosed", err)
@@ -546,14 +470,7 @@ func TestTCPSubgroupClose(t *testing.T) {
 	go func() { done <- subs[0].Barrier(t.Context()) }()
 	waitFor(t, "rank 0 to enter the sub-group's barrier", arrived(serverOf(gs[0]), subs[0].(*tcpGroup).gid, 0))
 	subs[2].Close()
-	select {
-	case err := <-done:
-		if !errors.Is(err, ErrClosed) {
-			t.Errorf("sub barrier: %v, want ErrClosed", err)
-		}
-	case <-time.After(hang):
-		t.Fatal("a closed sub-group left the barrier hanging")
-	}
+	wantClosed(t, "sub-group's barrier", done)
 	// The world group is unaffected.
 	each(t, gs, func(g Group) error { return g.Barrier(t.Context()) })
 }

@@ -40,57 +40,12 @@ func TestCollectives(t *testing.T) {
 	}
 	t.Logf("rank %d of %d, MPI_THREAD_MULTIPLE: %v", me, n, ThreadMultiple())
 
-	// payload is rank r's data for peer p in round i: it names all three.
-	payload := func(i, r, p int) []byte {
-		l := (r*3 + p + i) % 5 // 0 included
-		b := make([]byte, l)
-		for j := range b {
-			b[j] = byte(100*i + 10*r + p + j)
-		}
-		return b
+	calls := ranktest.Collectives{
+		Rank: me, Size: n,
+		AllGather: w.Allgather, AllToAll: w.Alltoallv, Broadcast: w.Bcast, Barrier: w.Barrier,
 	}
-
-	for i := range 3 {
-		all, err := w.Allgather(ctx, payload(i, me, 0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for r := range n {
-			if want := payload(i, r, 0); !bytes.Equal(all[r], want) {
-				t.Errorf("allgather round %d: from rank %d got %v, want %v", i, r, all[r], want)
-			}
-		}
-
-		send := make([][]byte, n)
-		for p := range send {
-			send[p] = payload(i, me, p)
-		}
-		recv, err := w.Alltoallv(ctx, send)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for r := range n {
-			if want := payload(i, r, me); !bytes.Equal(recv[r], want) {
-				t.Errorf("alltoallv round %d: from rank %d got %v, want %v", i, r, recv[r], want)
-			}
-		}
-
-		root := i % n
-		var data []byte
-		if me == root {
-			data = payload(i, root, 7)
-		}
-		got, err := w.Bcast(ctx, root, data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := payload(i, root, 7); !bytes.Equal(got, want) {
-			t.Errorf("bcast from %d: got %v, want %v", root, got, want)
-		}
-
-		if err := w.Barrier(ctx); err != nil {
-			t.Fatal(err)
-		}
+	if err := ranktest.CheckCollectives(ctx, calls, 3); err != nil {
+		t.Fatal(err)
 	}
 
 	// Large buffers: past the eager limit of shared memory, where Open
