@@ -2,6 +2,7 @@ package comm
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -85,6 +86,20 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("waited %v for %s", hang, what)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// wantClosed waits for the error of a call (what) that a closing peer
+// must release, and checks it is ErrClosed.
+func wantClosed(t *testing.T, what string, done <-chan error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("%s: %v, want ErrClosed", what, err)
+		}
+	case <-time.After(hang):
+		t.Fatalf("a closed peer left the %s hanging", what)
 	}
 }
 

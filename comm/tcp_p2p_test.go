@@ -293,28 +293,12 @@ func TestTCPDirectPeerKilled(t *testing.T) {
 		pairs[g.Rank()], err = g.Split(t.Context(), g.Rank()/2, 0) // {0,1} and {2,3}
 		return err
 	})
-	errs := make([]error, 3)
-	var wg sync.WaitGroup
-	for r := range 3 {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(t.Context(), hang)
-			defer cancel()
-			errs[r] = a2aRound(ctx, gs[r], 0, func(src, dst int) int { return 1 << 20 })
-		})
-	}
 	// Rank 3 dies once the others wait for its parts only.
-	waitFor(t, "ranks 0 to 2 to hold each other's parts", func() bool {
-		return hasParts(gs[0], 1, 2)() && hasParts(gs[1], 0, 2)() && hasParts(gs[2], 0, 1)()
-	})
-	start := time.Now()
-	gs[3].(*tcpGroup).kill()
-	wg.Wait()
-	if d := time.Since(start); d > slack {
-		t.Errorf("lost peer found %v after it was killed", d)
-	}
-	for r := range 3 {
-		wantLost(t, fmt.Sprintf("rank %d", r), errs[r], []int{3})
-	}
+	killMidCall(t, gs, 3, "ranks 0 to 2 to hold each other's parts",
+		func() bool { return hasParts(gs[0], 1, 2)() && hasParts(gs[1], 0, 2)() && hasParts(gs[2], 0, 1)() },
+		func(ctx context.Context, g Group) error {
+			return a2aRound(ctx, g, 0, func(src, dst int) int { return 1 << 20 })
+		})
 	// Later calls fail at once, in the world and in {2,3} (where rank 3
 	// is rank 1); {0,1} still works.
 	each(t, gs[:3], func(g Group) error {
@@ -356,14 +340,7 @@ func TestTCPDirectCloseReleasesWaiters(t *testing.T) {
 			})
 			tc.groups[2].Close()
 			for range 2 {
-				select {
-				case err := <-done:
-					if !errors.Is(err, ErrClosed) {
-						t.Errorf("alltoall: %v, want ErrClosed", err)
-					}
-				case <-time.After(hang):
-					t.Fatal("a closed peer left the alltoall hanging")
-				}
+				wantClosed(t, "alltoall", done)
 			}
 			if _, err := tc.groups[2].AllToAll(t.Context(), make([][]byte, 3)); !errors.Is(err, ErrClosed) {
 				t.Errorf("alltoall on the closed rank: %v, want ErrClosed", err)
