@@ -88,7 +88,6 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 		return fmt.Errorf("capacity overflow: %d rows received, %d permuted; raise max_recv_tokens / max_permuted_tokens", cnt.RecvCount, cnt.PermutedCount)
 	}
 	st.recvRows = cnt.RecvCount
-	ctl := st.ctl
 
 	// dispatched replaces s.disp with a checked dispatch of s.in, timing
 	// it if asked.
@@ -97,20 +96,15 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 			s.disp.Close()
 			s.disp = nil
 		}
-		o, err := loop(ctx, st, CallDispatch, ctl, e.Synchronize, timed, func() (executor.DispatchOutput, error) {
+		o, err := checked(ctx, st, e, CallDispatch, timed, func() (executor.DispatchOutput, error) {
 			return e.Dispatch(ctx, hd, s.in)
+		}, func(o executor.DispatchOutput) (Check, error) {
+			return st.checkDispatch(ctx, s.w, r, cnt, o.RecvX, o.RecvScales, o.RecvIdx, o.RecvWeights)
 		})
-		if err != nil {
-			return fmt.Errorf("dispatch: %w", err)
-		}
-		s.disp = &o
-		c, err := st.checkDispatch(ctx, s.w, r, cnt, o.RecvX, o.RecvScales, o.RecvIdx, o.RecvWeights)
 		if err != nil {
 			return err
 		}
-		if timed {
-			st.checks[CallDispatch].add(c)
-		}
+		s.disp = &o
 		return nil
 	}
 	// permuted replaces s.dperm with a checked dispatch-permute of s.in.
@@ -119,34 +113,40 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 			s.dperm.Close()
 			s.dperm = nil
 		}
-		o, err := loop(ctx, st, CallDispatchPermute, ctl, e.Synchronize, timed, func() (executor.DispatchPermuteOutput, error) {
+		o, err := checked(ctx, st, e, CallDispatchPermute, timed, func() (executor.DispatchPermuteOutput, error) {
 			return e.DispatchPermute(ctx, hd, s.in)
+		}, func(o executor.DispatchPermuteOutput) (Check, error) {
+			c, err := st.checkDispatch(ctx, s.w, r, cnt, nil, nil, o.RecvIdx, o.RecvWeights)
+			if err != nil {
+				return c, err
+			}
+			pc, err := st.checkPermute(ctx, s.w, r, cnt, o.X, o.Scales, o.Weights)
+			c.Wrong += pc.Wrong
+			return c, err
 		})
 		if err != nil {
-			return fmt.Errorf("dispatch-permute: %w", err)
+			return err
 		}
 		s.dperm = &o
-		c, err := st.checkDispatch(ctx, s.w, r, cnt, nil, nil, o.RecvIdx, o.RecvWeights)
-		if err != nil {
-			return err
-		}
-		pc, err := st.checkPermute(ctx, s.w, r, cnt, o.X, o.Scales, o.Weights)
-		if err != nil {
-			return err
-		}
-		c.Wrong += pc.Wrong
-		if timed {
-			st.checks[CallDispatchPermute].add(c)
-		}
 		return nil
+	}
+	// combined runs a timed call of the combine side whose output is the
+	// combined tokens, and checks them.
+	combined := func(call string, unpermuted bool, op func() (*device.Tensor, error)) error {
+		out, err := checked(ctx, st, e, call, true, op, func(out *device.Tensor) (Check, error) {
+			return st.checkCombine(ctx, r, out, unpermuted)
+		})
+		if err != nil {
+			return err
+		}
+		return out.Close()
 	}
 
 	for _, call := range st.cfg.Calls {
+		var err error
 		switch call {
 		case CallDispatch:
-			if err := dispatched(ds, true); err != nil {
-				return err
-			}
+			err = dispatched(ds, true)
 		case CallCombine:
 			if cs.disp == nil {
 				if err := dispatched(cs, false); err != nil {
@@ -154,22 +154,11 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 				}
 			}
 			z := cs.disp.RecvX
-			out, err := loop(ctx, st, CallCombine, ctl, e.Synchronize, true, func() (*device.Tensor, error) {
+			err = combined(call, false, func() (*device.Tensor, error) {
 				return e.Combine(ctx, hd, executor.CombineInput{Z: z})
 			})
-			if err != nil {
-				return fmt.Errorf("combine: %w", err)
-			}
-			c, err := st.checkCombine(ctx, r, out, false)
-			out.Close()
-			if err != nil {
-				return err
-			}
-			st.checks[CallCombine].add(c)
 		case CallDispatchPermute:
-			if err := permuted(ds, true); err != nil {
-				return err
-			}
+			err = permuted(ds, true)
 		case CallUnpermuteCombine:
 			if cs.dperm == nil {
 				if err := permuted(cs, false); err != nil {
@@ -177,20 +166,12 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 				}
 			}
 			y, rw := cs.dperm.X, cs.dperm.RecvWeights
-			out, err := loop(ctx, st, CallUnpermuteCombine, ctl, e.Synchronize, true, func() (*device.Tensor, error) {
+			err = combined(call, true, func() (*device.Tensor, error) {
 				return e.UnpermuteCombine(ctx, hd, executor.UnpermuteInput{Y: y, RecvWeights: rw})
 			})
-			if err != nil {
-				return fmt.Errorf("unpermute-combine: %w", err)
-			}
-			c, err := st.checkCombine(ctx, r, out, true)
-			out.Close()
-			if err != nil {
-				return err
-			}
-			st.checks[CallUnpermuteCombine].add(c)
 		case CallDispatchCombine:
-			o, err := loop(ctx, st, CallDispatchCombine, ctl, e.Synchronize, true, func() (roundTrip, error) {
+			var o roundTrip
+			o, err = checked(ctx, st, e, call, true, func() (roundTrip, error) {
 				d, err := e.Dispatch(ctx, hd, cs.in)
 				if err != nil {
 					return roundTrip{}, err
@@ -201,22 +182,22 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 					return roundTrip{}, err
 				}
 				return roundTrip{d, out}, nil
-			})
-			if err != nil {
-				return fmt.Errorf("dispatch-combine: %w", err)
-			}
-			c, err := st.checkDispatch(ctx, cw, r, cnt, o.disp.RecvX, o.disp.RecvScales, o.disp.RecvIdx, o.disp.RecvWeights)
-			if err == nil {
-				var cc Check
-				cc, err = st.checkCombine(ctx, r, o.out, false)
+			}, func(o roundTrip) (Check, error) {
+				c, err := st.checkDispatch(ctx, cw, r, cnt, o.disp.RecvX, o.disp.RecvScales, o.disp.RecvIdx, o.disp.RecvWeights)
+				if err != nil {
+					return c, err
+				}
+				cc, err := st.checkCombine(ctx, r, o.out, false)
 				c.Rows += cc.Rows
 				c.Wrong += cc.Wrong
+				return c, err
+			})
+			if err == nil {
+				err = o.Close()
 			}
-			o.Close()
-			if err != nil {
-				return err
-			}
-			st.checks[CallDispatchCombine].add(c)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	if err := e.Synchronize(ctx); err != nil {
@@ -325,6 +306,26 @@ func loop[T interface{ Close() error }](ctx context.Context, st *rankState, call
 	return last, nil
 }
 
+// checked runs op as call with loop (on st.ctl, synchronising e), checks
+// its last output with check and, timed, adds the check to the call's. It
+// returns the output, which the caller closes; an error names the call.
+func checked[T interface{ Close() error }](ctx context.Context, st *rankState, e *executor.Engine, call string, timed bool, op func() (T, error), check func(T) (Check, error)) (T, error) {
+	var zero T
+	o, err := loop(ctx, st, call, st.ctl, e.Synchronize, timed, op)
+	if err != nil {
+		return zero, fmt.Errorf("%s: %w", call, err)
+	}
+	c, err := check(o)
+	if err != nil {
+		o.Close()
+		return zero, err
+	}
+	if timed {
+		st.checks[call].add(c)
+	}
+	return o, nil
+}
+
 // runBaseline times a plain copy of this rank's N_r rows of dtype dt,
 // their bytes as a call moves them (RowBytes: an fp8 row's scales
 // included, one contiguous copy), all ranks at once, each on its own stream
@@ -391,64 +392,51 @@ func (st *rankState) runBaseline(ctx context.Context, ctl comm.Group, name strin
 	return nil
 }
 
-// download returns t's bytes, or nil for a nil tensor.
-func download(ctx context.Context, t *device.Tensor) ([]byte, error) {
-	if t == nil {
-		return nil, nil
+// download returns the bytes of each tensor, nil for a nil one.
+func download(ctx context.Context, ts ...*device.Tensor) ([][]byte, error) {
+	bs := make([][]byte, len(ts))
+	for i, t := range ts {
+		if t == nil {
+			continue
+		}
+		var err error
+		if bs[i], err = device.Download(ctx, t); err != nil {
+			return nil, err
+		}
 	}
-	return device.Download(ctx, t)
+	return bs, nil
+}
+
+// weights decodes downloaded fp32 weights; nil stays nil.
+func weights(b []byte) []float32 {
+	if b == nil {
+		return nil
+	}
+	return device.DecodeFloat32(device.FP32, b)
 }
 
 func (st *rankState) checkDispatch(ctx context.Context, w *World, r int, cnt executor.Counts, x, scales, idx, wts *device.Tensor) (Check, error) {
-	xb, err := download(ctx, x)
+	bs, err := download(ctx, x, scales, idx, wts)
 	if err != nil {
 		return Check{}, err
 	}
-	sb, err := download(ctx, scales)
-	if err != nil {
-		return Check{}, err
-	}
-	ib, err := download(ctx, idx)
-	if err != nil {
-		return Check{}, err
-	}
-	wb, err := download(ctx, wts)
-	if err != nil {
-		return Check{}, err
-	}
-	var wf []float32
-	if wb != nil {
-		wf = device.DecodeFloat32(device.FP32, wb)
-	}
-	return w.CheckDispatch(r, cnt.RecvCount, xb, sb, device.DecodeInt32(ib), wf), nil
+	return w.CheckDispatch(r, cnt.RecvCount, bs[0], bs[1], device.DecodeInt32(bs[2]), weights(bs[3])), nil
 }
 
 func (st *rankState) checkPermute(ctx context.Context, w *World, r int, cnt executor.Counts, x, scales, wts *device.Tensor) (Check, error) {
-	xb, err := download(ctx, x)
+	bs, err := download(ctx, x, scales, wts)
 	if err != nil {
 		return Check{}, err
 	}
-	sb, err := download(ctx, scales)
-	if err != nil {
-		return Check{}, err
-	}
-	wb, err := download(ctx, wts)
-	if err != nil {
-		return Check{}, err
-	}
-	var wf []float32
-	if wb != nil {
-		wf = device.DecodeFloat32(device.FP32, wb)
-	}
-	return w.CheckPermute(r, st.cfg.Pad, cnt.PermutedCount, xb, sb, wf), nil
+	return w.CheckPermute(r, st.cfg.Pad, cnt.PermutedCount, bs[0], bs[1], weights(bs[2])), nil
 }
 
 // checkCombine checks a combined output, which is of the combine dtype
 // (st.cworld's).
 func (st *rankState) checkCombine(ctx context.Context, r int, out *device.Tensor, unpermuted bool) (Check, error) {
-	b, err := download(ctx, out)
+	bs, err := download(ctx, out)
 	if err != nil {
 		return Check{}, err
 	}
-	return st.cworld.CheckCombine(r, b, unpermuted), nil
+	return st.cworld.CheckCombine(r, bs[0], unpermuted), nil
 }
