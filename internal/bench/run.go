@@ -220,6 +220,18 @@ func (o Options) Steps(cfg Config) int {
 	return n
 }
 
+// backend returns o.Backend or, without one, a backend opened with
+// NewBackend(cfg.Backend); close closes only the one it opened.
+func (o Options) backend(cfg Config) (b device.Backend, close func() error, err error) {
+	if o.Backend != nil {
+		return o.Backend, func() error { return nil }, nil
+	}
+	if b, err = NewBackend(cfg.Backend); err != nil {
+		return nil, nil, err
+	}
+	return b, b.Close, nil
+}
+
 // runsA2A reports whether a (non-check) run of cfg has the a2a baseline:
 // not on the cuda backend, whose data the host all-to-all cannot read.
 func runsA2A(cfg Config) bool { return cfg.Backend != BackendCUDA }
@@ -248,13 +260,9 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 		opt.Logger.Warn(w)
 	}
 	r := cfg.Ranks
-	backend := opt.Backend
-	if backend == nil {
-		b, err := NewBackend(cfg.Backend)
-		if err != nil {
-			return nil, err
-		}
-		backend = b
+	backend, closeBackend, err := opt.backend(cfg)
+	if err != nil {
+		return nil, err
 	}
 	groups := comm.NewLocal(r)
 	results := make([]*Result, r)
@@ -274,14 +282,11 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 			return nil
 		})
 	}
-	err := g.Wait()
+	err = g.Wait()
 	for rank := range r {
 		err = errors.Join(err, groups[rank].Close())
 	}
-	if opt.Backend == nil {
-		err = errors.Join(err, backend.Close())
-	}
-	return results[0], err
+	return results[0], errors.Join(err, closeBackend())
 }
 
 // harnessTimeout bounds each of the harness's own collectives (its
@@ -427,15 +432,11 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Resul
 		return res, fmt.Errorf("harness group: %w", err)
 	}
 	defer ctl.Close()
-	backend := opt.Backend
-	if backend == nil {
-		b, err := NewBackend(cfg.Backend)
-		if err != nil {
-			return res, err
-		}
-		backend = b
-		defer backend.Close()
+	backend, closeBackend, err := opt.backend(cfg)
+	if err != nil {
+		return res, err
 	}
+	defer closeBackend()
 	log := opt.Logger
 	if log == nil {
 		log = zap.NewNop()
