@@ -438,22 +438,7 @@ func (v Ints) Format(f fmt.State, verb rune) {
 
 // UnmarshalJSON accepts a number as a list of one (records written before
 // the field was a list).
-func (v *Ints) UnmarshalJSON(b []byte) error {
-	if string(b) == "null" {
-		return nil
-	}
-	var x int
-	if err := json.Unmarshal(b, &x); err == nil {
-		*v = Ints{x}
-		return nil
-	}
-	var xs []int
-	if err := json.Unmarshal(b, &xs); err != nil {
-		return err
-	}
-	*v = xs
-	return nil
-}
+func (v *Ints) UnmarshalJSON(b []byte) error { return unmarshalOneOrMany(b, (*[]int)(v)) }
 
 // UnmarshalYAML implements yaml.Unmarshaler.
 func (v *Ints) UnmarshalYAML(n *yaml.Node) error {
@@ -483,16 +468,20 @@ func (v Strings) String() string { return strings.Join(v, ",") }
 
 // UnmarshalJSON accepts a string as a list of one (records written before
 // the field was a list).
-func (v *Strings) UnmarshalJSON(b []byte) error {
+func (v *Strings) UnmarshalJSON(b []byte) error { return unmarshalOneOrMany(b, (*[]string)(v)) }
+
+// unmarshalOneOrMany decodes JSON b, a value or a list of values, into *v
+// as a list; null leaves *v as it is.
+func unmarshalOneOrMany[T any](b []byte, v *[]T) error {
 	if string(b) == "null" {
 		return nil
 	}
-	var x string
+	var x T
 	if err := json.Unmarshal(b, &x); err == nil {
-		*v = Strings{x}
+		*v = []T{x}
 		return nil
 	}
-	var xs []string
+	var xs []T
 	if err := json.Unmarshal(b, &xs); err != nil {
 		return err
 	}
