@@ -38,14 +38,7 @@ func TestRunCUDA(t *testing.T) {
 			c.Backend = BackendCUDA
 			c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, Ints{3}, Ints{64}, Ints{24}, 3, 1
 			tc.edit(&c)
-			steps := 0
-			res, err := Run(t.Context(), c, Options{Progress: func(p Progress) { steps = p.Done }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := (Options{}).Steps(c); steps != want {
-				t.Errorf("progress reached %d steps, want %d", steps, want)
-			}
+			res := runProgress(t, c)
 			if res.Timing != TimingEventMax || res.A2ATransport != "" {
 				t.Errorf("timing %q, a2a transport %q; want event_max and none", res.Timing, res.A2ATransport)
 			}

@@ -12,6 +12,21 @@ import (
 	"github.com/goep/goep/executor"
 )
 
+// runProgress runs c in process, failing t on an error, and checks that
+// the progress reports reached every step of Options.Steps.
+func runProgress(t *testing.T, c Config) *Result {
+	t.Helper()
+	steps := 0
+	res, err := Run(t.Context(), c, Options{Progress: func(p Progress) { steps = p.Done }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Options{}).Steps(c); steps != want {
+		t.Errorf("progress reached %d steps, want %d", steps, want)
+	}
+	return res
+}
+
 // TestRun runs small benchmarks end to end on the real engine: every output
 // must check, and the numbers must be sane.
 func TestRun(t *testing.T) {
@@ -282,14 +297,7 @@ func TestRunFP8(t *testing.T) {
 			c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, Ints{3}, Ints{128}, Ints{24}, 2, 1
 			c.DType = Strings{"fp8"}
 			tc.edit(&c)
-			steps := 0
-			res, err := Run(t.Context(), c, Options{Progress: func(p Progress) { steps = p.Done }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := (Options{}).Steps(c); steps != want {
-				t.Errorf("progress reached %d steps, want %d", steps, want)
-			}
+			res := runProgress(t, c)
 			if len(res.Rows) != len(c.Cases())*len(c.Calls) {
 				t.Fatalf("%d rows, want %d", len(res.Rows), len(c.Cases())*len(c.Calls))
 			}
