@@ -29,6 +29,7 @@ func runRanks(t *testing.T, R int, cfg Config, fn func(ctx context.Context, e *E
 	t.Helper()
 	gs := comm.NewLocal(R)
 	b := device.NewHost()
+	defer b.Close()
 	errs := ranktest.Run(R, func(r int) error {
 		ctx := t.Context()
 		e, err := New(ctx, gs[r], b, cfg)
