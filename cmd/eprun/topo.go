@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/goep/goep/internal/bench"
 	"github.com/goep/goep/launcher"
 	"github.com/goep/goep/rdma"
 )
@@ -200,8 +200,8 @@ func collectTopo(ranks int) (topoReport, error) {
 	var problems []error
 	rep.Host, _ = os.Hostname()
 	rep.NumCPU = runtime.NumCPU()
-	rep.CPU = procField("/proc/cpuinfo", "model name")
-	rep.Allowed = procField("/proc/self/status", "Cpus_allowed_list")
+	rep.CPU = bench.ProcField("/proc/cpuinfo", "model name")
+	rep.Allowed = bench.ProcField("/proc/self/status", "Cpus_allowed_list")
 	var err error
 	if rep.NUMA, err = numaNodes(sysNodeDir); err != nil {
 		rep.NUMAErr = err.Error()
@@ -285,23 +285,6 @@ func rankRange(lo, hi int) string {
 	return fmt.Sprintf("ranks %d-%d", lo, hi)
 }
 
-// procField returns the first "key: value" line's value of a /proc file.
-func procField(path, key string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if ok && strings.TrimSpace(k) == key {
-			return strings.TrimSpace(v)
-		}
-	}
-	return ""
-}
-
 // numaNodes reads dir/node*/cpulist and meminfo.
 func numaNodes(dir string) ([]numaNode, error) {
 	ents, err := filepath.Glob(filepath.Join(dir, "node[0-9]*"))
@@ -323,7 +306,7 @@ func numaNodes(dir string) ([]numaNode, error) {
 		}
 		n := numaNode{ID: id, CPUs: strings.TrimSpace(string(cpus))}
 		// "Node 0 MemTotal:       24590512 kB"
-		if kb := procField(filepath.Join(e, "meminfo"), fmt.Sprintf("Node %d MemTotal", id)); kb != "" {
+		if kb := bench.ProcField(filepath.Join(e, "meminfo"), fmt.Sprintf("Node %d MemTotal", id)); kb != "" {
 			if v, err := strconv.ParseInt(strings.TrimSuffix(kb, " kB"), 10, 64); err == nil {
 				n.MemBytes = v << 10
 			}

@@ -56,7 +56,7 @@ func CollectEnv(ctx context.Context) Env {
 		GOARCH:      runtime.GOARCH,
 		GOMAXPROCS:  runtime.GOMAXPROCS(0),
 		NumCPU:      runtime.NumCPU(),
-		CPU:         cpuModel(),
+		CPU:         ProcField("/proc/cpuinfo", "model name"),
 		Start:       time.Now().UTC(),
 	}
 	e.Hostname, _ = os.Hostname()
@@ -83,9 +83,10 @@ func CollectEnv(ctx context.Context) Env {
 	return e
 }
 
-// cpuModel is the first "model name" of /proc/cpuinfo (Linux), else "".
-func cpuModel() string {
-	f, err := os.Open("/proc/cpuinfo")
+// ProcField returns the value of the first "key: value" line of a /proc
+// file (Linux), else "".
+func ProcField(path, key string) string {
+	f, err := os.Open(path)
 	if err != nil {
 		return ""
 	}
@@ -93,7 +94,7 @@ func cpuModel() string {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
-		if ok && strings.TrimSpace(k) == "model name" {
+		if ok && strings.TrimSpace(k) == key {
 			return strings.TrimSpace(v)
 		}
 	}

@@ -69,14 +69,7 @@ func NewRecord(env Env, cfg Config, res *Result, err error) Record {
 func WriteTable(w io.Writer, rec Record) error {
 	var b strings.Builder
 	e, c := rec.Env, rec.Config
-	commit := e.Commit
-	if len(commit) > 12 {
-		commit = commit[:12]
-	}
-	if e.Modified {
-		commit += "+dirty"
-	}
-	fmt.Fprintf(&b, "# goep %s (%s)  backend %s  %s %s/%s  GOMAXPROCS %d\n", e.GoepVersion, orDash(commit), e.Backend, e.GoVersion, e.GOOS, e.GOARCH, e.GOMAXPROCS)
+	fmt.Fprintf(&b, "# goep %s (%s)  backend %s  %s %s/%s  GOMAXPROCS %d\n", e.GoepVersion, orDash(e.ShortCommit()), e.Backend, e.GoVersion, e.GOOS, e.GOARCH, e.GOMAXPROCS)
 	if e.CPU != "" {
 		fmt.Fprintf(&b, "# cpu: %s (%d logical)  loadavg %s\n", e.CPU, e.NumCPU, orDash(e.LoadAvg))
 	}
@@ -252,6 +245,20 @@ func byteSize(x float64) string {
 		return fmt.Sprintf("%.2f kB", x/1e3)
 	}
 	return fmt.Sprintf("%.0f B", x)
+}
+
+// ShortCommit is the commit as the headers print it: its first 12 hex
+// digits, with "+dirty" when the tree had uncommitted changes; "" when
+// unknown.
+func (e Env) ShortCommit() string {
+	c := e.Commit
+	if len(c) > 12 {
+		c = c[:12]
+	}
+	if e.Modified {
+		c += "+dirty"
+	}
+	return c
 }
 
 // GPULine is "gpu: NAME (GPU i)  driver V" on the cuda backend, else "".
