@@ -101,11 +101,8 @@ one row per block (cuda) or one contiguous range per goroutine (host). Outputs a
 bit for bit, for every value; only the time changes. A swept knob gets a column in the table.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 1 {
-				if f.config != "" && f.config != args[0] {
-					return fmt.Errorf("bench: config given twice (%q and --config %q)", args[0], f.config)
-				}
-				f.config = args[0]
+			if err := f.configArg(cmd, args); err != nil {
+				return err
 			}
 			return runBench(cmd, f, stdout, stderr)
 		},
@@ -115,6 +112,19 @@ bit for bit, for every value; only the time changes. A swept knob gets a column 
 	fl.StringVar(&f.format, "format", "table", "output format: table or gobench (lines for benchstat)")
 	fl.StringVar(&f.csvOut, "csv", "", "write one row per call and case as CSV to FILE (- for stdout; the table then goes to stderr)")
 	return cmd
+}
+
+// configArg takes the optional CONFIG argument of bench and check, which
+// --config may also give, but not as another config.
+func (f *benchFlags) configArg(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	if f.config != "" && f.config != args[0] {
+		return fmt.Errorf("%s: config given twice (%q and --config %q)", cmd.Name(), args[0], f.config)
+	}
+	f.config = args[0]
+	return nil
 }
 
 // register adds the flags that bench and check share (check times

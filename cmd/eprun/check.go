@@ -32,11 +32,8 @@ CONFIG is a YAML file or an embedded config (` + strings.Join(embeddedNames(), "
 embedded default. Flags override its fields.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 1 {
-				if f.config != "" && f.config != args[0] {
-					return fmt.Errorf("check: config given twice (%q and --config %q)", args[0], f.config)
-				}
-				f.config = args[0]
+			if err := f.configArg(cmd, args); err != nil {
+				return err
 			}
 			// A few iterations, unless the flags say otherwise.
 			if !cmd.Flags().Changed("iters") {
@@ -57,14 +54,7 @@ embedded default. Flags override its fields.`,
 func writeCheck(w io.Writer, rec bench.Record) error {
 	var b strings.Builder
 	e, c := rec.Env, rec.Config
-	commit := e.Commit
-	if len(commit) > 12 {
-		commit = commit[:12]
-	}
-	if e.Modified {
-		commit += "+dirty"
-	}
-	fmt.Fprintf(&b, "# goep %s (%s)  backend %s  %s %s/%s\n", e.GoepVersion, dash(commit), e.Backend, e.GoVersion, e.GOOS, e.GOARCH)
+	fmt.Fprintf(&b, "# goep %s (%s)  backend %s  %s %s/%s\n", e.GoepVersion, dash(e.ShortCommit()), e.Backend, e.GoVersion, e.GOOS, e.GOARCH)
 	if s := e.GPULine(); s != "" {
 		fmt.Fprintf(&b, "# %s\n", s)
 	}
