@@ -1,8 +1,6 @@
 package main
 
 import (
-	"encoding/csv"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -19,10 +17,7 @@ import (
 func TestBenchDomains(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath, csvPath := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.csv")
-	code, stdout, stderr := eprun(t, append(tiny, "--ranks-per-domain", "2", "--calls", "dispatch,combine", "--json", jsonPath, "--csv", csvPath)...)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
+	stdout, _ := eprunOK(t, append(tiny, "--ranks-per-domain", "2", "--calls", "dispatch,combine", "--json", jsonPath, "--csv", csvPath)...)
 	for _, want := range []string{"# ranks 4 (2 domains of 2)", "# check: OK", "# rdma tokens 32 hidden 64 bf16: ", " cross domains per rank per one-way call (each token once per remote domain; rdma_GBps counts ", "the flat scheme (every token to every remote rank) would send "} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("table lacks %q:\n%s", want, stdout)
@@ -42,14 +37,9 @@ func TestBenchDomains(t *testing.T) {
 		}
 	}
 
-	f, err := os.Open(csvPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	recs, err := csv.NewReader(f).ReadAll()
-	if err != nil || len(recs) != 3 || !slices.Equal(recs[0], bench.CSVColumns) {
-		t.Fatalf("CSV: %v, %d records, header %v", err, len(recs), recs[0])
+	recs := readCSV(t, csvPath)
+	if len(recs) != 3 {
+		t.Fatalf("CSV: %d records, want 3", len(recs))
 	}
 	col := func(row []string, name string) float64 {
 		v, err := strconv.ParseFloat(row[slices.Index(bench.CSVColumns, name)], 64)
@@ -74,10 +64,7 @@ func TestBenchDomainsFromEnv(t *testing.T) {
 	t.Setenv("GOEP_RANKS_PER_DOMAIN", "2")
 	dir := t.TempDir()
 	jsonPath, csvPath := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.csv")
-	code, stdout, stderr := eprun(t, append(slices.Clone(tiny), "--calls", "dispatch,combine", "--json", jsonPath, "--csv", csvPath)...)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
+	stdout, _ := eprunOK(t, append(slices.Clone(tiny), "--calls", "dispatch,combine", "--json", jsonPath, "--csv", csvPath)...)
 	if !strings.Contains(stdout, "# ranks 4 (2 domains of 2)") || !strings.Contains(stdout, "# check: OK") {
 		t.Errorf("table header or footer:\n%s", stdout)
 	}
@@ -92,14 +79,9 @@ func TestBenchDomainsFromEnv(t *testing.T) {
 		}
 	}
 
-	f, err := os.Open(csvPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	recs, err := csv.NewReader(f).ReadAll()
-	if err != nil || len(recs) != 3 {
-		t.Fatalf("CSV: %v, %d records", err, len(recs))
+	recs := readCSV(t, csvPath)
+	if len(recs) != 3 {
+		t.Fatalf("CSV: %d records, want 3", len(recs))
 	}
 	for _, row := range recs[1:] {
 		if d := row[slices.Index(bench.CSVColumns, "ranks_per_domain")]; d != "2" {

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"encoding/csv"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -23,10 +21,7 @@ var fp8Tiny = append(slices.Clone(tiny), "--dtype", "fp8", "--hidden", "128")
 func TestBenchFP8(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath, csvPath := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.csv")
-	code, stdout, stderr := eprun(t, append(slices.Clone(fp8Tiny), "--calls", strings.Join(bench.KnownCalls, ","), "--json", jsonPath, "--csv", csvPath)...)
-	if code != 0 {
-		t.Fatalf("exit %d: %s\n%s", code, stderr, stdout)
-	}
+	stdout, _ := eprunOK(t, append(slices.Clone(fp8Tiny), "--calls", strings.Join(bench.KnownCalls, ","), "--json", jsonPath, "--csv", csvPath)...)
 	wantDType := map[string]string{
 		bench.CallDispatch: "fp8", bench.CallDispatchPermute: "fp8",
 		bench.CallCombine: "bf16", bench.CallUnpermuteCombine: "bf16", bench.CallDispatchCombine: "bf16",
@@ -101,10 +96,7 @@ func TestBenchFP8(t *testing.T) {
 
 	// gobench: the names carry the call's dtype, and the case has a copy
 	// baseline of each dtype.
-	code, stdout, stderr = eprun(t, append(slices.Clone(fp8Tiny), "--format=gobench")...)
-	if code != 0 {
-		t.Fatalf("gobench: exit %d: %s", code, stderr)
-	}
+	stdout, _ = eprunOK(t, append(slices.Clone(fp8Tiny), "--format=gobench")...)
 	for _, want := range []string{
 		"BenchmarkDispatch/ranks=4/tokens=32/hidden=128/topk=2/dtype=fp8/routing=uniform-",
 		"BenchmarkCombine/ranks=4/tokens=32/hidden=128/topk=2/dtype=bf16/routing=uniform-",
@@ -122,10 +114,7 @@ func TestBenchFP8(t *testing.T) {
 // told apart in the JSON by case_dtype (their combine rows are both bf16).
 func TestBenchFP8Sweep(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "out.json")
-	code, _, stderr := eprun(t, append(slices.Clone(tiny), "--dtype", "bf16,fp8", "--hidden", "128,256", "--calls", "dispatch,combine", "--json", path)...)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
+	eprunOK(t, append(slices.Clone(tiny), "--dtype", "bf16,fp8", "--hidden", "128,256", "--calls", "dispatch,combine", "--json", path)...)
 	rec := readRecord(t, path)
 	var got []string
 	for _, r := range rec.Rows {
@@ -146,10 +135,7 @@ func TestBenchFP8Sweep(t *testing.T) {
 // TestCheckFP8: eprun check with fp8 checks every call and says what the
 // fp8 case's calls moved.
 func TestCheckFP8(t *testing.T) {
-	code, stdout, stderr := eprun(t, "check", "tiny", "-q", "--dtype", "fp8", "--hidden", "256", "--mode", "blocking,capacity", "--pad", "4")
-	if code != 0 {
-		t.Fatalf("exit %d: %s\n%s", code, stderr, stdout)
-	}
+	stdout, _ := eprunOK(t, "check", "tiny", "-q", "--dtype", "fp8", "--hidden", "256", "--mode", "blocking,capacity", "--pad", "4")
 	for _, want := range []string{"dtype fp8", "# fp8: dispatch and dispatch-permute move fp8 e4m3 rows", "# check: OK"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("summary lacks %q:\n%s", want, stdout)
@@ -159,27 +145,10 @@ func TestCheckFP8(t *testing.T) {
 
 // TestBenchHelpFP8: bench --help says what fp8 means.
 func TestBenchHelpFP8(t *testing.T) {
-	code, stdout, stderr := eprun(t, "bench", "--help")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
+	stdout, _ := eprunOK(t, "bench", "--help")
 	for _, want := range []string{"bf16, fp32 or fp8", "FP8 dispatch, BF16 combine", "hidden must be a multiple of 128", "run in bf16", "case_dtype"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("bench --help lacks %q:\n%s", want, stdout)
 		}
 	}
-}
-
-func readCSV(t *testing.T, path string) [][]string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	recs, err := csv.NewReader(f).ReadAll()
-	if err != nil || len(recs) == 0 || !slices.Equal(recs[0], bench.CSVColumns) {
-		t.Fatalf("CSV %s: %v, %d records", path, err, len(recs))
-	}
-	return recs
 }

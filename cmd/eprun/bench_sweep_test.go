@@ -1,11 +1,8 @@
 package main
 
 import (
-	"encoding/csv"
-	"encoding/json"
 	"fmt"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -21,14 +18,8 @@ import (
 // comma-separated list, and replace the config's (scalar or list).
 func TestBenchFlagsTopKMode(t *testing.T) {
 	dir := t.TempDir()
-	scalar := filepath.Join(dir, "scalar.yaml")
-	list := filepath.Join(dir, "list.yaml")
-	if err := os.WriteFile(scalar, []byte("ranks: 4\nexperts: 16\ntopk: 3\nmode: capacity\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(list, []byte("ranks: 4\nexperts: 16\ntopk: [1, 3]\nmode: [capacity, blocking]\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	scalar := writeFile(t, dir, "scalar.yaml", "ranks: 4\nexperts: 16\ntopk: 3\nmode: capacity\n")
+	list := writeFile(t, dir, "list.yaml", "ranks: 4\nexperts: 16\ntopk: [1, 3]\nmode: [capacity, blocking]\n")
 	for _, tc := range []struct {
 		config string
 		args   []string
@@ -47,9 +38,6 @@ func TestBenchFlagsTopKMode(t *testing.T) {
 		c := configWithFlags(t, tc.config, tc.args)
 		if !slices.Equal(c.TopK, tc.topk) || !slices.Equal(c.Mode, tc.mode) {
 			t.Errorf("%s %v: topk %v mode %v, want %v %v", filepath.Base(tc.config), tc.args, []int(c.TopK), []string(c.Mode), []int(tc.topk), []string(tc.mode))
-		}
-		if err := c.Validate(); err != nil {
-			t.Errorf("%s %v: %v", filepath.Base(tc.config), tc.args, err)
 		}
 	}
 }
@@ -83,10 +71,7 @@ func TestBenchSweepTopKMode(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath, csvPath := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.csv")
 	sweep := append(slices.Clone(tiny), "--topk", "2,4", "--mode", "blocking,capacity")
-	code, stdout, stderr := eprun(t, append(slices.Clone(sweep), "--json", jsonPath, "--csv", csvPath)...)
-	if code != 0 {
-		t.Fatalf("exit %d: %s\n%s", code, stderr, stdout)
-	}
+	stdout, _ := eprunOK(t, append(slices.Clone(sweep), "--json", jsonPath, "--csv", csvPath)...)
 	calls := bench.AllCalls
 	var want []string // call/topk/mode in Cases order
 	for _, mode := range []string{"blocking", "capacity"} {
@@ -143,15 +128,7 @@ func TestBenchSweepTopKMode(t *testing.T) {
 	}
 
 	// The CSV: the mode column is the row's.
-	f, err := os.Open(csvPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	recs, err := csv.NewReader(f).ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := readCSV(t, csvPath)
 	col := func(row []string, name string) string { return row[slices.Index(bench.CSVColumns, name)] }
 	got = nil
 	for _, row := range recs[1:] {
@@ -166,10 +143,7 @@ func TestBenchSweepTopKMode(t *testing.T) {
 
 	// gobench, read by benchstat's parser: the name and the mode
 	// configuration together are distinct for every result.
-	code, stdout, stderr = eprun(t, append(slices.Clone(sweep), "--format=gobench")...)
-	if code != 0 {
-		t.Fatalf("gobench: exit %d: %s", code, stderr)
-	}
+	stdout, _ = eprunOK(t, append(slices.Clone(sweep), "--format=gobench")...)
 	r := benchfmt.NewReader(strings.NewReader(stdout), "eprun.txt")
 	seen := map[string]bool{}
 	var n int
@@ -206,10 +180,7 @@ func TestBenchSweepTopKMode(t *testing.T) {
 // TestCheckSweepTopKMode: eprun check sweeps the same way: per call, one
 // case per (mode, topk).
 func TestCheckSweepTopKMode(t *testing.T) {
-	code, stdout, stderr := eprun(t, "check", "tiny", "-q", "--topk", "2,4", "--mode", "blocking,capacity")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
+	stdout, _ := eprunOK(t, "check", "tiny", "-q", "--topk", "2,4", "--mode", "blocking,capacity")
 	if !strings.Contains(stdout, "topk 2,4 ") || !strings.Contains(stdout, "mode blocking,capacity ") || !strings.Contains(stdout, "# check: OK") {
 		t.Errorf("summary:\n%s", stdout)
 	}
@@ -222,6 +193,7 @@ func TestCheckSweepTopKMode(t *testing.T) {
 
 // configWithFlags is the config eprun bench would run: config (a file or
 // embedded name, "" for the default) with the bench flags args applied.
+// It must validate.
 func configWithFlags(t *testing.T, config string, args []string) bench.Config {
 	t.Helper()
 	var f benchFlags
@@ -235,19 +207,8 @@ func configWithFlags(t *testing.T, config string, args []string) bench.Config {
 		t.Fatal(err)
 	}
 	f.apply(cmd, &c)
+	if err := c.Validate(); err != nil {
+		t.Errorf("%s %v: %v", filepath.Base(config), args, err)
+	}
 	return c
-}
-
-// readRecord reads the JSON record eprun bench --json wrote to path.
-func readRecord(t *testing.T, path string) bench.Record {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec bench.Record
-	if err := json.Unmarshal(data, &rec); err != nil {
-		t.Fatalf("JSON record %s does not parse: %v", path, err)
-	}
-	return rec
 }

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"encoding/csv"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,10 +11,7 @@ import (
 )
 
 func TestCheck(t *testing.T) {
-	code, stdout, stderr := eprun(t, "check", "tiny", "-q", "--tokens", "0,16")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
+	stdout, _ := eprunOK(t, "check", "tiny", "-q", "--tokens", "0,16")
 	for _, want := range []string{"# call", "rows_checked", "#wrong", "launcher in-process", "# check: OK", "iters 2"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("summary lacks %q:\n%s", want, stdout)
@@ -43,10 +38,7 @@ func TestCheck(t *testing.T) {
 // TestCheckCSV: check --csv - puts the CSV on stdout and the summary on
 // stderr; --csv FILE writes it there and keeps the summary on stdout.
 func TestCheckCSV(t *testing.T) {
-	code, stdout, stderr := eprun(t, "check", "tiny", "-q", "--csv", "-", "--calls", "dispatch,dispatch-combine")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
+	stdout, stderr := eprunOK(t, "check", "tiny", "-q", "--csv", "-", "--calls", "dispatch,dispatch-combine")
 	recs, err := csv.NewReader(strings.NewReader(stdout)).ReadAll()
 	if err != nil {
 		t.Fatalf("stdout is not CSV: %v\n%s", err, stdout)
@@ -66,19 +58,12 @@ func TestCheckCSV(t *testing.T) {
 	}
 
 	path := filepath.Join(t.TempDir(), "check.csv")
-	code, stdout, stderr = eprun(t, "check", "tiny", "-q", "--csv", path)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
+	stdout, stderr = eprunOK(t, "check", "tiny", "-q", "--csv", path)
 	if !strings.Contains(stdout, "# check: OK") {
 		t.Errorf("the summary is not on stdout: %q", stdout)
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if recs, err := csv.NewReader(bytes.NewReader(data)).ReadAll(); err != nil || len(recs) != 1+len(bench.AllCalls) {
-		t.Errorf("%s: %d records (%v), want a header and %d rows", path, len(recs), err, len(bench.AllCalls))
+	if recs := readCSV(t, path); len(recs) != 1+len(bench.AllCalls) {
+		t.Errorf("%s: %d records, want a header and %d rows", path, len(recs), len(bench.AllCalls))
 	}
 	if code, _, stderr := eprun(t, "check", "tiny", "--csv", "-", "--json", "-"); code != 2 || !strings.Contains(stderr, "both want stdout") {
 		t.Errorf("check --csv - --json -: exit %d, %q", code, stderr)

@@ -32,10 +32,7 @@ func TestEveryConfigReduced(t *testing.T) {
 		t.Run(r.name, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "out.json")
 			args := append([]string{"bench", r.config, "-q", "--ranks", "4", "--tokens", "64", "--iters", "2", "--warmup", "1", "--json", out}, r.extra...)
-			code, stdout, stderr := eprun(t, args...)
-			if code != 0 {
-				t.Fatalf("%v: exit %d: %s\n%s", args, code, stderr, stdout)
-			}
+			eprunOK(t, args...)
 			rec := readRecord(t, out)
 			if rec.Wrong != 0 || rec.CheckedRows == 0 || len(rec.Rows) == 0 || rec.Error != "" {
 				t.Errorf("%d rows, %d of %d wrong, error %q", len(rec.Rows), rec.Wrong, rec.CheckedRows, rec.Error)

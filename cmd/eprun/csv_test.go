@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/csv"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -14,25 +13,11 @@ import (
 
 func TestBenchCSV(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "out.csv")
-	code, stdout, stderr := eprun(t, append(tiny, "--csv", path, "--tokens", "8,16", "--routing", "zipf", "--zipf-s", "1.5")...)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
+	stdout, stderr := eprunOK(t, append(tiny, "--csv", path, "--tokens", "8,16", "--routing", "zipf", "--zipf-s", "1.5")...)
 	if !strings.Contains(stdout, "# check: OK") {
 		t.Errorf("the table is not on stdout: %q", stdout)
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	recs, err := csv.NewReader(f).ReadAll()
-	if err != nil {
-		t.Fatalf("CSV does not parse: %v", err)
-	}
-	if !slices.Equal(recs[0], bench.CSVColumns) {
-		t.Fatalf("header %v", recs[0])
-	}
+	recs := readCSV(t, path)
 	if len(recs) != 1+2*4 {
 		t.Fatalf("%d records, want a header and 8 rows (2 cases x 4 calls)", len(recs))
 	}
@@ -56,10 +41,7 @@ func TestBenchCSV(t *testing.T) {
 	}
 
 	// --csv - puts the CSV on stdout and the table on stderr.
-	code, stdout, stderr = eprun(t, append(tiny, "--csv", "-")...)
-	if code != 0 {
-		t.Fatalf("--csv -: exit %d: %s", code, stderr)
-	}
+	stdout, stderr = eprunOK(t, append(tiny, "--csv", "-")...)
 	if recs, err := csv.NewReader(strings.NewReader(stdout)).ReadAll(); err != nil || len(recs) != 5 {
 		t.Errorf("--csv -: stdout is not 5 CSV records (%v): %q", err, stdout)
 	}

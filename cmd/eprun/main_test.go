@@ -3,11 +3,13 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/csv"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,19 +26,63 @@ func eprun(t *testing.T, args ...string) (int, string, string) {
 	return code, out.String(), errb.String()
 }
 
+// eprunOK is eprun for a command that must succeed: it fails the test on
+// a non-zero exit status and returns stdout and stderr.
+func eprunOK(t *testing.T, args ...string) (string, string) {
+	t.Helper()
+	code, stdout, stderr := eprun(t, args...)
+	if code != 0 {
+		t.Fatalf("eprun %s: exit %d: %s\n%s", strings.Join(args, " "), code, stderr, stdout)
+	}
+	return stdout, stderr
+}
+
+// writeFile writes data to a file name of dir and returns its path.
+func writeFile(t *testing.T, dir, name, data string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// readRecord reads the JSON record eprun bench --json wrote to path.
+func readRecord(t *testing.T, path string) bench.Record {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec bench.Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatalf("JSON record %s does not parse: %v", path, err)
+	}
+	return rec
+}
+
+// readCSV reads the CSV eprun wrote to path and checks its header.
+func readCSV(t *testing.T, path string) [][]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := csv.NewReader(f).ReadAll()
+	if err != nil || len(recs) == 0 || !slices.Equal(recs[0], bench.CSVColumns) {
+		t.Fatalf("CSV %s: %v, %d records", path, err, len(recs))
+	}
+	return recs
+}
+
 // tiny is a bench command line that runs in well under a second.
 var tiny = []string{"bench", "tiny", "-q", "--iters", "2", "--warmup", "1"}
 
 func TestBadUsage(t *testing.T) {
 	dir := t.TempDir()
-	badYAML := filepath.Join(dir, "bad.yaml")
-	if err := os.WriteFile(badYAML, []byte("ranks: 4\nbogus: 1\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	fp8YAML := filepath.Join(dir, "fp8.yaml")
-	if err := os.WriteFile(fp8YAML, []byte("ranks: 4\nexperts: 8\ndtype: [bf16, fp8]\nhidden: 96\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	badYAML := writeFile(t, dir, "bad.yaml", "ranks: 4\nbogus: 1\n")
+	fp8YAML := writeFile(t, dir, "fp8.yaml", "ranks: 4\nexperts: 8\ndtype: [bf16, fp8]\nhidden: 96\n")
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -85,10 +131,7 @@ func TestBadUsage(t *testing.T) {
 }
 
 func TestBenchTable(t *testing.T) {
-	code, stdout, stderr := eprun(t, tiny...)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
+	stdout, stderr := eprunOK(t, tiny...)
 	if stderr != "" {
 		t.Errorf("-q still wrote to stderr: %q", stderr)
 	}
@@ -142,10 +185,7 @@ func TestCPUProfile(t *testing.T) {
 
 func TestBenchJSON(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "out.json")
-	code, _, stderr := eprun(t, append(tiny, "--json", path, "--tokens", "8,16", "--calls", "dispatch,combine")...)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
+	_, stderr := eprunOK(t, append(tiny, "--json", path, "--tokens", "8,16", "--calls", "dispatch,combine")...)
 	rec := readRecord(t, path)
 	if rec.Env.Backend != "host" || rec.Env.GoVersion == "" || rec.Env.GOMAXPROCS < 1 || rec.Env.GoepVersion == "" {
 		t.Errorf("env %+v", rec.Env)
@@ -166,10 +206,7 @@ func TestBenchJSON(t *testing.T) {
 	}
 
 	// --json - puts the JSON on stdout and the table on stderr.
-	code, stdout, stderr := eprun(t, append(tiny, "--json", "-")...)
-	if code != 0 {
-		t.Fatalf("--json -: exit %d: %s", code, stderr)
-	}
+	stdout, stderr := eprunOK(t, append(tiny, "--json", "-")...)
 	if err := json.Unmarshal([]byte(stdout), &rec); err != nil {
 		t.Errorf("--json -: stdout is not JSON: %v", err)
 	}
@@ -181,10 +218,7 @@ func TestBenchJSON(t *testing.T) {
 // TestBenchGoBench checks that every result line follows the Go benchmark
 // format benchstat reads: Benchmark<name> <iterations> (<value> <unit>)+.
 func TestBenchGoBench(t *testing.T) {
-	code, stdout, stderr := eprun(t, append(tiny, "--format=gobench")...)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
+	stdout, _ := eprunOK(t, append(tiny, "--format=gobench")...)
 	var names []string
 	sc := bufio.NewScanner(strings.NewReader(stdout))
 	for sc.Scan() {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -15,15 +14,9 @@ import (
 func TestPlot(t *testing.T) {
 	dir := t.TempDir()
 	rec := filepath.Join(dir, "results.json")
-	code, _, stderr := eprun(t, append(tiny, "--tokens", "8,16,32", "--json", rec)...)
-	if code != 0 {
-		t.Fatalf("bench: exit %d: %s", code, stderr)
-	}
+	eprunOK(t, append(tiny, "--tokens", "8,16,32", "--json", rec)...)
 	out := filepath.Join(dir, "out.png")
-	code, stdout, stderr := eprun(t, "plot", rec, "-o", out)
-	if code != 0 {
-		t.Fatalf("plot: exit %d: %s", code, stderr)
-	}
+	stdout, _ := eprunOK(t, "plot", rec, "-o", out)
 	if !strings.Contains(stdout, out) {
 		t.Errorf("stdout %q does not name %s", stdout, out)
 	}
@@ -61,7 +54,7 @@ func TestPlot(t *testing.T) {
 	}
 
 	// Two records, svg, and the default output name.
-	code, _, stderr = eprun(t, "plot", rec, rec, "-o", filepath.Join(dir, "two.svg"))
+	code, _, stderr := eprun(t, "plot", rec, rec, "-o", filepath.Join(dir, "two.svg"))
 	if code != 0 {
 		t.Errorf("plot two records to svg: exit %d: %s", code, stderr)
 	}
@@ -76,20 +69,14 @@ func TestPlot(t *testing.T) {
 func TestPlotOneTokenCount(t *testing.T) {
 	dir := t.TempDir()
 	rec := filepath.Join(dir, "one.json")
-	if code, _, stderr := eprun(t, append(tiny, "--tokens", "1", "--json", rec)...); code != 0 {
-		t.Fatalf("bench: exit %d: %s", code, stderr)
-	}
-	if code, _, stderr := eprun(t, "plot", rec, "-o", filepath.Join(dir, "one.png")); code != 0 {
-		t.Fatalf("plot of one token count: exit %d: %s", code, stderr)
-	}
+	eprunOK(t, append(tiny, "--tokens", "1", "--json", rec)...)
+	eprunOK(t, "plot", rec, "-o", filepath.Join(dir, "one.png"))
 }
 
 func TestPlotBadUsage(t *testing.T) {
 	dir := t.TempDir()
-	notJSON := filepath.Join(dir, "x.json")
-	empty := filepath.Join(dir, "empty.json")
-	os.WriteFile(notJSON, []byte("# call tokens\n"), 0o644)
-	os.WriteFile(empty, []byte(`{"rows": []}`), 0o644)
+	notJSON := writeFile(t, dir, "x.json", "# call tokens\n")
+	empty := writeFile(t, dir, "empty.json", `{"rows": []}`)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -112,18 +99,8 @@ func TestPlotBadUsage(t *testing.T) {
 // and case, each with the tokens of that case only.
 func TestPlotSweepGroups(t *testing.T) {
 	rec := filepath.Join(t.TempDir(), "sweep.json")
-	code, _, stderr := eprun(t, append(tiny, "--tokens", "8,16", "--topk", "2,4", "--mode", "blocking,capacity", "--json", rec)...)
-	if code != 0 {
-		t.Fatalf("bench: exit %d: %s", code, stderr)
-	}
-	data, err := os.ReadFile(rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r bench.Record
-	if err := json.Unmarshal(data, &r); err != nil {
-		t.Fatal(err)
-	}
+	eprunOK(t, append(tiny, "--tokens", "8,16", "--topk", "2,4", "--mode", "blocking,capacity", "--json", rec)...)
+	r := readRecord(t, rec)
 	all, _, _ := plotSeries([]plotRun{{"sweep", r}})
 	calls := map[string]bool{}
 	for _, row := range r.Rows {
