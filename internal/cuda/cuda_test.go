@@ -44,11 +44,7 @@ func openDevice(t testing.TB) *Device {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := d.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	closeAtEnd(t, d.Close)
 	t.Logf("device 0: %s, sm_%d%d, driver %s, headers %d, features %+v",
 		d.Name(), d.major, d.minor, driverString(), HeaderVersion, d.Features())
 	return d
@@ -65,28 +61,16 @@ func driverString() string {
 func newStream(t *testing.T, d *Device) *Stream {
 	t.Helper()
 	s, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	must(t, err)
+	closeAtEnd(t, s.Close)
 	return s
 }
 
 func allocHost(t *testing.T, d *Device, n int) *HostBuffer {
 	t.Helper()
 	h, err := d.AllocHost(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := h.Free(); err != nil {
-			t.Error(err)
-		}
-	})
+	must(t, err)
+	closeAtEnd(t, h.Free)
 	return h
 }
 
@@ -97,6 +81,16 @@ func syncStream(t *testing.T, s *Stream) {
 	if err := s.Synchronize(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// closeAtEnd calls release, a Close or Free, when the test ends, and
+// fails the test on its error.
+func closeAtEnd(t testing.TB, release func() error) {
+	t.Cleanup(func() {
+		if err := release(); err != nil {
+			t.Error(err)
+		}
+	})
 }
 
 func must(t *testing.T, err error) {
@@ -215,14 +209,8 @@ func TestHostBufferBounds(t *testing.T) {
 func loadKernels(t *testing.T, d *Device) *Module {
 	t.Helper()
 	m, err := d.LoadPTX(kernelsPTX)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	must(t, err)
+	closeAtEnd(t, m.Close)
 	return m
 }
 
