@@ -43,6 +43,23 @@ func result(op string, r C.CUresult) error {
 	return &Error{Op: op, Code: int(r), Name: name}
 }
 
+// release frees the driver object *h once, inside d.Do: destroy is the
+// driver call op that frees it (cgo calls are not values, hence the
+// function). A zero *h is released already; *h is zero afterwards even
+// when the call fails, so that a second release returns nil rather than
+// freeing again.
+func release[H comparable](d *Device, h *H, op string, destroy func(H) C.CUresult) error {
+	return d.Do(func() error {
+		var zero H
+		if *h == zero {
+			return nil
+		}
+		err := result(op, destroy(*h))
+		*h = zero
+		return err
+	})
+}
+
 // HeaderVersion is CUDA_VERSION of the cuda.h this package was compiled
 // against (e.g. 11080); features the headers lack are reported as
 // ErrUnsupported even where the driver has them.

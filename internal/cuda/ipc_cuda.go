@@ -20,23 +20,26 @@ static CUresult goep_ipc_open(CUdeviceptr *p, const void *in) {
 	return cuIpcOpenMemHandle(p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 }
 
-static CUresult goep_mem_create(CUmemGenericAllocationHandle *h, size_t size, int ordinal, int handleTypes) {
+// goep_alloc_prop is the allocation the granularity is asked for and
+// cuMemCreate makes: pinned memory of device ordinal, exportable as
+// handleTypes.
+static CUmemAllocationProp goep_alloc_prop(int ordinal, int handleTypes) {
 	CUmemAllocationProp prop;
 	memset(&prop, 0, sizeof prop);
 	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
 	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 	prop.location.id = ordinal;
 	prop.requestedHandleTypes = (CUmemAllocationHandleType)handleTypes;
+	return prop;
+}
+
+static CUresult goep_mem_create(CUmemGenericAllocationHandle *h, size_t size, int ordinal, int handleTypes) {
+	CUmemAllocationProp prop = goep_alloc_prop(ordinal, handleTypes);
 	return cuMemCreate(h, size, &prop, 0);
 }
 
 static CUresult goep_granularity(size_t *g, int ordinal, int handleTypes) {
-	CUmemAllocationProp prop;
-	memset(&prop, 0, sizeof prop);
-	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	prop.location.id = ordinal;
-	prop.requestedHandleTypes = (CUmemAllocationHandleType)handleTypes;
+	CUmemAllocationProp prop = goep_alloc_prop(ordinal, handleTypes);
 	return cuMemGetAllocationGranularity(g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 }
 
@@ -294,14 +297,7 @@ func (d *Device) ImportFabric(fh FabricHandle, size int) (*Allocation, error) {
 // memory is freed when it is also unmapped everywhere. A second Release
 // returns nil.
 func (a *Allocation) Release() error {
-	return a.d.Do(func() error {
-		if a.h == 0 {
-			return nil
-		}
-		err := result("cuMemRelease", C.cuMemRelease(a.h))
-		a.h = 0
-		return err
-	})
+	return release(a.d, &a.h, "cuMemRelease", func(h C.CUmemGenericAllocationHandle) C.CUresult { return C.cuMemRelease(h) })
 }
 
 // AddressReserve reserves size bytes of virtual address space, aligned to

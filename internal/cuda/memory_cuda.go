@@ -290,14 +290,7 @@ func (h *HostBuffer) at(op string, off, n int) (unsafe.Pointer, error) {
 // Free releases the buffer (cuMemFreeHost). No queued copy may still use
 // it: synchronize the streams that do first. A second Free returns nil.
 func (h *HostBuffer) Free() error {
-	return h.d.Do(func() error {
-		if h.p == nil {
-			return nil
-		}
-		err := result("cuMemFreeHost", C.cuMemFreeHost(h.p))
-		h.p = nil
-		return err
-	})
+	return release(h.d, &h.p, "cuMemFreeHost", func(p unsafe.Pointer) C.CUresult { return C.cuMemFreeHost(p) })
 }
 
 // IsDevicePointer reports whether p is device memory (cuPointerGetAttribute
@@ -366,14 +359,7 @@ func (h *HostRegistration) Len() int { return h.n }
 // caller has synchronized the streams whose work used it. A second call
 // returns nil.
 func (h *HostRegistration) Unregister() error {
-	return h.d.Do(func() error {
-		if h.p == nil {
-			return nil
-		}
-		err := result("cuMemHostUnregister", C.cuMemHostUnregister(h.p))
-		h.p = nil
-		return err
-	})
+	return release(h.d, &h.p, "cuMemHostUnregister", func(p unsafe.Pointer) C.CUresult { return C.cuMemHostUnregister(p) })
 }
 
 // The device's pool (Features.MemoryPools): Stream.Alloc's memory comes

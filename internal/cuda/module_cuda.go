@@ -88,14 +88,7 @@ func (m *Module) Function(name string) (*Function, error) {
 // Close unloads the module (cuModuleUnload); its functions become invalid.
 // Kernels already queued must have completed. A second Close returns nil.
 func (m *Module) Close() error {
-	return m.d.Do(func() error {
-		if m.m == nil {
-			return nil
-		}
-		err := result("cuModuleUnload", C.cuModuleUnload(m.m))
-		m.m = nil
-		return err
-	})
+	return release(m.d, &m.m, "cuModuleUnload", func(m C.CUmodule) C.CUresult { return C.cuModuleUnload(m) })
 }
 
 // Name is the kernel's name.

@@ -76,17 +76,22 @@ func (s *Stream) do(f func(C.CUstream) error) error {
 
 // Query reports whether all work enqueued on s has completed
 // (cuStreamQuery). An error of that work is returned here.
-func (s *Stream) Query() (bool, error) {
-	var done bool
-	err := s.do(func(cs C.CUstream) error {
-		r := C.cuStreamQuery(cs)
-		if r == C.CUDA_ERROR_NOT_READY {
-			return nil
-		}
-		done = true
-		return result("cuStreamQuery", r)
+func (s *Stream) Query() (done bool, err error) {
+	err = s.do(func(cs C.CUstream) (qerr error) {
+		done, qerr = queried("cuStreamQuery", C.cuStreamQuery(cs))
+		return qerr
 	})
 	return done, err
+}
+
+// queried converts the result of a query (cuStreamQuery, cuEventQuery):
+// CUDA_ERROR_NOT_READY is work still running; any other result means the
+// work ended, with the work's error if it failed.
+func queried(op string, r C.CUresult) (done bool, err error) {
+	if r == C.CUDA_ERROR_NOT_READY {
+		return false, nil
+	}
+	return true, result(op, r)
 }
 
 // Synchronize waits until all work enqueued on s has completed, or ctx is
@@ -95,8 +100,14 @@ func (s *Stream) Query() (bool, error) {
 // and a deadline bounds the wait (DESIGN invariant 4). On ctx's end it
 // returns an error wrapping ctx.Err(); the work is still queued.
 func (s *Stream) Synchronize(ctx context.Context) error {
-	if err := poll.Until(ctx, syncPolicy, s.Query); err != nil {
-		return fmt.Errorf("cuda: synchronize stream: %w", err)
+	return synchronize(ctx, "stream", s.Query)
+}
+
+// synchronize polls query until it reports the work done, or ctx is done;
+// what names the waited-for object in the error.
+func synchronize(ctx context.Context, what string, query func() (bool, error)) error {
+	if err := poll.Until(ctx, syncPolicy, query); err != nil {
+		return fmt.Errorf("cuda: synchronize %s: %w", what, err)
 	}
 	return nil
 }
@@ -105,17 +116,11 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 // completes; the driver releases the stream afterwards. A second Close
 // returns nil.
 func (s *Stream) Close() error {
-	return s.d.Do(func() error {
-		if s.s == nil {
-			return nil
-		}
+	return release(s.d, &s.s, "cuStreamDestroy", func(cs C.CUstream) C.CUresult {
 		if s.borrowed {
-			s.s = nil
-			return nil
+			return C.CUDA_SUCCESS // not this package's to destroy
 		}
-		err := result("cuStreamDestroy", C.cuStreamDestroy(s.s))
-		s.s = nil
-		return err
+		return C.cuStreamDestroy(cs)
 	})
 }
 
@@ -173,15 +178,10 @@ func (s *Stream) WaitEvent(e *Event) error {
 
 // Query reports whether the work captured by e has completed (cuEventQuery).
 // An event never recorded counts as completed.
-func (e *Event) Query() (bool, error) {
-	var done bool
-	err := e.do(func(ce C.CUevent) error {
-		r := C.cuEventQuery(ce)
-		if r == C.CUDA_ERROR_NOT_READY {
-			return nil
-		}
-		done = true
-		return result("cuEventQuery", r)
+func (e *Event) Query() (done bool, err error) {
+	err = e.do(func(ce C.CUevent) (qerr error) {
+		done, qerr = queried("cuEventQuery", C.cuEventQuery(ce))
+		return qerr
 	})
 	return done, err
 }
@@ -189,10 +189,7 @@ func (e *Event) Query() (bool, error) {
 // Synchronize waits until e has completed or ctx is done, polling
 // cuEventQuery like Stream.Synchronize.
 func (e *Event) Synchronize(ctx context.Context) error {
-	if err := poll.Until(ctx, syncPolicy, e.Query); err != nil {
-		return fmt.Errorf("cuda: synchronize event: %w", err)
-	}
-	return nil
+	return synchronize(ctx, "event", e.Query)
 }
 
 // Elapsed is the GPU time from start to e, both recorded with timing and
@@ -215,14 +212,7 @@ func (e *Event) Elapsed(start *Event) (time.Duration, error) {
 
 // Close destroys the event (cuEventDestroy). A second Close returns nil.
 func (e *Event) Close() error {
-	return e.d.Do(func() error {
-		if e.e == nil {
-			return nil
-		}
-		err := result("cuEventDestroy", C.cuEventDestroy(e.e))
-		e.e = nil
-		return err
-	})
+	return release(e.d, &e.e, "cuEventDestroy", func(e C.CUevent) C.CUresult { return C.cuEventDestroy(e) })
 }
 
 // Stream memory operations: flags between streams, devices and processes
@@ -242,12 +232,21 @@ func (s *Stream) WriteValue32(p DevicePtr, v uint32) error {
 // WriteValue64 is WriteValue32 for an 8-byte word (cuStreamWriteValue64_v2;
 // needs Features.StreamMemOps64).
 func (s *Stream) WriteValue64(p DevicePtr, v uint64) error {
-	if !s.d.feat.StreamMemOps64 {
-		return fmt.Errorf("cuda: stream write value 64: %w: device %d has no 64-bit stream memory operations", ErrUnsupported, s.d.ordinal)
+	if err := s.memOps64("write value 64"); err != nil {
+		return err
 	}
 	return s.do(func(cs C.CUstream) error {
 		return result("cuStreamWriteValue64", C.cuStreamWriteValue64_v2(cs, p.c(), C.cuuint64_t(v), C.CU_STREAM_WRITE_VALUE_DEFAULT))
 	})
+}
+
+// memOps64 fails op with ErrUnsupported unless s's device has the 64-bit
+// stream memory operations (Features.StreamMemOps64).
+func (s *Stream) memOps64(op string) error {
+	if !s.d.feat.StreamMemOps64 {
+		return fmt.Errorf("cuda: stream %s: %w: device %d has no 64-bit stream memory operations", op, ErrUnsupported, s.d.ordinal)
+	}
+	return nil
 }
 
 // WaitValue32 makes later work on s wait until the 4-byte word at p, as an
@@ -263,8 +262,8 @@ func (s *Stream) WaitValue32(p DevicePtr, v uint32) error {
 // WaitValue64 is WaitValue32 for an 8-byte word (cuStreamWaitValue64_v2;
 // needs Features.StreamMemOps64).
 func (s *Stream) WaitValue64(p DevicePtr, v uint64) error {
-	if !s.d.feat.StreamMemOps64 {
-		return fmt.Errorf("cuda: stream wait value 64: %w: device %d has no 64-bit stream memory operations", ErrUnsupported, s.d.ordinal)
+	if err := s.memOps64("wait value 64"); err != nil {
+		return err
 	}
 	return s.do(func(cs C.CUstream) error {
 		return result("cuStreamWaitValue64", C.cuStreamWaitValue64_v2(cs, p.c(), C.cuuint64_t(v), C.CU_STREAM_WAIT_VALUE_GEQ))
