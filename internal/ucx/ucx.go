@@ -852,6 +852,20 @@ func (k *RemoteKey) handle(op string) (C.ucp_rkey_h, error) {
 	return k.h, nil
 }
 
+// remote returns the handles of a one-sided operation op on ep through
+// rkey, both usable; the worker's lock is held.
+func (ep *Endpoint) remote(op string, rkey *RemoteKey) (C.ucp_ep_h, C.ucp_rkey_h, error) {
+	h, err := ep.usable(op)
+	if err != nil {
+		return nil, nil, err
+	}
+	rk, err := rkey.handle(op)
+	if err != nil {
+		return nil, nil, err
+	}
+	return h, rk, nil
+}
+
 // Put starts writing src to the peer's address raddr, inside a region whose
 // key is rkey (ucp_put_nbx). src must not be Go-heap memory and must not
 // change until the request completes (or a flush covering it does). local,
@@ -860,11 +874,7 @@ func (k *RemoteKey) handle(op string) (C.ucp_rkey_h, error) {
 func (ep *Endpoint) Put(src []byte, raddr uint64, rkey *RemoteKey, local *MemHandle) (*Request, error) {
 	ep.w.mu.Lock()
 	defer ep.w.mu.Unlock()
-	h, err := ep.usable("ucp_put_nbx")
-	if err != nil {
-		return nil, err
-	}
-	rk, err := rkey.handle("ucp_put_nbx")
+	h, rk, err := ep.remote("ucp_put_nbx", rkey)
 	if err != nil {
 		return nil, err
 	}
@@ -885,11 +895,7 @@ func (ep *Endpoint) Put(src []byte, raddr uint64, rkey *RemoteKey, local *MemHan
 func (ep *Endpoint) AtomicAdd(v uint64, raddr uint64, rkey *RemoteKey) (*Request, error) {
 	ep.w.mu.Lock()
 	defer ep.w.mu.Unlock()
-	h, err := ep.usable("ucp_atomic_op_nbx")
-	if err != nil {
-		return nil, err
-	}
-	rk, err := rkey.handle("ucp_atomic_op_nbx")
+	h, rk, err := ep.remote("ucp_atomic_op_nbx", rkey)
 	if err != nil {
 		return nil, err
 	}
