@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,24 +32,62 @@ const MaxBuffers = 8
 const (
 	StatusOK       = 0
 	StatusInvalid  = 1 // the rank's input was rejected; Msg says why
-	StatusFailed   = 2 // the rank lost a peer or timed out (fatal); Msg says which
+	StatusFailed   = 2 // the rank lost a peer (fatal); the named ranks are the lost ones
 	StatusMismatch = 3 // the rank found ranks running different calls; Msg says which
+	StatusTimeout  = 4 // the rank timed out (fatal); the named ranks were not heard from
 )
 
-// StatusOf is the status a rank publishes for its failure err: StatusFailed
-// for a timeout or a lost peer, StatusMismatch for ErrPeerMismatch, else
-// StatusInvalid.
+// StatusOf is the status a rank publishes for its failure err:
+// StatusTimeout for a timeout, StatusFailed for a lost peer, StatusMismatch
+// for ErrPeerMismatch, else StatusInvalid. A timeout that is also a loss
+// (a peer reported one, another timed out) publishes the loss: evidence of
+// death outranks silence.
 func StatusOf(err error) uint64 {
 	switch {
 	case err == nil:
 		return StatusOK
-	case errors.Is(err, comm.ErrTimeout) || errors.Is(err, comm.ErrPeerLost):
+	case errors.Is(err, comm.ErrPeerLost):
 		return StatusFailed
+	case errors.Is(err, comm.ErrTimeout):
+		return StatusTimeout
 	case errors.Is(err, ErrPeerMismatch):
 		return StatusMismatch
 	}
 	return StatusInvalid
 }
+
+// Named is the ranks a fatal failure names, as StatusOf classes it: those
+// lost (a *comm.PeerLostError) for StatusFailed, those not heard from (a
+// *comm.TimeoutError) for StatusTimeout; nil otherwise.
+func Named(err error) []int {
+	switch StatusOf(err) {
+	case StatusFailed:
+		var pe *comm.PeerLostError
+		if errors.As(err, &pe) {
+			return pe.Ranks
+		}
+	case StatusTimeout:
+		var te *comm.TimeoutError
+		if errors.As(err, &te) {
+			return te.Missing
+		}
+	}
+	return nil
+}
+
+// MaxNamed is the most ranks a published failure names (a header's
+// bound); a failure naming more names the first MaxNamed, and its message
+// the rest.
+const MaxNamed = 256
+
+// RelayMargin is how much longer than timeout a wait lasts when what it
+// waits for may be a peer's report of its own timeout: a round that
+// follows another round (the rail's after the domain's, or the domain's
+// after the rail's) hears the peer that timed out in the first round at
+// about the same deadline as its own, so it waits the margin more, and
+// reports the timeout the peer relays (naming the rank it missed) instead
+// of naming the live peer. A quarter of the timeout, at most 5 s.
+func RelayMargin(timeout time.Duration) time.Duration { return min(timeout/4, 5*time.Second) }
 
 const msgCap = 200
 
@@ -63,11 +102,14 @@ type header struct {
 	abandoned atomic.Uint64
 	op        uint64
 	status    uint64
-	sig       [4]uint64
-	nbufs     uint64
-	handles   [MaxBuffers][handleSize]byte
-	msgLen    uint64
-	msg       [msgCap]byte
+	// named are the ranks a fatal status names (Named), nnamed of them.
+	nnamed  uint64
+	named   [MaxNamed]int32
+	sig     [4]uint64
+	nbufs   uint64
+	handles [MaxBuffers][handleSize]byte
+	msgLen  uint64
+	msg     [msgCap]byte
 }
 
 // A control block is the header, then (each on its own cache lines) the
@@ -88,6 +130,10 @@ type Call struct {
 	Status error
 	// Buffers are exposed to the peers for the duration of the exchange.
 	Buffers []*device.Buffer
+	// Relay makes the exchange wait RelayMargin longer than the domain's
+	// timeout: it follows a round whose timeout a peer may be about to
+	// report.
+	Relay bool
 }
 
 // PeerError is the failure one peer published in an exchange.
@@ -95,19 +141,26 @@ type PeerError struct {
 	Rank   int // global rank
 	Status uint64
 	Msg    string
+	// Ranks are the ranks a fatal status names (lost, or not heard from).
+	Ranks []int
 }
 
 func (e *PeerError) Error() string {
 	return fmt.Sprintf("nvlink: rank %d reported: %s", e.Rank, e.Msg)
 }
 
-// Unwrap makes errors.Is(err, ErrPeerReported) true; for StatusFailed
-// also errors.Is(err, comm.ErrPeerLost) (the reporting rank's world is
-// broken, so this one's is too), for StatusMismatch ErrPeerMismatch.
+// Unwrap makes errors.Is(err, ErrPeerReported) true, and keeps the class
+// and names of the peer's failure, so that relaying it blames the same
+// ranks: for StatusFailed a *comm.PeerLostError and for StatusTimeout a
+// *comm.TimeoutError naming Ranks (the reporting rank's world is broken,
+// so this one's is too), for StatusMismatch ErrPeerMismatch.
 func (e *PeerError) Unwrap() []error {
+	op := fmt.Sprintf("as rank %d reports", e.Rank)
 	switch e.Status {
 	case StatusFailed:
-		return []error{ErrPeerReported, comm.ErrPeerLost}
+		return []error{ErrPeerReported, &comm.PeerLostError{Op: op, Ranks: e.Ranks, Cause: "a peer of rank " + strconv.Itoa(e.Rank) + " was lost"}}
+	case StatusTimeout:
+		return []error{ErrPeerReported, &comm.TimeoutError{Op: op, Missing: e.Ranks}}
 	case StatusMismatch:
 		return []error{ErrPeerReported, ErrPeerMismatch}
 	}
@@ -257,14 +310,24 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	d.epoch++
 	e := d.epoch
 	deadline := time.Now().Add(d.timeout)
+	if c.Relay {
+		deadline = deadline.Add(RelayMargin(d.timeout))
+	}
 
 	// Phase 1: publish.
 	h := hdr(d.ctrl)
-	h.op, h.sig, h.status, h.msgLen = c.Op, c.Sig, StatusOK, 0
+	h.op, h.sig, h.status, h.msgLen, h.nnamed = c.Op, c.Sig, StatusOK, 0, 0
 	if c.Status != nil {
 		h.status = StatusOf(c.Status)
 		n := copy(h.msg[:], c.Status.Error())
 		h.msgLen = uint64(n)
+		for _, r := range Named(c.Status) {
+			if h.nnamed == MaxNamed {
+				break
+			}
+			h.named[h.nnamed] = int32(r)
+			h.nnamed++
+		}
 	}
 	d.trimMappings()
 	exported := make([]handle, 0, len(c.Buffers))
@@ -303,7 +366,11 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 		ph := hdr(d.peers[p])
 		if ph.status != StatusOK {
 			// A length past the message array is a corrupt header.
-			failure = &PeerError{Rank: d.global[p], Status: ph.status, Msg: string(ph.msg[:min(ph.msgLen, msgCap)])}
+			pe := &PeerError{Rank: d.global[p], Status: ph.status, Msg: string(ph.msg[:min(ph.msgLen, msgCap)])}
+			for _, r := range ph.named[:min(ph.nnamed, MaxNamed)] {
+				pe.Ranks = append(pe.Ranks, int(r))
+			}
+			failure = pe
 			break
 		}
 	}

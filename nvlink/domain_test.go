@@ -121,6 +121,48 @@ func TestExchangeMismatchAndPeerStatus(t *testing.T) {
 	}
 }
 
+// TestExchangeRelaysBlame: a rank that publishes a fatal failure (a
+// timeout, a lost peer) makes every rank fail with the same class and the
+// same named ranks, never another: relaying does not turn a timeout into
+// a loss, nor blame the rank that relays.
+func TestExchangeRelaysBlame(t *testing.T) {
+	const n = 3
+	ds, _ := domains(t, n, 5*time.Second)
+	for _, c := range []struct {
+		name  string
+		cause error
+		named []int
+	}{
+		{"timeout", &comm.TimeoutError{Op: "rail round 2", Missing: []int{7, 9}}, []int{7, 9}},
+		{"lost", &comm.PeerLostError{Op: "rail round 3", Ranks: []int{8}, Cause: "process exited"}, []int{8}},
+	} {
+		errs := onEach(n, func(r int) error {
+			var status error
+			if r == 1 {
+				status = fmt.Errorf("executor: %w", c.cause)
+			}
+			return ds[r].Exchange(Call{Op: 1, Status: status}, nil)
+		})
+		for r, err := range errs {
+			if r == 1 {
+				continue
+			}
+			var te *comm.TimeoutError
+			var le *comm.PeerLostError
+			switch c.name {
+			case "timeout":
+				if !errors.As(err, &te) || errors.Is(err, comm.ErrPeerLost) || !slices.Equal(te.Missing, c.named) {
+					t.Errorf("%s, rank %d: %v, want a timeout naming %v and no loss", c.name, r, err, c.named)
+				}
+			case "lost":
+				if !errors.As(err, &le) || !slices.Equal(le.Ranks, c.named) {
+					t.Errorf("%s, rank %d: %v, want a loss naming %v", c.name, r, err, c.named)
+				}
+			}
+		}
+	}
+}
+
 // published waits until rank r of ds has published its exchange number e
 // (a minute at most: it publishes first thing).
 func published(t *testing.T, ds []*Domain, r int, e uint64) {

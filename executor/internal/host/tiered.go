@@ -26,7 +26,7 @@ type tiered struct {
 
 func (x *tiered) join(op datapath.Op, cause error) {
 	x.r.Reject(op, cause, func() {
-		_ = x.c.Dom.Exchange(nvlink.Call{Op: uint64(op), Status: cause}, nil)
+		_ = x.c.Dom.Exchange(nvlink.Call{Op: uint64(op), Status: cause, Relay: op.DispatchLike()}, nil)
 	})
 }
 
@@ -41,7 +41,9 @@ func (x *tiered) routing(idx *device.Tensor, sg [4]uint64, fn func(routing [][]i
 	if rerr == nil {
 		r.Forward(recv, func(n int) int { return rail.GetHead(recv(n)).Count * env.P.TopK * 4 }, nil)
 	}
-	c := nvlink.Call{Op: uint64(datapath.OpLayout), Sig: sg, Status: rerr, Buffers: []*device.Buffer{idx.Buffer(), r.Fwd}}
+	// The domain exchange follows the rail round: a domain peer whose
+	// round timed out reports it (Relay).
+	c := nvlink.Call{Op: uint64(datapath.OpLayout), Sig: sg, Status: rerr, Buffers: []*device.Buffer{idx.Buffer(), r.Fwd}, Relay: true}
 	err := x.c.Exchange(c, func(peers [][]*device.Buffer) error {
 		routing := make([][]int32, env.NumRanks)
 		for g := range routing {
@@ -92,7 +94,7 @@ func (x *tiered) pull(lay *plan.Layout, c nvlink.Call, xt, w *device.Tensor, fn 
 			r.Forward(recv, ab, func(n int) int { return count[n] * rb })
 		}
 	}
-	c.Status = rerr
+	c.Status, c.Relay = rerr, true
 	c.Buffers = append(c.Buffers, r.Fwd)
 	err := x.c.Exchange(c, func(peers [][]*device.Buffer) error {
 		return fn(sources(env, lay, peers, rb, weighted, r))

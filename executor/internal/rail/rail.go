@@ -75,18 +75,27 @@ type Rail struct {
 // Rail slot: a header, an area of MaxTokensPerRank*TopK 4-byte values
 // (routing in the layout, weights in dispatch, weight gradients in
 // combine), then MaxTokensPerRank rows of up to Hidden fp32 elements.
+//
+// A header is eight words (op, sig[3], status, count, message length,
+// device flag), the message (MsgMax bytes from byte 64), then the number
+// of ranks a fatal status names and those ranks (int32, up to
+// nvlink.MaxNamed).
 const (
-	Header = 256
-	MsgMax = Header - 8*8 // bytes of a header's message
+	Header   = 2048
+	MsgMax   = 448                                       // bytes of a header's message
+	namedOff = 64 + MsgMax                               // the named ranks' count (uint64), then the ranks
+	_        = Header - namedOff - 8 - 4*nvlink.MaxNamed // the names fit (a negative constant fails to compile)
 )
 
 // Head is the decoded header of a rail slot.
 type Head struct {
 	Op     uint64
 	Sig    [3]uint64
-	Status uint64 // nvlink.StatusOK, StatusInvalid or StatusFailed
+	Status uint64 // nvlink.StatusOK, or a failure's (nvlink.StatusOf)
 	Count  int    // rows (tokens in the layout) in the slot
 	Msg    string
+	// Ranks are the ranks a fatal status names (nvlink.Named).
+	Ranks []int
 	// Dev: the sender's GPU waits of this call failed (a GPU-fed header,
 	// goep_ep_rail_post); Msg holds their codes, one byte per rank of the
 	// sender's domain (nvlink.WaitError decodes them), and Status is not
@@ -103,13 +112,18 @@ func PutHead(b []byte, h Head) {
 	}
 	le.PutUint64(b[32:], h.Status)
 	le.PutUint64(b[40:], uint64(h.Count))
-	n := copy(b[64:Header], h.Msg)
+	n := copy(b[64:64+MsgMax], h.Msg)
 	le.PutUint64(b[48:], uint64(n))
 	dev := uint64(0)
 	if h.Dev {
 		dev = 1
 	}
 	le.PutUint64(b[56:], dev)
+	named := h.Ranks[:min(len(h.Ranks), nvlink.MaxNamed)]
+	le.PutUint64(b[namedOff:], uint64(len(named)))
+	for i, r := range named {
+		le.PutUint32(b[namedOff+8+4*i:], uint32(int32(r)))
+	}
 }
 
 // GetHead reads the header at the start of slot b.
@@ -123,6 +137,9 @@ func GetHead(b []byte) Head {
 	// corrupt header; the count is checked by the round.
 	n := min(le.Uint64(b[48:]), MsgMax)
 	h.Msg = string(b[64 : 64+n])
+	for i := range min(le.Uint64(b[namedOff:]), nvlink.MaxNamed) {
+		h.Ranks = append(h.Ranks, int(int32(le.Uint32(b[namedOff+8+4*int(i):]))))
+	}
 	return h
 }
 
@@ -249,12 +266,12 @@ func (r *Rail) Exchange(op datapath.Op, sg [4]uint64, status error, fill Fill, s
 	r.epoch++
 	ep := r.epoch
 	// A combine-like call's round follows its domain exchange, whose
-	// failure (a GPU wait's timeout) can take the timeout to show: the
-	// round waits twice as long, so that the failure's report, not this
-	// rank's silence, reaches the rail peers.
+	// failure (a timeout) takes the timeout to show: the round waits the
+	// relay margin longer, so that the peer's report of that failure, not
+	// this rank's silence, reaches it.
 	timeout := r.env.Timeout
 	if !op.DispatchLike() {
-		timeout *= 2
+		timeout += nvlink.RelayMargin(timeout)
 	}
 	base, lost := context.WithCancelCause(context.Background())
 	defer lost(nil)
@@ -312,12 +329,12 @@ func (r *Rail) Exchange(op datapath.Op, sg [4]uint64, status error, fill Fill, s
 		if ph.Dev {
 			// The peer's GPU waits failed: the cause as the peer names it.
 			derr := nvlink.WaitError([]byte(ph.Msg), r.Global(n)-r.Local)
-			ph.Status, ph.Msg = nvlink.StatusOf(derr), derr.Error()
+			ph.Status, ph.Msg, ph.Ranks = nvlink.StatusOf(derr), derr.Error(), nvlink.Named(derr)
 		}
 		switch ph.Status {
 		case nvlink.StatusOK:
-		case nvlink.StatusFailed:
-			return recv, r.fatal(&nvlink.PeerError{Rank: r.Global(n), Status: ph.Status, Msg: ph.Msg})
+		case nvlink.StatusFailed, nvlink.StatusTimeout:
+			return recv, r.fatal(&nvlink.PeerError{Rank: r.Global(n), Status: ph.Status, Msg: ph.Msg, Ranks: ph.Ranks})
 		case nvlink.StatusMismatch:
 			return recv, fmt.Errorf("executor: rail: %w", &nvlink.PeerError{Rank: r.Global(n), Status: ph.Status, Msg: ph.Msg})
 		default:
@@ -352,7 +369,7 @@ func (r *Rail) post(ctx context.Context, ep uint64, parity int, op datapath.Op, 
 		head := Head{Op: uint64(op), Sig: [3]uint64{sg[0], sg[1], sg[2]}}
 		ab, rb := 0, 0
 		if status != nil {
-			head.Status, head.Msg = nvlink.StatusOf(status), status.Error()
+			head.Status, head.Msg, head.Ranks = nvlink.StatusOf(status), status.Error(), nvlink.Named(status)
 		} else {
 			head.Count, ab, rb = fill(n, s[Header:Header+r.Area], s[Header+r.Area:])
 		}
@@ -376,12 +393,17 @@ func (r *Rail) post(ctx context.Context, ep uint64, parity int, op datapath.Op, 
 	return nil
 }
 
-// fatal records a transport failure (timeout, lost peer) as fatal.
+// fatal records a failure of the round (timeout, lost peer) as fatal: the
+// transport's own, whose ranks are rail indices, or one that names global
+// ranks already (a domain peer lost, a rail peer's report).
 func (r *Rail) fatal(err error) error {
 	var dl *domainLost
-	if errors.As(err, &dl) {
-		err = dl.err // global ranks already
-	} else {
+	var pe *nvlink.PeerError
+	switch {
+	case errors.As(err, &dl):
+		err = dl.err
+	case errors.As(err, &pe):
+	default:
 		err = r.railErr(err)
 	}
 	return r.env.Fate.Note(fmt.Errorf("executor: rail round %d: %w", r.epoch, err))

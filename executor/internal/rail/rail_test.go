@@ -300,16 +300,17 @@ func checkRailSend(t *testing.T, cfg plan.Params, lay *plan.Layout, p *plan.Rail
 func TestRailHeadCorrupt(t *testing.T) {
 	b := make([]byte, Header)
 	op := uint64(datapath.OpDispatch)
-	PutHead(b, Head{Op: op, Status: 2, Count: 7, Msg: "bad input on rank 3"})
-	if h := GetHead(b); h.Op != op || h.Count != 7 || h.Msg != "bad input on rank 3" {
+	PutHead(b, Head{Op: op, Status: nvlink.StatusTimeout, Count: 7, Msg: "timed out on rank 3", Ranks: []int{3, 12}})
+	if h := GetHead(b); h.Op != op || h.Count != 7 || h.Msg != "timed out on rank 3" || !slices.Equal(h.Ranks, []int{3, 12}) {
 		t.Fatalf("round trip: %+v", h)
 	}
 	for _, n := range []uint64{1 << 63, ^uint64(0), Header} {
 		binary.LittleEndian.PutUint64(b[48:], n)
 		binary.LittleEndian.PutUint64(b[40:], n)
+		binary.LittleEndian.PutUint64(b[namedOff:], n)
 		h := GetHead(b)
-		if len(h.Msg) > MsgMax {
-			t.Errorf("length %#x: message of %d bytes, more than %d", n, len(h.Msg), MsgMax)
+		if len(h.Msg) > MsgMax || len(h.Ranks) > nvlink.MaxNamed {
+			t.Errorf("length %#x: message of %d bytes and %d ranks, more than %d and %d", n, len(h.Msg), len(h.Ranks), MsgMax, nvlink.MaxNamed)
 		}
 	}
 }
