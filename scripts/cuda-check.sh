@@ -39,44 +39,38 @@ have_cuda() {
 # of Debian's deb822 source file (Debian 12's default), or to the deb lines
 # of a one-line-style sources.list; lines that have them already stay.
 enable_contrib_nonfree() {
-	local f=/etc/apt/sources.list.d/debian.sources
-	if [ -f "$f" ]; then
-		awk '
-			/^Components:/ {
-				have_c = 0; have_n = 0
-				for (i = 2; i <= NF; i++) {
-					if ($i == "contrib") have_c = 1
-					if ($i == "non-free") have_n = 1
-				}
-				if (!have_c) $0 = $0 " contrib"
-				if (!have_n) $0 = $0 " non-free"
-			}
-			{ print }
-		' "$f" >"$f.goep-tmp"
-		if cmp -s "$f" "$f.goep-tmp"; then
-			rm -f "$f.goep-tmp"
-		else
-			mv "$f.goep-tmp" "$f"
-			log "enabled contrib non-free in $f"
-		fi
+	if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+		add_components /etc/apt/sources.list.d/debian.sources '^Components:' 2
 	elif [ -f /etc/apt/sources.list ]; then
-		f=/etc/apt/sources.list
-		awk '
-			/^deb(-src)? / {
-				have_c = 0; have_n = 0
-				for (i = 4; i <= NF; i++) {
-					if ($i == "contrib") have_c = 1
-					if ($i == "non-free") have_n = 1
-				}
-				if (!have_c) $0 = $0 " contrib"
-				if (!have_n) $0 = $0 " non-free"
-			}
-			{ print }
-		' "$f" >"$f.goep-tmp"
-		if cmp -s "$f" "$f.goep-tmp"; then rm -f "$f.goep-tmp"; else mv "$f.goep-tmp" "$f"; fi
+		add_components /etc/apt/sources.list '^deb(-src)? ' 4
 	else
 		echo "scripts/cuda-check.sh: no Debian apt sources found" >&2
 		exit 1
+	fi
+}
+
+# add_components FILE PATTERN FIRST appends contrib and non-free, where
+# missing, to the lines of FILE that match PATTERN (an awk regex), whose
+# components start at field FIRST. FILE is rewritten only if it changes.
+add_components() {
+	local f=$1
+	awk -v pat="$2" -v first="$3" '
+		$0 ~ pat {
+			have_c = 0; have_n = 0
+			for (i = first; i <= NF; i++) {
+				if ($i == "contrib") have_c = 1
+				if ($i == "non-free") have_n = 1
+			}
+			if (!have_c) $0 = $0 " contrib"
+			if (!have_n) $0 = $0 " non-free"
+		}
+		{ print }
+	' "$f" >"$f.goep-tmp"
+	if cmp -s "$f" "$f.goep-tmp"; then
+		rm -f "$f.goep-tmp"
+	else
+		mv "$f.goep-tmp" "$f"
+		log "enabled contrib non-free in $f"
 	fi
 }
 

@@ -49,13 +49,9 @@ here=$(dirname "$0")
 source "$here/steps.sh"
 cd "$here/.." || exit 2
 
-out=${OUT:-gpu-out}
-mkdir -p "$out"
+steps_begin gpu-out
 export GOEP_TIMEOUT=${GOEP_TIMEOUT:-20s}
-export NCCL_NVLS_ENABLE=0
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 bin=.gpu
-failed=0
 
 
 # sanitize NAME SECONDS TOOL CMD... is step under compute-sanitizer; a

@@ -37,10 +37,8 @@ here=$(dirname "$0")
 source "$here/steps.sh"
 cd "$here/.." || exit 2
 
-out=${OUT:-multigpu-out}
-mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+steps_begin multigpu-out
+export NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export GOEP_TIMEOUT=${GOEP_TIMEOUT:-30s}
 bin=.gpu
 gpus=${1:-all}
@@ -62,7 +60,6 @@ if ! [ "$gpus" -ge 2 ] 2>/dev/null; then
 	echo "multigpu-run.sh: need at least 2 GPUs (got ${gpus:-none}); on one GPU use gpu-run.sh" >&2
 	exit 2
 fi
-failed=0
 
 
 nvidia-smi topo -m >"$out/topo.txt" 2>&1

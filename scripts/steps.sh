@@ -1,9 +1,9 @@
-# shellcheck shell=bash disable=SC2154 # out and failed are the caller's
+# shellcheck shell=bash
 # Sourced by gpu-run.sh and multigpu-run.sh (and copied next to them by
-# gpu-build.sh): step NAME SECONDS CMD... runs CMD with a deadline, its
-# output in $out/NAME.log, prints one PASS or FAIL line (a failure with the
-# log's tail) and counts failures in $failed. The caller sets out and
-# failed. GOEP_STEPS (an extended regular expression, unset: every step)
+# gpu-build.sh): steps_begin DIR sets them up, step NAME SECONDS CMD...
+# runs CMD with a deadline, its output in $out/NAME.log, prints one PASS
+# or FAIL line (a failure with the log's tail) and counts failures in
+# $failed. GOEP_STEPS (an extended regular expression, unset: every step)
 # picks the steps to run by name, so that a group too long for one device
 # call can be split: a step whose name does not match prints SKIP. An
 # invalid expression stops the script at once (exit 2); steps_end says
@@ -16,6 +16,18 @@ if [ -n "${GOEP_STEPS:-}" ]; then
 	fi
 fi
 ran=0 # steps run (not skipped)
+
+# steps_begin DIR starts a run of steps: out (the logs' folder) is $OUT,
+# the device tool's output folder, else DIR; no step has failed yet. The
+# GPU hosts run as root, where Open MPI's mpirun must be allowed to, and
+# every GPU run keeps NCCL off NVLink multicast.
+steps_begin() {
+	out=${OUT:-$1}
+	mkdir -p "$out"
+	failed=0
+	export NCCL_NVLS_ENABLE=0
+	export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+}
 
 # wanted NAME: whether GOEP_STEPS picks step NAME.
 wanted() { [ -z "${GOEP_STEPS:-}" ] || [[ $1 =~ ^(${GOEP_STEPS})$ ]]; }
