@@ -222,14 +222,18 @@ func pids(t *testing.T, n int, stdout string) (ranks map[int]int, grandchildren 
 	return ranks, grandchildren
 }
 
-// checkReaped checks that every rank has been reaped: its pid is gone.
-func checkReaped(t *testing.T, ranks map[int]int) {
+// checkReaped checks that each of the n ranks printed its pid to stdout
+// and has been reaped: its pid is gone. It returns the pids of the
+// grandchildren the ranks printed.
+func checkReaped(t *testing.T, n int, stdout string) (grandchildren []int) {
 	t.Helper()
+	ranks, grandchildren := pids(t, n, stdout)
 	for r, pid := range ranks {
 		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 			t.Errorf("rank %d (pid %d) still exists after Spawn returned: kill 0: %v", r, pid, err)
 		}
 	}
+	return grandchildren
 }
 
 // dead reports whether pid is gone or a zombie (an orphan waiting for
@@ -254,8 +258,7 @@ func TestSpawnOutput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ranks, _ := pids(t, 3, stdout)
-	checkReaped(t, ranks)
+	checkReaped(t, 3, stdout)
 	for r := range 3 {
 		for _, want := range []string{"out line 1", "out line 2", "no newline"} {
 			if !strings.Contains(stdout, fmt.Sprintf("[rank %d] %s\n", r, want)) {
@@ -374,8 +377,7 @@ func TestSpawnAllSucceed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ranks, _ := pids(t, 4, stdout)
-	checkReaped(t, ranks)
+	checkReaped(t, 4, stdout)
 }
 
 // TestSpawnFailure checks that a failing rank is named and that the others,
@@ -402,8 +404,7 @@ func TestSpawnFailure(t *testing.T) {
 			if tc.name == "exit at once" {
 				return // the others may be terminated before they print their pid
 			}
-			ranks, _ := pids(t, 4, stdout)
-			checkReaped(t, ranks)
+			checkReaped(t, 4, stdout)
 		})
 	}
 }
@@ -421,8 +422,7 @@ func TestSpawnGrace(t *testing.T) {
 	if n := strings.Count(stdout, "trapping"); n != 2 {
 		t.Errorf("%d ranks trapped SIGTERM, want 2", n)
 	}
-	ranks, _ := pids(t, 3, stdout)
-	checkReaped(t, ranks)
+	checkReaped(t, 3, stdout)
 }
 
 // TestSpawnGrandchild checks that a rank's own children die with the job.
@@ -437,8 +437,7 @@ func TestSpawnGrandchild(t *testing.T) {
 	if took > prompt {
 		t.Errorf("Spawn took %v", took)
 	}
-	ranks, gc := pids(t, 2, stdout)
-	checkReaped(t, ranks)
+	gc := checkReaped(t, 2, stdout)
 	if len(gc) != 1 {
 		t.Fatalf("grandchild pids %v:\n%s", gc, stdout)
 	}
@@ -471,8 +470,7 @@ func TestSpawnCancel(t *testing.T) {
 	if took := time.Since(cancelled); took > prompt {
 		t.Errorf("Spawn returned %v after the cancel", took)
 	}
-	ranks, _ := pids(t, 3, stdout)
-	checkReaped(t, ranks)
+	checkReaped(t, 3, stdout)
 }
 
 // TestSpawnTimeout: a job still running at SpawnConfig.Timeout is ended,
@@ -497,8 +495,7 @@ func TestSpawnTimeout(t *testing.T) {
 		if took > timeout+prompt {
 			t.Errorf("Spawn took %v with a %v timeout", took, timeout)
 		}
-		ranks, _ := pids(t, 2, stdout)
-		checkReaped(t, ranks)
+		checkReaped(t, 2, stdout)
 		return
 	}
 }
