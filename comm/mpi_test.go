@@ -14,10 +14,7 @@ import (
 	"github.com/goep/goep/internal/ranktest"
 )
 
-// The MPI tests re-execute this test binary under mpirun (see
-// internal/ranktest): the children, one per rank, do the checks.
-
-const mpiNP = 4
+const mpiNP = 4 // the processes of each test's world, under mpirun
 
 func TestMPIGroup(t *testing.T) {
 	if !ranktest.UnderMPI(t, mpiNP) {

@@ -14,9 +14,8 @@ import (
 	"github.com/goep/goep/internal/ranktest"
 )
 
-// Multi-process tests re-execute this test binary under mpirun (see
-// internal/ranktest): the children, one per rank, do the checks.
-
+// np processes run each test, started by mpirun (ranktest.UnderMPI); each
+// checks its own rank's results.
 const np = 4
 
 func TestCollectives(t *testing.T) {
