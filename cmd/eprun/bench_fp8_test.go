@@ -30,19 +30,14 @@ func TestBenchFP8(t *testing.T) {
 	wantRowBytes := map[string]int{"fp8": 128 + 4, "bf16": 256}
 
 	// The table: the dtype column per call, the footer line, all right.
-	rows := 0
-	for _, l := range strings.Split(strings.TrimSpace(stdout), "\n") {
-		if strings.HasPrefix(l, "#") {
-			continue
+	_, rows := tableRows(t, stdout, 15)
+	for _, f := range rows {
+		if f[4] != wantDType[f[0]] {
+			t.Errorf("row %v: want dtype %s", f, wantDType[f[0]])
 		}
-		f := strings.Fields(l)
-		if len(f) != 15 || f[4] != wantDType[f[0]] || f[len(f)-1] != "0" {
-			t.Errorf("row %q: want 15 columns, dtype %s, #wrong 0", l, wantDType[f[0]])
-		}
-		rows++
 	}
-	if rows != len(bench.KnownCalls) {
-		t.Errorf("%d rows, want %d:\n%s", rows, len(bench.KnownCalls), stdout)
+	if len(rows) != len(bench.KnownCalls) {
+		t.Errorf("%d rows, want %d:\n%s", len(rows), len(bench.KnownCalls), stdout)
 	}
 	for _, want := range []string{
 		"# fp8: dispatch and dispatch-permute move fp8 e4m3 rows with one fp32 scale per 128 channels",

@@ -88,20 +88,8 @@ func TestBenchSweepTopKMode(t *testing.T) {
 		t.Errorf("table header or footer:\n%s", stdout)
 	}
 	var got []string
-	for _, l := range strings.Split(strings.TrimSpace(stdout), "\n") {
-		if strings.HasPrefix(l, "# call") {
-			if f := strings.Fields(l); len(f) != 17 || f[6] != "mode" {
-				t.Errorf("column header %q: want 16 columns, mode after dtype", l)
-			}
-		}
-		if strings.HasPrefix(l, "#") {
-			continue
-		}
-		f := strings.Fields(l)
-		if len(f) != 16 || f[len(f)-1] != "0" {
-			t.Errorf("row %q: want 16 columns, #wrong 0", l)
-			continue
-		}
+	_, rows := tableRows(t, stdout, 16, "mode")
+	for _, f := range rows {
 		got = append(got, fmt.Sprintf("%s/%s/%s", f[0], f[3], f[5]))
 	}
 	if !slices.Equal(got, want) {

@@ -76,6 +76,30 @@ func readCSV(t *testing.T, path string) [][]string {
 	return recs
 }
 
+// tableRows reads the table of eprun bench: it checks that the column
+// header ("# call ...") has cols columns, the swept ones right after dtype,
+// and that every row has cols fields and #wrong 0, and returns the
+// header's columns and each row's fields.
+func tableRows(t *testing.T, table string, cols int, swept ...string) (header []string, rows [][]string) {
+	t.Helper()
+	for _, l := range strings.Split(strings.TrimSpace(table), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case strings.HasPrefix(l, "# call"):
+			header = f[1:]
+			if len(header) != cols || !slices.Equal(header[5:5+len(swept)], swept) {
+				t.Errorf("column header %q: want %d columns, %v after dtype", l, cols, swept)
+			}
+		case strings.HasPrefix(l, "#"):
+		case len(f) != cols || f[len(f)-1] != "0":
+			t.Errorf("row %q: want %d columns, #wrong 0", l, cols)
+		default:
+			rows = append(rows, f)
+		}
+	}
+	return header, rows
+}
+
 // tiny is a bench command line that runs in well under a second.
 var tiny = []string{"bench", "tiny", "-q", "--iters", "2", "--warmup", "1"}
 
@@ -140,17 +164,8 @@ func TestBenchTable(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, stdout)
 		}
 	}
-	rows := 0
-	for _, l := range strings.Split(strings.TrimSpace(stdout), "\n") {
-		if !strings.HasPrefix(l, "#") {
-			rows++
-			if f := strings.Fields(l); len(f) != 15 || f[len(f)-1] != "0" {
-				t.Errorf("row %q: want 15 columns, #wrong 0", l)
-			}
-		}
-	}
-	if rows != 4 {
-		t.Errorf("%d rows, want 4:\n%s", rows, stdout)
+	if _, rows := tableRows(t, stdout, 15); len(rows) != 4 {
+		t.Errorf("%d rows, want 4:\n%s", len(rows), stdout)
 	}
 }
 
