@@ -25,12 +25,9 @@ func NewTensor(s Stream, dt DType, shape ...int) (*Tensor, error) {
 	if !dt.Valid() {
 		return nil, fmt.Errorf("device: new tensor: invalid dtype %v", dt)
 	}
-	n := 1
-	for _, d := range shape {
-		if d < 0 {
-			return nil, fmt.Errorf("device: new tensor: negative dimension in shape %v", shape)
-		}
-		n *= d
+	n, err := elements(shape)
+	if err != nil {
+		return nil, fmt.Errorf("device: new tensor: %w", err)
 	}
 	buf, err := s.Alloc(n * dt.Size())
 	if err != nil {
@@ -41,6 +38,18 @@ func NewTensor(s Stream, dt DType, shape ...int) (*Tensor, error) {
 	return t, nil
 }
 
+// elements is the number of elements of a tensor of the given shape.
+func elements(shape []int) (int, error) {
+	n := 1
+	for _, d := range shape {
+		if d < 0 {
+			return 0, fmt.Errorf("negative dimension in shape %v", shape)
+		}
+		n *= d
+	}
+	return n, nil
+}
+
 // TensorOf returns a tensor over b's memory (from byte 0) with the given
 // dtype and shape; b must hold at least that many bytes. Closing the
 // tensor frees b as Buffer.Free would (nothing, for memory goep does not
@@ -49,12 +58,9 @@ func TensorOf(b *Buffer, dt DType, shape ...int) (*Tensor, error) {
 	if b == nil || !dt.Valid() {
 		return nil, fmt.Errorf("device: tensor of buffer: nil buffer or invalid dtype %v", dt)
 	}
-	n := 1
-	for _, d := range shape {
-		if d < 0 {
-			return nil, fmt.Errorf("device: tensor of buffer: negative dimension in shape %v", shape)
-		}
-		n *= d
+	n, err := elements(shape)
+	if err != nil {
+		return nil, fmt.Errorf("device: tensor of buffer: %w", err)
 	}
 	if n*dt.Size() > b.Size() {
 		return nil, fmt.Errorf("device: tensor of buffer: %v%v needs %d bytes, the buffer has %d", dt, shape, n*dt.Size(), b.Size())
