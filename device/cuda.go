@@ -250,13 +250,18 @@ func (c *CUDA) NewCUDAStream() (*CUDAStream, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA new stream: %w", closedAs(err))
 	}
-	// The small staging buffer is allocated now, not at the first
-	// download: a pinned allocation serializes with every stream of the
-	// context (see stagePool), and the first download may come while a
-	// peer's kernel waits on this rank.
+	return c.adopt("new stream", s)
+}
+
+// adopt makes s, a stream of c's GPU, a CUDAStream of c, or closes it and
+// fails (op names the caller). The small staging buffer is allocated now,
+// not at the first download: a pinned allocation serializes with every
+// stream of the context (see stagePool), and the first download may come
+// while a peer's kernel waits on this rank.
+func (c *CUDA) adopt(op string, s *cuda.Stream) (*CUDAStream, error) {
 	small, err := c.dev.AllocHost(smallStage)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("device: CUDA new stream: %w", closedAs(err)), s.Close())
+		return nil, errors.Join(fmt.Errorf("device: CUDA %s: %w", op, closedAs(err)), s.Close())
 	}
 	c.streams.Add(1)
 	return &CUDAStream{c: c, s: s, small: small}, nil

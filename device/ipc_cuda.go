@@ -3,7 +3,6 @@
 package device
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -152,14 +151,7 @@ func (c *CUDA) WrapStream(handle uintptr) (*CUDAStream, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device: CUDA wrap stream: %w", closedAs(err))
 	}
-	// The small staging buffer now, as NewCUDAStream does: not in the
-	// middle of a call's protocol.
-	small, err := c.dev.AllocHost(smallStage)
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("device: CUDA wrap stream: %w", closedAs(err)), s.Close())
-	}
-	c.streams.Add(1)
-	return &CUDAStream{c: c, s: s, small: small}, nil
+	return c.adopt("wrap stream", s)
 }
 
 // WrapDeviceMemory returns a buffer over n bytes of device memory that the
