@@ -310,6 +310,16 @@ func goBytes(p unsafe.Pointer, off, n int) []byte {
 	return out
 }
 
+// goParts copies the ranks' parts of the C buffer p, part r counts[r]
+// bytes at displs[r], as the receive side of a v-collective lays them out.
+func goParts(p unsafe.Pointer, displs, counts []C.int) [][]byte {
+	out := make([][]byte, len(counts))
+	for r := range out {
+		out[r] = goBytes(p, int(displs[r]), int(counts[r]))
+	}
+	return out
+}
+
 // run starts a non-blocking operation and polls it until it completes or
 // ctx ends. If it does not complete, the request is abandoned: c becomes
 // unusable and m is kept alive (never freed) since MPI may still use it.
@@ -412,11 +422,7 @@ func (c *Comm) Allgather(ctx context.Context, data []byte) ([][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([][]byte, c.size)
-	for r := range out {
-		out[r] = goBytes(recv, int(displs[r]), int(lens[r]))
-	}
-	return out, nil
+	return goParts(recv, displs, lens), nil
 }
 
 // Bcast returns root's data on every member (data is ignored elsewhere):
@@ -518,11 +524,7 @@ func (c *Comm) Alltoallv(ctx context.Context, send [][]byte) ([][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([][]byte, c.size)
-	for r := range out {
-		out[r] = goBytes(rbuf, int(rdispls[r]), int(rcounts[r]))
-	}
-	return out, nil
+	return goParts(rbuf, rdispls, rcounts), nil
 }
 
 // Dup returns a new communicator with the same members (MPI_Comm_idup), so
