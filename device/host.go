@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,20 +18,33 @@ const (
 	guardSize = 64
 	guardByte = 0xA5
 	// maxPoolLimit bounds the bytes the host pool keeps for reuse, and
-	// poolShare the share of the host memory available at NewHost it may
-	// keep (pooled pages stay resident, taken from everything else the
-	// process and the machine do).
+	// poolShare the share of the host memory available it may keep
+	// (pooled pages stay resident, taken from everything else the process
+	// and the machine do). The share follows the memory available,
+	// re-read at most every limitRefresh when a large region is freed.
 	maxPoolLimit = 8 << 30
 	poolShare    = 8
+	limitRefresh = 100 * time.Millisecond
+	// poolIdle is how long a pooled region may wait for reuse: a size no
+	// call has asked for since is given back to the system.
+	poolIdle = 10 * time.Second
 )
 
 // Host is the host (CPU) backend. Its memory is mmap'd and pooled by size
 // class; its streams run tasks on worker goroutines.
+//
+// The pool keeps freed regions for reuse by size class (sizeClass: at most
+// an eighth more than asked for), up to poolLimit bytes: when a freed
+// region does not fit, the regions pooled longest ago are given back
+// first, and a region not reused within poolIdle is given back, so what
+// stays resident follows what the calls use.
 type Host struct {
-	mu        sync.Mutex
-	pool      map[int][]*region // size class -> free regions
+	mu sync.Mutex
+	// pool holds the free regions of each size class, oldest first.
+	pool      map[int][]*region
 	pooled    int
 	poolLimit int // the most pooled may reach
+	limitAt   time.Time
 	closed    bool
 	live      atomic.Int64 // regions handed out and not yet returned
 	streams   atomic.Int64
@@ -43,8 +57,11 @@ func NewHost() *Host {
 	if n, ok := hostMemoryAvailable(); ok {
 		limit = int(min(int64(limit), n/poolShare))
 	}
-	return &Host{pool: map[int][]*region{}, poolLimit: limit}
+	return &Host{pool: map[int][]*region{}, poolLimit: limit, limitAt: now()}
 }
+
+// now is the pool's clock; tests replace it.
+var now = time.Now
 
 // Kind implements Backend.
 func (h *Host) Kind() Kind { return KindHost }
@@ -53,12 +70,17 @@ func (h *Host) Kind() Kind { return KindHost }
 // it to check that Close frees everything).
 func (h *Host) LiveBuffers() int64 { return h.live.Load() }
 
-// sizeClass rounds n up to a power of two of at least one page.
+// sizeClass rounds n up to a whole number of pages: to one of eight
+// evenly spaced sizes between consecutive powers of two (at most an eighth
+// more than n), so that buffers of close sizes share regions while the
+// memory a region wastes stays small.
 func sizeClass(n int) int {
-	if n <= 4096 {
-		return 4096
+	const page = 4096
+	if n <= page {
+		return page
 	}
-	return 1 << bits.Len(uint(n-1))
+	step := max(page, 1<<max(bits.Len(uint(n-1))-4, 0))
+	return (n + step - 1) / step * step
 }
 
 // region is one mapping of host "device memory": a memfd mapped shared, so
@@ -70,6 +92,9 @@ type region struct {
 	// discard sends the region back to the system when freed, never to
 	// the pool (Buffer.FreeToSystem).
 	discard atomic.Bool
+	// pooledAt is when the region went back to the pool (guarded by
+	// Host.mu).
+	pooledAt time.Time
 }
 
 func (r *region) release() error {
@@ -91,13 +116,19 @@ func (h *Host) get(n int) (*region, error) {
 	}
 	if l := h.pool[c]; len(l) > 0 {
 		r := l[len(l)-1]
-		h.pool[c] = l[:len(l)-1]
+		if h.pool[c] = l[:len(l)-1]; len(h.pool[c]) == 0 {
+			delete(h.pool, c)
+		}
 		h.pooled -= c
 		h.mu.Unlock()
 		h.live.Add(1)
 		return r, nil
 	}
+	free := h.evict(now(), 0)
 	h.mu.Unlock()
+	for _, f := range free {
+		_ = f.release()
+	}
 	if err := h.roomFor(n + 2*guardSize); err != nil {
 		return nil, err
 	}
@@ -184,15 +215,56 @@ func newRegion(c int) (*region, error) {
 
 func (h *Host) put(r *region) {
 	h.live.Add(-1)
+	t := now()
 	h.mu.Lock()
-	if !h.closed && !r.discard.Load() && h.pooled+len(r.mem) <= h.poolLimit {
+	if len(r.mem) >= checkRoomFrom && t.Sub(h.limitAt) >= limitRefresh {
+		h.limitAt = t
+		if avail, ok := hostMemoryAvailable(); ok {
+			// Pooled pages count as used in what is available.
+			h.poolLimit = int(min(maxPoolLimit, (avail+int64(h.pooled))/poolShare))
+		}
+	}
+	free := h.evict(t, 0)
+	if h.closed || r.discard.Load() || len(r.mem) > h.poolLimit {
+		free = append(free, r)
+	} else {
+		free = append(free, h.evict(t, h.pooled+len(r.mem)-h.poolLimit)...)
+		r.pooledAt = t
 		h.pool[len(r.mem)] = append(h.pool[len(r.mem)], r)
 		h.pooled += len(r.mem)
-		h.mu.Unlock()
-		return
 	}
 	h.mu.Unlock()
-	_ = r.release() // cannot fail for a region we mapped
+	for _, f := range free {
+		_ = f.release() // cannot fail for a region we mapped
+	}
+}
+
+// evict takes out of the pool, for the caller to release outside the
+// lock, the regions pooled before t - poolIdle, then the regions pooled
+// longest ago until at least need more bytes are out.
+func (h *Host) evict(t time.Time, need int) []*region {
+	var out []*region
+	for {
+		oldest := -1
+		for c, l := range h.pool {
+			if len(l) > 0 && (oldest < 0 || l[0].pooledAt.Before(h.pool[oldest][0].pooledAt)) {
+				oldest = c
+			}
+		}
+		if oldest < 0 {
+			return out
+		}
+		r := h.pool[oldest][0]
+		if need <= 0 && t.Sub(r.pooledAt) < poolIdle {
+			return out
+		}
+		if h.pool[oldest] = h.pool[oldest][1:]; len(h.pool[oldest]) == 0 {
+			delete(h.pool, oldest)
+		}
+		h.pooled -= len(r.mem)
+		need -= len(r.mem)
+		out = append(out, r)
+	}
 }
 
 // Close unmaps the pooled memory. Buffers still live are unmapped when freed.

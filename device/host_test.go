@@ -402,3 +402,76 @@ func TestParallelWorkerPanic(t *testing.T) {
 		t.Errorf("stream after a task's worker panicked: %v, want the panic as its error", err)
 	}
 }
+
+// TestSizeClass: a class holds its size, is a whole number of pages,
+// wastes at most an eighth beyond a page, and grows with the size.
+func TestSizeClass(t *testing.T) {
+	prev := 0
+	for _, n := range []int{1, 4096, 4097, 8191, 65536, 65537, 100_000, 1 << 20, 6<<20 + 128, 63<<20 + 1, 1<<30 + 5} {
+		c := sizeClass(n)
+		if c < n || c%4096 != 0 || (n > 4096 && c-n > n/8+4096) || c < prev {
+			t.Errorf("sizeClass(%d) = %d", n, c)
+		}
+		prev = c
+	}
+}
+
+// TestHostPoolEviction: a freed region that does not fit under the pool's
+// limit makes room by giving back the regions pooled longest ago; a region
+// no call reuses within poolIdle is given back at the next free or alloc.
+func TestHostPoolEviction(t *testing.T) {
+	const mib = 1 << 20
+	clock := time.Unix(1000, 0)
+	oldNow := now
+	t.Cleanup(func() { now = oldNow })
+	now = func() time.Time { return clock }
+	oldAvail := hostMemoryAvailable
+	t.Cleanup(func() { hostMemoryAvailable = oldAvail })
+	hostMemoryAvailable = func() (int64, bool) { return 0, false } // the limit stays as set
+	h, s := newStream(t)
+	h.poolLimit = 10 * mib
+	c3, c4, c5 := sizeClass(3*mib+2*guardSize), sizeClass(4*mib+2*guardSize), sizeClass(5*mib+2*guardSize)
+	allocFree(t, s, 3*mib) // pooled first
+	clock = clock.Add(time.Second)
+	allocFree(t, s, 4*mib)
+	if h.pooled != c3+c4 {
+		t.Fatalf("pool holds %d bytes, want %d", h.pooled, c3+c4)
+	}
+	clock = clock.Add(time.Second)
+	allocFree(t, s, 5*mib) // needs room: the 3 MiB region, the oldest, goes
+	if h.pooled != c4+c5 || len(h.pool[c3]) != 0 {
+		t.Fatalf("pool holds %d bytes (%d regions of the oldest class), want %d without the oldest", h.pooled, len(h.pool[c3]), c4+c5)
+	}
+	clock = clock.Add(poolIdle + time.Second)
+	allocFree(t, s, 4*mib) // reuses the 4 MiB region; the idle 5 MiB one goes
+	if h.pooled != c4 || len(h.pool[c5]) != 0 {
+		t.Fatalf("pool holds %d bytes, want only the reused %d-byte region", h.pooled, c4)
+	}
+}
+
+// TestHostPoolLimitFollowsMemory: the pool's limit is an eighth of the
+// host memory available, re-read when a large region is freed (at most
+// every limitRefresh), pooled pages counted as available.
+func TestHostPoolLimitFollowsMemory(t *testing.T) {
+	const mib = 1 << 20
+	clock := time.Unix(1000, 0)
+	oldNow, oldAvail := now, hostMemoryAvailable
+	t.Cleanup(func() { now, hostMemoryAvailable = oldNow, oldAvail })
+	now = func() time.Time { return clock }
+	avail := int64(800 * mib)
+	hostMemoryAvailable = func() (int64, bool) { return avail, true }
+	h, s := newStream(t)
+	if h.poolLimit != 100*mib {
+		t.Fatalf("pool limit %d, want 100 MiB", h.poolLimit)
+	}
+	avail = 160 * mib // the machine's other work took memory
+	allocFree(t, s, 2*mib)
+	if h.poolLimit != 100*mib {
+		t.Fatalf("pool limit %d re-read within limitRefresh", h.poolLimit)
+	}
+	clock = clock.Add(limitRefresh)
+	allocFree(t, s, 2*mib) // reuses the pooled region (the pool is empty as it goes back)
+	if h.poolLimit != 20*mib {
+		t.Fatalf("pool limit %d, want 20 MiB: an eighth of what is available now", h.poolLimit)
+	}
+}

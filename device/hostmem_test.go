@@ -117,8 +117,8 @@ func TestHostPoolLimit(t *testing.T) {
 	}
 	allocFree(t, s, 6*mib)
 	allocFree(t, s, 12*mib)
-	if h.pooled != 8*mib {
-		t.Fatalf("pool holds %d bytes, want the 8 MiB region of the 6 MiB buffer alone", h.pooled)
+	if want := sizeClass(6*mib + 2*guardSize); h.pooled != want {
+		t.Fatalf("pool holds %d bytes, want the %d-byte region of the 6 MiB buffer alone", h.pooled, want)
 	}
 	hostMemoryAvailable = func() (int64, bool) { return 0, false }
 	if h := NewHost(); h.poolLimit != maxPoolLimit {
