@@ -233,10 +233,19 @@ func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.G
 		p.marks, lerr = p.s.Alloc(P.MaxPermutedTokens)
 	}
 	if lerr == nil {
+		// The constructors free what they made when they fail: p.cross is
+		// set on success only (a nil *tiered in the interface would be
+		// closed below).
 		if ctl.Rail != nil {
-			p.cross, lerr = newTiered(ctx, p, staging)
+			var t *tiered
+			if t, lerr = newTiered(ctx, p, staging); lerr == nil {
+				p.cross = t
+			}
 		} else {
-			p.cross, lerr = newFlat(p, gpuLayout)
+			var f *flat
+			if f, lerr = newFlat(p, gpuLayout); lerr == nil {
+				p.cross = f
+			}
 		}
 	}
 	// Every rank learns whether every rank is ready, so none is left

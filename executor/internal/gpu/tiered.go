@@ -104,6 +104,9 @@ func (x *tiered) newRailFeed(ctx context.Context) error {
 	if x.recv, err = g.b.MapHost(hr.Transport.RecvBuffer()); err != nil {
 		return fmt.Errorf("executor: rail receive region %s: %w", staging, err)
 	}
+	// A peer's header goes out when its stream reaches goep_ep_rail_post,
+	// behind its GPU waits (up to the timeout) and the work queued before.
+	hr.CombineSlack = g.env.Timeout
 	// A rail round posted by the host (a layout, a failure) must not let
 	// peers overwrite a receive slot that a copy on the stream still reads.
 	hr.HostPost = func(ctx context.Context) error {

@@ -70,6 +70,11 @@ type Rail struct {
 	// still reads the receive region, which the peers may write again once
 	// they see this round's signal.
 	HostPost func(ctx context.Context) error
+	// CombineSlack is how much longer than the timeout a combine-like
+	// round waits: nvlink.RelayMargin by default; the GPU-fed rail sets
+	// the whole timeout, since a peer's header goes out only when its
+	// stream reaches it, behind its own GPU waits and queued work.
+	CombineSlack time.Duration
 }
 
 // Rail slot: a header, an area of MaxTokensPerRank*TopK 4-byte values
@@ -148,7 +153,7 @@ func GetHead(b []byte) Head {
 // (collective over g). shm is GOEP_RDMA_SHARED_MEMORY.
 func New(ctx context.Context, g comm.Group, s device.Stream, env *datapath.Env, shm bool) (*Rail, error) {
 	R, rank, D := g.Size(), g.Rank(), env.P.RanksPerDomain
-	r := &Rail{env: env, D: D, M: R / D, Domain: rank / D, Local: rank % D, s: s}
+	r := &Rail{env: env, D: D, M: R / D, Domain: rank / D, Local: rank % D, s: s, CombineSlack: nvlink.RelayMargin(env.Timeout)}
 	r.Area = env.P.MaxTokensPerRank * env.P.TopK * 4
 	r.Slot = Header + r.Area + env.P.MaxTokensPerRank*env.Hidden*4
 	fail := func(err error) (*Rail, error) {
@@ -266,12 +271,12 @@ func (r *Rail) Exchange(op datapath.Op, sg [4]uint64, status error, fill Fill, s
 	r.epoch++
 	ep := r.epoch
 	// A combine-like call's round follows its domain exchange, whose
-	// failure (a timeout) takes the timeout to show: the round waits the
-	// relay margin longer, so that the peer's report of that failure, not
+	// failure (a timeout) takes the timeout to show: the round waits
+	// CombineSlack longer, so that the peer's report of that failure, not
 	// this rank's silence, reaches it.
 	timeout := r.env.Timeout
 	if !op.DispatchLike() {
-		timeout += nvlink.RelayMargin(timeout)
+		timeout += r.CombineSlack
 	}
 	base, lost := context.WithCancelCause(context.Background())
 	defer lost(nil)
