@@ -35,6 +35,10 @@ var ErrClosed = errors.New("comm: group closed")
 // connection broke) during or before a collective.
 var ErrPeerLost = errors.New("comm: peer lost")
 
+// ErrAborted is returned by every collective of a rank that aborted its
+// group (Abort).
+var ErrAborted = errors.New("comm: group aborted")
+
 // ErrUnsupported is returned by a constructor whose implementation is not
 // compiled in (the message names the build tag to add).
 var ErrUnsupported = errors.New("comm: unsupported")
@@ -64,6 +68,29 @@ type Group interface {
 	// Close releases the group. Peers blocked in a collective with this
 	// rank get ErrClosed.
 	Close() error
+}
+
+// Abort cuts this rank off g's world at once, as its process's death
+// would, but saying why: the collectives of this rank in flight and to come,
+// in g and every group of its world, fail with an error wrapping
+// ErrAborted, and the other ranks learn of it as of a lost peer whose cause
+// is cause ("stopped by SIGTERM"). It is for a process about to stop (a
+// signal; launcher.WithAbort calls it when the program's context ends), so
+// that a rank shutting down never waits for peers that will not come. Close
+// still releases the group. It does not block for more than a fraction of
+// a second, and may be called from any goroutine; a second call does
+// nothing.
+//
+// Abort reports whether g's kind supports it: TCP groups do; MPI groups
+// (tag mpi) make this rank's later calls fail, but a call in flight cannot
+// be cut short and the other ranks are not told (mpirun forwards the
+// signal to them); in-process groups do not.
+func Abort(g Group, cause string) bool {
+	a, ok := g.(interface{ abort(cause string) })
+	if ok {
+		a.abort(cause)
+	}
+	return ok
 }
 
 // TimeoutError is the error of a collective whose peers did not all arrive.

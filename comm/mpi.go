@@ -32,17 +32,39 @@ import (
 // could wait forever); the process should exit. Unlike the other groups, a
 // rank blocked in a collective does not learn that a peer closed the group:
 // it waits until its deadline. MPI failures wrap an *internal/mpi.Error.
+//
+// Initialising MPI waits for every rank to initialise it (Open MPI's
+// MPI_Init_thread ends in a fence of all ranks): a rank that exits 0
+// before it does makes the others wait, and mpirun does not end the job
+// (it ends it when a rank exits non-zero). NewMPI bounds that wait by ctx:
+// past its deadline it returns a *TimeoutError (MPI cannot say who is
+// missing), with MPI_Init_thread still blocked in a thread of its own, and
+// the process should exit non-zero, which makes mpirun end the job.
 func NewMPI(ctx context.Context) (Group, error) {
 	mpiState.mu.Lock()
 	defer mpiState.mu.Unlock()
 	if mpiState.finalized {
 		return nil, fmt.Errorf("comm: NewMPI: MPI was finalized when the last MPI group closed: %w", mpi.ErrFinalized)
 	}
+	if mpiState.initStuck {
+		return nil, errors.New("comm: NewMPI: an earlier MPI_Init_thread never returned")
+	}
 	inited, err := mpi.Initialized()
 	if err != nil {
 		return nil, fmt.Errorf("comm: NewMPI: %w", err)
 	}
-	if err := mpi.Init(); err != nil {
+	initDone := make(chan error, 1)
+	go func() { initDone <- mpi.Init() }()
+	select {
+	case err = <-initDone:
+	case <-ctx.Done():
+		mpiState.initStuck = true
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return nil, fmt.Errorf("comm: NewMPI: MPI_Init_thread: %w", ctx.Err())
+		}
+		return nil, &TimeoutError{Op: "NewMPI: MPI_Init_thread did not return: some rank has not called it (exited before it, or not started; MPI cannot say which)"}
+	}
+	if err != nil {
 		return nil, fmt.Errorf("comm: NewMPI: %w", err)
 	}
 	if !inited {
@@ -62,6 +84,19 @@ var mpiState struct {
 	ours      bool // NewMPI initialised MPI: the last Close finalizes it
 	open      int
 	finalized bool
+	initStuck bool   // an MPI_Init_thread outlived NewMPI's ctx
+	aborted   string // non-empty: Abort was called, why
+}
+
+// abort makes every later call of every MPI group of the process fail (see
+// comm.Abort); Close then frees nothing, as MPI_Finalize could wait for
+// ever.
+func (g *mpiGroup) abort(cause string) {
+	mpiState.mu.Lock()
+	defer mpiState.mu.Unlock()
+	if mpiState.aborted == "" {
+		mpiState.aborted = cause
+	}
 }
 
 type mpiGroup struct {
@@ -89,6 +124,11 @@ func (g *mpiGroup) check(op string) error {
 	defer g.mu.Unlock()
 	if g.closed {
 		return fmt.Errorf("comm: mpi %s on rank %d: %w", op, g.c.Rank(), ErrClosed)
+	}
+	mpiState.mu.Lock()
+	defer mpiState.mu.Unlock()
+	if mpiState.aborted != "" {
+		return fmt.Errorf("comm: mpi %s on rank %d: this rank aborted (%s): %w", op, g.c.Rank(), mpiState.aborted, ErrAborted)
 	}
 	return nil
 }
@@ -187,6 +227,12 @@ func (g *mpiGroup) Close() error {
 		return nil
 	}
 	g.closed = true
+	mpiState.mu.Lock()
+	aborted := mpiState.aborted != ""
+	mpiState.mu.Unlock()
+	if aborted {
+		return nil // the process is about to exit; MPI_Finalize could wait for ranks that are gone
+	}
 	var errs []error
 	if err := g.c.Free(); err != nil {
 		errs = append(errs, mpiError("close", g.c.Rank(), err))

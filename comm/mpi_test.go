@@ -6,7 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,4 +175,71 @@ func mpiTimeoutRank(g Group, dir string) error {
 		return fmt.Errorf("failing fast took %v", took)
 	}
 	return nil
+}
+
+// TestMPIInitRankGone: the last rank exits (status 0) before any rank
+// calls MPI_Init, which leaves the others waiting in MPI_Init_thread:
+// mpirun (Open MPI 4) ends the job when a rank exits without MPI_Init
+// after another called it, not before. NewMPI returns a *TimeoutError at
+// its ctx's deadline all the same, and a later NewMPI fails at once, so
+// that the process can exit (non-zero, in a real program: mpirun then ends
+// the job).
+func TestMPIInitRankGone(t *testing.T) {
+	dir, under := ranktest.UnderMPIWithVerdicts(t, mpiNP)
+	if !under {
+		return
+	}
+	rank, _ := strconv.Atoi(os.Getenv("OMPI_COMM_WORLD_RANK"))
+	size, _ := strconv.Atoi(os.Getenv("OMPI_COMM_WORLD_SIZE"))
+	gone := filepath.Join(dir, "gone")
+	if rank == size-1 {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprint(rank)), []byte("ok"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(gone+".tmp", []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		os.Rename(gone+".tmp", gone)
+		os.Exit(0)
+	}
+	// Wait until the last rank's process is gone (or a zombie).
+	verdict := func() error {
+		for end := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(end) {
+				return errors.New("the last rank did not exit")
+			}
+			b, err := os.ReadFile(gone)
+			if err != nil {
+				continue
+			}
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%s/stat", b))
+			if err != nil {
+				break
+			}
+			if s := string(stat); strings.Contains(s[strings.LastIndexByte(s, ')'):], ") Z") {
+				break
+			}
+		}
+		const deadline = 2 * time.Second
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		defer cancel()
+		start := time.Now()
+		g, err := NewMPI(ctx)
+		took := time.Since(start)
+		var te *TimeoutError
+		switch {
+		case err == nil:
+			g.Close()
+			return errors.New("NewMPI succeeded without the last rank")
+		case !errors.As(err, &te) || !strings.Contains(err.Error(), "MPI_Init_thread"):
+			return fmt.Errorf("NewMPI: %v, want a *TimeoutError naming MPI_Init_thread", err)
+		case took > deadline+5*time.Second:
+			return fmt.Errorf("NewMPI returned %v after its %v deadline", took-deadline, deadline)
+		}
+		if _, err := NewMPI(context.Background()); err == nil || !strings.Contains(err.Error(), "never returned") {
+			return fmt.Errorf("the next NewMPI: %v, want an error at once", err)
+		}
+		return nil
+	}()
+	ranktest.ExitWithVerdict(t, dir, rank, size-1, verdict) // waits for the ranks still there
 }

@@ -2,6 +2,7 @@ package comm
 
 import (
 	"context"
+	"crypto/hmac"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // TCPConfig says where the rendezvous is and who this rank is. It must
@@ -27,6 +30,31 @@ type TCPConfig struct {
 	// (LOCAL_RANK, LOCAL_WORLD_SIZE). Informational: the launcher uses
 	// them to pick a GPU; the rendezvous does not check them.
 	LocalRank, LocalSize int
+	// Secret is the world secret (GOEP_WORLD_SECRET), the same on every
+	// rank and known to no other process: the rendezvous and the peer
+	// connections admit only a connection that proves it holds it, by an
+	// HMAC of a nonce the other side chose, so it never crosses the wire.
+	// At least 16 bytes; required when Size > 1 (a single rank with none
+	// gets a random one). NewWorldSecret makes one.
+	Secret string
+	// Log receives the rendezvous's warnings (a connection refused because
+	// it did not prove itself a rank of this world); nil: none.
+	Log *zap.Logger
+	// Departures, when not nil, carries news from this rank's launcher of
+	// ranks whose process ended. Until every rank has joined, such news
+	// makes NewTCP fail at once on this rank with a *PeerLostError naming
+	// that rank (rank 0 then tells the ranks that joined, which fail the
+	// same way): a rank that exits before it joins cannot hang the world.
+	// Later news is not read: once the world has formed, the group sees a
+	// departure itself.
+	Departures <-chan Departure
+}
+
+// Departure is a launcher's news that world rank Rank's process ended:
+// Cause says how ("exited with status 0").
+type Departure struct {
+	Rank  int
+	Cause string
 }
 
 // Validate says what is wrong with c, if anything.
@@ -46,6 +74,10 @@ func (c TCPConfig) Validate() error {
 		return fmt.Errorf("comm: tcp: local size %d outside [1, %d]", c.LocalSize, c.Size)
 	case c.LocalRank < 0 || c.LocalRank >= c.LocalSize:
 		return fmt.Errorf("comm: tcp: local rank %d outside [0, %d)", c.LocalRank, c.LocalSize)
+	case c.Secret == "" && c.Size > 1:
+		return fmt.Errorf("comm: tcp: no world secret for a world of %d ranks: set the same GOEP_WORLD_SECRET (at least %d bytes, e.g. `openssl rand -hex 32`) on every rank (eprun launch sets one), so that no other process can join the world", c.Size, minSecretLen)
+	case c.Secret != "" && len(c.Secret) < minSecretLen:
+		return fmt.Errorf("comm: tcp: world secret of %d bytes: want at least %d", len(c.Secret), minSecretLen)
 	}
 	return nil
 }
@@ -59,13 +91,15 @@ func (c TCPConfig) Validate() error {
 //	WORLD_SIZE         number of ranks, at least 1
 //	LOCAL_RANK         this rank's index on its host (default RANK)
 //	LOCAL_WORLD_SIZE   ranks on this host (default WORLD_SIZE)
+//	GOEP_WORLD_SECRET  the world secret, at least 16 bytes (TCPConfig.Secret)
 //
 // If RANK and WORLD_SIZE are both unset, the process is a single rank and
 // the result is {Addr: "127.0.0.1", Port: 0, Rank: 0, Size: 1, LocalRank: 0,
 // LocalSize: 1} (the master variables, if set, are still checked). Otherwise
-// every variable but the LOCAL pair is required, the LOCAL pair is set
-// together or not at all, and a missing or invalid value is an error that
-// names the variable and the value; nothing falls back silently.
+// every variable but the LOCAL pair is required (GOEP_WORLD_SECRET when
+// WORLD_SIZE > 1), the LOCAL pair is set together or not at all, and a
+// missing or invalid value is an error that names the variable and, except
+// the secret's, the value; nothing falls back silently.
 func TCPConfigFromEnv() (TCPConfig, error) {
 	return tcpConfigFrom(os.LookupEnv)
 }
@@ -123,6 +157,14 @@ func tcpConfigFrom(lookup func(string) (string, bool)) (TCPConfig, error) {
 		return c, fmt.Errorf("comm: RANK=%q: want an integer in [0, %d) (WORLD_SIZE is %d)", s, size, size)
 	}
 	c = TCPConfig{Addr: addr, Port: port, Rank: rank, Size: size, LocalRank: rank, LocalSize: size}
+	secret, haveSecret := lookup("GOEP_WORLD_SECRET")
+	switch {
+	case haveSecret && len(secret) < minSecretLen:
+		return c, fmt.Errorf("comm: GOEP_WORLD_SECRET of %d bytes: want at least %d (e.g. `openssl rand -hex 32`, the same on every rank)", len(secret), minSecretLen)
+	case !haveSecret && size > 1:
+		return c, fmt.Errorf("comm: GOEP_WORLD_SECRET is not set: a world of %d ranks needs the same secret of at least %d bytes on every rank (e.g. `export GOEP_WORLD_SECRET=$(openssl rand -hex 32)` where they are started; eprun launch sets one), so that no other process can join it", size, minSecretLen)
+	}
+	c.Secret = secret
 	lsize, haveLSize, err := intVar("LOCAL_WORLD_SIZE", 1, size)
 	if err != nil {
 		return c, err
@@ -150,9 +192,23 @@ func tcpConfigFrom(lookup func(string) (string, bool)) (TCPConfig, error) {
 // (every collective is relayed through it); every rank, rank 0 included,
 // connects to it, retrying until ctx's deadline so that ranks may start in
 // any order. NewTCP returns once all cfg.Size ranks have joined; if some have
-// not by the deadline, it returns a *TimeoutError naming them. A rank whose
-// Size disagrees with rank 0's, a rank outside [0, Size) and a rank that
-// joins twice make every waiting rank return an error.
+// not by the deadline, it returns a *TimeoutError naming them; if the
+// launcher reports one gone first (cfg.Departures), a *PeerLostError naming
+// it.
+//
+// Only the world's own ranks are admitted: every connection, to the
+// rendezvous and between peers, proves that it holds cfg.Secret with an
+// HMAC of a nonce the other side chose, and the other side proves it back
+// (the secret itself never crosses the wire). A connection that does not
+// prove itself within a few seconds, sends anything but a small hello, or
+// proves the wrong secret is closed alone, with a warning on cfg.Log: a
+// stray or hostile process on the host cannot join, claim a rank, abort
+// the forming world or inject a frame, and holds at most a few KiB of
+// rank 0's memory until it is closed. A proven rank whose Size disagrees
+// with rank 0's, a rank outside [0, Size) and a rank that joins twice are
+// ranks of this world started wrong: they make every waiting rank return
+// an error. A rank whose secret differs from rank 0's is refused, saying
+// so.
 //
 // cfg.Port 0 is allowed only for a single rank (nobody else could find
 // rank 0); tests and launchers that want a free port should open the
@@ -162,15 +218,16 @@ func tcpConfigFrom(lookup func(string) (string, bool)) (TCPConfig, error) {
 // eagerly by NewTCP: each rank listens on an ephemeral port of the interface
 // it reaches rank 0 through (loopback when rank 0 is 127.0.0.1) and
 // advertises it in its hello; once every rank has joined, rank i dials every
-// rank j > i and accepts every j < i, each connection opened by a hello that
-// names both ranks and the world id from the welcome (anything else is
-// closed), and the listener is closed. The ranks then agree, in one relayed
+// rank j > i and accepts every j < i, each connection opened by a
+// challenge and hellos that name both ranks and the world id from the
+// welcome and prove the secret (anything else is closed), and the listener
+// is closed. The ranks then agree, in one relayed
 // round, whether every rank got every connection within min(ctx's
 // deadline, 10 s); if any did not (a firewall, an address the peers cannot
 // route to, a failed listen), every rank closes its peer connections and
 // AllToAll is relayed through rank 0 like the other collectives: correct,
-// but every byte crosses rank 0 twice. NewTCP does not say which happened
-// (there is no logger here); the result is the same either way. The world
+// but every byte crosses rank 0 twice. NewTCP says which happened only on
+// cfg.Log (info); the result is the same either way. The world
 // group and every sub-group share the peer connections; each part is framed
 // with its group id and the group's sequence number, so concurrent
 // AllToAlls of different groups and successive calls never mix. AllToAll
@@ -245,10 +302,18 @@ type tcpOptions struct {
 const DefaultTCPTimeout = 60 * time.Second
 
 func newTCP(ctx context.Context, cfg TCPConfig, ln net.Listener, opt tcpOptions) (_ Group, err error) {
+	if cfg.Secret == "" {
+		cfg.Secret = NewWorldSecret() // a single rank (Validate): nobody else needs to know it
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	log = log.Named("comm.tcp")
 	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
 	var srv *tcpServer
 	if ln != nil {
-		srv = startServer(ln, cfg.Size)
+		srv = startServer(ln, cfg.Size, cfg.Secret, log)
 		addr = ln.Addr().String()
 		defer func() {
 			if err != nil {
@@ -256,13 +321,16 @@ func newTCP(ctx context.Context, cfg TCPConfig, ln net.Listener, opt tcpOptions)
 			}
 		}()
 	}
-	conn, err := dialRetry(ctx, cfg.Rank, addr)
+	conn, err := dialRetry(ctx, cfg, addr)
 	if err != nil {
 		return nil, err
 	}
 	c := &tcpClient{
 		rank:       cfg.Rank,
 		size:       cfg.Size,
+		secret:     cfg.Secret,
+		addr:       addr,
+		log:        log,
 		conn:       conn,
 		srv:        srv,
 		waiters:    map[roundKey]chan inFrame{},
@@ -284,12 +352,12 @@ func newTCP(ctx context.Context, cfg TCPConfig, ln net.Listener, opt tcpOptions)
 			pln.Close() // connectMesh closed it already; harmless
 		}
 	}()
-	peerAddr := ""
+	c.hello = helloMsg{Magic: tcpMagic, Version: tcpVersion, Size: cfg.Size, LocalRank: cfg.LocalRank, LocalSize: cfg.LocalSize}
 	if pln != nil {
-		peerAddr = pln.Addr().String()
+		c.hello.PeerAddr = pln.Addr().String()
 	}
 	go c.read()
-	if err := c.handshake(ctx, cfg, addr, peerAddr); err != nil {
+	if err := c.handshake(ctx, cfg); err != nil {
 		conn.Close()
 		<-c.readerDone
 		return nil, err
@@ -303,13 +371,15 @@ func newTCP(ctx context.Context, cfg TCPConfig, ln net.Listener, opt tcpOptions)
 		c.mesh = newMesh(make([]*peerConn, 1))
 		return g, nil
 	}
-	peers, merr := connectMesh(ctx, pln, cfg.Rank, c.peerAddrs, c.worldID)
+	peers, merr := connectMesh(ctx, pln, meshAuth{me: cfg.Rank, size: cfg.Size, worldID: c.worldID, secret: cfg.Secret, log: log}, c.peerAddrs)
 	pln = nil
 	// Every rank says whether it has all its connections; all must agree
 	// to use them (one relayed round, the world's first).
 	ok := byte(0)
 	if merr == nil {
 		ok = 1
+	} else {
+		log.Info("no direct peer connections: AllToAll goes through rank 0", zap.Int("rank", cfg.Rank), zap.Error(merr))
 	}
 	all, err := g.round(ctx, opAllGather, []byte{ok})
 	if err == nil {
@@ -340,8 +410,10 @@ func newTCP(ctx context.Context, cfg TCPConfig, ln net.Listener, opt tcpOptions)
 	return g, nil
 }
 
-// dialRetry dials addr until it answers or ctx ends.
-func dialRetry(ctx context.Context, rank int, addr string) (net.Conn, error) {
+// dialRetry dials addr until it answers, ctx ends or cfg.Departures
+// reports a rank gone (then a *PeerLostError names it).
+func dialRetry(ctx context.Context, cfg TCPConfig, addr string) (net.Conn, error) {
+	rank := cfg.Rank
 	d := net.Dialer{KeepAliveConfig: keepAlive}
 	wait := 10 * time.Millisecond
 	for {
@@ -366,9 +438,25 @@ func dialRetry(ctx context.Context, rank int, addr string) (net.Conn, error) {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
+		case dep := <-cfg.Departures:
+			t.Stop()
+			if err := departed(cfg, dep); err != nil {
+				return nil, err
+			}
 		}
 		wait = min(2*wait, 250*time.Millisecond)
 	}
+}
+
+// departed is the error of a join on rank cfg.Rank that its launcher told
+// of dep: a *PeerLostError naming the rank gone, or nil for news that
+// cannot be about another rank of the world.
+func departed(cfg TCPConfig, dep Departure) *PeerLostError {
+	if dep.Rank < 0 || dep.Rank >= cfg.Size || dep.Rank == cfg.Rank {
+		return nil
+	}
+	return &PeerLostError{Op: fmt.Sprintf("connect on rank %d", cfg.Rank), Ranks: []int{dep.Rank},
+		Cause: dep.Cause + " before every rank joined (told by the launcher)"}
 }
 
 // testHookDialFailed, when set (tests), is called with the rank each time
@@ -388,30 +476,40 @@ func ctxWriteBound(ctx context.Context) writeBound {
 	return writeBound{stall: DefaultTCPTimeout}
 }
 
-// handshake sends the hello and waits for the welcome (or a refusal). The
-// reader goroutine is already running and hands it the frames that arrive
-// before the welcome; waiting on a channel rather than on a read deadline
-// keeps a frame cut by the deadline from garbling the stream.
-func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig, addr, peerAddr string) error {
+// handshake waits for the reader to prove this rank to the server and
+// the server to it (tcpClient.prove), then for the welcome (or a refusal).
+// Waiting on a channel rather than on a read deadline keeps a frame cut by
+// the deadline from garbling the stream.
+func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig) error {
 	op := fmt.Sprintf("connect on rank %d", cfg.Rank)
-	hello := helloMsg{Magic: tcpMagic, Version: tcpVersion, Size: cfg.Size, LocalRank: cfg.LocalRank, LocalSize: cfg.LocalSize, PeerAddr: peerAddr}
-	if err := c.send(ctx, frameHeader{Type: fHello, Rank: int32(cfg.Rank)}, hello.encode()); err != nil {
-		if isTimeout(err) { // rank 0 accepted the connection but reads nothing
-			return &TimeoutError{Op: fmt.Sprintf("%s (the hello to the rendezvous server at %s: %v)", op, addr, err), Missing: []int{0}}
-		}
-		return &PeerLostError{Op: op, Ranks: []int{0}, Cause: fmt.Sprintf("rendezvous server at %s: %v", addr, err)}
+	addr := c.addr
+	proven, expired := false, false
+	var query <-chan time.Time // set once the deadline passed (and the server was asked, if it proved itself)
+	ask := func() {
+		qctx, cancel := context.WithTimeout(context.Background(), queryGrace)
+		c.send(qctx, frameHeader{Type: fQuery, GID: helloGID, Rank: int32(cfg.Rank)}, nil)
+		cancel()
+		query = time.After(queryGrace)
 	}
-	var query <-chan time.Time // set once the deadline passed and the server was asked
 	for {
 		select {
 		case ev := <-c.hs:
 			if ev.err != nil {
-				if query != nil {
+				var ae *authError
+				switch {
+				case errors.As(ev.err, &ae):
+					return fmt.Errorf("comm: tcp: %s: %w", op, ev.err)
+				case query != nil:
 					return &TimeoutError{Op: op + " (the rendezvous server did not answer)", Missing: []int{0}}
 				}
 				return &PeerLostError{Op: op, Ranks: []int{0}, Cause: fmt.Sprintf("rendezvous server at %s: %v", addr, ev.err)}
 			}
 			switch ev.h.Type {
+			case fProof:
+				proven = true
+				if expired { // the proof was on its way: ask now
+					ask()
+				}
 			case fWelcome:
 				addrs, err := decodeAddrs(ev.p, cfg.Size)
 				if err != nil {
@@ -422,6 +520,14 @@ func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig, addr, peerAddr
 				return nil
 			case fReject:
 				return fmt.Errorf("comm: tcp: %s: rank 0 at %s refused: %s", op, addr, ev.p)
+			case fLost:
+				// A rank that will never join: it aborted, or the launcher
+				// told rank 0 it is gone.
+				r := int(ev.h.Rank)
+				if r < 0 || r >= cfg.Size {
+					return fmt.Errorf("comm: tcp: %s: rank 0 at %s reports rank %d lost, outside [0, %d)", op, addr, r, cfg.Size)
+				}
+				return &PeerLostError{Op: op, Ranks: []int{r}, Cause: string(ev.p)}
 			case fMissing:
 				// The answer to our query, or rank 0 gave up waiting and
 				// says for whom.
@@ -433,25 +539,103 @@ func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig, addr, peerAddr
 			case fShutdown:
 				return fmt.Errorf("comm: tcp: %s: rank 0 closed the rendezvous before every rank joined: %w", op, ErrClosed)
 			}
+		case dep := <-cfg.Departures:
+			if err := departed(cfg, dep); err != nil {
+				// Rank 0 tells the ranks that joined, so that they fail
+				// too, whatever their launcher told them.
+				if c.srv != nil {
+					c.srv.lostBeforeWelcome(dep.Rank, err.Cause)
+				} else if proven {
+					qctx, cancel := context.WithTimeout(context.Background(), queryGrace)
+					c.send(qctx, frameHeader{Type: fLost, Rank: int32(dep.Rank)}, []byte(err.Cause))
+					cancel()
+				}
+				return err
+			}
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.Canceled) {
 				return fmt.Errorf("comm: tcp: %s: %w", op, context.Canceled)
 			}
 			ctx = context.Background() // wait for the answer below, not for ctx
-			qctx, cancel := context.WithTimeout(ctx, queryGrace)
-			c.send(qctx, frameHeader{Type: fQuery, GID: helloGID, Rank: int32(cfg.Rank)}, nil)
-			cancel()
-			query = time.After(queryGrace)
+			expired = true
+			if proven {
+				ask()
+			} else {
+				// Nothing to ask a server that has not proved itself; its
+				// proof may be on its way.
+				query = time.After(queryGrace)
+			}
 		case <-query:
+			if !proven {
+				return &TimeoutError{Op: fmt.Sprintf("%s (rank 0 at %s did not answer the hello)", op, addr), Missing: []int{0}}
+			}
 			return &TimeoutError{Op: op + " (the rendezvous server did not answer)", Missing: []int{0}}
 		}
 	}
+}
+
+// authError is a peer's failure to prove the world secret, or to speak
+// this protocol: a refusal rather than a lost peer.
+type authError struct{ msg string }
+
+func (e *authError) Error() string { return e.msg }
+
+// prove runs this rank's side of the rendezvous handshake: it answers the
+// server's challenge with its hello and checks the server's proof. Until
+// then it reads at most maxHandshakePayload bytes a frame, so a process
+// that is not rank 0 of this world, listening where rank 0 should, cannot
+// make it hold more.
+func (c *tcpClient) prove() (refusal []byte, err error) {
+	h, p, err := readFrameMax(c.conn, maxHandshakePayload, nil)
+	if err != nil {
+		return nil, err
+	}
+	switch h.Type {
+	case fReject:
+		return p, nil
+	case fChallenge:
+	default:
+		return nil, &authError{fmt.Sprintf("%s answered with a %s frame, not a challenge: not a goep rendezvous", c.addr, h.Type)}
+	}
+	ch, err := decodeChallenge(p)
+	if err == nil {
+		err = ch.check()
+	}
+	if err != nil {
+		return nil, &authError{fmt.Sprintf("%s is not a goep rendezvous of this version: %v", c.addr, err)}
+	}
+	hello := c.hello
+	hello.Nonce = newNonce()
+	hello.MAC = helloMAC(c.secret, ch.Nonce, int32(c.rank), hello)
+	if err := c.send(context.Background(), frameHeader{Type: fHello, Rank: int32(c.rank)}, hello.encode()); err != nil {
+		return nil, err
+	}
+	h, p, err = readFrameMax(c.conn, maxHandshakePayload, nil)
+	if err != nil {
+		return nil, err
+	}
+	switch h.Type {
+	case fReject:
+		return p, nil
+	case fProof:
+	default:
+		return nil, &authError{fmt.Sprintf("%s answered the hello with a %s frame, not its proof", c.addr, h.Type)}
+	}
+	want := serverMAC(c.secret, hello.Nonce, ch.Nonce, int32(c.rank))
+	if !hmac.Equal(p, want[:]) {
+		return nil, &authError{fmt.Sprintf("the process at %s does not prove the world secret: it is not rank 0 of this world (another job's, or another process on its port), or GOEP_WORLD_SECRET differs between the ranks", c.addr)}
+	}
+	return nil, nil
 }
 
 // tcpClient is one rank's connection to the rendezvous server, shared by the
 // world group and every sub-group split from it.
 type tcpClient struct {
 	rank, size int
+	secret     string
+	addr       string // rank 0's
+	log        *zap.Logger
+	hello      helloMsg // the hello's fields (prove adds the nonce and MAC)
 	conn       net.Conn
 	srv        *tcpServer // rank 0 only
 	peerAddrs  []string   // by world rank, from the welcome
@@ -470,6 +654,7 @@ type tcpClient struct {
 	deadWrite  bool           // ... because this rank cut it when a write to the server timed out
 	shutdown   bool           // rank 0 closed the rendezvous
 	closed     bool           // this rank closed the world group
+	aborted    string         // non-empty: this rank aborted the world (Abort), why
 	readerDone chan struct{}
 	hs         chan hsEvent // frames before the welcome, for handshake
 }
@@ -493,9 +678,22 @@ func (c *tcpClient) changedLocked() {
 	c.notify = make(chan struct{})
 }
 
-// read dispatches the server's frames until the connection ends.
+// read proves this rank to the server and the server to it, then
+// dispatches the server's frames until the connection ends.
 func (c *tcpClient) read() {
 	defer close(c.readerDone)
+	refusal, err := c.prove()
+	switch {
+	case err != nil:
+		c.toHandshake(hsEvent{err: err})
+		c.broken(err.Error(), false)
+		return
+	case refusal != nil:
+		c.toHandshake(hsEvent{h: frameHeader{Type: fReject}, p: refusal})
+		c.broken("refused: "+string(refusal), false)
+		return
+	}
+	c.toHandshake(hsEvent{h: frameHeader{Type: fProof}})
 	welcomed := false
 	for {
 		h, p, err := readFrame(c.conn)
@@ -508,7 +706,7 @@ func (c *tcpClient) read() {
 		}
 		if !welcomed {
 			switch h.Type {
-			case fWelcome, fReject, fMissing, fShutdown:
+			case fWelcome, fReject, fMissing, fShutdown, fLost:
 				welcomed = h.Type == fWelcome
 				c.toHandshake(hsEvent{h: h, p: p})
 				continue
@@ -615,6 +813,9 @@ func (g *tcpGroup) check(op string) error {
 
 func (g *tcpGroup) checkLocked(op string) error {
 	c := g.c
+	if c.aborted != "" {
+		return fmt.Errorf("comm: %s on rank %d: this rank aborted the group (%s): %w", op, g.rank, c.aborted, ErrAborted)
+	}
 	if c.closed || g.closed {
 		return fmt.Errorf("comm: %s on rank %d: this rank closed the group: %w", op, g.rank, ErrClosed)
 	}
@@ -890,6 +1091,45 @@ func (c *tcpClient) close() error {
 		return fmt.Errorf("comm: tcp: close on rank %d: %w", c.rank, err)
 	}
 	return nil
+}
+
+func (g *tcpGroup) abort(cause string) { g.c.abort(cause) }
+
+// abortLinger bounds how long an aborting rank waits for its notice to
+// reach rank 0 (and, on rank 0, for the server's notices to reach the
+// ranks) before it cuts its connections.
+const abortLinger = 250 * time.Millisecond
+
+// abort cuts this rank off the world, telling why (see Abort): rank 0's
+// server hears it first, then every connection is cut.
+func (c *tcpClient) abort(cause string) {
+	c.mu.Lock()
+	if c.closed || c.aborted != "" {
+		c.mu.Unlock()
+		return
+	}
+	c.aborted = cause
+	c.changedLocked()
+	c.mu.Unlock()
+	c.abortMesh(cause)
+	if c.srv != nil {
+		c.srv.abortRank0(cause)
+	} else if c.wmu.TryLock() { // a large write in flight: no notice, the server sees a lost rank
+		c.conn.SetWriteDeadline(time.Now().Add(abortLinger))
+		if writeFrame(c.conn, frameHeader{Type: fAbort, Rank: int32(c.rank)}, []byte(cause)) == nil {
+			// A FIN behind the notice, not a reset that could destroy it;
+			// the server hangs up once it has read both.
+			if tc, ok := c.conn.(*net.TCPConn); ok {
+				tc.CloseWrite()
+			}
+			select {
+			case <-c.readerDone:
+			case <-time.After(abortLinger):
+			}
+		}
+		c.wmu.Unlock()
+	}
+	c.conn.Close()
 }
 
 // kill cuts this rank off the way a killed process would be: no bye, the

@@ -35,7 +35,9 @@ const (
 	tcpMagic        = 0x50454f47 // "GOEP" little-endian
 	// tcpVersion 2: the welcome's Seq carries the world id, and AllToAll
 	// runs over direct peer connections (peer hello, data and bye frames).
-	tcpVersion = 2
+	// 3: every connection proves the world secret (tcp_auth.go), and a rank
+	// may abort.
+	tcpVersion = 3
 	// helloGID is the GID of a query about the rendezvous itself (who has
 	// not connected yet).
 	helloGID = ^uint64(0)
@@ -54,7 +56,7 @@ const (
 	fMissing                          // server → client: payload the missing group ranks (u32 each)
 	fBye                              // client → server: this rank closes the world group
 	fGroupBye                         // client → server: this rank closes sub-group GID
-	fLost                             // server → client: world rank Rank disappeared; payload the cause
+	fLost                             // server → client: world rank Rank disappeared; payload the cause (client → server, before the welcome: its launcher says so)
 	fClosed                           // server → client: world rank Rank closed the world group
 	fGroupClosed                      // server → client: world rank Rank closed sub-group GID
 	fShutdown                         // server → client: rank 0 closed; the server stops
@@ -62,11 +64,15 @@ const (
 	fPeerData                         // peer → peer: Rank's AllToAll part for round (GID, Seq); payload the bytes
 	fPeerBye                          // peer → peer: the sender closes group GID (0: the world; EOF after it is not a loss)
 	fAbandon                          // client → server: this member cannot take part in round (GID, Seq); payload why
+	fChallenge                        // accepting side → connecting side, first: payload challengeMsg
+	fProof                            // server → client: its answer to a proven hello; payload an HMAC
+	fAbort                            // client → server, and peer → peer: this rank aborts (it is about to exit); payload why
 	frameTypeEnd
 )
 
 var frameTypeNames = [...]string{"", "hello", "welcome", "reject", "contrib", "result", "fail", "query",
-	"missing", "bye", "groupbye", "lost", "closed", "groupclosed", "shutdown", "peerhello", "peerdata", "peerbye", "abandon"}
+	"missing", "bye", "groupbye", "lost", "closed", "groupclosed", "shutdown", "peerhello", "peerdata", "peerbye", "abandon",
+	"challenge", "proof", "abort"}
 
 func (t frameType) String() string {
 	if int(t) < len(frameTypeNames) && t != 0 {
@@ -265,17 +271,24 @@ func (b writeBound) next() time.Time {
 // to a broken connection.
 func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 
-// helloMsg is the first frame's payload: who this rank says it is.
+// helloMsg is the payload of a client's hello: who this rank says it is,
+// and its proof of the world secret (see tcp_auth.go).
 type helloMsg struct {
 	Magic     uint32
 	Version   uint16
 	Size      int
 	LocalRank int
 	LocalSize int
-	PeerAddr  string // where this rank accepts AllToAll connections
+	Nonce     [nonceLen]byte // the client's, for the server's answer
+	MAC       [macLen]byte   // helloMAC
+	PeerAddr  string         // where this rank accepts AllToAll connections
 }
 
-func (m helloMsg) encode() []byte {
+// helloFixed is the length of a hello without its peer address.
+const helloFixed = 4 + 2 + 4 + 4 + 4 + nonceLen + macLen
+
+// fields is what the hello's MAC covers besides the nonces and the rank.
+func (m helloMsg) fields() []byte {
 	b := binary.LittleEndian.AppendUint32(nil, m.Magic)
 	b = binary.LittleEndian.AppendUint16(b, m.Version)
 	b = binary.LittleEndian.AppendUint32(b, uint32(m.Size))
@@ -284,9 +297,19 @@ func (m helloMsg) encode() []byte {
 	return append(b, m.PeerAddr...)
 }
 
+func (m helloMsg) encode() []byte {
+	b := binary.LittleEndian.AppendUint32(nil, m.Magic)
+	b = binary.LittleEndian.AppendUint16(b, m.Version)
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.Size))
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.LocalRank))
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.LocalSize))
+	b = append(b, m.Nonce[:]...)
+	b = append(b, m.MAC[:]...)
+	return append(b, m.PeerAddr...)
+}
+
 func decodeHello(p []byte) (helloMsg, error) {
-	const fixed = 4 + 2 + 4 + 4 + 4
-	if len(p) < fixed {
+	if len(p) < helloFixed {
 		return helloMsg{}, fmt.Errorf("%w: hello of %d bytes", errFrame, len(p))
 	}
 	m := helloMsg{
@@ -295,9 +318,11 @@ func decodeHello(p []byte) (helloMsg, error) {
 		Size:      int(int32(binary.LittleEndian.Uint32(p[6:]))),
 		LocalRank: int(int32(binary.LittleEndian.Uint32(p[10:]))),
 		LocalSize: int(int32(binary.LittleEndian.Uint32(p[14:]))),
-		PeerAddr:  string(p[fixed:]),
+		PeerAddr:  string(p[helloFixed:]),
 	}
-	if len(m.PeerAddr) > 1024 {
+	copy(m.Nonce[:], p[18:])
+	copy(m.MAC[:], p[18+nonceLen:])
+	if len(m.PeerAddr) > maxPeerAddr {
 		return m, fmt.Errorf("%w: hello address of %d bytes", errFrame, len(m.PeerAddr))
 	}
 	return m, nil
@@ -305,32 +330,42 @@ func decodeHello(p []byte) (helloMsg, error) {
 
 // peerHello is the payload of the first frame each way on a direct peer
 // connection (the header's Rank is the sender's world rank and Seq the world
-// id from the welcome): the receiver checks that it is spoken to, in its
-// protocol, by a member of its own world.
+// id from the welcome), after the acceptor's challenge: the receiver checks
+// that it is spoken to, in its protocol, by a member of its own world, which
+// the MAC proves (peerMAC).
 type peerHello struct {
 	Magic   uint32
 	Version uint16
 	Size    int // world size
 	To      int // the world rank the sender means to reach
+	Nonce   [nonceLen]byte
+	MAC     [macLen]byte
 }
+
+const peerHelloLen = 4 + 2 + 4 + 4 + nonceLen + macLen
 
 func (m peerHello) encode() []byte {
 	b := binary.LittleEndian.AppendUint32(nil, m.Magic)
 	b = binary.LittleEndian.AppendUint16(b, m.Version)
 	b = binary.LittleEndian.AppendUint32(b, uint32(m.Size))
-	return binary.LittleEndian.AppendUint32(b, uint32(m.To))
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.To))
+	b = append(b, m.Nonce[:]...)
+	return append(b, m.MAC[:]...)
 }
 
 func decodePeerHello(p []byte) (peerHello, error) {
-	if len(p) != 4+2+4+4 {
+	if len(p) != peerHelloLen {
 		return peerHello{}, fmt.Errorf("%w: peer hello of %d bytes", errFrame, len(p))
 	}
-	return peerHello{
+	m := peerHello{
 		Magic:   binary.LittleEndian.Uint32(p),
 		Version: binary.LittleEndian.Uint16(p[4:]),
 		Size:    int(int32(binary.LittleEndian.Uint32(p[6:]))),
 		To:      int(int32(binary.LittleEndian.Uint32(p[10:]))),
-	}, nil
+	}
+	copy(m.Nonce[:], p[14:])
+	copy(m.MAC[:], p[14+nonceLen:])
+	return m, nil
 }
 
 // appendChunks appends each chunk as a u64 length and its bytes.

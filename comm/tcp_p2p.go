@@ -2,6 +2,7 @@ package comm
 
 import (
 	"context"
+	"crypto/hmac"
 	"errors"
 	"fmt"
 	"net"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // Direct AllToAll of the TCP group. Every pair of world ranks shares one
@@ -72,22 +75,36 @@ func peerListen(conn net.Conn) (net.Listener, error) {
 	return net.ListenTCP("tcp", &net.TCPAddr{IP: la.IP, Zone: la.Zone})
 }
 
-// connectMesh connects rank me to every other rank of the world: it dials
-// every higher rank at its address in addrs and accepts every lower one on
-// ln. Each connection starts with a peer hello each way naming both ranks
-// and worldID; a connection that does not say one, or names another world,
-// rank or protocol, is closed and the wait goes on. It closes ln before it
-// returns. It fails if a dial or hello fails or some rank is not connected
-// by ctx's deadline or meshTimeout, whichever comes first; then it has
-// closed every connection.
-func connectMesh(ctx context.Context, ln net.Listener, me int, addrs []string, worldID uint64) ([]*peerConn, error) {
-	size := len(addrs)
+// meshAuth is what a rank needs to build and check its peer connections.
+type meshAuth struct {
+	me, size int
+	worldID  uint64 // from the welcome
+	secret   string
+	log      *zap.Logger
+}
+
+// testHookPeerRefused, when set (tests), is called with why each time a
+// peer listener refuses a connection.
+var testHookPeerRefused func(why string)
+
+// connectMesh connects rank a.me to every other rank of the world: it
+// dials every higher rank at its address in addrs and accepts every lower
+// one on ln. Each connection starts with the acceptor's challenge and a
+// peer hello each way naming both ranks and the world id and proving the
+// secret (tcp_auth.go); a connection that does not say one, names another
+// world, rank or protocol or does not prove the secret is closed (with a
+// warning) and the wait goes on. It closes ln before it returns. It fails
+// if a dial or hello fails or some rank is not connected by ctx's deadline
+// or meshTimeout, whichever comes first; then it has closed every
+// connection.
+func connectMesh(ctx context.Context, ln net.Listener, a meshAuth, addrs []string) ([]*peerConn, error) {
+	size, me := len(addrs), a.me
 	if ln == nil {
 		return nil, errors.New("this rank has no peer listener")
 	}
 	defer ln.Close()
-	for w, a := range addrs {
-		if a == "" {
+	for w, addr := range addrs {
+		if addr == "" {
 			return nil, fmt.Errorf("rank %d advertises no peer address", w)
 		}
 	}
@@ -117,9 +134,13 @@ func connectMesh(ctx context.Context, ln net.Listener, me int, addrs []string, w
 				return
 			}
 			wg.Go(func() {
-				w, err := acceptPeer(ctx, conn, me, size, worldID, claim)
+				w, err := acceptPeer(ctx, conn, a, claim)
 				if err != nil {
-					conn.Close() // a stray connection: drop it, wait for the real one
+					// A stray connection: drop it, wait for the real one.
+					if ctx.Err() == nil { // not a handshake cut short by the end
+						a.refuse(conn, err)
+					}
+					conn.Close()
 					return
 				}
 				results <- result{w: w, conn: conn}
@@ -128,7 +149,7 @@ func connectMesh(ctx context.Context, ln net.Listener, me int, addrs []string, w
 	})
 	for w := me + 1; w < size; w++ {
 		wg.Go(func() {
-			conn, err := dialPeer(ctx, me, w, size, addrs[w], worldID)
+			conn, err := dialPeer(ctx, a, w, addrs[w])
 			results <- result{w: w, conn: conn, err: err}
 		})
 	}
@@ -174,6 +195,17 @@ func connectMesh(ctx context.Context, ln net.Listener, me int, addrs []string, w
 	return peers, nil
 }
 
+// refuse reports a connection the peer listener closed.
+func (a meshAuth) refuse(conn net.Conn, why error) {
+	if a.log != nil {
+		a.log.Warn("peer listener: refused a connection that did not prove itself a rank of this world",
+			zap.Int("rank", a.me), zap.Stringer("from", conn.RemoteAddr()), zap.Error(why))
+	}
+	if testHookPeerRefused != nil {
+		testHookPeerRefused(why.Error())
+	}
+}
+
 // peerHandshake bounds conn's hello exchange by ctx: it closes conn if ctx
 // ends first. done reports whether the exchange finished before that.
 func peerHandshake(ctx context.Context, conn net.Conn) (done func() bool) {
@@ -194,62 +226,64 @@ func tunePeer(conn net.Conn) {
 	}
 }
 
-// acceptPeer runs the accepting side's hello on conn: it must come from a
-// rank below me of the same world, not connected yet.
-func acceptPeer(ctx context.Context, conn net.Conn, me, size int, worldID uint64, claim func(int) bool) (int, error) {
+// acceptPeer runs the accepting side's handshake on conn: a challenge, then
+// a hello that must come from a rank below a.me of the same world, not
+// connected yet, and prove the secret; then this rank's own proof.
+func acceptPeer(ctx context.Context, conn net.Conn, a meshAuth, claim func(int) bool) (int, error) {
 	done := peerHandshake(ctx, conn)
-	h, p, err := readFrame(conn)
+	from, err := acceptPeerHello(conn, a, claim)
+	if ok := done(); err == nil && !ok {
+		err = ctx.Err()
+	}
 	if err != nil {
-		done()
 		return 0, err
-	}
-	from := int(h.Rank)
-	if err := checkPeerHello(h, p, me, size, worldID); err != nil {
-		done()
-		return 0, err
-	}
-	if from < 0 || from >= me {
-		done()
-		return 0, fmt.Errorf("peer hello from rank %d, want one below %d", from, me)
-	}
-	if !claim(from) {
-		done()
-		return 0, fmt.Errorf("rank %d connected twice", from)
-	}
-	reply := peerHello{Magic: tcpMagic, Version: tcpVersion, Size: size, To: from}
-	if err := writeFrame(conn, frameHeader{Type: fPeerHello, Seq: worldID, Rank: int32(me)}, reply.encode()); err != nil {
-		done()
-		return 0, err
-	}
-	if !done() {
-		return 0, ctx.Err()
 	}
 	tunePeer(conn)
 	return from, nil
 }
 
-// dialPeer connects rank me to rank w at addr and runs the dialling side's
-// hello.
-func dialPeer(ctx context.Context, me, w, size int, addr string, worldID uint64) (net.Conn, error) {
+func acceptPeerHello(conn net.Conn, a meshAuth, claim func(int) bool) (int, error) {
+	nonce := newNonce()
+	if err := writeFrame(conn, frameHeader{Type: fChallenge, Rank: int32(a.me)}, challengeMsg{Magic: tcpMagic, Version: tcpVersion, Nonce: nonce}.encode()); err != nil {
+		return 0, err
+	}
+	h, p, err := readFrameMax(conn, maxHandshakePayload, nil)
+	if err != nil {
+		return 0, err
+	}
+	m, err := checkPeerHello(h, p, a.me, a.size, a.worldID)
+	if err != nil {
+		return 0, err
+	}
+	from := int(h.Rank)
+	if from < 0 || from >= a.me {
+		return 0, fmt.Errorf("peer hello from rank %d, want one below %d", from, a.me)
+	}
+	want := peerMAC(a.secret, "peer dial", nonce, m.Nonce, from, a.me, a.size, a.worldID)
+	if !hmac.Equal(m.MAC[:], want[:]) {
+		return 0, fmt.Errorf("peer hello as rank %d does not prove the world secret", from)
+	}
+	if !claim(from) {
+		return 0, fmt.Errorf("rank %d connected twice", from)
+	}
+	reply := peerHello{Magic: tcpMagic, Version: tcpVersion, Size: a.size, To: from, Nonce: nonce,
+		MAC: peerMAC(a.secret, "peer accept", m.Nonce, nonce, a.me, from, a.size, a.worldID)}
+	if err := writeFrame(conn, frameHeader{Type: fPeerHello, Seq: a.worldID, Rank: int32(a.me)}, reply.encode()); err != nil {
+		return 0, err
+	}
+	return from, nil
+}
+
+// dialPeer connects rank a.me to rank w at addr and runs the dialling
+// side's handshake.
+func dialPeer(ctx context.Context, a meshAuth, w int, addr string) (net.Conn, error) {
 	d := net.Dialer{KeepAliveConfig: keepAlive}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("dial rank %d at %s: %w", w, addr, err)
 	}
 	done := peerHandshake(ctx, conn)
-	hello := peerHello{Magic: tcpMagic, Version: tcpVersion, Size: size, To: w}
-	err = writeFrame(conn, frameHeader{Type: fPeerHello, Seq: worldID, Rank: int32(me)}, hello.encode())
-	var h frameHeader
-	var p []byte
-	if err == nil {
-		h, p, err = readFrame(conn)
-	}
-	if err == nil {
-		err = checkPeerHello(h, p, me, size, worldID)
-		if err == nil && int(h.Rank) != w {
-			err = fmt.Errorf("answered by rank %d", h.Rank)
-		}
-	}
+	err = dialPeerHello(conn, a, w)
 	if ok := done(); err == nil && !ok {
 		err = ctx.Err()
 	}
@@ -261,24 +295,63 @@ func dialPeer(ctx context.Context, me, w, size int, addr string, worldID uint64)
 	return conn, nil
 }
 
+func dialPeerHello(conn net.Conn, a meshAuth, w int) error {
+	h, p, err := readFrameMax(conn, maxHandshakePayload, nil)
+	if err != nil {
+		return err
+	}
+	if h.Type != fChallenge {
+		return fmt.Errorf("%w: %s frame instead of a challenge", errFrame, h.Type)
+	}
+	ch, err := decodeChallenge(p)
+	if err == nil {
+		err = ch.check()
+	}
+	if err != nil {
+		return err
+	}
+	nonce := newNonce()
+	hello := peerHello{Magic: tcpMagic, Version: tcpVersion, Size: a.size, To: w, Nonce: nonce,
+		MAC: peerMAC(a.secret, "peer dial", ch.Nonce, nonce, a.me, w, a.size, a.worldID)}
+	if err := writeFrame(conn, frameHeader{Type: fPeerHello, Seq: a.worldID, Rank: int32(a.me)}, hello.encode()); err != nil {
+		return err
+	}
+	h, p, err = readFrameMax(conn, maxHandshakePayload, nil)
+	if err != nil {
+		return err
+	}
+	m, err := checkPeerHello(h, p, a.me, a.size, a.worldID)
+	switch {
+	case err != nil:
+		return err
+	case int(h.Rank) != w:
+		return fmt.Errorf("answered by rank %d", h.Rank)
+	}
+	want := peerMAC(a.secret, "peer accept", nonce, ch.Nonce, w, a.me, a.size, a.worldID)
+	if m.Nonce != ch.Nonce || !hmac.Equal(m.MAC[:], want[:]) {
+		return fmt.Errorf("rank %d's answer does not prove the world secret", w)
+	}
+	return nil
+}
+
 // checkPeerHello checks that a peer hello is meant for rank me of this
-// world.
-func checkPeerHello(h frameHeader, p []byte, me, size int, worldID uint64) error {
+// world (its MAC is the caller's to check).
+func checkPeerHello(h frameHeader, p []byte, me, size int, worldID uint64) (peerHello, error) {
 	if h.Type != fPeerHello {
-		return fmt.Errorf("%w: %s frame instead of a peer hello", errFrame, h.Type)
+		return peerHello{}, fmt.Errorf("%w: %s frame instead of a peer hello", errFrame, h.Type)
 	}
 	m, err := decodePeerHello(p)
 	switch {
 	case err != nil:
-		return err
+		return m, err
 	case m.Magic != tcpMagic || m.Version != tcpVersion:
-		return fmt.Errorf("peer speaks protocol %#x version %d, this rank %#x version %d", m.Magic, m.Version, uint32(tcpMagic), tcpVersion)
+		return m, fmt.Errorf("peer speaks protocol %#x version %d, this rank %#x version %d", m.Magic, m.Version, uint32(tcpMagic), tcpVersion)
 	case h.Seq != worldID:
-		return fmt.Errorf("peer is from world %#x, this rank from %#x", h.Seq, worldID)
+		return m, fmt.Errorf("peer is from world %#x, this rank from %#x", h.Seq, worldID)
 	case m.Size != size || m.To != me:
-		return fmt.Errorf("peer means rank %d of %d, this is rank %d of %d", m.To, m.Size, me, size)
+		return m, fmt.Errorf("peer means rank %d of %d, this is rank %d of %d", m.To, m.Size, me, size)
 	}
-	return nil
+	return m, nil
 }
 
 // startMesh makes the client use mesh and starts its readers.
@@ -328,6 +401,10 @@ func (c *tcpClient) readPeer(pc *peerConn) {
 			case rd.wake <- struct{}{}:
 			default:
 			}
+		case h.Type == fAbort:
+			c.mu.Unlock()
+			c.peerDown(pc, "aborted: "+string(p), false)
+			return
 		case h.Type == fPeerBye && h.GID == 0:
 			pc.bye = true
 		case h.Type == fPeerBye:
@@ -565,6 +642,9 @@ func (g *tcpGroup) directCheckLocked(name string) error {
 // still on the way.
 func (g *tcpGroup) missingCheckLocked(name string, missing []int) error {
 	c := g.c
+	if c.aborted != "" {
+		return fmt.Errorf("comm: %s on rank %d: this rank aborted the group (%s): %w", name, g.rank, c.aborted, ErrAborted)
+	}
 	if c.closed || g.closed {
 		return fmt.Errorf("comm: %s on rank %d: this rank closed the group: %w", name, g.rank, ErrClosed)
 	}
@@ -670,6 +750,32 @@ func (c *tcpClient) closeMesh(graceful bool) {
 		}
 	}
 	m.readers.Wait()
+}
+
+// abortMesh tells every peer that this rank aborts, with cause, where no
+// write to it is in flight, then cuts the peer connections.
+func (c *tcpClient) abortMesh(cause string) {
+	m := c.mesh
+	if m == nil {
+		return
+	}
+	var wg sync.WaitGroup
+	for _, pc := range m.peers {
+		if pc == nil || !pc.wmu.TryLock() { // a write in flight: the peer sees a loss
+			continue
+		}
+		wg.Go(func() {
+			defer pc.wmu.Unlock()
+			pc.conn.SetWriteDeadline(time.Now().Add(abortLinger))
+			if writeFrame(pc.conn, frameHeader{Type: fAbort, Rank: int32(c.rank)}, []byte(cause)) == nil {
+				if tc, ok := pc.conn.(*net.TCPConn); ok {
+					tc.CloseWrite()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	c.closeMesh(false)
 }
 
 // directPeers lists the world ranks this rank has a usable peer

@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -413,8 +416,10 @@ func TestTCPDirectFallback(t *testing.T) {
 }
 
 // TestTCPPeerHelloRejectsStrays: the peer listener drops connections that
-// do not open with a hello of this world for this rank, and keeps waiting
-// for the real peer.
+// do not open with a hello of this world for this rank that proves the
+// world secret for this connection's challenge, each with a warning, and
+// keeps waiting for the real peer, which a silent connection does not
+// hold up either.
 func TestTCPPeerHelloRejectsStrays(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -422,6 +427,8 @@ func TestTCPPeerHelloRejectsStrays(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	const world = 0x1234
+	core, logs := observer.New(zapcore.WarnLevel)
+	me := meshAuth{me: 1, size: 2, worldID: world, secret: testSecret, log: zap.New(core)}
 	type res struct {
 		peers []*peerConn
 		err   error
@@ -430,38 +437,69 @@ func TestTCPPeerHelloRejectsStrays(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(t.Context(), hang) // meshTimeout bounds it too
 		defer cancel()
-		peers, err := connectMesh(ctx, ln, 1, []string{"unused:1", addr}, world) // rank 1 of 2
+		peers, err := connectMesh(ctx, ln, me, []string{"unused:1", addr}) // rank 1 of 2
 		done <- res{peers, err}
 	}()
-	hello := func(rank, to, size int, id uint64) []byte {
+	frame := func(h frameHeader, p []byte) []byte {
 		var b []byte
 		w := writerFunc(func(p []byte) (int, error) { b = append(b, p...); return len(p), nil })
-		writeFrame(w, frameHeader{Type: fPeerHello, Seq: id, Rank: int32(rank)}, peerHello{Magic: tcpMagic, Version: tcpVersion, Size: size, To: to}.encode())
+		writeFrame(w, h, p)
 		return b
 	}
-	for _, stray := range []struct {
-		name string
-		data []byte
-	}{
-		{"garbage", []byte("GET / HTTP/1.1\r\nHost: example.com\r\n\r\n")},
-		{"another world", hello(0, 1, 2, world+1)},
-		{"wrong rank", hello(0, 0, 2, world)},
-		{"wrong size", hello(0, 1, 3, world)},
-		{"higher rank", hello(1, 1, 2, world)},
-	} {
+	// hello is rank's hello to rank `to`, answering challenge ch, with the
+	// given secret and world.
+	hello := func(ch challengeMsg, rank, to, size int, id uint64, secret string) []byte {
+		m := peerHello{Magic: tcpMagic, Version: tcpVersion, Size: size, To: to, Nonce: newNonce()}
+		m.MAC = peerMAC(secret, "peer dial", ch.Nonce, m.Nonce, rank, to, size, id)
+		return frame(frameHeader{Type: fPeerHello, Seq: id, Rank: int32(rank)}, m.encode())
+	}
+	// dial connects to the listener and reads its challenge.
+	dial := func(name string) (net.Conn, challengeMsg) {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Write(stray.data)
 		c.SetReadDeadline(time.Now().Add(hang))
+		h, p, err := readFrameMax(c, maxHandshakePayload, nil)
+		if err != nil || h.Type != fChallenge {
+			t.Fatalf("%s: the listener's first frame: %v %v", name, h.Type, err)
+		}
+		ch, err := decodeChallenge(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, ch
+	}
+	// A connection that says nothing stays open while the real peer comes.
+	silent, _ := dial("silent")
+	defer silent.Close()
+	strays := []struct {
+		name string
+		data func(ch challengeMsg) []byte
+	}{
+		{"garbage", func(challengeMsg) []byte { return []byte("GET / HTTP/1.1\r\nHost: example.com\r\n\r\n") }},
+		{"huge frame", func(challengeMsg) []byte {
+			return append(appendHeader(nil, frameHeader{Type: fPeerHello, Rank: 0, Seq: world, Len: maxFramePayload}), make([]byte, 64<<10)...)
+		}},
+		{"no secret", func(ch challengeMsg) []byte { return hello(ch, 0, 1, 2, world, "") }},
+		{"wrong secret", func(ch challengeMsg) []byte { return hello(ch, 0, 1, 2, world, testSecret+"x") }},
+		{"replayed", func(challengeMsg) []byte { return hello(challengeMsg{Nonce: newNonce()}, 0, 1, 2, world, testSecret) }},
+		{"another world", func(ch challengeMsg) []byte { return hello(ch, 0, 1, 2, world+1, testSecret) }},
+		{"wrong rank", func(ch challengeMsg) []byte { return hello(ch, 0, 0, 2, world, testSecret) }},
+		{"wrong size", func(ch challengeMsg) []byte { return hello(ch, 0, 1, 3, world, testSecret) }},
+		{"higher rank", func(ch challengeMsg) []byte { return hello(ch, 1, 1, 2, world, testSecret) }},
+	}
+	for _, stray := range strays {
+		c, ch := dial(stray.name)
+		c.Write(stray.data(ch))
 		if n, err := io.Copy(io.Discard, c); (err != nil && !errors.Is(err, syscall.ECONNRESET)) || n != 0 {
-			t.Errorf("%s: got %d bytes back, %v; want the connection closed without an answer", stray.name, n, err)
+			t.Errorf("%s: got %d bytes back after the challenge, %v; want the connection closed without an answer", stray.name, n, err)
 		}
 		c.Close()
 	}
 	// The real rank 0.
-	conn, err := dialPeer(t.Context(), 0, 1, 2, addr, world)
+	dialer := meshAuth{me: 0, size: 2, worldID: world, secret: testSecret}
+	conn, err := dialPeer(t.Context(), dialer, 1, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,25 +509,51 @@ func TestTCPPeerHelloRejectsStrays(t *testing.T) {
 		t.Fatalf("connectMesh: %v, %v", r.peers, r.err)
 	}
 	r.peers[0].conn.Close()
-
-	// A dialler answered by a rank of another world gives up.
-	ln2, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	if n := logs.FilterMessageSnippet("refused a connection").Len(); n != len(strays) {
+		t.Errorf("%d warnings of a refused connection, want %d: %v", n, len(strays), logs.All())
 	}
-	defer ln2.Close()
-	go func() {
-		c, err := ln2.Accept()
+	// The silent connection is closed once the mesh is built.
+	silent.SetReadDeadline(time.Now().Add(hang))
+	if n, err := io.Copy(io.Discard, silent); (err != nil && !errors.Is(err, syscall.ECONNRESET)) || n != 0 {
+		t.Errorf("silent: got %d bytes, %v; want the connection closed", n, err)
+	}
+
+	// A dialler answered by a rank of another world, or by one that does
+	// not prove the secret, gives up.
+	for _, tc := range []struct {
+		name, want string
+		id         uint64
+		secret     string
+	}{
+		{"another world", "world", world + 1, testSecret},
+		{"wrong secret", "does not prove the world secret", world, testSecret + "x"},
+	} {
+		ln2, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return
+			t.Fatal(err)
 		}
-		defer c.Close()
-		readFrame(c)
-		c.Write(hello(1, 0, 2, world+1))
-		io.Copy(io.Discard, c)
-	}()
-	if _, err := dialPeer(t.Context(), 0, 1, 2, ln2.Addr().String(), world); err == nil || !strings.Contains(err.Error(), "world") {
-		t.Errorf("dialPeer answered from another world: %v, want an error about the world", err)
+		go func() {
+			c, err := ln2.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			ch := challengeMsg{Magic: tcpMagic, Version: tcpVersion, Nonce: newNonce()}
+			c.Write(frame(frameHeader{Type: fChallenge, Rank: 1}, ch.encode()))
+			h, p, err := readFrameMax(c, maxHandshakePayload, nil)
+			if err != nil {
+				return
+			}
+			m, _ := decodePeerHello(p)
+			reply := peerHello{Magic: tcpMagic, Version: tcpVersion, Size: 2, To: 0, Nonce: ch.Nonce,
+				MAC: peerMAC(tc.secret, "peer accept", m.Nonce, ch.Nonce, 1, int(h.Rank), 2, tc.id)}
+			c.Write(frame(frameHeader{Type: fPeerHello, Seq: tc.id, Rank: 1}, reply.encode()))
+			io.Copy(io.Discard, c)
+		}()
+		if _, err := dialPeer(t.Context(), dialer, 1, ln2.Addr().String()); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("dialPeer answered by %s: %v, want an error saying %q", tc.name, err, tc.want)
+		}
+		ln2.Close()
 	}
 }
 

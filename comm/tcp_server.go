@@ -1,22 +1,28 @@
 package comm
 
 import (
+	"crypto/hmac"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // Timeouts of the rendezvous server, which has no caller's context: a
-// connection must say hello within helloTimeout, and a client must read
-// some of a frame written to it within serverWriteTimeout (clients read
-// continuously, so only a stuck or dead client trips it; a slow one, however
-// large the frame, does not).
+// connection must prove itself within handshakeTimeout (tcp_auth.go), and
+// a client must read some of a frame written to it within
+// serverWriteTimeout (clients read continuously, so only a stuck or dead
+// client trips it; a slow one, however large the frame, does not).
 const (
-	helloTimeout       = 30 * time.Second
 	serverWriteTimeout = 30 * time.Second
 	// queryGrace bounds the wait for the server's answer when a collective
 	// times out and asks who is missing.
@@ -28,14 +34,23 @@ const (
 var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 5}
 
 // tcpServer is the rendezvous store and relay that rank 0 runs. It admits
-// Size ranks, then relays every collective round: a round of group G with
-// sequence number S completes when every member of G has contributed, and
-// each member gets its share of the result. It watches every connection:
-// a read error from a rank that did not say bye is a lost peer, announced
-// at once to every rank.
+// Size ranks, each proving the world secret (tcp_auth.go), then relays
+// every collective round: a round of group G with sequence number S
+// completes when every member of G has contributed, and each member gets
+// its share of the result. It watches every connection: a read error from
+// a rank that did not say bye is a lost peer, announced at once to every
+// rank. A connection that does not prove itself is refused alone (a
+// warning on log, and refused counts it).
 type tcpServer struct {
-	ln   net.Listener
-	size int
+	ln     net.Listener
+	size   int
+	secret string
+	log    *zap.Logger
+
+	handshake atomic.Int64 // handshakeTimeout when it started; tests lower it
+	refused   atomic.Int64 // connections refused before they proved themselves
+	held      atomic.Int64 // bytes read and held from connections not yet proven
+	peak      atomic.Int64 // the most held at once
 
 	mu       sync.Mutex
 	conns    []*srvConn // by world rank: admitted and not yet departed
@@ -72,8 +87,9 @@ type srvRound struct {
 // srvConn is one client connection. Frames to it are queued and written by
 // its own goroutine, so that a slow client never blocks the server.
 type srvConn struct {
-	c    net.Conn
-	rank int // -1 until admitted
+	c      net.Conn
+	rank   int  // -1 until admitted
+	proven bool // it proved the world secret (guarded by the server's mu)
 
 	mu      sync.Mutex
 	queue   []outFrame
@@ -88,10 +104,12 @@ type outFrame struct {
 	p []byte
 }
 
-func startServer(ln net.Listener, size int) *tcpServer {
+func startServer(ln net.Listener, size int, secret string, log *zap.Logger) *tcpServer {
 	s := &tcpServer{
 		ln:     ln,
 		size:   size,
+		secret: secret,
+		log:    log,
 		conns:  make([]*srvConn, size),
 		all:    map[*srvConn]struct{}{},
 		addrs:  make([]string, size),
@@ -101,6 +119,7 @@ func startServer(ln net.Listener, size int) *tcpServer {
 		// GID 0 is the world group; sub-groups count up from 1.
 		nextGID: 1,
 	}
+	s.handshake.Store(int64(handshakeTimeout))
 	if testHookServer != nil {
 		testHookServer(s)
 	}
@@ -205,14 +224,14 @@ func (s *tcpServer) write(sc *srvConn) {
 func (s *tcpServer) serve(sc *srvConn) {
 	defer s.readers.Done()
 	defer sc.c.Close()
-	sc.c.SetReadDeadline(time.Now().Add(helloTimeout))
-	h, p, err := readFrame(sc.c)
-	if err != nil || h.Type != fHello {
-		// Not one of ours (or gone before saying hello): drop it.
-		s.drop(sc)
+	sc.c.SetReadDeadline(time.Now().Add(time.Duration(s.handshake.Load())))
+	nonce := newNonce()
+	sc.send(frameHeader{Type: fChallenge, Rank: -1}, challengeMsg{Magic: tcpMagic, Version: tcpVersion, Nonce: nonce}.encode())
+	h, m, ok := s.prove(sc, nonce)
+	if !ok {
 		return
 	}
-	if !s.admit(sc, h, p) {
+	if !s.admit(sc, h, m) {
 		// Refused: let the writer deliver why, and the client hang up.
 		for {
 			if _, _, err := readFrame(sc.c); err != nil {
@@ -234,12 +253,97 @@ func (s *tcpServer) serve(sc *srvConn) {
 	}
 }
 
-// drop forgets a connection that never got admitted.
-func (s *tcpServer) drop(sc *srvConn) {
+// prove reads sc's hello, at most maxHandshakePayload bytes of it, and
+// checks its proof of the world secret against nonce, the challenge sent
+// to sc. A proven hello is answered with the server's own proof. A
+// connection that does not prove itself (garbage, a frame too large,
+// nothing before handshakeTimeout, another protocol, a wrong or missing
+// secret) is refused alone, logged and counted, and ok is false: the
+// rendezvous goes on as if it had never come.
+func (s *tcpServer) prove(sc *srvConn, nonce [nonceLen]byte) (h frameHeader, m helloMsg, ok bool) {
+	held := 0
+	h, p, err := readFrameMax(sc.c, maxHandshakePayload, func(n int) { held = n; s.hold(n) })
+	defer s.hold(-held)
+	var why, tell string // tell: what the client is told, if anything
+	switch {
+	case err == io.EOF:
+		// Gone without a word (a rank that gave up its join, a port
+		// scan): nothing to refuse.
+		s.log.Debug("rendezvous: a connection closed before its hello", zap.Stringer("from", sc.c.RemoteAddr()))
+		s.mu.Lock()
+		delete(s.all, sc)
+		s.mu.Unlock()
+		sc.finish()
+		return h, m, false
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		why = fmt.Sprintf("no hello within %v", time.Duration(s.handshake.Load()))
+	case err != nil:
+		why = "no hello: " + err.Error()
+	case h.Type != fHello:
+		why = fmt.Sprintf("a %s frame instead of a hello", h.Type)
+	default:
+		m, err = decodeHello(p)
+		switch {
+		case err != nil:
+			why = "bad hello: " + err.Error()
+		case m.Magic != tcpMagic || m.Version != tcpVersion:
+			why = fmt.Sprintf("it speaks protocol %#x version %d, rank 0 speaks %#x version %d", m.Magic, m.Version, uint32(tcpMagic), tcpVersion)
+			tell = why
+		default:
+			want := helloMAC(s.secret, nonce, h.Rank, m)
+			if !hmac.Equal(m.MAC[:], want[:]) {
+				why = fmt.Sprintf("its hello as rank %d does not prove the world secret", h.Rank)
+				tell = "its hello does not prove the world secret: GOEP_WORLD_SECRET (TCPConfig.Secret) differs from rank 0's"
+			}
+		}
+	}
+	if why != "" {
+		s.refuse(sc, why, tell)
+		return h, m, false
+	}
+	s.mu.Lock()
+	sc.proven = true
+	s.mu.Unlock()
+	proof := serverMAC(s.secret, m.Nonce, nonce, h.Rank)
+	sc.send(frameHeader{Type: fProof, Rank: h.Rank}, proof[:])
+	return h, m, true
+}
+
+// refuse ends a connection that did not prove itself: it is counted,
+// logged, told tell (if not empty) and closed; nothing else changes.
+func (s *tcpServer) refuse(sc *srvConn, why, tell string) {
 	s.mu.Lock()
 	delete(s.all, sc)
+	closed := s.closed
 	s.mu.Unlock()
-	sc.finish()
+	if closed { // the server closed the connection: nothing to refuse
+		sc.finish()
+		return
+	}
+	s.refused.Add(1)
+	s.log.Warn("rendezvous: refused a connection that did not prove itself a rank of this world",
+		zap.Stringer("from", sc.c.RemoteAddr()), zap.String("why", why))
+	if tell == "" {
+		sc.finish()
+		return
+	}
+	reject(sc, tell)
+	// Let the writer deliver it and the client hang up (the writer sets a
+	// read deadline once it is written); what the client still sends is
+	// read and dropped, never held.
+	io.Copy(io.Discard, sc.c)
+}
+
+// hold counts n more bytes held from connections not yet proven (n < 0:
+// released).
+func (s *tcpServer) hold(n int) {
+	now := s.held.Add(int64(n))
+	for {
+		p := s.peak.Load()
+		if now <= p || s.peak.CompareAndSwap(p, now) {
+			return
+		}
+	}
 }
 
 func reject(sc *srvConn, msg string) {
@@ -247,11 +351,38 @@ func reject(sc *srvConn, msg string) {
 	sc.finish()
 }
 
-// admit checks a hello. Before the welcome, a mismatch (size, rank range,
-// duplicate rank, protocol) aborts the whole rendezvous so that every rank
-// returns an error; after it, only the offender is refused.
-func (s *tcpServer) admit(sc *srvConn, h frameHeader, p []byte) bool {
-	m, err := decodeHello(p)
+// lostBeforeWelcome fails the rendezvous because world rank r will never
+// join (it aborted, or its launcher saw its process end): every admitted
+// rank is told that r is lost, with cause, and every later hello is
+// refused saying so. It does nothing once every rank has joined.
+func (s *tcpServer) lostBeforeWelcome(r int, cause string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lostBeforeWelcomeLocked(r, cause)
+}
+
+func (s *tcpServer) lostBeforeWelcomeLocked(r int, cause string) {
+	if s.welcomed || s.aborted != "" {
+		return
+	}
+	s.aborted = fmt.Sprintf("rendezvous aborted: rank %d will not join: %s", r, cause)
+	for w, o := range s.conns {
+		if o != nil {
+			o.send(frameHeader{Type: fLost, Rank: int32(r)}, []byte(cause))
+			o.finish()
+			delete(s.all, o)
+			s.conns[w] = nil
+		}
+	}
+	s.joined = 0
+}
+
+// admit checks a proven hello. Before the welcome, a mismatch (size, rank
+// range, duplicate rank) aborts the whole rendezvous so that every rank
+// returns an error: it comes from a process that holds the world secret, a
+// rank of this world started wrong; after it, only the offender is
+// refused.
+func (s *tcpServer) admit(sc *srvConn, h frameHeader, m helloMsg) bool {
 	rank := int(h.Rank)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -261,11 +392,6 @@ func (s *tcpServer) admit(sc *srvConn, h frameHeader, p []byte) bool {
 		msg = "the rendezvous server on rank 0 is closing"
 	case s.aborted != "":
 		msg = s.aborted
-	case err != nil:
-		msg = fmt.Sprintf("bad hello from %s: %v", sc.c.RemoteAddr(), err)
-	case m.Magic != tcpMagic || m.Version != tcpVersion:
-		msg = fmt.Sprintf("%s speaks protocol %#x version %d, rank 0 speaks %#x version %d",
-			sc.c.RemoteAddr(), m.Magic, m.Version, uint32(tcpMagic), tcpVersion)
 	case m.Size != s.size:
 		msg = fmt.Sprintf("rank %d has world size %d but rank 0 has %d", rank, m.Size, s.size)
 	case rank < 0 || rank >= s.size:
@@ -399,6 +525,28 @@ func (s *tcpServer) handle(sc *srvConn, h frameHeader, p []byte) error {
 			return fmt.Errorf("rank %d abandoned a round before the welcome", sc.rank)
 		}
 		s.contribLocked(sc, h, nil, fmt.Sprintf("rank %d cannot take part in collective %d: %s", sc.rank, h.Seq, p))
+		return nil
+	case fLost:
+		// This rank's launcher says world rank h.Rank is gone: before the
+		// welcome, it will never join.
+		if r := int(h.Rank); r >= 0 && r < s.size && r != sc.rank {
+			s.lostBeforeWelcomeLocked(r, string(p))
+		}
+		return nil
+	case fAbort:
+		// The rank is about to exit: a lost peer, with its reason.
+		cause := "aborted: " + string(p)
+		if s.conns[sc.rank] == sc {
+			s.conns[sc.rank] = nil
+			if s.welcomed {
+				s.goneLocked(sc.rank, true, cause)
+			} else {
+				s.lostBeforeWelcomeLocked(sc.rank, cause)
+			}
+		}
+		if sc.rank == 0 {
+			s.closeLocked()
+		}
 		return nil
 	case fBye:
 		sc.bye = true
@@ -639,6 +787,9 @@ func (s *tcpServer) closeLocked() {
 	s.ln.Close()
 	for sc := range s.all {
 		switch {
+		case !sc.proven:
+			sc.c.Close() // a stray: nothing to tell it
+			continue
 		case sc.rank == 0:
 		case s.aborted != "":
 			sc.send(frameHeader{Type: fReject}, []byte(s.aborted))
@@ -660,6 +811,36 @@ func (s *tcpServer) close() {
 	s.closeLocked()
 	s.mu.Unlock()
 	s.wg.Wait()
+}
+
+// abortRank0 is rank 0's Abort: every rank is told that rank 0 is lost,
+// with cause, and the server stops; what it cannot deliver within
+// abortLinger is dropped, every connection cut.
+func (s *tcpServer) abortRank0(cause string) {
+	s.mu.Lock()
+	if c := s.conns[0]; c != nil {
+		s.conns[0] = nil
+		delete(s.all, c)
+		c.finish()
+	}
+	if s.welcomed {
+		s.goneLocked(0, true, "aborted: "+cause)
+	} else {
+		s.lostBeforeWelcomeLocked(0, "aborted: "+cause)
+	}
+	s.closeLocked()
+	s.mu.Unlock()
+	written := make(chan struct{})
+	go func() { s.wg.Wait(); close(written) }()
+	select {
+	case <-written:
+	case <-time.After(abortLinger):
+	}
+	s.mu.Lock()
+	for sc := range s.all {
+		sc.c.Close()
+	}
+	s.mu.Unlock()
 }
 
 // kill stops the server abruptly, the way a killed process would: no

@@ -32,8 +32,11 @@ func tcpListen(t *testing.T) (net.Listener, int) {
 	return ln, ln.Addr().(*net.TCPAddr).Port
 }
 
+// testSecret is the world secret of the tests' worlds.
+const testSecret = "0123456789abcdef-test-world-secret"
+
 func tcpCfg(port, rank, size int) TCPConfig {
-	return TCPConfig{Addr: "127.0.0.1", Port: port, Rank: rank, Size: size, LocalRank: rank, LocalSize: size}
+	return TCPConfig{Addr: "127.0.0.1", Port: port, Rank: rank, Size: size, LocalRank: rank, LocalSize: size, Secret: testSecret}
 }
 
 // joinTCP calls NewTCP (NewTCPWithListener on rank 0) for the given ranks
@@ -281,7 +284,8 @@ func TestTCPNeverJoins(t *testing.T) {
 }
 
 func TestTCPNoServer(t *testing.T) {
-	_, port := tcpListen(t) // open...
+	silent, port := tcpListen(t) // open...
+	defer silent.Close()         // (and kept from the garbage collector, which would close it)
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	_, err := NewTCP(ctx, tcpCfg(port, 1, 2)) // ...but nobody accepts: the dial succeeds, the hello goes unanswered
@@ -561,7 +565,7 @@ func TestTCPBadRendezvous(t *testing.T) {
 
 func TestTCPConfigFromEnv(t *testing.T) {
 	full := map[string]string{"GOEP_MASTER_ADDR": "10.0.0.1", "GOEP_MASTER_PORT": "29500", "RANK": "3", "WORLD_SIZE": "8",
-		"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+		"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GOEP_WORLD_SECRET": testSecret}
 	with := func(kv ...string) map[string]string {
 		m := map[string]string{}
 		for k, v := range full {
@@ -582,10 +586,10 @@ func TestTCPConfigFromEnv(t *testing.T) {
 		want TCPConfig
 		err  string // substring of the error; "" = no error
 	}{
-		{"full", full, TCPConfig{Addr: "10.0.0.1", Port: 29500, Rank: 3, Size: 8, LocalRank: 1, LocalSize: 2}, ""},
-		{"no local", with("LOCAL_RANK", "<unset>", "LOCAL_WORLD_SIZE", "<unset>"), TCPConfig{Addr: "10.0.0.1", Port: 29500, Rank: 3, Size: 8, LocalRank: 3, LocalSize: 8}, ""},
+		{"full", full, TCPConfig{Addr: "10.0.0.1", Port: 29500, Rank: 3, Size: 8, LocalRank: 1, LocalSize: 2, Secret: testSecret}, ""},
+		{"no local", with("LOCAL_RANK", "<unset>", "LOCAL_WORLD_SIZE", "<unset>"), TCPConfig{Addr: "10.0.0.1", Port: 29500, Rank: 3, Size: 8, LocalRank: 3, LocalSize: 8, Secret: testSecret}, ""},
 		{"single process", map[string]string{}, TCPConfig{Addr: "127.0.0.1", Port: 0, Rank: 0, Size: 1, LocalRank: 0, LocalSize: 1}, ""},
-		{"ipv6 host", with("GOEP_MASTER_ADDR", "::1"), TCPConfig{Addr: "::1", Port: 29500, Rank: 3, Size: 8, LocalRank: 1, LocalSize: 2}, ""},
+		{"ipv6 host", with("GOEP_MASTER_ADDR", "::1"), TCPConfig{Addr: "::1", Port: 29500, Rank: 3, Size: 8, LocalRank: 1, LocalSize: 2, Secret: testSecret}, ""},
 		{"no addr", with("GOEP_MASTER_ADDR", "<unset>"), TCPConfig{}, "GOEP_MASTER_ADDR is not set"},
 		{"no port", with("GOEP_MASTER_PORT", "<unset>"), TCPConfig{}, "GOEP_MASTER_PORT is not set"},
 		{"no rank", with("RANK", "<unset>"), TCPConfig{}, "RANK is not set"},
@@ -605,6 +609,10 @@ func TestTCPConfigFromEnv(t *testing.T) {
 		{"local rank too big", with("LOCAL_RANK", "2"), TCPConfig{}, `LOCAL_RANK="2"`},
 		{"local size too big", with("LOCAL_WORLD_SIZE", "9"), TCPConfig{}, `LOCAL_WORLD_SIZE="9"`},
 		{"single process, bad port", map[string]string{"GOEP_MASTER_PORT": "x"}, TCPConfig{}, `GOEP_MASTER_PORT="x"`},
+		{"no secret", with("GOEP_WORLD_SECRET", "<unset>"), TCPConfig{}, "GOEP_WORLD_SECRET is not set"},
+		{"short secret", with("GOEP_WORLD_SECRET", "hunter2"), TCPConfig{}, "GOEP_WORLD_SECRET of 7 bytes: want at least 16"},
+		{"one rank, no secret", with("GOEP_WORLD_SECRET", "<unset>", "RANK", "0", "WORLD_SIZE", "1", "LOCAL_RANK", "0", "LOCAL_WORLD_SIZE", "1"),
+			TCPConfig{Addr: "10.0.0.1", Port: 29500, Rank: 0, Size: 1, LocalRank: 0, LocalSize: 1}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := tcpConfigFrom(func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok })
@@ -776,7 +784,9 @@ func TestTCPWriteBound(t *testing.T) {
 // more than the input.
 func FuzzTCPFrame(f *testing.F) {
 	var buf bytes.Buffer
+	writeFrame(&buf, frameHeader{Type: fChallenge, Rank: -1}, challengeMsg{Magic: tcpMagic, Version: tcpVersion, Nonce: newNonce()}.encode())
 	writeFrame(&buf, frameHeader{Type: fHello, Rank: 1}, helloMsg{Magic: tcpMagic, Version: tcpVersion, Size: 4, LocalSize: 1, PeerAddr: "127.0.0.1:1"}.encode())
+	writeFrame(&buf, frameHeader{Type: fProof, Rank: 1}, make([]byte, macLen))
 	writeFrame(&buf, frameHeader{Type: fResult, Op: opAllGather, GID: 0, Seq: 3}, appendChunks(nil, [][]byte{{1}, nil, {2, 3}}))
 	writeFrame(&buf, frameHeader{Type: fResult, Op: opSplit, GID: 0, Seq: 4}, splitReply{GID: 2, Index: 1, Members: []int{3, 1}}.encode())
 	writeFrame(&buf, frameHeader{Type: fWelcome}, encodeAddrs([]string{"a:1", "", "b:2"}))
@@ -797,6 +807,7 @@ func FuzzTCPFrame(f *testing.F) {
 			}
 			decodeHello(p)
 			decodePeerHello(p)
+			decodeChallenge(p)
 			for n := range 5 {
 				splitChunks(p, n)
 				decodeAddrs(p, n)
@@ -835,7 +846,7 @@ func startTCPChild(t *testing.T, port, rank, n, victim int, op string) *tcpChild
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe, "-test.run=^TestTCPChildProcess$")
-	cmd.Env = append(os.Environ(), "GOEP_TCP_TEST_CHILD=1", "GOEP_MASTER_ADDR=127.0.0.1",
+	cmd.Env = append(os.Environ(), "GOEP_TCP_TEST_CHILD=1", "GOEP_MASTER_ADDR=127.0.0.1", "GOEP_WORLD_SECRET="+testSecret,
 		fmt.Sprintf("GOEP_MASTER_PORT=%d", port), fmt.Sprintf("RANK=%d", rank), fmt.Sprintf("WORLD_SIZE=%d", n),
 		fmt.Sprintf("GOEP_TCP_TEST_VICTIM=%d", victim), "GOEP_TCP_TEST_OP="+op)
 	cmd.Stdout, cmd.Stderr = pw, pw

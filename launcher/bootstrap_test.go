@@ -71,7 +71,7 @@ func TestBootstrapSpawned(t *testing.T) {
 // launcherVars are every variable Detect and Bootstrap read.
 var launcherVars = []string{
 	"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GOEP_MASTER_ADDR", "GOEP_MASTER_PORT", "GOEP_DEVICE",
-	"GOEP_RENDEZVOUS_TIMEOUT",
+	"GOEP_RENDEZVOUS_TIMEOUT", "GOEP_WORLD_SECRET", "GOEP_LAUNCHER_FD", ompiJobKey,
 	"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
 	"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE",
 	"SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
@@ -167,6 +167,15 @@ func TestBootstrapErrors(t *testing.T) {
 		{"bad rendezvous timeout", map[string]string{"GOEP_RENDEZVOUS_TIMEOUT": "soon"}, []string{`GOEP_RENDEZVOUS_TIMEOUT="soon"`, "30s"}},
 		{"negative rendezvous timeout", map[string]string{"RANK": "0", "WORLD_SIZE": "2", "GOEP_RENDEZVOUS_TIMEOUT": "-1s"},
 			[]string{`GOEP_RENDEZVOUS_TIMEOUT="-1s"`}},
+		{"torchrun without secret", map[string]string{"RANK": "0", "WORLD_SIZE": "2", "GOEP_MASTER_ADDR": "127.0.0.1", "GOEP_MASTER_PORT": "29500"},
+			[]string{"GOEP_WORLD_SECRET is not set"}},
+		{"short secret", map[string]string{"RANK": "0", "WORLD_SIZE": "2", "GOEP_MASTER_ADDR": "127.0.0.1", "GOEP_MASTER_PORT": "29500", "GOEP_WORLD_SECRET": "short"},
+			[]string{"GOEP_WORLD_SECRET of 5 bytes"}},
+		{"slurm without secret", map[string]string{"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "2", "GOEP_MASTER_ADDR": "127.0.0.1", "GOEP_MASTER_PORT": "29500"},
+			[]string{"GOEP_WORLD_SECRET is not set", "-x GOEP_WORLD_SECRET"}},
+		{"launcher fd not a number", map[string]string{"GOEP_LAUNCHER_FD": "pipe"}, []string{`GOEP_LAUNCHER_FD="pipe"`}},
+		{"launcher fd stdout", map[string]string{"GOEP_LAUNCHER_FD": "1"}, []string{`GOEP_LAUNCHER_FD="1"`}},
+		{"launcher fd closed", map[string]string{"GOEP_LAUNCHER_FD": "999"}, []string{"GOEP_LAUNCHER_FD=999: not the pipe from eprun launch"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			setLauncherEnv(t, tc.env)
@@ -187,7 +196,8 @@ func TestBootstrapErrors(t *testing.T) {
 // TestBootstrapTimeout checks that a rank whose peers never come returns
 // by the context's deadline.
 func TestBootstrapTimeout(t *testing.T) {
-	setLauncherEnv(t, map[string]string{"RANK": "0", "WORLD_SIZE": "2", "GOEP_MASTER_ADDR": "127.0.0.1", "GOEP_MASTER_PORT": freePortString(t)})
+	setLauncherEnv(t, map[string]string{"RANK": "0", "WORLD_SIZE": "2", "GOEP_MASTER_ADDR": "127.0.0.1", "GOEP_MASTER_PORT": freePortString(t),
+		"GOEP_WORLD_SECRET": comm.NewWorldSecret()})
 	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -209,7 +219,7 @@ func TestBootstrapTimeout(t *testing.T) {
 // GOEP_RENDEZVOUS_TIMEOUT with a timeout naming rank 0 and the variable.
 func TestBootstrapRendezvousTimeout(t *testing.T) {
 	setLauncherEnv(t, map[string]string{"RANK": "1", "WORLD_SIZE": "2", "GOEP_MASTER_ADDR": "127.0.0.1",
-		"GOEP_MASTER_PORT": freePortString(t), "GOEP_RENDEZVOUS_TIMEOUT": "300ms"})
+		"GOEP_MASTER_PORT": freePortString(t), "GOEP_RENDEZVOUS_TIMEOUT": "300ms", "GOEP_WORLD_SECRET": comm.NewWorldSecret()})
 	start := time.Now()
 	g, _, err := Bootstrap(context.Background())
 	if err == nil {
@@ -225,6 +235,41 @@ func TestBootstrapRendezvousTimeout(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "GOEP_RENDEZVOUS_TIMEOUT=300ms") {
 		t.Errorf("error %q does not name the bound", err)
+	}
+}
+
+// TestWorldSecret: the secret of a TCP world that a launcher other than
+// eprun launch started: GOEP_WORLD_SECRET, else under Open MPI mpirun's job
+// key, else (more than one rank) an error.
+func TestWorldSecret(t *testing.T) {
+	const key = "81a4acabd3e03489-50a35c256d9e266d"
+	ompi := Env{KindOpenMPI, 0, 4, 0, 4}
+	for _, tc := range []struct {
+		name string
+		env  Env
+		vars map[string]string
+		want string // "": none; "err: ..." an error containing it
+	}{
+		{"set", ompi, map[string]string{"GOEP_WORLD_SECRET": "0123456789abcdef", ompiJobKey: key}, "0123456789abcdef"},
+		{"ompi job key", ompi, map[string]string{ompiJobKey: key}, "goep/ompi/" + key},
+		{"job key outside ompi", Env{KindSlurm, 0, 4, 0, 4}, map[string]string{ompiJobKey: key}, "err: GOEP_WORLD_SECRET is not set"},
+		{"short job key", ompi, map[string]string{ompiJobKey: "abc"}, "err: GOEP_WORLD_SECRET is not set"},
+		{"none", ompi, nil, "err: GOEP_WORLD_SECRET is not set"},
+		{"none, one rank", Env{KindSlurm, 0, 1, 0, 1}, nil, ""},
+		{"short", ompi, map[string]string{"GOEP_WORLD_SECRET": "abc", ompiJobKey: key}, "err: GOEP_WORLD_SECRET of 3 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := worldSecret(tc.env, func(k string) (string, bool) { v, ok := tc.vars[k]; return v, ok })
+			if w, ok := strings.CutPrefix(tc.want, "err: "); ok {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("%q, %v; want an error containing %q", got, err, w)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Errorf("%q, %v; want %q", got, err, tc.want)
+			}
+		})
 	}
 }
 

@@ -14,10 +14,20 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/goep/goep/comm"
 )
 
 // DefaultGrace is how long Spawn waits after SIGTERM before SIGKILL.
 const DefaultGrace = 5 * time.Second
+
+// BlameWindow is how long Spawn lets the other ranks run after one failed,
+// before it terminates them: long enough for them to notice the failure and
+// report it themselves (milliseconds), short enough not to be noticed.
+const BlameWindow = time.Second
+
+// blameWindow is BlameWindow, a variable for tests.
+var blameWindow = BlameWindow
 
 // SpawnConfig describes a job of local ranks for Spawn.
 type SpawnConfig struct {
@@ -91,20 +101,32 @@ func (e *RankError) Error() string {
 
 // Spawn runs N local ranks of Command, joined by the TCP rendezvous
 // environment that comm.TCPConfigFromEnv reads (RANK, WORLD_SIZE,
-// LOCAL_RANK, LOCAL_WORLD_SIZE, GOEP_MASTER_ADDR=127.0.0.1 and a free
-// GOEP_MASTER_PORT; with Domains > 1 also GOEP_RANKS_PER_DOMAIN), and waits
-// for all of them.
+// LOCAL_RANK, LOCAL_WORLD_SIZE, GOEP_MASTER_ADDR=127.0.0.1, a free
+// GOEP_MASTER_PORT and a fresh random GOEP_WORLD_SECRET, so that only these
+// ranks can join the world; with Domains > 1 also GOEP_RANKS_PER_DOMAIN),
+// and waits for all of them.
 //
-// Each rank runs in its own process group. When a rank exits non-zero or is
-// killed by a signal, when ctx is done or when the timeout expires, Spawn
-// sends SIGTERM to the process groups of the ranks still running and
-// SIGKILL after the grace period, then waits for all. When a rank exits,
+// Each rank also gets the read end of a pipe from Spawn as file descriptor
+// 3, named by GOEP_LAUNCHER_FD=3: when a rank's process ends, Spawn writes
+// a line saying so ("exit RANK HOW") to every other rank's pipe, and
+// Bootstrap, reading it, fails a join still waiting for that rank at once
+// with a *comm.PeerLostError naming it, so that a rank that exits (even
+// with status 0) or dies before it joins never leaves the others waiting.
+//
+// Each rank runs in its own process group. When ctx is done (eprun launch
+// got SIGINT or SIGTERM) or the timeout expires, Spawn sends SIGTERM to the
+// process groups of the ranks still running and SIGKILL after the grace
+// period, then waits for all. When a rank exits non-zero or is killed by a
+// signal, it first gives the others up to BlameWindow to fail on their own
+// (they see the lost rank within milliseconds and report it by name), then
+// does the same. When a rank exits,
 // whatever is left in its process group is killed. If this process dies,
 // the kernel kills the ranks (Linux parent-death signal).
 //
 // Spawn returns nil only if every rank exited 0. Otherwise its error names
 // the first rank that failed and how (a *RankError in its chain), or wraps
-// ctx's error.
+// ctx's error; if a rank had exited 0 while the others still ran, the
+// error says which (the others may have failed because it left).
 func Spawn(ctx context.Context, cfg SpawnConfig) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -134,15 +156,16 @@ func Spawn(ctx context.Context, cfg SpawnConfig) error {
 		ctx, cancel = context.WithTimeoutCause(ctx, cfg.Timeout, &timeoutError{cfg.Timeout})
 		defer cancel()
 	}
-	j := &job{cfg: cfg, path: path, port: port, out: &lockedWriter{}}
+	j := &job{cfg: cfg, path: path, port: port, secret: comm.NewWorldSecret(), out: &lockedWriter{}}
 	return j.run(ctx)
 }
 
 type job struct {
-	cfg  SpawnConfig
-	path string
-	port int
-	out  *lockedWriter
+	cfg    SpawnConfig
+	path   string
+	port   int
+	secret string
+	out    *lockedWriter
 }
 
 type rank struct {
@@ -150,7 +173,12 @@ type rank struct {
 	cmd     *exec.Cmd
 	readers sync.WaitGroup // copy the rank's output
 	pipes   []*os.File     // read ends, closed once the rank's output is drained
+	news    *os.File       // write end of the rank's launcher pipe (GOEP_LAUNCHER_FD)
 }
+
+// launcherFD is the descriptor of the launcher pipe in a rank: the first
+// of exec.Cmd.ExtraFiles.
+const launcherFD = 3
 
 type exit struct {
 	rank  int
@@ -162,12 +190,14 @@ type exit struct {
 func (j *job) env(r int) []string {
 	per := j.cfg.RanksPerDomain()
 	set := map[string]string{
-		"RANK":             strconv.Itoa(r),
-		"WORLD_SIZE":       strconv.Itoa(j.cfg.N),
-		"LOCAL_RANK":       strconv.Itoa(r % per),
-		"LOCAL_WORLD_SIZE": strconv.Itoa(per),
-		"GOEP_MASTER_ADDR": "127.0.0.1",
-		"GOEP_MASTER_PORT": strconv.Itoa(j.port),
+		"RANK":              strconv.Itoa(r),
+		"WORLD_SIZE":        strconv.Itoa(j.cfg.N),
+		"LOCAL_RANK":        strconv.Itoa(r % per),
+		"LOCAL_WORLD_SIZE":  strconv.Itoa(per),
+		"GOEP_MASTER_ADDR":  "127.0.0.1",
+		"GOEP_MASTER_PORT":  strconv.Itoa(j.port),
+		"GOEP_WORLD_SECRET": j.secret,
+		"GOEP_LAUNCHER_FD":  strconv.Itoa(launcherFD),
 	}
 	if j.cfg.Domains > 1 {
 		set["GOEP_RANKS_PER_DOMAIN"] = strconv.Itoa(per)
@@ -179,7 +209,8 @@ func (j *job) env(r int) []string {
 			env = append(env, kv)
 		}
 	}
-	for _, k := range []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GOEP_MASTER_ADDR", "GOEP_MASTER_PORT", "GOEP_RANKS_PER_DOMAIN"} {
+	for _, k := range []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GOEP_MASTER_ADDR", "GOEP_MASTER_PORT",
+		"GOEP_WORLD_SECRET", "GOEP_LAUNCHER_FD", "GOEP_RANKS_PER_DOMAIN"} {
 		if v, ok := set[k]; ok {
 			env = append(env, k+"="+v)
 		}
@@ -226,7 +257,9 @@ func (j *job) run(ctx context.Context) error {
 	}
 	var (
 		first     error // the first failure: a rank's, the start's or ctx's
+		early     error // the first rank that exited 0 while others ran
 		termAt    <-chan time.Time
+		blameAt   <-chan time.Time // a rank failed: terminate the others then
 		killed    bool
 		done      = ctx.Done()
 		terminate = func() {
@@ -249,10 +282,20 @@ func (j *job) run(ctx context.Context) error {
 			// Leftovers in the rank's group (its children) go with it.
 			_ = syscall.Kill(-rk.cmd.Process.Pid, syscall.SIGKILL)
 			rk.cmd.Process = nil // reaped: never signal this pid again
+			// The others hear of it before they hear of a SIGTERM: a rank
+			// still joining fails naming this one.
+			j.tell(ranks, e.rank, exitHow(e))
 			if first == nil {
-				if err := rankFailure(e); err != nil {
+				err := rankFailure(e)
+				switch {
+				case err != nil && early != nil:
+					first = fmt.Errorf("launcher: %w, after %w while the others ran", err, early)
+					blameAt = time.After(blameWindow)
+				case err != nil:
 					first = fmt.Errorf("launcher: %w", err)
-					terminate()
+					blameAt = time.After(blameWindow)
+				case early == nil && running > 0:
+					early = &RankError{Rank: e.rank}
 				}
 			}
 		case <-done:
@@ -260,6 +303,9 @@ func (j *job) run(ctx context.Context) error {
 			if first == nil {
 				first = stopError(ctx)
 			}
+			terminate()
+		case <-blameAt:
+			blameAt = nil
 			terminate()
 		case <-termAt:
 			if !killed {
@@ -269,7 +315,37 @@ func (j *job) run(ctx context.Context) error {
 		}
 	}
 	j.drain(ranks)
+	for _, rk := range ranks {
+		if rk != nil {
+			rk.news.Close()
+		}
+	}
 	return first
+}
+
+// exitHow says how a rank's process ended, for the other ranks.
+func exitHow(e exit) string {
+	if err := rankFailure(e); err != nil {
+		var re *RankError
+		if errors.As(err, &re) {
+			return strings.TrimPrefix(re.Error(), fmt.Sprintf("rank %d ", e.rank))
+		}
+		return err.Error()
+	}
+	return "exited with status 0"
+}
+
+// tell writes to every running rank's launcher pipe that rank gone ended
+// (how), as one line "exit RANK HOW". The write never blocks: a rank that
+// does not read its pipe (not a goep program) only misses the news once
+// the pipe is full.
+func (j *job) tell(ranks []*rank, gone int, how string) {
+	line := fmt.Appendf(nil, "exit %d %s\n", gone, strings.ReplaceAll(how, "\n", " "))
+	for _, rk := range ranks {
+		if rk != nil && rk.cmd.Process != nil && rk.news != nil {
+			writeNonblock(rk.news, line)
+		}
+	}
 }
 
 // timeoutError is the cause of a job's end at SpawnConfig.Timeout.
@@ -351,15 +427,25 @@ func (j *job) start(r int) (*rank, error) {
 		}()
 	}
 	cmd.Stdout, cmd.Stderr = writes[0], writes[1]
-	err := cmd.Start()
+	newsR, newsW, err := os.Pipe()
+	if err != nil {
+		rk.closeAll(writes)
+		rk.readers.Wait()
+		return nil, fmt.Errorf("launcher: rank %d: pipe: %w", r, err)
+	}
+	cmd.ExtraFiles = []*os.File{newsR} // launcherFD
+	err = cmd.Start()
 	for _, w := range writes {
 		w.Close() // the child has its copies
 	}
+	newsR.Close()
 	if err != nil {
+		newsW.Close()
 		rk.closeAll(nil)
 		rk.readers.Wait()
 		return nil, fmt.Errorf("launcher: start rank %d: %w", r, err)
 	}
+	rk.news = newsW
 	rk.cmd = cmd
 	return rk, nil
 }

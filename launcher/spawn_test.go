@@ -30,7 +30,8 @@ var helperActions = map[string]func(rank int){
 		fmt.Print("out line 2\nno newline")
 	},
 	"env": func(int) {
-		for _, k := range []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GOEP_MASTER_ADDR", "GOEP_MASTER_PORT", "GOEP_RANKS_PER_DOMAIN"} {
+		for _, k := range []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GOEP_MASTER_ADDR", "GOEP_MASTER_PORT", "GOEP_RANKS_PER_DOMAIN",
+			"GOEP_WORLD_SECRET", "GOEP_LAUNCHER_FD"} {
 			v, ok := os.LookupEnv(k)
 			if !ok {
 				v = "<unset>"
@@ -322,7 +323,7 @@ func TestSpawnEnv(t *testing.T) {
 			var out bytes.Buffer
 			env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOEP_RANKS_PER_DOMAIN=") })
 			// Stale values of an outer launcher are replaced.
-			env = append(env, helperVar+"=*:env", "RANK=99", "WORLD_SIZE=100", "GOEP_MASTER_PORT=1")
+			env = append(env, helperVar+"=*:env", "RANK=99", "WORLD_SIZE=100", "GOEP_MASTER_PORT=1", "GOEP_WORLD_SECRET=stale-secret-of-an-outer-job", "GOEP_LAUNCHER_FD=7")
 			cfg := SpawnConfig{N: tc.n, Domains: tc.domains, Command: []string{os.Args[0], "-test.run=^TestHelperProcess$"}, Stdout: &out, Env: env}
 			if err := Spawn(t.Context(), cfg); err != nil {
 				t.Fatal(err)
@@ -344,6 +345,11 @@ func TestSpawnEnv(t *testing.T) {
 			if p, err := strconv.Atoi(port); err != nil || p <= 1 || p > 65535 {
 				t.Errorf("GOEP_MASTER_PORT=%q", port)
 			}
+			// A fresh secret, 32 random bytes in hex, the same for every rank.
+			secret := got[0]["GOEP_WORLD_SECRET"]
+			if !regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(secret) {
+				t.Errorf("GOEP_WORLD_SECRET=%q, want 64 hex digits", secret)
+			}
 			perDomain := "<unset>"
 			if tc.domains > 1 {
 				perDomain = strconv.Itoa(tc.perDomain)
@@ -358,6 +364,8 @@ func TestSpawnEnv(t *testing.T) {
 					"GOEP_MASTER_ADDR":      "127.0.0.1",
 					"GOEP_MASTER_PORT":      port,
 					"GOEP_RANKS_PER_DOMAIN": perDomain,
+					"GOEP_WORLD_SECRET":     secret,
+					"GOEP_LAUNCHER_FD":      "3",
 				}
 				if fmt.Sprint(got[r]) != fmt.Sprint(want) {
 					t.Errorf("rank %d sees %v, want %v", r, got[r], want)

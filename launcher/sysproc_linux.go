@@ -30,3 +30,16 @@ func writersGone(f *os.File) bool {
 	})
 	return gone
 }
+
+// writeNonblock writes b (at most PIPE_BUF bytes, so all or nothing) to the
+// pipe f if it has room now, and drops it otherwise.
+func writeNonblock(f *os.File, b []byte) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Write(func(fd uintptr) bool {
+		_, _ = unix.Write(int(fd), b) // the pipe is non-blocking (os.Pipe): EAGAIN when full
+		return true
+	})
+}

@@ -24,14 +24,19 @@ func newLaunch(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "launch -n N [--domains M] -- CMD [ARGS...]",
 		Short: "Run N ranks of a command on this machine, joined by the TCP rendezvous",
 		Long: `Run N ranks of CMD on this machine, the local counterpart of mpirun. Each rank gets
-RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GOEP_MASTER_ADDR=127.0.0.1 and a free
-GOEP_MASTER_PORT (what launcher.Bootstrap reads); with --domains M the ranks form M emulated
-NVLink domains of N/M ranks (LOCAL_* within the domain, and GOEP_RANKS_PER_DOMAIN=N/M).
+RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GOEP_MASTER_ADDR=127.0.0.1, a free
+GOEP_MASTER_PORT and a fresh random GOEP_WORLD_SECRET (what launcher.Bootstrap reads: only
+processes that hold the secret can join the world); with --domains M the ranks form M
+emulated NVLink domains of N/M ranks (LOCAL_* within the domain, and GOEP_RANKS_PER_DOMAIN=N/M).
+Each rank also gets a pipe from eprun as descriptor 3 (GOEP_LAUNCHER_FD=3), on which eprun
+tells it when another rank's process ends: a rank that exits (even with status 0) or dies
+before every rank has joined makes the others' Bootstrap fail at once, naming it.
 
 Every line a rank writes is prefixed with "[rank K] ". When a rank exits non-zero or is
-killed, or on Ctrl-C, the other ranks get SIGTERM, then SIGKILL after the grace period,
-and eprun exits 1 naming the first rank that failed. Exit status 0 means every rank
-exited 0.
+killed, the others get up to a second to fail on their own (naming it), then SIGTERM, then
+SIGKILL after the grace period; on Ctrl-C or SIGTERM they get SIGTERM at once. eprun exits
+1 naming the first rank that failed (and a rank that exited 0 before it while the others
+still ran). Exit status 0 means every rank exited 0.
 
   eprun launch -n 4 -- eprun bench
   eprun launch -n 8 --domains 2 -- ./myjob --flag`,
