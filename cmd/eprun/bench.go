@@ -11,6 +11,7 @@ import (
 	"path"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -47,6 +48,7 @@ type benchFlags struct {
 	csvOut            string
 	format            string
 	quiet             bool
+	forceMemory       bool
 }
 
 func newBench(stdout, stderr io.Writer) *cobra.Command {
@@ -159,6 +161,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.Float64Var(&f.zipfS, "zipf-s", 0, "routing zipf: the Zipf exponent s > 0 (e.g. 1.1)")
 	fl.StringVar(&f.jsonOut, "json", "", "write the full record as JSON to FILE (- for stdout; "+jsonHelp+")")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
+	fl.BoolVar(&f.forceMemory, "force-memory", false, "run even when the run is expected not to fit in the host memory available (the refusal is then a warning)")
 }
 
 // embeddedNames lists the embedded configs without their .yaml.
@@ -296,16 +299,23 @@ func runWithCSV(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io
 			defer csvFile.Close()
 		}
 	}
-	return execute(cmd, name, f, stdout, stderr, func(w io.Writer, rec bench.Record) error {
+	return execute(cmd, name, f, stdout, stderr, func(o outputs, rec bench.Record) error {
 		if f.csvOut == "-" {
-			w = stderr
+			o = outputs{stderr, "stderr"}
 		}
-		err := write(w, rec)
+		var err error
+		if werr := write(o.w, rec); werr != nil {
+			err = fmt.Errorf("%s: %w", o.name, werr)
+		}
 		switch {
 		case f.csvOut == "-":
-			err = errors.Join(err, bench.WriteCSV(stdout, rec))
+			if werr := bench.WriteCSV(stdout, rec); werr != nil {
+				err = errors.Join(err, fmt.Errorf("--csv - (stdout): %w", werr))
+			}
 		case csvFile != nil:
-			err = errors.Join(err, bench.WriteCSV(csvFile, rec), csvFile.Close())
+			if werr := errors.Join(bench.WriteCSV(csvFile, rec), csvFile.Close()); werr != nil {
+				err = errors.Join(err, fmt.Errorf("--csv %s: %w", f.csvOut, werr))
+			}
 		}
 		return err
 	})
@@ -331,12 +341,17 @@ func configure(cmd *cobra.Command, name string, f benchFlags, env launcher.Env) 
 	if err := bench.CheckBackend(cfg.Backend); err != nil {
 		return cfg, fmt.Errorf("%s: %w", name, err)
 	}
+	if _, err := bench.HarnessTimeout(); err != nil {
+		return cfg, fmt.Errorf("%s: %w", name, err)
+	}
 	inProcess := cfg.Ranks // in-process ranks, else one rank per process
 	if env.Kind != launcher.KindSingle {
 		inProcess = 1
 	}
-	if err := cfg.CheckMemory(inProcess); err != nil {
-		return cfg, fmt.Errorf("%s: %w", name, err)
+	// Refused here, before anything is printed; the warning of a run that
+	// probably fits comes from the run (rank 0's).
+	if _, err := cfg.CheckMemory(inProcess, name == "check"); err != nil && !f.forceMemory {
+		return cfg, fmt.Errorf("%s: %w (--force-memory runs it anyway)", name, err)
 	}
 	return cfg, nil
 }
@@ -345,7 +360,7 @@ func configure(cmd *cobra.Command, name string, f benchFlags, env launcher.Env) 
 // process or as one rank of a launched world, and writes the results on
 // rank 0 with write; --json writes the record too. Under a launcher an
 // error names this process's rank.
-func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Writer, write func(io.Writer, bench.Record) error) (err error) {
+func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Writer, write func(outputs, bench.Record) error) (err error) {
 	env, err := launcher.Detect()
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
@@ -364,6 +379,8 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 	rank0 := env.Rank == 0
 	if !rank0 {
 		stdout, f.quiet, f.jsonOut = io.Discard, true, ""
+	} else if err := checkStdout(stdout); err != nil {
+		return runError{fmt.Errorf("%s: %w", name, err)}
 	}
 	var jsonFile *os.File
 	if f.jsonOut != "" && f.jsonOut != "-" {
@@ -386,7 +403,8 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 	if !f.quiet {
 		prog = newProgress(stderr)
 	}
-	opt := bench.Options{Progress: prog.update, Logger: log, CheckOnly: name == "check"}
+	defer prog.finish()
+	opt := bench.Options{Progress: prog.update, Logger: log, CheckOnly: name == "check", ForceMemory: f.forceMemory}
 	var (
 		res    *bench.Result
 		runErr error
@@ -430,35 +448,49 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 		rec.Topology = topoJSON(cfg.Ranks)
 	}
 
-	out := stdout
+	// The rows measured are written before the run's error is returned,
+	// and an output that cannot be written is an error naming it.
+	out, outName := stdout, "stdout"
 	if f.jsonOut == "-" {
-		out = stderr
+		out, outName = stderr, "stderr"
 	}
 	var werr error
 	if rank0 {
-		werr = write(out, rec)
+		werr = write(outputs{out, outName}, rec)
 	}
 	if f.jsonOut != "" {
 		data, err := json.MarshalIndent(rec, "", "  ")
-		if err != nil {
-			werr = errors.Join(werr, err)
-		} else if jsonFile != nil {
+		switch {
+		case err != nil:
+			werr = errors.Join(werr, fmt.Errorf("--json: %w", err))
+		case jsonFile != nil:
 			_, err := jsonFile.Write(append(data, '\n'))
-			werr = errors.Join(werr, err, jsonFile.Close())
-		} else {
-			_, err := stdout.Write(append(data, '\n'))
-			werr = errors.Join(werr, err)
+			if err = errors.Join(err, jsonFile.Close()); err != nil {
+				werr = errors.Join(werr, fmt.Errorf("--json %s: %w", f.jsonOut, err))
+			}
+		default:
+			if _, err := stdout.Write(append(data, '\n')); err != nil {
+				werr = errors.Join(werr, fmt.Errorf("--json - (stdout): %w", err))
+			}
 		}
 	}
 	switch {
+	case runErr != nil && werr != nil:
+		return runError{fmt.Errorf("%s: %w; and writing the results: %w", name, runErr, werr)}
 	case runErr != nil:
 		return runError{fmt.Errorf("%s: %w", name, runErr)}
 	case werr != nil:
-		return runError{fmt.Errorf("%s: writing results: %w", name, werr)}
+		return runError{fmt.Errorf("%s: writing the results: %w", name, werr)}
 	case rec.Wrong > 0:
 		return runError{fmt.Errorf("%s: check failed: %d of %d output rows wrong", name, rec.Wrong, rec.CheckedRows)}
 	}
 	return nil
+}
+
+// outputs is where execute writes the results: w, named name in errors.
+type outputs struct {
+	w    io.Writer
+	name string
 }
 
 // openBackend opens the config's backend for this process and records it
@@ -490,53 +522,136 @@ func rankError(rank int, err error) error {
 }
 
 // progress reports on stderr: a bar redrawn in place on a terminal, else a
-// line whenever a new call starts.
+// line whenever a new step (a call, a baseline, a case's setup) starts.
+// While a step runs long (an iteration of a large case, a slow a2a
+// baseline, the checks), it says so every heartbeat, so that a long run is
+// never silent for more than that.
 type progress struct {
 	w     io.Writer
 	tty   bool
 	start time.Time
-	last  string
-	drawn time.Time
+
+	mu      sync.Mutex
+	ev      bench.Progress // the last event
+	last    string         // the last step printed (not tty)
+	printed time.Time      // when a line or the bar was last written
+	stop    chan struct{}  // closed by finish; nil once finished
+	done    chan struct{}  // closed when the heartbeat has stopped
 }
 
+// heartbeat is the longest progress stays silent during a run.
+const heartbeat = 10 * time.Second
+
 func newProgress(w io.Writer) *progress {
-	p := &progress{w: w, start: time.Now()}
+	t := time.NewTicker(time.Second)
+	return newProgressEvery(w, t.C, t.Stop)
+}
+
+// newProgressEvery is newProgress with the ticks that wake the heartbeat
+// (tests send their own); finish calls stopTicks.
+func newProgressEvery(w io.Writer, ticks <-chan time.Time, stopTicks func()) *progress {
+	p := &progress{w: w, start: time.Now(), stop: make(chan struct{}), done: make(chan struct{})}
+	p.printed = p.start
 	if f, ok := w.(*os.File); ok {
 		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb" {
 			p.tty = true
 		}
 	}
+	stop := p.stop // finish sets p.stop to nil
+	go func() {
+		defer close(p.done)
+		defer stopTicks()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-ticks:
+				p.beat(now)
+			}
+		}
+	}()
 	return p
+}
+
+// beat writes the current step again if nothing was written for a
+// heartbeat.
+func (p *progress) beat(now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stop == nil || now.Sub(p.printed) < heartbeat {
+		return
+	}
+	if p.ev.Cases == 0 {
+		p.line(now, "starting")
+		return
+	}
+	p.draw(now, fmt.Sprintf("still in %s, %d of %d iterations done", p.step(), p.ev.Done, p.ev.Total))
+}
+
+func (p *progress) step() string {
+	return fmt.Sprintf("case %d/%d %s", p.ev.Case, p.ev.Cases, p.ev.Step)
+}
+
+// line writes one line (not tty) or redraws the bar with what.
+func (p *progress) line(now time.Time, what string) {
+	p.printed = now
+	if p.tty {
+		const width = 30
+		fill := width * p.ev.Done / max(p.ev.Total, 1)
+		bar := strings.Repeat("=", fill) + strings.Repeat(" ", width-fill)
+		fmt.Fprintf(p.w, "\r\x1b[Keprun: [%s] %3d%% %-28s %5.1fs", bar, 100*p.ev.Done/max(p.ev.Total, 1), what, now.Sub(p.start).Seconds())
+		return
+	}
+	fmt.Fprintf(p.w, "eprun: %s (%.1fs)\n", what, now.Sub(p.start).Seconds())
+}
+
+// draw is line for the heartbeat: a line, or the bar with the step.
+func (p *progress) draw(now time.Time, what string) {
+	if p.tty {
+		what = p.step()
+	}
+	p.line(now, what)
 }
 
 func (p *progress) update(ev bench.Progress) {
 	if p == nil {
 		return
 	}
-	step := fmt.Sprintf("case %d/%d %s", ev.Case, ev.Cases, ev.Step)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stop == nil {
+		return
+	}
+	p.ev = ev
+	now := time.Now()
+	step := p.step()
 	if !p.tty {
 		if step != p.last {
 			p.last = step
-			fmt.Fprintf(p.w, "eprun: %s (%.1fs)\n", step, time.Since(p.start).Seconds())
+			p.line(now, step)
 		}
 		return
 	}
-	if now := time.Now(); ev.Done < ev.Total && now.Sub(p.drawn) < 50*time.Millisecond {
+	if ev.Done < ev.Total && now.Sub(p.printed) < 50*time.Millisecond {
 		return
-	} else {
-		p.drawn = now
 	}
-	const width = 30
-	fill := width * ev.Done / max(ev.Total, 1)
-	bar := strings.Repeat("=", fill) + strings.Repeat(" ", width-fill)
-	fmt.Fprintf(p.w, "\r\x1b[Keprun: [%s] %3d%% %-28s %5.1fs", bar, 100*ev.Done/max(ev.Total, 1), step, time.Since(p.start).Seconds())
+	p.line(now, step)
 }
 
+// finish stops the heartbeat and clears the bar; it may be called again.
 func (p *progress) finish() {
 	if p == nil {
 		return
 	}
-	if p.tty {
+	p.mu.Lock()
+	stop := p.stop
+	p.stop = nil
+	if stop != nil && p.tty {
 		fmt.Fprint(p.w, "\r\x1b[K")
+	}
+	p.mu.Unlock()
+	if stop != nil {
+		close(stop)
+		<-p.done
 	}
 }

@@ -14,8 +14,9 @@
 // The output is a table in the manner of nccl-tests, or Go benchmark lines
 // for benchstat with --format=gobench; --json writes the full record.
 //
-// Exit status: 0 on success, 1 when a run fails or a check finds a wrong
-// row, 2 on a bad flag, argument or config.
+// Exit status: 0 on success, 1 when a run fails, a check finds a wrong
+// row or an output cannot be written, 2 on a bad flag, argument or config,
+// 128+N when signal N ends it (130 for SIGINT, 143 for SIGTERM).
 package main
 
 import (
@@ -28,6 +29,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -36,10 +38,81 @@ import (
 
 func main() {
 	limitMemory()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	os.Exit(untilSignal(sigs, os.Stderr, graceOf(os.Args[1:]), func(ctx context.Context) int {
+		return run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	}))
+}
+
+// graceOf is exitGrace, or for eprun launch -1: the launcher ends its ranks
+// itself on a signal (SIGTERM, then SIGKILL after its --grace), and must not
+// exit before them.
+func graceOf(args []string) time.Duration {
+	root, _ := newRoot(io.Discard, io.Discard)
+	if cmd, _, err := root.Find(args); err == nil && cmd.Name() == "launch" {
+		return -1
+	}
+	return exitGrace
+}
+
+// exitGrace is how long eprun waits, after SIGINT or SIGTERM, for the
+// command to return before it exits anyway: the command's context is
+// cancelled, so its collectives and engine calls return at once and the
+// rows measured so far are printed, unless it is somewhere that does not
+// watch the context (reading a config, an engine's Close draining queued
+// work). So a signal ends eprun within a second.
+const exitGrace = 750 * time.Millisecond
+
+// signalled is the cause of a context that a signal cancelled.
+type signalled struct{ sig os.Signal }
+
+func (s signalled) Error() string { return "stopped by " + signalName(s.sig) }
+
+// signalName is SIGINT, SIGTERM, or what the signal says of itself.
+func signalName(s os.Signal) string {
+	switch s {
+	case os.Interrupt:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return s.String()
+}
+
+// untilSignal runs f with a context that the first signal from sigs
+// cancels, and returns f's status. Once a signal has come, f has grace to
+// return (a second signal cuts it short), and the status is 128 + the
+// signal's number, as a shell reports a process that a signal ended. With
+// a negative grace it waits for f, whatever comes, and returns its status.
+func untilSignal(sigs <-chan os.Signal, stderr io.Writer, grace time.Duration, f func(context.Context) int) int {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	done := make(chan int, 1)
+	go func() { done <- f(ctx) }()
+	var sig os.Signal
+	select {
+	case code := <-done:
+		return code
+	case sig = <-sigs:
+	}
+	cancel(signalled{sig})
+	if grace < 0 {
+		return <-done
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		fmt.Fprintf(stderr, "eprun: stopped by %s (without waiting for the command to return)\n", signalName(sig))
+	case s := <-sigs:
+		fmt.Fprintf(stderr, "eprun: stopped by %s, then %s\n", signalName(sig), signalName(s))
+	}
+	if n, ok := sig.(syscall.Signal); ok {
+		return 128 + int(n)
+	}
+	return 1
 }
 
 // limitMemory sets Go's soft memory limit to the host memory available
@@ -78,6 +151,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if err == nil {
 		return 0
+	}
+	if cause := context.Cause(ctx); cause != nil && errors.As(cause, new(signalled)) {
+		// The command ended because a signal cancelled it: its error is
+		// what the cancellation interrupted.
+		fmt.Fprintf(stderr, "eprun: %v\n", cause)
+		return 1
 	}
 	fmt.Fprintf(stderr, "eprun: %s\n", oneLine(err.Error()))
 	if errors.As(err, new(runError)) {

@@ -130,8 +130,34 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"check", "--chunk-rows", "0,-1"}, "chunk_rows -1: cannot be negative"},
 		// Sizes no machine's memory holds: refused before anything is
 		// allocated (a Go allocation beyond memory is a fatal error).
-		{[]string{"bench", "--tokens", "1073741824", "--hidden", "1073741824"}, "of host memory for its 8 rank(s) in this process"},
-		{[]string{"check", "tiny", "--tokens", "1073741824", "--hidden", "1073741824"}, "needs at least"},
+		{[]string{"bench", "--tokens", "100000", "--hidden", "1073741824"}, "of host memory for its 8 rank(s) in this process"},
+		{[]string{"check", "tiny", "--tokens", "100000", "--hidden", "1073741824"}, "needs at least"},
+		// Every size in the estimate, pad and the capacities too; a flag
+		// runs it anyway.
+		{[]string{"check", "tiny", "--tokens", "64", "--hidden", "1048576", "--pad", "1000000"}, "permuted rows a rank"},
+		{[]string{"bench", "tiny", "--hidden", "1048576", "--mode", "capacity", "--max-permuted-tokens", "100000000"}, "outputs of capacity 128 and 100000000 rows"},
+		{[]string{"check", "tiny", "--tokens", "64", "--hidden", "1048576", "--pad", "1000000"}, "(--force-memory runs it anyway)"},
+		// Values that cannot work, refused with their reason by bench and
+		// check alike.
+		{[]string{"bench", "tiny", "--max-recv-tokens", "5"}, "max_recv_tokens 5: the capacities size the outputs of capacity mode, and no case runs in it"},
+		{[]string{"check", "tiny", "--max-recv-tokens", "5"}, "max_recv_tokens 5: the capacities size the outputs of capacity mode, and no case runs in it"},
+		{[]string{"check", "tiny", "--max-permuted-tokens", "5", "--mode", "blocking"}, "max_permuted_tokens 5: the capacities size"},
+		{[]string{"bench", "tiny", "--pad", "1000000000"}, "pad=1000000000 may permute 6000000250 rows a rank"},
+		{[]string{"check", "tiny", "--pad", "1000000000"}, "pad=1000000000 may permute 6000000250 rows a rank"},
+		{[]string{"check", "tiny", "--pad", "1073741825"}, "a size is 1073741825"},
+		{[]string{"bench", "tiny", "--tokens", "300000000"}, "ranks 4 x tokens 300000000 = 1200000000 rows a rank may receive"},
+		{[]string{"check", "tiny", "--pad", "0"}, "pad is 0"},
+		{[]string{"check", "tiny", "--pad=-3"}, "pad is -3"},
+		{[]string{"bench", "tiny", "--ranks", "0"}, "ranks is 0"},
+		{[]string{"check", "tiny", "--experts", "0"}, "experts is 0"},
+		{[]string{"check", "tiny", "--topk", "0"}, "topk is 0"},
+		{[]string{"bench", "tiny", "--hidden", "0"}, "hidden 0: need at least 1"},
+		{[]string{"check", "tiny", "--tokens=-1"}, "tokens -1: cannot be negative"},
+		{[]string{"bench", "tiny", "--iters", "0"}, "iters is 0"},
+		{[]string{"check", "tiny", "--warmup=-1"}, "warmup is -1"},
+		{[]string{"check", "tiny", "--mode", "capacity", "--max-recv-tokens=-1"}, "cannot be negative"},
+		{[]string{"bench", "tiny", "--routing", "zipf", "--zipf-s=-1"}, "zipf_s > 0"},
+		{[]string{"check", "tiny", "--calls="}, "calls is empty"},
 		{[]string{"bench", "no/such/config.yaml"}, "no such file"},
 		{[]string{"bench", badYAML}, "field bogus not found"},
 		{[]string{"bench", "a.yaml", "b.yaml"}, "accepts at most 1 arg"},

@@ -87,6 +87,9 @@ func runPlot(args []string, f plotFlags, stdout io.Writer) error {
 		if len(rec.Rows) == 0 {
 			return fmt.Errorf("plot: %s: no rows to plot", a)
 		}
+		if err := plottable(rec.Rows); err != nil {
+			return fmt.Errorf("plot: %s: %w", a, err)
+		}
 		runs = append(runs, plotRun{strings.TrimSuffix(filepath.Base(a), filepath.Ext(a)), rec})
 	}
 	bw, lat, err := plotRecords(runs)
@@ -111,6 +114,23 @@ func runPlot(args []string, f plotFlags, stdout io.Writer) error {
 		return runError{fmt.Errorf("plot: writing %s: %w", out, err)}
 	}
 	fmt.Fprintf(stdout, "eprun: plot written to %s\n", out)
+	return nil
+}
+
+// plottable refuses rows whose tokens per rank, the plots' x axis, is
+// null, missing, zero or negative: a record eprun bench did not write that
+// way (it writes every case's tokens, and a case of 0 tokens per rank has
+// no bandwidth to draw).
+func plottable(rows []bench.Row) error {
+	for i, r := range rows {
+		if r.Tokens <= 0 {
+			what := fmt.Sprintf("%d", r.Tokens)
+			if r.Tokens == 0 {
+				what = "0 (null, missing or zero)"
+			}
+			return fmt.Errorf("row %d (call %q): tokens is %s; the plots need a positive token count per rank", i, r.Call, what)
+		}
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -407,16 +408,24 @@ func aligned(b []byte, a int) []byte {
 // combine of an fp8 case run on bf16 rows: a second A2A, of the case's
 // bf16 world.
 func (st *rankState) runA2A(ctx context.Context) error {
-	a := NewA2A(st.world, st.g, st.cfg.Pad)
+	a := NewA2A(st.world, st.a2a, st.cfg.Pad)
 	ca := a // the calls that combine
 	if st.cworld != st.world {
-		ca = NewA2A(st.cworld, st.g, st.cfg.Pad)
+		ca = NewA2A(st.cworld, st.a2a, st.cfg.Pad)
 	}
 	r := st.rank
 	dispatched, permuted := false, false // ca holds a dispatch (z), a permute
 	var z []byte
-	timed := func(call string, op func() error) error {
+	timed := func(call string, op func() error) (err error) {
+		defer func() {
+			if err != nil && !strings.HasPrefix(err.Error(), "a2a "+call+": ") {
+				err = fmt.Errorf("%s: %w", call, err)
+			}
+		}()
 		name := "a2a/" + call
+		if err := st.begin(ctx, name); err != nil {
+			return err
+		}
 		for i := range st.cfg.Warmup + st.cfg.Iters {
 			if err := st.ctl.Barrier(ctx); err != nil {
 				return err

@@ -126,6 +126,9 @@ func newClock(e *executor.Engine) (clock, error) {
 func (st *rankState) baseline(ctx context.Context, e *executor.Engine) error {
 	for _, dt := range st.c.callDTypes(st.cfg.Calls) {
 		name := baselineName(st.c, dt)
+		if err := st.begin(ctx, name); err != nil {
+			return err
+		}
 		var err error
 		if st.backend.Kind() == device.KindCUDA {
 			err = st.runCUDABaseline(ctx, e, name, dt)

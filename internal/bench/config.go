@@ -132,10 +132,38 @@ func Defaults() Config {
 	}
 }
 
-// ParseConfig reads a YAML config over Defaults. Unknown fields are errors.
+// A config is a few dozen lines: ParseConfig refuses more than
+// MaxConfigBytes, and a YAML document of more than maxConfigNodes nodes or
+// a mapping of more than maxConfigKeys keys, before decoding it (the YAML
+// decoder compares every key of a mapping with every other: a 20 MB file
+// of repeated keys took it 30 s and 913 MB, one of 1.2 MB minutes and tens
+// of GB). Sweeps of up to maxCases cases fit well within them.
+const (
+	MaxConfigBytes = 1 << 20
+	maxConfigNodes = 1 << 16
+	maxConfigKeys  = 256
+)
+
+// ParseConfig reads a YAML config over Defaults. Unknown fields are
+// errors, as are a key given twice and a config larger than the bounds
+// above.
 func ParseConfig(r io.Reader) (Config, error) {
 	c := Defaults()
-	dec := yaml.NewDecoder(r)
+	data, err := io.ReadAll(io.LimitReader(r, MaxConfigBytes+1))
+	if err != nil {
+		return c, fmt.Errorf("config: %w", err)
+	}
+	if len(data) > MaxConfigBytes {
+		return c, fmt.Errorf("config: more than %d bytes; a config is a few dozen lines (a sweep lists its values)", MaxConfigBytes)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return c, fmt.Errorf("config: %s", oneLine(err.Error()))
+	}
+	if err := checkYAML(&doc); err != nil {
+		return c, fmt.Errorf("config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 		return c, fmt.Errorf("config: %s", oneLine(err.Error()))
@@ -143,13 +171,51 @@ func ParseConfig(r io.Reader) (Config, error) {
 	return c, nil
 }
 
-// LoadConfig reads a YAML config file.
+// checkYAML walks a parsed document: at most maxConfigNodes nodes, no
+// mapping of more than maxConfigKeys keys, no key twice in one mapping.
+func checkYAML(doc *yaml.Node) error {
+	nodes := 0
+	var walk func(n *yaml.Node) error
+	walk = func(n *yaml.Node) error {
+		if nodes++; nodes > maxConfigNodes {
+			return fmt.Errorf("more than %d YAML nodes; a config is a few dozen lines (a sweep lists its values)", maxConfigNodes)
+		}
+		if n.Kind == yaml.MappingNode {
+			seen := map[string]int{}
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k := n.Content[i]
+				if k.Kind == yaml.ScalarNode {
+					if line, ok := seen[k.Value]; ok {
+						return fmt.Errorf("line %d: key %q is already given at line %d", k.Line, k.Value, line)
+					}
+					seen[k.Value] = k.Line
+				}
+			}
+			if len(n.Content)/2 > maxConfigKeys {
+				return fmt.Errorf("line %d: a mapping of %d keys, more than %d; a config has a few dozen fields", n.Line, len(n.Content)/2, maxConfigKeys)
+			}
+		}
+		for _, ch := range n.Content {
+			if err := walk(ch); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return walk(doc)
+}
+
+// LoadConfig reads a YAML config file (at most MaxConfigBytes).
 func LoadConfig(path string) (Config, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return Config{}, err
 	}
-	c, err := ParseConfig(bytes.NewReader(data))
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() && st.Size() > MaxConfigBytes {
+		return Config{}, fmt.Errorf("%s: config of %d bytes, more than %d; a config is a few dozen lines (a sweep lists its values)", path, st.Size(), MaxConfigBytes)
+	}
+	c, err := ParseConfig(f)
 	if err != nil {
 		return c, fmt.Errorf("%s: %w", path, err)
 	}
@@ -265,6 +331,19 @@ func (c Config) Validate() error {
 	if err := c.RoutingSpec().Validate(); err != nil {
 		return err
 	}
+	// The capacities size capacity mode's outputs; in a run with no
+	// capacity case they would be silently ignored.
+	if (c.MaxRecvTokens != 0 || c.MaxPermutedTokens != 0) && !slices.Contains(c.Mode, ModeCapacity) {
+		var set []string
+		if c.MaxRecvTokens != 0 {
+			set = append(set, fmt.Sprintf("max_recv_tokens %d", c.MaxRecvTokens))
+		}
+		if c.MaxPermutedTokens != 0 {
+			set = append(set, fmt.Sprintf("max_permuted_tokens %d", c.MaxPermutedTokens))
+		}
+		return fmt.Errorf("%s: the capacities size the outputs of capacity mode, and no case runs in it (mode %v): drop them or add mode capacity",
+			strings.Join(set, " and "), c.Mode)
+	}
 	if _, err := c.domainSize(); err != nil {
 		return err
 	}
@@ -273,6 +352,20 @@ func (c Config) Validate() error {
 	if big := slices.Max([]int{c.Ranks, c.Experts, slices.Max(c.Hidden), slices.Max(c.Tokens),
 		c.Pad, c.MaxRecvTokens, c.MaxPermutedTokens, slices.Max(c.SMs), slices.Max(c.ChunkRows)}); big > maxSize {
 		return fmt.Errorf("a size is %d, more than %d (ranks, experts, hidden, tokens, pad, the capacities, sms and chunk_rows must fit int32 indices)", big, maxSize)
+	}
+	// The rows a rank may receive and permute, padding included, are
+	// indexed by int32 on the device too: every rank may receive every
+	// token, each in up to min(K, E/R) of its experts' segments, and each
+	// of its E/R segments is padded by up to pad-1 rows.
+	maxT, l := slices.Max(c.Tokens), c.Experts/c.Ranks
+	if n := float64(c.Ranks) * float64(maxT); n > maxSize {
+		return fmt.Errorf("ranks %d x tokens %d = %.0f rows a rank may receive, more than %d (row indices are int32 on the device): lower tokens or ranks", c.Ranks, maxT, n, maxSize)
+	}
+	for _, k := range c.TopK {
+		rows := float64(c.Ranks)*float64(maxT)*float64(min(k, l)) + float64(l)*float64(c.Pad-1)
+		if rows > maxSize {
+			return fmt.Errorf("the case topk=%d tokens=%d pad=%d may permute %.0f rows a rank (ranks x tokens x min(topk, experts/ranks) + experts/ranks x (pad-1)), more than %d (row positions are int32 on the device): lower pad, tokens or topk", k, maxT, c.Pad, rows, maxSize)
+		}
 	}
 	cases := 1
 	for _, n := range []int{len(c.Mode), len(c.TopK), len(c.DType), len(c.Hidden), len(c.SMs), len(c.ChunkRows), len(c.Tokens)} {
@@ -317,6 +410,25 @@ func (c Config) domainSize() (int, error) {
 		return d, nil
 	}
 	return c.Ranks, nil
+}
+
+// capacities is the output capacities of capacity-mode case cs: the
+// config's MaxRecvTokens and MaxPermutedTokens, each 0 replaced by the
+// case's worst case: every rank receives at most every token of every rank
+// (R x the sweep's largest tokens), each in at most min(K, E/R) of its
+// experts' segments, plus the padding of each segment (E/R x (Pad-1)).
+// Validate bounds them by maxSize.
+func (c Config) capacities(cs Case) (recv, permuted int) {
+	maxT := slices.Max(c.Tokens)
+	l := c.Experts / c.Ranks
+	recv, permuted = c.MaxRecvTokens, c.MaxPermutedTokens
+	if recv == 0 {
+		recv = max(1, c.Ranks*maxT)
+	}
+	if permuted == 0 {
+		permuted = max(1, c.Ranks*maxT*min(cs.TopK, l)+l*(c.Pad-1))
+	}
+	return recv, permuted
 }
 
 // Case is one point of the sweep.

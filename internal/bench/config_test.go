@@ -3,6 +3,8 @@ package bench
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -64,6 +66,16 @@ func TestConfigErrors(t *testing.T) {
 		{"hidden: [8, 1073741825]\n", "a size is 1073741825"},
 		{"chunk_rows: [8, 1073741825]\n", "a size is 1073741825"},
 		{"tokens: [1,2,3,4,5,6,7,8,9,10]\nhidden: [1,2,3,4,5,6,7,8,9,10]\nsms: [0,1,2,3,4,5,6,7,8,9]\nchunk_rows: [0,1,2,3,4,5,6,7,8,9]\ndtype: [bf16, fp32]\n", "more than 10000 cases"},
+		// Values that cannot work, refused before anything runs.
+		{"max_recv_tokens: 5\n", "max_recv_tokens 5: the capacities size the outputs of capacity mode, and no case runs in it (mode blocking)"},
+		{"max_permuted_tokens: 5\nmode: [blocking]\n", "max_permuted_tokens 5: the capacities size"},
+		{"max_recv_tokens: -1\nmode: capacity\n", "cannot be negative"},
+		{"pad: 1000000000\n", "the case topk=8 tokens=512 pad=1000000000 may permute"},
+		{"pad: 200000000\nmode: capacity\n", "may permute 1600032760 rows a rank"},
+		{"ranks: 64\nexperts: 64\ntokens: 33554432\n", "ranks 64 x tokens 33554432 = 2147483648 rows a rank may receive"},
+		{"tokens: 0\npad: 0\n", "pad is 0"},
+		// A key twice (the YAML decoder's check of it is quadratic).
+		{"seed: 1\nranks: 4\nseed: 2\n", `line 3: key "seed" is already given at line 1`},
 	} {
 		c, err := ParseConfig(strings.NewReader(tc.yaml))
 		if err == nil {
@@ -221,5 +233,53 @@ func TestListsFormat(t *testing.T) {
 		if tc.got != tc.want {
 			t.Errorf("got %q, want %q", tc.got, tc.want)
 		}
+	}
+}
+
+// TestConfigBounds: a config larger than MaxConfigBytes, of more YAML
+// nodes than a sweep needs, or with a mapping of hundreds of keys, is
+// refused before it is decoded, quickly and in little memory (a 1.2 MB
+// file of repeated keys once took the decoder minutes and tens of GB); the
+// largest sweep Validate allows still parses.
+func TestConfigBounds(t *testing.T) {
+	repeat := func(line string, n int) string { return strings.Repeat(line, n) }
+	list := func(n int) string {
+		return "tokens: [" + strings.TrimSuffix(repeat("1,", n), ",") + "]\n"
+	}
+	for _, tc := range []struct {
+		name, yaml, want string
+	}{
+		{"too large", repeat("seed: 1\n", MaxConfigBytes/8+1), "more than 1048576 bytes"},
+		{"repeated keys", repeat("seed: 1\n", 100000), `key "seed" is already given at line 1`},
+		{"many keys", func() string {
+			var b strings.Builder
+			for i := range 300 {
+				fmt.Fprintf(&b, "k%d: 1\n", i)
+			}
+			return b.String()
+		}(), "a mapping of 300 keys, more than 256"},
+		{"many nodes", list(200000), "more than 65536 YAML nodes"},
+		{"the largest sweep", list(maxCases), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig(strings.NewReader(tc.yaml))
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %v, want one line containing %q", err, tc.want)
+			}
+		})
+	}
+	// A file is refused by its size, unread.
+	path := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(path, []byte(repeat("seed: 1\n", MaxConfigBytes/8+1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), "more than 1048576") {
+		t.Errorf("LoadConfig of a large file: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -10,14 +11,15 @@ import (
 // A run whose sizes cannot fit in this machine's memory must fail with an
 // error before it allocates, not take the process down: a Go allocation
 // beyond the memory left is a fatal runtime error ("out of memory"), not a
-// recoverable one, and a kernel OOM kill says nothing at all. So Run and
-// RunRank compare a lower bound of the host memory the largest case needs
+// recoverable one, and a kernel OOM kill, minutes in, says nothing at all.
+// So eprun, Run and RunRank compare the host memory the largest case needs
 // with the memory available to this process (device.HostMemoryAvailable),
 // and refuse a run that cannot fit (CheckMemory; eprun calls it before it
-// prints anything). The bound counts only what the run holds whatever the
-// routing, so it never refuses a run that would fit; a run just under it
-// may still need more (received and permuted rows depend on the routing,
-// and the host backend pools freed buffers).
+// prints anything, and its --force-memory, Options.ForceMemory, runs it
+// anyway). Two measures refuse: a lower bound whatever the routing
+// (minHostBytes), and the rows the run is expected to hold at once
+// (hostBytes, with every size flag in it). A run whose expected peak, the
+// Go heap's growth included, exceeds the memory gets a warning and runs.
 
 // minHostBytes is a lower bound on the host memory one process holds for
 // case c of cfg with inProcess ranks running in it (Run: all of them;
@@ -73,21 +75,96 @@ var availableMemory = func() (float64, bool) {
 	return float64(n), ok
 }
 
-// CheckMemory returns an error naming the case of c whose lower bound of
-// host memory (inProcess ranks in this process: Ranks for Run, 1 for
-// RunRank) is the largest, when that bound exceeds the memory available;
-// else nil (also when the memory available cannot be read).
-func (c Config) CheckMemory(inProcess int) error {
+// ErrMemory is wrapped by CheckMemory's error: the run cannot fit in the
+// host memory available.
+var ErrMemory = errors.New("not enough host memory")
+
+// CheckMemory compares the host memory a run of c needs, with inProcess
+// of its ranks in this process (Ranks for Run, 1 for RunRank), with the
+// memory available to the process (device.HostMemoryAvailable), on the
+// largest case. It returns an error wrapping ErrMemory when the run cannot
+// fit:
+//
+//   - when minHostBytes, a bound whatever the routing, exceeds the memory
+//     available;
+//   - on the host backend, when the rows the run is expected to hold at
+//     once (hostBytes, with every size in it: tokens, hidden, top-k, the
+//     padding of pad, capacity mode's output capacities) exceed it;
+//   - or when the expected peak (hostBytes with the Go heap's growth
+//     between collections; the same for eprun check) exceeds it by more
+//     than peakError, the most the estimate has been measured above the
+//     memory a run really took.
+//
+// A run whose expected peak exceeds the memory available by less than that
+// probably fits: CheckMemory returns a warning saying so, and no error.
+// Both are "" and nil when the memory available cannot be read. The cuda
+// backend's device memory is not counted here.
+func (c Config) CheckMemory(inProcess int, checkOnly bool) (warning string, err error) {
 	avail, ok := availableMemory()
 	if !ok {
-		return nil
+		return "", nil
 	}
 	worst, need := c.largest(func(cs Case) float64 { return minHostBytes(c, cs, inProcess) })
-	if need <= avail {
-		return nil
+	if need > avail {
+		return "", fmt.Errorf("%w: the case %s needs at least %s of host memory for its %d rank(s) in this process (routing, inputs, layout tables%s), and %s is available: lower tokens, hidden, ranks or experts",
+			ErrMemory, worst.name(), gib(need), inProcess, hostTerms(c), gib(avail))
 	}
-	return fmt.Errorf("the case tokens=%d hidden=%d topk=%d dtype=%v needs at least %s of host memory for its %d rank(s) in this process (routing, inputs, layout tables%s), and %s is available: lower tokens, hidden, ranks or experts",
-		worst.Tokens, worst.Hidden, worst.TopK, worst.DType, gib(need), inProcess, hostTerms(c), gib(avail))
+	if c.Backend == BackendCUDA {
+		return "", nil
+	}
+	worst, live := c.largest(func(cs Case) float64 { return hostBytes(c, cs, inProcess, checkOnly, false) })
+	if live > avail {
+		return "", fmt.Errorf("%w: the case %s is expected to hold about %s of host memory at once for its %d rank(s) in this process (%s), and %s is available: lower tokens, hidden, pad or the capacities%s",
+			ErrMemory, worst.name(), gib(live), inProcess, c.rowTerms(worst, checkOnly), gib(avail), checkHint(checkOnly))
+	}
+	worst, peak := c.largest(func(cs Case) float64 { return hostBytes(c, cs, inProcess, checkOnly, true) })
+	if peak > avail*(1+peakError) {
+		return "", fmt.Errorf("%w: the case %s is expected to need up to %s of host memory for its %d rank(s) in this process (%s, and the Go heap's growth between collections), and %s is available: lower tokens, hidden, pad or the capacities%s",
+			ErrMemory, worst.name(), gib(peak), inProcess, c.rowTerms(worst, checkOnly), gib(avail), checkHint(checkOnly))
+	}
+	if peak > avail {
+		return fmt.Sprintf("the case %s is expected to need up to %s of host memory for its %d rank(s) in this process (%s, and the Go heap's growth between collections), and %s is available: it probably fits, the garbage collector working harder, but the kernel may kill it for want of memory%s",
+			worst.name(), gib(peak), inProcess, c.rowTerms(worst, checkOnly), gib(avail), checkHint(checkOnly)), nil
+	}
+	return "", nil
+}
+
+// peakError is the most hostBytes' peak has been measured above the memory
+// a run took, as a fraction (22.8 GB estimated against 18.2 resident).
+const peakError = 0.25
+
+// checkHint suggests eprun check where the a2a baseline's rows dominate.
+func checkHint(checkOnly bool) string {
+	if checkOnly {
+		return ""
+	}
+	return " (eprun check, without the baselines, needs less)"
+}
+
+// name is the case as errors name it: tokens=T hidden=H topk=K dtype=D,
+// and its mode when capacity.
+func (c Case) name() string {
+	s := fmt.Sprintf("tokens=%d hidden=%d topk=%d dtype=%v", c.Tokens, c.Hidden, c.TopK, c.DType)
+	if c.Mode == ModeCapacity {
+		s += " mode=capacity"
+	}
+	return s
+}
+
+// checkMemory is CheckMemory for Run and RunRank: the error, unless
+// ForceMemory, in which case it is logged as a warning, as the warning is.
+func (o Options) checkMemory(cfg Config, inProcess int) error {
+	w, err := cfg.CheckMemory(inProcess, o.CheckOnly)
+	if err != nil {
+		if !o.ForceMemory {
+			return err
+		}
+		w = err.Error() + "; running anyway (forced)"
+	}
+	if w != "" && o.Logger != nil {
+		o.Logger.Warn(w)
+	}
+	return nil
 }
 
 // largest returns the case of c with the most bytes and their number.
@@ -114,37 +191,67 @@ func hostTerms(cfg Config) string {
 // gib writes n bytes in GiB.
 func gib(n float64) string { return fmt.Sprintf("%.1f GiB", n/(1<<30)) }
 
-// hostBytesEstimate is the host memory one process is expected to hold at
-// its peak for case c of cfg on the host backend, with inProcess ranks in
-// it, in bytes. It counts rows per rank, from the routing's expected counts
-// for uniform routing: N = R x T x p received rows (p is the chance that a
-// token's K distinct experts of E include one of a rank's E/R) and P = T x
-// K permuted rows, each of the bytes of a row of every dtype the case's
-// calls move (RowBytes: an fp8 row's scales included; an fp8 case whose
-// calls combine holds bf16 rows too, Case.CallDType, and is counted with
-// both, as each has its own buffers).
-//
-//   - With the a2a baseline (not checkOnly), its rows dominate: 2T + 6N + 2P
-//     (inputs and output; the send, receive, gathered, unpermuted and
-//     round-trip buffers; the permuted rows and their copy), counted twice
-//     for the Go heap's growth between collections.
-//   - Else goep's own: 3T + 3N + P (the input, the outputs, and the copy
-//     baseline's two buffers).
-//
-// Measured with 8 ranks, hidden 7168, top-8 of 64 experts
-// (docs/PERFORMANCE.md): 11.4 GB estimated against 10.0 GB peak resident at
-// 1000 tokens, 22.8 against 18.2 at 2000; eprun check 3.1 against 3.1.
-func hostBytesEstimate(cfg Config, c Case, inProcess int, checkOnly bool) float64 {
-	r, t, k := float64(cfg.Ranks), float64(c.Tokens), float64(c.TopK)
+// expectedRows is the rows one rank of case cs of cfg is expected to
+// hold, from the routing's expected counts for uniform routing: its T
+// tokens, N = R x T x p received rows (p is the chance that a token's K
+// distinct experts of E include one of a rank's E/R), P = T x K permuted
+// rows plus the padding of each of the rank's E/R experts' segments (up to
+// Pad-1 rows each), and the rows of goep's outputs: N and P in blocking
+// mode, the capacities in capacity mode (Config.capacities).
+func expectedRows(cfg Config, c Case) (t, n, p, nOut, pOut float64) {
+	r, k := float64(cfg.Ranks), float64(c.TopK)
+	t = float64(c.Tokens)
 	e, l := cfg.Experts, cfg.Experts/cfg.Ranks
 	none := 1.0 // the chance that a token names none of a rank's experts
 	for i := range c.TopK {
 		none *= max(0, float64(e-l-i)) / float64(e-i)
 	}
-	n, p := r*t*(1-none), t*k
-	rows := 3*t + 3*n + p
+	n, p = r*t*(1-none), t*k
+	if t > 0 {
+		p += float64(l) * float64(cfg.Pad-1)
+	}
+	nOut, pOut = n, p
+	if c.Mode == ModeCapacity {
+		rc, pc := cfg.capacities(c)
+		nOut, pOut = float64(rc), float64(pc)
+	}
+	return t, n, p, nOut, pOut
+}
+
+// hostBytes is the host memory one process is expected to hold for case
+// c of cfg on the host backend, with inProcess ranks in it, in bytes: its
+// rows (expectedRows) held at once (peak false) or at the peak (peak
+// true), each of the bytes of a row of every dtype the case's calls move
+// (RowBytes: an fp8 row's scales included; an fp8 case whose calls
+// combine holds bf16 rows too, Case.CallDType, and is counted with both,
+// as each has its own buffers).
+//
+//   - goep's calls: 3T + 2N' + 2P' (the input and its device copy and
+//     the combined output; the outputs, of N' and P' rows, the capacities
+//     in capacity mode, and the copies the checks download of them), plus
+//     2N with the baselines (the copy baseline's two buffers).
+//   - with the a2a baseline (not checkOnly), which runs after goep's
+//     engine is closed: 2T + 6N + 2P (inputs and output; the send,
+//     receive, gathered, unpermuted and round-trip buffers; the permuted
+//     rows and their copy), at the peak counted twice for the Go heap's
+//     growth between collections.
+//
+// Measured with 8 ranks, hidden 7168, top-8 of 64 experts
+// (docs/PERFORMANCE.md): peak 11.4 GB estimated against 10.0 GB resident
+// at 1000 tokens, 22.8 against 18.2 at 2000; eprun check 3.4 against 3.1.
+// eprun check tiny --tokens 512 --hidden 2048 --pad 20000, its padding
+// rows dominating: 4.0 GB against 3.9; eprun bench of the same, 4.1 live
+// and 8.1 at the peak against 7.0.
+func hostBytes(cfg Config, c Case, inProcess int, checkOnly, peak bool) float64 {
+	t, n, p, nOut, pOut := expectedRows(cfg, c)
+	rows := 3*t + 2*nOut + 2*pOut
 	if !checkOnly {
-		rows = 2 * (2*t + 6*n + 2*p)
+		rows += 2 * n
+		a2a := 2*t + 6*n + 2*p
+		if peak {
+			a2a *= 2
+		}
+		rows = max(rows, a2a)
 	}
 	rb := 0
 	for _, dt := range c.callDTypes(cfg.Calls) {
@@ -153,23 +260,20 @@ func hostBytesEstimate(cfg Config, c Case, inProcess int, checkOnly bool) float6
 	return float64(inProcess) * rows * float64(rb)
 }
 
-// MemoryWarning returns a warning when the host memory a run of c on the
-// host backend is expected to need (inProcess ranks in this process; the
-// largest case) exceeds the memory available, else "". Unlike CheckMemory
-// it is an estimate, and the run goes on: it may then be killed by the
-// kernel for want of memory.
-func (c Config) MemoryWarning(inProcess int, checkOnly bool) string {
-	if c.Backend == BackendCUDA {
-		return ""
+// hostBytesEstimate is hostBytes at the peak.
+func hostBytesEstimate(cfg Config, c Case, inProcess int, checkOnly bool) float64 {
+	return hostBytes(cfg, c, inProcess, checkOnly, true)
+}
+
+// rowTerms says what hostBytes counted for case cs.
+func (c Config) rowTerms(cs Case, checkOnly bool) string {
+	t, n, p, nOut, pOut := expectedRows(c, cs)
+	s := fmt.Sprintf("%.0f tokens, about %.0f received and %.0f permuted rows a rank", t, n, p)
+	if cs.Mode == ModeCapacity {
+		s += fmt.Sprintf(", outputs of capacity %.0f and %.0f rows", nOut, pOut)
 	}
-	avail, ok := availableMemory()
-	if !ok {
-		return ""
+	if !checkOnly {
+		s += ", the a2a baseline's copies of them"
 	}
-	worst, need := c.largest(func(cs Case) float64 { return hostBytesEstimate(c, cs, inProcess, checkOnly) })
-	if need <= avail {
-		return ""
-	}
-	return fmt.Sprintf("the case tokens=%d hidden=%d topk=%d dtype=%v is expected to need about %s of host memory for its %d rank(s) in this process, and %s is available: the kernel may kill the run for want of memory (eprun check, fewer tokens or a smaller hidden need less)",
-		worst.Tokens, worst.Hidden, worst.TopK, worst.DType, gib(need), inProcess, gib(avail))
+	return s
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -99,16 +100,16 @@ func TestRunRefusesWhatCannotFit(t *testing.T) {
 			t.Fatalf("%s: got %v, want an error with %q", run.name, err, want)
 		}
 	}
-	if err := c.CheckMemory(2); err == nil || !strings.Contains(err.Error(), "for its 2 rank(s) in this process") {
+	if _, err := c.CheckMemory(2, false); !errors.Is(err, ErrMemory) || !strings.Contains(err.Error(), "for its 2 rank(s) in this process") {
 		t.Fatalf("CheckMemory(2): %v", err)
 	}
 	c.Hidden, c.Tokens = Ints{64}, Ints{32}
-	if err := c.CheckMemory(2); err != nil {
+	if _, err := c.CheckMemory(2, false); err != nil {
 		t.Fatalf("a tiny run refused: %v", err)
 	}
 	availableMemory = func() (float64, bool) { return 0, false }
 	c.Hidden, c.Tokens = Ints{1 << 18}, Ints{256}
-	if err := c.CheckMemory(2); err != nil {
+	if _, err := c.CheckMemory(2, false); err != nil {
 		t.Fatalf("refused with the memory available unknown: %v", err)
 	}
 }
@@ -131,7 +132,7 @@ func TestHostBytesEstimate(t *testing.T) {
 		rows      float64
 	}{
 		{false, 2 * (2*1000 + 6*n + 2*8000)},
-		{true, 3*1000 + 3*n + 8000},
+		{true, 3*1000 + 2*n + 2*8000},
 	} {
 		got := hostBytesEstimate(c, cs, 8, tc.checkOnly)
 		if want := 8 * tc.rows * row; math.Abs(got-want) > 1 {
@@ -155,39 +156,117 @@ func TestHostBytesEstimate(t *testing.T) {
 	}
 }
 
-// TestMemoryWarning: a run whose estimate exceeds the memory available,
-// though its lower bound does not, is logged as a warning and still runs;
-// none on the cuda backend or with the memory unknown.
-func TestMemoryWarning(t *testing.T) {
+// TestMemoryBands: with the memory available between the rows a run
+// holds at once and its expected peak (the Go heap's growth included), the
+// run probably fits: a warning, logged once, and it runs. Above the peak:
+// nothing. Below the rows held at once, or a quarter and more below the
+// peak: refused, with an error wrapping ErrMemory, unless forced
+// (Options.ForceMemory: the refusal is logged and the run goes on). eprun
+// check holds no baseline rows: its peak is its live rows. Nothing is said
+// on the cuda backend or with the memory unknown.
+func TestMemoryBands(t *testing.T) {
 	old := availableMemory
 	t.Cleanup(func() { availableMemory = old })
 	c := Defaults()
 	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, Ints{2}, Ints{64}, Ints{32}, 1, 0
-	var lower, est float64
-	for _, cs := range c.Cases() {
-		lower, est = minHostBytes(c, cs, 4), hostBytesEstimate(c, cs, 4, false)
+	cs := c.Cases()[0]
+	live, peak := hostBytes(c, cs, 4, false, false), hostBytes(c, cs, 4, false, true)
+	checkLive := hostBytes(c, cs, 4, true, false)
+	if lower := minHostBytes(c, cs, 4); !(lower < live && live < peak/(1+peakError) && checkLive == hostBytes(c, cs, 4, true, true)) {
+		t.Fatalf("lower bound %v, live %v, peak %v, check %v: want lower < live < peak/1.25, check's live its peak", lower, live, peak, checkLive)
 	}
-	if lower >= est {
-		t.Fatalf("lower bound %v not below the estimate %v", lower, est)
+	for _, tc := range []struct {
+		name      string
+		avail     float64
+		checkOnly bool
+		force     bool
+		want      string // "" none, "warn", "refuse"
+		msg       string
+	}{
+		{"above the peak", peak * 1.01, false, false, "", ""},
+		{"below the peak", peak / 1.1, false, false, "warn", "is expected to need up to"},
+		{"far below the peak", peak / 1.3, false, false, "refuse", "is expected to need up to"},
+		{"below the live rows", live / 1.01, false, false, "refuse", "is expected to hold about"},
+		{"below the live rows, forced", live / 1.01, false, true, "warn", "running anyway (forced)"},
+		{"check, above its rows", checkLive * 1.01, true, false, "", ""},
+		{"check, below its rows", checkLive / 1.01, true, false, "refuse", "is expected to hold about"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			availableMemory = func() (float64, bool) { return tc.avail, true }
+			w, err := c.CheckMemory(4, tc.checkOnly)
+			switch tc.want {
+			case "":
+				if w != "" || err != nil {
+					t.Errorf("CheckMemory: %q, %v; want nothing", w, err)
+				}
+			case "warn":
+				if !tc.force && (err != nil || !strings.Contains(w, tc.msg) || !strings.Contains(w, "it probably fits")) {
+					t.Errorf("CheckMemory: %q, %v; want a warning %q", w, err, tc.msg)
+				}
+			case "refuse":
+				if w != "" || !errors.Is(err, ErrMemory) || !strings.Contains(err.Error(), tc.msg) {
+					t.Errorf("CheckMemory: %q, %v; want an error %q", w, err, tc.msg)
+				}
+			}
+			core, logs := observer.New(zap.WarnLevel)
+			_, err = Run(t.Context(), c, Options{CheckOnly: tc.checkOnly, ForceMemory: tc.force, Logger: zap.New(core)})
+			if (err != nil) != (tc.want == "refuse") || (err != nil && !errors.Is(err, ErrMemory)) {
+				t.Errorf("Run: %v; want refused %v", err, tc.want == "refuse")
+			}
+			warned := logs.FilterMessageSnippet(tc.msg).Len()
+			if want := map[bool]int{true: 1}[tc.want == "warn"]; warned != want {
+				t.Errorf("Run logged %d warnings %q, want %d: %v", warned, tc.msg, want, logs.All())
+			}
+		})
 	}
-	availableMemory = func() (float64, bool) { return (lower + est) / 2, true }
-	core, logs := observer.New(zap.WarnLevel)
-	if _, err := Run(t.Context(), c, Options{Logger: zap.New(core)}); err != nil {
-		t.Fatal(err)
-	}
-	if w := logs.FilterMessageSnippet("is expected to need about").All(); len(w) != 1 {
-		t.Fatalf("%d warnings logged, want 1: %v", len(w), logs.All())
-	}
-	if w := c.MemoryWarning(4, true); w != "" {
-		t.Errorf("check only, far less memory: %q", w)
-	}
+	availableMemory = func() (float64, bool) { return live / 2, true }
 	c.Backend = BackendCUDA
-	if w := c.MemoryWarning(4, false); w != "" {
-		t.Errorf("cuda backend: %q", w)
+	if w, err := c.CheckMemory(4, false); w != "" || err != nil {
+		t.Errorf("cuda backend: %q, %v", w, err)
 	}
 	c.Backend = ""
 	availableMemory = func() (float64, bool) { return 0, false }
-	if w := c.MemoryWarning(4, false); w != "" {
-		t.Errorf("memory unknown: %q", w)
+	if w, err := c.CheckMemory(4, false); w != "" || err != nil {
+		t.Errorf("memory unknown: %q, %v", w, err)
+	}
+}
+
+// TestMemoryCountsEverySize: every size of a run is in what CheckMemory
+// compares with the memory available, pad and the capacities included. The
+// run of the report (eprun check tiny --tokens 512 --hidden 2048 --pad
+// 20000, which took 3.9 GB with no warning) is refused with 3 GiB
+// available, and fits with pad 1; so with an explicit capacity of 2^24
+// permuted rows.
+func TestMemoryCountsEverySize(t *testing.T) {
+	old := availableMemory
+	t.Cleanup(func() { availableMemory = old })
+	availableMemory = func() (float64, bool) { return 3 << 30, true }
+	tiny := func() Config {
+		c := Defaults()
+		c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens = 4, 24, Ints{2}, Ints{2048}, Ints{512}
+		return c
+	}
+	if _, err := tiny().CheckMemory(4, true); err != nil {
+		t.Fatalf("the base run: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+	}{
+		{"pad", func(c *Config) { c.Pad = 20000 }},
+		{"max_permuted_tokens", func(c *Config) { c.Mode, c.MaxPermutedTokens = Strings{ModeCapacity}, 1<<24 }},
+		{"max_recv_tokens", func(c *Config) { c.Mode, c.MaxRecvTokens = Strings{ModeCapacity}, 1<<24 }},
+		{"tokens", func(c *Config) { c.Tokens = Ints{512, 1 << 17} }},
+		{"hidden", func(c *Config) { c.Hidden = Ints{1 << 18} }},
+		{"topk", func(c *Config) { c.TopK, c.Experts, c.Tokens = Ints{2, 64}, 256, Ints{8192} }},
+	} {
+		c := tiny()
+		tc.edit(&c)
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if _, err := c.CheckMemory(4, true); !errors.Is(err, ErrMemory) {
+			t.Errorf("%s: %v; want the run refused", tc.name, err)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/goep/goep/comm"
@@ -19,11 +20,20 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 	w, cw := st.world, st.cworld
 	r := st.rank
 	t, h, k := w.Tokens[r], w.Hidden, w.TopK
-	e, err := executor.New(ctx, st.g, st.backend, st.ecfg, executor.WithLogger(st.log))
+	if err := st.begin(ctx, "setup"); err != nil {
+		return err
+	}
+	eg := &engineGroup{Group: st.g}
+	e, err := executor.New(ctx, eg, st.backend, st.ecfg, executor.WithLogger(st.log))
 	if err != nil {
 		return err
 	}
 	defer e.Close()
+	defer func() {
+		if he := (*harnessTimeoutError)(nil); errors.As(err, &he) {
+			eg.abandon(he)
+		}
+	}()
 	// The engine may have detected D (one domain per host) where the
 	// config and GOEP_RANKS_PER_DOMAIN say nothing: the checks of combine
 	// (partials per domain) and the RDMA byte counts follow the engine's.
@@ -262,6 +272,9 @@ func loop[T interface{ Close() error }](ctx context.Context, st *rankState, call
 	if timed {
 		warmup, iters = st.cfg.Warmup, st.cfg.Iters
 	}
+	if err := st.begin(ctx, call); err != nil {
+		return zero, err
+	}
 	for i := range warmup + iters {
 		if i > 0 {
 			last.Close()
@@ -313,6 +326,9 @@ func checked[T interface{ Close() error }](ctx context.Context, st *rankState, e
 	var zero T
 	o, err := loop(ctx, st, call, st.ctl, e.Synchronize, timed, op)
 	if err != nil {
+		if strings.HasPrefix(err.Error(), call+": ") { // the engine's error names its call
+			return zero, err
+		}
 		return zero, fmt.Errorf("%s: %w", call, err)
 	}
 	c, err := check(o)

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -198,6 +200,14 @@ type Options struct {
 	// Transport names what carries the group's AllToAll in the record;
 	// empty: guessed from the group's type.
 	Transport string
+	// ForceMemory runs a run that CheckMemory refuses (its error is then
+	// logged as a warning): eprun's --force-memory.
+	ForceMemory bool
+
+	// testHook, when a test sets it, runs on every rank as the rank begins
+	// each step of a case (the steps of Progress, and "setup"); an error
+	// fails the rank there. A hook that blocks is a rank that stops.
+	testHook func(ctx context.Context, rank int, step string) error
 
 	// sharedClock: the ranks are goroutines of one process (Run), so an
 	// iteration is timed as the span over ranks.
@@ -253,11 +263,11 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := cfg.CheckMemory(cfg.Ranks); err != nil {
+	if _, err := HarnessTimeout(); err != nil {
 		return nil, err
 	}
-	if w := cfg.MemoryWarning(cfg.Ranks, opt.CheckOnly); w != "" && opt.Logger != nil {
-		opt.Logger.Warn(w)
+	if err := opt.checkMemory(cfg, cfg.Ranks); err != nil {
+		return nil, err
 	}
 	r := cfg.Ranks
 	backend, closeBackend, err := opt.backend(cfg)
@@ -289,11 +299,32 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 	return results[0], errors.Join(err, closeBackend())
 }
 
-// harnessTimeout bounds each of the harness's own collectives (its
+// HarnessTimeout bounds each of the harness's own collectives (its
 // barriers and gathers between iterations and cases, the config
-// comparison): generous, since the ranks check their outputs between
-// them, but a rank that never comes ends the run.
-const harnessTimeout = 10 * time.Minute
+// comparison, and the a2a baseline's exchanges): GOEP_TIMEOUT (as the
+// engine reads it, executor.TimeoutFromEnv: default 60 s) plus
+// HarnessMargin. A rank that stops makes the others fail within it, with
+// a *comm.TimeoutError naming that rank; the margin lets the engine's own
+// waits, bounded by GOEP_TIMEOUT alone, report a stop inside a call first.
+// Between two collectives each rank checks its outputs, so a rank whose
+// checks take GOEP_TIMEOUT longer than another's makes that one time out:
+// raise GOEP_TIMEOUT for cases whose checks take minutes. An invalid
+// GOEP_TIMEOUT is an error.
+func HarnessTimeout() (time.Duration, error) {
+	t, err := executor.TimeoutFromEnv()
+	if err != nil {
+		return 0, fmt.Errorf("bench: %w", err)
+	}
+	m := HarnessMargin(t)
+	if t > math.MaxInt64-m {
+		return math.MaxInt64, nil
+	}
+	return t + m, nil
+}
+
+// HarnessMargin is the margin HarnessTimeout adds to a GOEP_TIMEOUT of t:
+// a tenth of it, at least one second.
+func HarnessMargin(t time.Duration) time.Duration { return max(time.Second, t/10) }
 
 // sameConfig all-gathers every rank's config over g and fails on every
 // rank when one differs, naming the rank and the fields.
@@ -302,7 +333,7 @@ func sameConfig(ctx context.Context, g comm.Group, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	all, err := bounded{g, harnessTimeout}.AllGather(ctx, mine)
+	all, err := g.AllGather(ctx, mine)
 	if err != nil {
 		return fmt.Errorf("compare the ranks' configs: %w", err)
 	}
@@ -315,40 +346,136 @@ func sameConfig(ctx context.Context, g comm.Group, cfg Config) error {
 }
 
 // bounded is a group whose collectives each end after d at most (the
-// harness's group: an in-process or MPI group waits on its context alone).
+// harness's group: an in-process or MPI group waits on its context alone);
+// a timeout's error says what bounded it.
 type bounded struct {
 	comm.Group
 	d time.Duration
 }
 
-func (b bounded) AllGather(ctx context.Context, data []byte) ([][]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
-	defer cancel()
-	return b.Group.AllGather(ctx, data)
+// newBounded bounds g's collectives by HarnessTimeout.
+func newBounded(g comm.Group) (bounded, error) {
+	d, err := HarnessTimeout()
+	return bounded{g, d}, err
 }
 
-func (b bounded) AllToAll(ctx context.Context, send [][]byte) ([][]byte, error) {
+// bound runs f under the deadline, and names the bound in a timeout.
+func (b bounded) bound(ctx context.Context, f func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, b.d)
 	defer cancel()
-	return b.Group.AllToAll(ctx, send)
+	err := f(ctx)
+	if errors.Is(err, comm.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
+		env, _ := executor.TimeoutFromEnv()
+		return &harnessTimeoutError{err, fmt.Sprintf("eprun's harness waits GOEP_TIMEOUT %v plus %v", env, HarnessMargin(env))}
+	}
+	return err
 }
 
-func (b bounded) Broadcast(ctx context.Context, root int, data []byte) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
-	defer cancel()
-	return b.Group.Broadcast(ctx, root, data)
+// harnessTimeoutError is a timeout of one of the harness's own
+// collectives, saying what bounded it.
+type harnessTimeoutError struct {
+	err   error
+	bound string
+}
+
+func (e *harnessTimeoutError) Error() string { return fmt.Sprintf("%v (%s)", e.err, e.bound) }
+func (e *harnessTimeoutError) Unwrap() error { return e.err }
+
+// engineGroup is the group an engine of the harness runs on: the rank's
+// group, until abandon, after which every collective fails at once. A rank
+// abandons it when one of the harness's collectives timed out, before it
+// closes the engine: the engine's Close would otherwise wait up to
+// min(GOEP_TIMEOUT, 10 s) more for the rank that did not come. That wait
+// is for peers still in an exchange with this rank, or storing into its
+// windows; there are none: the harness's collectives come only after a
+// rank has synchronised its engine's calls, and a rank that has not come to
+// one has not begun the next call. The engine never closes the group (its
+// owner does), so Close does nothing.
+type engineGroup struct {
+	comm.Group
+	cause atomic.Pointer[error]
+}
+
+func (g *engineGroup) abandon(cause error) { g.cause.CompareAndSwap(nil, &cause) }
+
+func (g *engineGroup) abandoned(op string) error {
+	if c := g.cause.Load(); c != nil {
+		return fmt.Errorf("comm: %s on rank %d: the harness gave up on this run: %w", op, g.Rank(), *c)
+	}
+	return nil
+}
+
+func (g *engineGroup) AllGather(ctx context.Context, data []byte) ([][]byte, error) {
+	if err := g.abandoned("allgather"); err != nil {
+		return nil, err
+	}
+	return g.Group.AllGather(ctx, data)
+}
+
+func (g *engineGroup) AllToAll(ctx context.Context, send [][]byte) ([][]byte, error) {
+	if err := g.abandoned("alltoall"); err != nil {
+		return nil, err
+	}
+	return g.Group.AllToAll(ctx, send)
+}
+
+func (g *engineGroup) Broadcast(ctx context.Context, root int, data []byte) ([]byte, error) {
+	if err := g.abandoned("broadcast"); err != nil {
+		return nil, err
+	}
+	return g.Group.Broadcast(ctx, root, data)
+}
+
+func (g *engineGroup) Barrier(ctx context.Context) error {
+	if err := g.abandoned("barrier"); err != nil {
+		return err
+	}
+	return g.Group.Barrier(ctx)
+}
+
+func (g *engineGroup) Split(ctx context.Context, color, key int) (comm.Group, error) {
+	if err := g.abandoned("split"); err != nil {
+		return nil, err
+	}
+	return g.Group.Split(ctx, color, key)
+}
+
+func (g *engineGroup) Close() error { return nil }
+
+func (b bounded) AllGather(ctx context.Context, data []byte) (all [][]byte, err error) {
+	err = b.bound(ctx, func(ctx context.Context) (err error) {
+		all, err = b.Group.AllGather(ctx, data)
+		return err
+	})
+	return all, err
+}
+
+func (b bounded) AllToAll(ctx context.Context, send [][]byte) (recv [][]byte, err error) {
+	err = b.bound(ctx, func(ctx context.Context) (err error) {
+		recv, err = b.Group.AllToAll(ctx, send)
+		return err
+	})
+	return recv, err
+}
+
+func (b bounded) Broadcast(ctx context.Context, root int, data []byte) (out []byte, err error) {
+	err = b.bound(ctx, func(ctx context.Context) (err error) {
+		out, err = b.Group.Broadcast(ctx, root, data)
+		return err
+	})
+	return out, err
 }
 
 func (b bounded) Barrier(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
-	defer cancel()
-	return b.Group.Barrier(ctx)
+	return b.bound(ctx, b.Group.Barrier)
 }
 
 func (b bounded) Split(ctx context.Context, color, key int) (comm.Group, error) {
-	ctx, cancel := context.WithTimeout(ctx, b.d)
-	defer cancel()
-	g, err := b.Group.Split(ctx, color, key)
+	var g comm.Group
+	err := b.bound(ctx, func(ctx context.Context) (err error) {
+		g, err = b.Group.Split(ctx, color, key)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -387,19 +514,24 @@ func configDiff(a, b []byte) string {
 // traffic. cfg.Ranks must equal g.Size(). Every rank returns the same
 // aggregated rows (times over all ranks, checks summed over ranks); the
 // caller prints rank 0's. On error it returns the cases that completed.
-func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Result, error) {
+func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (_ *Result, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Ranks != g.Size() {
 		return nil, fmt.Errorf("config has %d ranks, the group %d", cfg.Ranks, g.Size())
 	}
+	hg, err := newBounded(g)
+	if err != nil {
+		return nil, err
+	}
 	if !opt.sharedClock { // Run has checked the memory of all its ranks
-		if err := cfg.CheckMemory(1); err != nil {
-			return nil, err
+		o := opt
+		if g.Rank() != 0 {
+			o.Logger = nil // one warning, rank 0's
 		}
-		if w := cfg.MemoryWarning(1, opt.CheckOnly); w != "" && opt.Logger != nil && g.Rank() == 0 {
-			opt.Logger.Warn(w)
+		if err := o.checkMemory(cfg, 1); err != nil {
+			return nil, err
 		}
 	}
 	if opt.Backend != nil && opt.Backend.Kind() != backendKind(cfg) {
@@ -409,8 +541,8 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Resul
 	// launched with different flags would otherwise wait for each other in
 	// different cases (under mpirun, for ever). A rank that refused its
 	// own config above has returned; its launcher stops the others, and
-	// else their comparison ends after harnessTimeout, naming it.
-	if err := sameConfig(ctx, g, cfg); err != nil {
+	// else their comparison ends after HarnessTimeout, naming it.
+	if err := sameConfig(ctx, hg, cfg); err != nil {
 		return nil, err
 	}
 	rank := g.Rank()
@@ -427,11 +559,20 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Resul
 			res.A2ATransport = TransportOf(g)
 		}
 	}
-	ctl, err := bounded{g, harnessTimeout}.Split(ctx, 0, rank)
+	ctl, err := hg.Split(ctx, 0, rank)
 	if err != nil {
 		return res, fmt.Errorf("harness group: %w", err)
 	}
-	defer ctl.Close()
+	// Closed, the harness group makes the ranks waiting in one of its
+	// collectives fail at once: what a rank that fails on its own wants.
+	// After a timeout it stays open (the caller's Close of g ends it), so
+	// that the other ranks, waiting for the same stopped rank, time out
+	// and name it themselves instead of blaming this rank's Close.
+	defer func() {
+		if !errors.Is(err, comm.ErrTimeout) {
+			ctl.Close()
+		}
+	}()
 	backend, closeBackend, err := opt.backend(cfg)
 	if err != nil {
 		return res, err
@@ -448,18 +589,32 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (*Resul
 		if err != nil {
 			return res, err
 		}
-		rs.g, rs.ctl, rs.backend, rs.log, rs.checkOnly = g, ctl, backend, log, opt.CheckOnly
-		rs.progress = func(step string) {
-			done++
+		rs.g, rs.a2a, rs.ctl, rs.backend, rs.log, rs.checkOnly = g, bounded{g, hg.d}, ctl, backend, log, opt.CheckOnly
+		report := func(step string) {
 			if rank == 0 && opt.Progress != nil {
 				opt.Progress(Progress{Case: i + 1, Cases: len(cases), Step: step, Done: done, Total: steps})
 			}
 		}
+		rs.progress = func(step string) {
+			done++
+			report(step)
+		}
+		rs.begin = func(ctx context.Context, step string) error {
+			if step != "gather" { // quick, and a line per case less
+				report(step)
+			}
+			if opt.testHook != nil {
+				return opt.testHook(ctx, rank, step)
+			}
+			return nil
+		}
+		// The rows of a case whose a2a baseline failed come back with
+		// the error: they are measured and checked.
 		rows, err := rs.run(ctx, res.Timing)
+		res.Rows = append(res.Rows, rows...)
 		if err != nil {
 			return res, fmt.Errorf("mode=%s topk=%d tokens=%d hidden=%d dtype=%v%s: %w", c.Mode, c.TopK, c.Tokens, c.Hidden, c.DType, c.knobs(), err)
 		}
-		res.Rows = append(res.Rows, rows...)
 	}
 	return res, nil
 }
@@ -503,7 +658,8 @@ type rankState struct {
 	ecfg   executor.Config
 	ran    executor.Config // the engine's, after New (set by rankMain)
 
-	g, ctl    comm.Group // the engine's (and the a2a baseline's), the harness's
+	g, ctl    comm.Group // the engine's, the harness's
+	a2a       comm.Group // g, its collectives bounded as the harness's (the a2a baseline's)
 	backend   device.Backend
 	checkOnly bool
 	clock     clock // of the engine's stream, set by rankMain
@@ -512,8 +668,11 @@ type rankState struct {
 	checks    map[string]*Check  // call
 	a2aChecks map[string]*Check  // call
 	recvRows  int
-	progress  func(step string)
-	log       *zap.Logger
+	progress  func(step string) // after each iteration (rank 0 reports it)
+	// begin is called as the rank begins a step (rank 0 reports it); an
+	// error (Options.testHook's) fails the rank there.
+	begin func(ctx context.Context, step string) error
+	log   *zap.Logger
 }
 
 // rankReport is what each rank contributes to the rows of a case.
@@ -534,11 +693,7 @@ func newRankState(cfg Config, c Case, rank int) (*rankState, error) {
 	for i := range tokens {
 		tokens[i] = c.Tokens
 	}
-	maxT := 0
-	for _, t := range cfg.Tokens {
-		maxT = max(maxT, t)
-	}
-	l := cfg.Experts / r
+	maxT := slices.Max(cfg.Tokens)
 	ecfg := executor.Config{
 		NumExperts:       cfg.Experts,
 		TopK:             c.TopK,
@@ -550,18 +705,8 @@ func newRankState(cfg Config, c Case, rank int) (*rankState, error) {
 		ChunkRows:        c.ChunkRows,
 	}
 	if c.Mode == ModeCapacity {
-		// The worst case of this case's top-k: each rank receives at most
-		// every token of every rank, each in at most min(K, E/R) of its
-		// experts' segments, plus the padding of each segment.
 		ecfg.Mode = executor.Capacity
-		ecfg.MaxRecvTokens = cfg.MaxRecvTokens
-		if ecfg.MaxRecvTokens == 0 {
-			ecfg.MaxRecvTokens = max(1, r*maxT)
-		}
-		ecfg.MaxPermutedTokens = cfg.MaxPermutedTokens
-		if ecfg.MaxPermutedTokens == 0 {
-			ecfg.MaxPermutedTokens = max(1, r*maxT*min(c.TopK, l)+l*(cfg.Pad-1))
-		}
+		ecfg.MaxRecvTokens, ecfg.MaxPermutedTokens = cfg.capacities(c)
 	}
 	rs := &rankState{
 		cfg:       cfg,
@@ -595,17 +740,44 @@ func (rs *rankState) record(name string, i int, t0, t1 time.Time) {
 }
 
 // run runs this rank's part of the case, then gathers every rank's report
-// and turns them into rows.
+// and turns them into rows; the a2a baseline runs last, and its times are
+// gathered apart, so that a baseline that fails leaves the calls' rows
+// (returned with the error, without their a2a columns).
 func (rs *rankState) run(ctx context.Context, timing string) ([]Row, error) {
 	if err := rs.rankMain(ctx); err != nil {
 		return nil, err
 	}
+	reps, err := rs.gather(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("gather results: %w", err)
+	}
+	rows, err := rs.rows(reps, timing)
+	if err != nil {
+		return nil, err
+	}
 	// The a2a baseline runs after rankMain has closed the engine and its
 	// outputs, so the two never hold their rows at once (host memory).
-	if !rs.checkOnly && runsA2A(rs.cfg) {
-		if err := rs.runA2A(ctx); err != nil {
-			return nil, err
-		}
+	if rs.checkOnly || !runsA2A(rs.cfg) {
+		return rows, nil
+	}
+	rs.times, rs.checks = map[string]*series{}, nil // the calls' are gathered
+	if err := rs.runA2A(ctx); err != nil {
+		return rows, fmt.Errorf("a2a baseline: %w", err)
+	}
+	if reps, err = rs.gather(ctx); err != nil {
+		return rows, fmt.Errorf("a2a baseline: gather results: %w", err)
+	}
+	if err := rs.addA2A(rows, reps, timing); err != nil {
+		return rows, fmt.Errorf("a2a baseline: %w", err)
+	}
+	return rows, nil
+}
+
+// gather all-gathers every rank's report of what it has measured since the
+// last gather.
+func (rs *rankState) gather(ctx context.Context) ([]rankReport, error) {
+	if err := rs.begin(ctx, "gather"); err != nil {
+		return nil, err
 	}
 	rep, err := json.Marshal(rankReport{RecvRows: rs.recvRows, Times: rs.times, Checks: rs.checks, A2AChecks: rs.a2aChecks})
 	if err != nil {
@@ -613,7 +785,7 @@ func (rs *rankState) run(ctx context.Context, timing string) ([]Row, error) {
 	}
 	all, err := rs.ctl.AllGather(ctx, rep)
 	if err != nil {
-		return nil, fmt.Errorf("gather results: %w", err)
+		return nil, err
 	}
 	reps := make([]rankReport, len(all))
 	for r, b := range all {
@@ -621,7 +793,7 @@ func (rs *rankState) run(ctx context.Context, timing string) ([]Row, error) {
 			return nil, fmt.Errorf("results of rank %d: %w", r, err)
 		}
 	}
-	return rs.rows(reps, timing)
+	return reps, nil
 }
 
 // timingOf assembles the ranks' series of one name.
@@ -721,31 +893,44 @@ func (rs *rankState) rows(reps []rankReport, timing string) ([]Row, error) {
 		if row.BaselineGBps > 0 {
 			row.Ratio = row.NVLGBps / row.BaselineGBps
 		}
-		if !rs.checkOnly && runsA2A(rs.cfg) {
-			at, _, err := times("a2a/" + call)
-			if err != nil {
-				return nil, err
-			}
-			s := Summarize(at)
-			row.A2A = &s
-			row.A2AGBps = gbps(row.NVLBytes, s.Median)
-			if row.Time.Median > 0 {
-				row.A2ASpeedup = s.Median / row.Time.Median
-			}
-		}
 		for _, rep := range reps {
 			if c := rep.Checks[call]; c != nil {
 				row.CheckedRows += c.Rows
 				row.Wrong += c.Wrong
 			}
-			if c := rep.A2AChecks[call]; c != nil {
-				row.A2ACheckedRows += c.Rows
-				row.A2AWrong += c.Wrong
-			}
 		}
 		out = append(out, row)
 	}
 	return out, nil
+}
+
+// addA2A fills the a2a columns of the case's rows (one per call, in
+// rs.cfg.Calls order) from the ranks' reports of the a2a baseline.
+func (rs *rankState) addA2A(rows []Row, reps []rankReport, timing string) error {
+	for i := range rows {
+		row := &rows[i]
+		t, err := timingOf(reps, "a2a/"+row.Call, rs.cfg.Iters)
+		if err != nil {
+			return err
+		}
+		at := t.RankMax()
+		if timing == TimingSpan {
+			at = t.Spans()
+		}
+		s := Summarize(at)
+		row.A2A = &s
+		row.A2AGBps = gbps(row.NVLBytes, s.Median)
+		if row.Time.Median > 0 {
+			row.A2ASpeedup = s.Median / row.Time.Median
+		}
+		for _, rep := range reps {
+			if c := rep.A2AChecks[row.Call]; c != nil {
+				row.A2ACheckedRows += c.Rows
+				row.A2AWrong += c.Wrong
+			}
+		}
+	}
+	return nil
 }
 
 // callTrips is how many times a call moves the dispatch's bytes: 2 for
