@@ -421,7 +421,7 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 		res, runErr = bench.Run(ctx, cfg, opt)
 		runErr = errors.Join(runErr, b.Close())
 	} else {
-		g, benv, err := launcher.Bootstrap(ctx, launcher.WithLogger(log))
+		g, benv, err := launcher.Bootstrap(ctx, launcher.WithLogger(log), launcher.WithAbort(ctx))
 		if err != nil {
 			return runError{fmt.Errorf("%s: %w", name, err)}
 		}
