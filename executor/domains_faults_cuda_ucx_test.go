@@ -198,7 +198,7 @@ func checkHierFaults(t *testing.T, r int, d map[string]string, staging bool) {
 		case r == 3:
 			return "rank 1 reported"
 		case step == "abandon.combine":
-			return "rank 0 reported: executor: rank(s) [1] rejected"
+			return "rank 0 reported: nvlink: rank(s) [1] rejected"
 		default:
 			return "rank(s) [3] rejected"
 		}
