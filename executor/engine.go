@@ -161,6 +161,10 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	if cerr == nil {
 		cerr = terr
 	}
+	multiKernel, merr := boolEnv("GOEP_GPU_MULTI_KERNEL")
+	if cerr == nil {
+		cerr = merr
+	}
 	if cerr == nil {
 		cerr = cfg.ValidateFor(R)
 	}
@@ -203,7 +207,7 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 		if !ok {
 			return nil, fmt.Errorf("executor: new: CUDA backend of type %T: %w", b, ErrUnsupported)
 		}
-		e.path, err = newGPUPath(dctx, g, cb, &e.env, o.stream, shm, staging)
+		e.path, err = newGPUPath(dctx, g, cb, &e.env, o.stream, gpuOptions{SharedMemory: shm, HostStaging: staging, MultiKernel: multiKernel})
 	default:
 		return nil, fmt.Errorf("executor: new: %s backend: %w", b.Kind(), ErrUnsupported)
 	}

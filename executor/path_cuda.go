@@ -11,7 +11,9 @@ import (
 	"github.com/goep/goep/executor/internal/gpu"
 )
 
+type gpuOptions = gpu.Options
+
 // newGPUPath creates the CUDA data path (package gpu).
-func newGPUPath(ctx context.Context, g comm.Group, b *device.CUDA, env *datapath.Env, s device.Stream, shm, staging bool) (datapath.Path, error) {
-	return gpu.New(ctx, g, b, env, s, shm, staging)
+func newGPUPath(ctx context.Context, g comm.Group, b *device.CUDA, env *datapath.Env, s device.Stream, opts gpuOptions) (datapath.Path, error) {
+	return gpu.New(ctx, g, b, env, s, opts)
 }

@@ -13,6 +13,10 @@ import (
 
 // newGPUPath fails: the CUDA data path (package gpu) is compiled in with
 // the cuda tag (and cgo) only.
-func newGPUPath(ctx context.Context, g comm.Group, b *device.CUDA, env *datapath.Env, s device.Stream, shm, staging bool) (datapath.Path, error) {
+func newGPUPath(ctx context.Context, g comm.Group, b *device.CUDA, env *datapath.Env, s device.Stream, opts gpuOptions) (datapath.Path, error) {
 	return nil, fmt.Errorf("executor: CUDA path: %w: not compiled in (build with -tags cuda)", ErrUnsupported)
 }
+
+// gpuOptions are package gpu's Options (the environment's choices for the
+// CUDA path), which the engine reads with or without the cuda tag.
+type gpuOptions struct{ SharedMemory, HostStaging, MultiKernel bool }

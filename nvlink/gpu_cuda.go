@@ -25,6 +25,10 @@ type GPUWindows struct {
 	// Peers[i][p] is rank p's buffer of region i as mapped here
 	// (Peers[i][me] is Own[i]).
 	Peers [][]*device.Buffer
+	// SameGPU is the number of the domain's ranks on this rank's GPU
+	// (this one included): kernels that wait for each other's progress
+	// size their grids so that every such rank's grid is resident at once.
+	SameGPU int
 }
 
 // gpuHandleSize is the encoded size of one region's device.GPUShareHandle.
@@ -54,7 +58,10 @@ func decodeGPUHandle(b []byte) device.GPUShareHandle {
 func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int) (*GPUWindows, error) {
 	w := &GPUWindows{b: s.CUDA()}
 	me, R := g.Rank(), g.Size()
-	payload := make([]byte, 1+len(sizes)*gpuHandleSize)
+	// The payload: a status byte, every region's handle, the GPU's UUID.
+	payload := make([]byte, 1+len(sizes)*gpuHandleSize+16)
+	uuid := w.b.Driver().UUID()
+	copy(payload[1+len(sizes)*gpuHandleSize:], uuid[:])
 	lerr := func() error {
 		for i, n := range sizes {
 			buf, h, err := w.b.AllocShared(n)
@@ -78,6 +85,14 @@ func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int
 	}
 	if err := firstFailure(all, "allocate GPU windows"); err != nil {
 		return nil, errors.Join(err, w.Close())
+	}
+	for p, b := range all {
+		if len(b) != len(payload) {
+			return nil, errors.Join(fmt.Errorf("nvlink: exchange GPU handles: rank %d sent %d bytes, want %d (another number of regions)", p, len(b), len(payload)), w.Close())
+		}
+		if string(b[1+len(sizes)*gpuHandleSize:]) == string(uuid[:]) {
+			w.SameGPU++
+		}
 	}
 	w.Peers = make([][]*device.Buffer, len(sizes))
 	oerr := func() error {

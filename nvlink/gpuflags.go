@@ -13,7 +13,8 @@ import (
 // (uint64 each, epoch<<8 | op, written only by the peer they are named
 // after), then status (uint64: the first failure of a wait), the rank's
 // epoch counter (uint64), then missing[R] (int32: what a wait found of
-// each peer).
+// each peer), then, at the next multiple of 8 bytes, grid[2] (uint32: the
+// block counters of the one-launch kernels, zero between launches).
 
 // OpRejected is the operation a rank signals for a call whose input it
 // rejected (flags.cuh's opRejected): its peers fail the call at once.
@@ -27,12 +28,13 @@ const (
 )
 
 // GPUFlagsSize is the size of a domain's flags region for R ranks.
-func GPUFlagsSize(R int) int { return (2*R+2)*8 + 4*R }
+func GPUFlagsSize(R int) int { return gridOff(R) + 8 }
 
 // Byte offsets in the flags region of a domain of R ranks.
 func statusOff(R int) int  { return 2 * R * 8 }
 func counterOff(R int) int { return (2*R + 1) * 8 }
 func missingOff(R int) int { return (2*R + 2) * 8 }
+func gridOff(R int) int    { return (missingOff(R) + 4*R + 7) / 8 * 8 }
 
 // StatusBytes is the size of the status words a rank reads back after a
 // synchronize: status, epoch counter, missing[R].

@@ -173,6 +173,14 @@ func (f *GPUFlags) Status() *device.Buffer  { return f.view(statusOff(f.R), 8) }
 func (f *GPUFlags) Counter() *device.Buffer { return f.view(counterOff(f.R), 8) }
 func (f *GPUFlags) Missing() *device.Buffer { return f.view(missingOff(f.R), 4*f.R) }
 
+// Words is this rank's whole flags region (kernels/flags.cuh,
+// flag_words_of); Peers the device table of every rank's flags region as
+// mapped here (uint64 [R]); TimeoutNs the waits' bound. A kernel that
+// runs a whole call in one launch takes part in the protocol with them.
+func (f *GPUFlags) Words() *device.Buffer { return f.own }
+func (f *GPUFlags) Peers() *device.Buffer { return f.peers }
+func (f *GPUFlags) TimeoutNs() int64      { return f.timeoutNs }
+
 // StatusBytes is the size of the status words: status, epoch counter,
 // missing[R].
 func (f *GPUFlags) StatusBytes() int { return StatusBytes(f.R) }

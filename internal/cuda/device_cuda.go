@@ -139,6 +139,7 @@ type Device struct {
 	dev     C.CUdevice
 	ctx     C.CUcontext
 	name    string
+	uuid    [16]byte
 	major   int
 	minor   int
 	feat    Features
@@ -213,6 +214,13 @@ func (d *Device) describe() error {
 		return err
 	}
 	d.name = C.GoString(&buf[0])
+	var u C.CUuuid
+	if err := result("cuDeviceGetUuid", C.cuDeviceGetUuid(&u, d.dev)); err != nil {
+		return err
+	}
+	for i := range d.uuid {
+		d.uuid[i] = byte(u.bytes[i])
+	}
 	var err error
 	if d.major, err = d.attr(C.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR); err != nil {
 		return err
@@ -278,6 +286,10 @@ func (d *Device) Ordinal() int { return d.ordinal }
 
 // Name is the GPU's marketing name (cuDeviceGetName), e.g. "NVIDIA H200".
 func (d *Device) Name() string { return d.name }
+
+// UUID is the GPU's identity (cuDeviceGetUuid): equal in every process
+// that opens the same GPU, whatever its ordinal there.
+func (d *Device) UUID() [16]byte { return d.uuid }
 
 // ComputeCapability is the SM version, e.g. 9, 0 on Hopper.
 func (d *Device) ComputeCapability() (major, minor int) { return d.major, d.minor }

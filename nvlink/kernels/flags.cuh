@@ -5,7 +5,9 @@
 // 2R flag words: status (the first failure of a wait: 1 timeout, 2
 // operation mismatch), the rank's epoch counter, then missing[R] (int32):
 // what a wait found of each peer (1 timed out, 2 ran another call, 3
-// rejected its input). The host reads status and missing after a
+// rejected its input), then, 8-byte aligned, grid[2] (uint32): the block
+// counters of the kernels that run a whole call in one launch, zero
+// between launches. The host reads status and missing after a
 // synchronize.
 //
 // Kernels that take part in the protocol include this header: flags.cu's
@@ -98,6 +100,102 @@ __device__ __forceinline__ void signal_flags(uint64_t *const *peerFlags, int32_t
 		volatile uint64_t *f = peerFlags[p] + slot;
 		*f = value;
 	}
+}
+
+// flag_words are the words of a rank's flags region of a domain of ranks
+// ranks, at nvlink's offsets (gpuflags.go).
+struct flag_words {
+	uint64_t *arrived;  // [ranks]
+	uint64_t *done;     // [ranks]
+	uint64_t *status;
+	uint64_t *counter;
+	int32_t *missing;  // [ranks]
+	uint32_t *grid;    // [2]
+};
+
+__device__ __forceinline__ flag_words flag_words_of(uint64_t *flags, int32_t ranks)
+{
+	flag_words w;
+	w.arrived = flags;
+	w.done = flags + ranks;
+	w.status = flags + 2 * ranks;
+	w.counter = flags + 2 * ranks + 1;
+	w.missing = (int32_t *)(flags + 2 * ranks + 2);
+	int64_t gridOff = ((2 * (int64_t)ranks + 2) * 8 + 4 * (int64_t)ranks + 7) / 8 * 8;
+	w.grid = (uint32_t *)((uint8_t *)flags + gridOff);
+	return w;
+}
+
+// wait_word is wait_flags for one peer p and one thread: it waits until
+// word holds an epoch of at least want, checks op at exactly epoch (op 0:
+// no check), and records a timeout or a mismatch in status and missing[p]
+// as wait_flags does. It returns whether the peer was heard from in
+// order; false also when an earlier wait failed (status set). It spins
+// without sleeping at first: the word is in this GPU's memory, and the
+// peer's signal is usually microseconds away.
+__device__ __forceinline__ bool wait_word(const uint64_t *word, int32_t p, uint64_t want, uint64_t epoch,
+					  uint32_t op, int64_t timeoutNs, uint64_t *status, int32_t *missing)
+{
+	volatile const uint64_t *f = word;
+	volatile uint64_t *st = status;
+	uint64_t start = now_ns();
+	for (int spin = 0;; spin++) {
+		if (*st != 0) {
+			return false;
+		}
+		uint64_t v = *f;
+		if ((v >> 8) >= want) {
+			if (op != 0 && (v >> 8) == epoch && (uint32_t)(v & 0xff) != op) {
+				atomicCAS((unsigned long long *)status, 0ull, 2ull);
+				missing[p] = (v & 0xff) == opRejected ? 3 : 2;
+				return false;
+			}
+			__threadfence_system();  // reads after the wait see the peer's writes
+			return true;
+		}
+		if ((spin & 63) == 63 && (int64_t)(now_ns() - start) > timeoutNs) {
+			atomicCAS((unsigned long long *)status, 0ull, 1ull);
+			missing[p] = 1;
+			return false;
+		}
+		if (spin > 1024) {
+			__nanosleep(128);
+		}
+	}
+}
+
+// signal_words stores value into word slot of every peer's flags
+// (peerFlags[p] + slot, p < ranks), the block's threads in turn. The
+// caller has fenced (system-wide) the writes the signal announces.
+__device__ __forceinline__ void signal_words(uint64_t *const *peerFlags, int32_t ranks, int64_t slot,
+					     uint64_t value)
+{
+	for (int32_t p = threadIdx.x; p < ranks; p += blockDim.x) {
+		volatile uint64_t *f = peerFlags[p] + slot;
+		*f = value;
+	}
+}
+
+// grid_last counts this block past a point of a one-launch kernel in
+// counter (a grid word, zero between launches) and reports, to every
+// thread of the block, whether it is the last of blocks to get there;
+// the last puts counter back to zero. The block's writes before the point
+// are fenced system-wide first, so the last block's signal after it
+// announces every block's writes. Every thread of the block calls it.
+__device__ __forceinline__ bool grid_last(uint32_t *counter, uint32_t blocks)
+{
+	__shared__ int last;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		__threadfence_system();
+		last = atomicAdd(counter, 1u) == blocks - 1;
+		if (last) {
+			atomicExch(counter, 0u);
+			__threadfence_system();
+		}
+	}
+	__syncthreads();
+	return last != 0;
 }
 
 }  // namespace goep_nvlink

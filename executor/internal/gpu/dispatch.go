@@ -81,6 +81,9 @@ func (p *Path) Dispatch(h *datapath.Handle, x, w, sx *device.Tensor, out datapat
 	if !p.ready(h) {
 		return nil
 	}
+	if p.one != nil {
+		return p.dispatchOne(h, x, w, sx, out)
+	}
 	if sx == nil || !p.cross.splitScales() {
 		return p.dispatchRound(h, x, w, sx, datapath.RoundRows, out.RecvX, out.RecvWeights, out.RecvScales, out.RecvIdx)
 	}

@@ -99,3 +99,28 @@ func flagOp(op datapath.Op, dt device.DType, weighted bool) uint32 {
 	}
 	return v
 }
+
+// oneLaunchThreads is the one-launch kernels' block size (their
+// __launch_bounds__): 16 warps, each moving one row at a time.
+const oneLaunchThreads = 512
+
+// oneLaunchBlocks is the most blocks of a one-launch kernel: the GPU's
+// sms multiprocessors shared among the sameGPU ranks of the domain on it
+// (every rank's grid waits for its peers' and all must be resident at
+// once: a block of 512 threads fits any SM beside another rank's), at
+// most knob (Config.SMs) when it is set, at least one.
+func oneLaunchBlocks(sms, sameGPU, knob int) int {
+	b := sms / max(sameGPU, 1)
+	if knob > 0 {
+		b = min(b, knob)
+	}
+	return max(b, 1)
+}
+
+// oneLaunchGrid is the grid of a one-launch call of entries sends and
+// rows receives: a warp an item (16 a block), at most blocks blocks.
+func oneLaunchGrid(blocks, entries, rows int) int {
+	const warps = oneLaunchThreads / 32
+	need := (max(entries, rows) + warps - 1) / warps
+	return max(min(blocks, need), 1)
+}

@@ -49,3 +49,34 @@ func TestCommShape(t *testing.T) {
 		}
 	}
 }
+
+// TestOneLaunchShape checks the one-launch kernels' grids: the grids of
+// every rank on one GPU fit its SMs together (they wait for each other and
+// must all be resident), Config.SMs caps them, a launch has at least one
+// block and no more blocks than its items need. Runs without a GPU.
+func TestOneLaunchShape(t *testing.T) {
+	for _, sms := range []int{1, 8, 132} {
+		for _, same := range []int{0, 1, 2, 4, 8, 200} {
+			for _, knob := range []int{0, 1, 5, 1000} {
+				blocks := oneLaunchBlocks(sms, same, knob)
+				name := fmt.Sprintf("sms %d ranks on the GPU %d knob %d", sms, same, knob)
+				if blocks < 1 || (sms >= max(same, 1) && blocks*max(same, 1) > sms) {
+					t.Errorf("%s: %d blocks a rank", name, blocks)
+				}
+				if knob > 0 && blocks > knob {
+					t.Errorf("%s: %d blocks, more than the knob", name, blocks)
+				}
+				for _, items := range [][2]int{{0, 0}, {1, 0}, {0, 3}, {17, 5}, {4096 * 8, 4096 * 4}, {100_003, 7}} {
+					grid := oneLaunchGrid(blocks, items[0], items[1])
+					if grid < 1 || grid > blocks {
+						t.Errorf("%s items %v: grid %d of at most %d blocks", name, items, grid, blocks)
+					}
+					// No block without an item, unless there are none.
+					if warps := oneLaunchThreads / 32; grid > 1 && (grid-1)*warps >= max(items[0], items[1]) {
+						t.Errorf("%s items %v: grid %d has a block with no item", name, items, grid)
+					}
+				}
+			}
+		}
+	}
+}

@@ -144,7 +144,7 @@ func newTestPath(ctx context.Context, g comm.Group, b *device.CUDA, p plan.Param
 			return device.NewTensor(tp.s, dt, shape...)
 		}}
 	var err error
-	tp.Path, err = New(ctx, g, b, &tp.env, nil, false, false)
+	tp.Path, err = New(ctx, g, b, &tp.env, nil, Options{})
 	return tp, err
 }
 

@@ -47,6 +47,9 @@ type Path struct {
 	win        *nvlink.GPUWindows
 	flags      *nvlink.GPUFlags
 	cross      crossing
+	// one are the one-launch kernels of one domain (nil with several
+	// domains, or under Options.MultiKernel).
+	one *oneLaunch
 
 	push, scatter, copyOut         *device.Kernel
 	sum, permuteScaled, weightGrad [2]*device.Kernel // BF16, FP32
@@ -71,6 +74,21 @@ type Path struct {
 	// capacity mode (a byte a permuted row), allocated with the engine so
 	// that the capacity-mode calls allocate nothing (graph capture).
 	marks *device.Buffer
+}
+
+// Options are the environment's choices for the path (package executor
+// reads them): every rank of a world makes the same.
+type Options struct {
+	// SharedMemory: the rail between domains runs on shared memory
+	// (GOEP_RDMA_SHARED_MEMORY).
+	SharedMemory bool
+	// HostStaging: the rail's rows are staged through host copies instead
+	// of fed by the GPU (GOEP_RAIL_HOST_STAGING).
+	HostStaging bool
+	// MultiKernel: in one domain, Dispatch runs as the sequence of
+	// kernels (Begin, push, Arrive, copy-out, Finish) instead of one
+	// launch (GOEP_GPU_MULTI_KERNEL; for comparisons).
+	MultiKernel bool
 }
 
 // crossing is how a GPU call crosses the ranks: within one domain
@@ -137,15 +155,14 @@ func tbl(h *datapath.Handle) *tables {
 // control plane on a private host backend (the domain's control blocks,
 // and the rail with several domains), then the kernels and the domain's
 // GPU windows. caller, if not nil, is the stream the work runs on
-// (executor.WithStream); shm is GOEP_RDMA_SHARED_MEMORY and staging
-// GOEP_RAIL_HOST_STAGING.
-func New(ctx context.Context, g comm.Group, b *device.CUDA, env *datapath.Env, caller device.Stream, shm, staging bool) (*Path, error) {
+// (executor.WithStream); opts are the environment's choices.
+func New(ctx context.Context, g comm.Group, b *device.CUDA, env *datapath.Env, caller device.Stream, opts Options) (*Path, error) {
 	cb := device.NewHost()
-	ctl, err := host.NewControl(ctx, g, cb, env, shm)
+	ctl, err := host.NewControl(ctx, g, cb, env, opts.SharedMemory)
 	if err != nil {
 		return nil, errors.Join(err, cb.Close())
 	}
-	p, err := newPath(ctx, env, ctl, g, b, caller, staging)
+	p, err := newPath(ctx, env, ctl, g, b, caller, opts)
 	if err != nil {
 		return nil, errors.Join(err, ctl.Close(), cb.Close())
 	}
@@ -154,7 +171,7 @@ func New(ctx context.Context, g comm.Group, b *device.CUDA, env *datapath.Env, c
 }
 
 // newPath is New's GPU half, over the control plane ctl.
-func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.Group, b *device.CUDA, caller device.Stream, staging bool) (*Path, error) {
+func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.Group, b *device.CUDA, caller device.Stream, opts Options) (*Path, error) {
 	R, me, group := env.NumRanks, env.Rank, g
 	if ctl.Rail != nil {
 		R, me, group = ctl.Rail.D, ctl.Rail.Local, ctl.Rail.DomainGroup
@@ -238,13 +255,16 @@ func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.G
 		// closed below).
 		if ctl.Rail != nil {
 			var t *tiered
-			if t, lerr = newTiered(ctx, p, staging); lerr == nil {
+			if t, lerr = newTiered(ctx, p, opts.HostStaging); lerr == nil {
 				p.cross = t
 			}
 		} else {
 			var f *flat
 			if f, lerr = newFlat(p, gpuLayout); lerr == nil {
 				p.cross = f
+			}
+			if lerr == nil && !opts.MultiKernel {
+				p.one, lerr = newOneLaunch(p)
 			}
 		}
 	}
@@ -411,6 +431,7 @@ func (p *Path) close() error {
 	if p.cross != nil {
 		errs = append(errs, p.cross.close())
 	}
+	errs = append(errs, p.one.close())
 	errs = append(errs, p.flags.Close())
 	if p.pk != nil {
 		errs = append(errs, p.pk.Close())

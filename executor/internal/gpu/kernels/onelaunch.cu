@@ -1,0 +1,300 @@
+// The one-launch kernels of the GPU data path in one NVLink domain
+// (package gpu, flat crossing): a whole call (its waits, its stores into
+// the peers' windows, its signals and its reads of its own window) in one
+// kernel launch, pipelined. go generate ./executor/internal/gpu builds them
+// to onelaunch.ptx (internal/ptxgen).
+//
+// They take part in the domain's flag protocol (package nvlink, GPUFlags;
+// nvlink/kernels/flags.cuh) exactly as the multi-kernel sequence Begin,
+// stores, Arrive, reads, Finish does, so that calls of either kind follow
+// each other on a stream: a block waits for a peer's done of the previous
+// call only before its first store into that peer's window; the last
+// block past its stores signals arrived to every peer; a block reads the
+// rows of source s from its window once s has signalled arrived (rows of
+// other sources are read meanwhile); the last block to end signals done
+// and advances the epoch. Every block reads the epoch at its start, and no
+// block changes it before all have ended, so a captured graph replays with
+// fresh epochs. Waits are clock-bounded and record failures in the status
+// words as nvlink's waits do.
+//
+// Blocks wait for each other's progress across ranks, so every rank's grid
+// must be resident at once: the host sizes grids so that the grids of all
+// the ranks on one GPU fit (at most the GPU's SMs / ranks on it blocks).
+//
+// Every pointer is device memory: goep's buffers, peers' buffers mapped
+// through CUDA IPC, a caller's device tensors (DESIGN.md invariant 1).
+#include <stdint.h>
+
+#include "flags.cuh"
+
+namespace goep_onelaunch {  // named, not anonymous: keeps the PTX independent of the checkout path
+
+using namespace goep_nvlink;
+
+// load16 reads 16 bytes of a caller's input, which no one writes during
+// the launch: through the non-coherent path, not kept in L1 (read once).
+__device__ __forceinline__ uint4 load16_input(const uint4 *p)
+{
+	uint4 v;
+	asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+		     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+		     : "l"(p));
+	return v;
+}
+
+// load16_window reads 16 bytes of this rank's window, which peers wrote
+// during the launch: from L2 (ld.global.cg), never a stale L1 line.
+__device__ __forceinline__ uint4 load16_window(const uint4 *p) { return __ldcg(p); }
+
+template <bool INPUT>
+__device__ __forceinline__ uint4 load16(const uint4 *p)
+{
+	return INPUT ? load16_input(p) : load16_window(p);
+}
+
+// warp_copy copies n bytes (a multiple of unit) from src to dst with the
+// 32 lanes of a warp: 16-byte units four in flight a lane when unit is 16,
+// else one unit of unit bytes at a time. INPUT: src is a caller's input
+// (load16_input), else this rank's window (load16_window).
+template <bool INPUT>
+__device__ __forceinline__ void warp_copy(uint8_t *dst, const uint8_t *src, int64_t n, int32_t unit, int lane)
+{
+	if (unit == 16) {
+		const uint4 *s = (const uint4 *)src;
+		uint4 *d = (uint4 *)dst;
+		int64_t m = n / 16;
+		int64_t u = lane;
+		for (; u + 96 < m; u += 128) {
+			uint4 a = load16<INPUT>(s + u);
+			uint4 b = load16<INPUT>(s + u + 32);
+			uint4 c = load16<INPUT>(s + u + 64);
+			uint4 e = load16<INPUT>(s + u + 96);
+			d[u] = a;
+			d[u + 32] = b;
+			d[u + 64] = c;
+			d[u + 96] = e;
+		}
+		for (; u < m; u += 32) {
+			d[u] = load16<INPUT>(s + u);
+		}
+		return;
+	}
+	for (int64_t u = lane; u < n / unit; u += 32) {
+		switch (unit) {
+		case 4:
+			((uint32_t *)dst)[u] = INPUT ? __ldg((const uint32_t *)src + u) : __ldcg((const uint32_t *)src + u);
+			break;
+		case 2:
+			((uint16_t *)dst)[u] = INPUT ? __ldg((const uint16_t *)src + u) : __ldcg((const uint16_t *)src + u);
+			break;
+		default:  // 1: fp8 rows at an odd address
+			dst[u] = INPUT ? __ldg(src + u) : __ldcg(src + u);
+			break;
+		}
+	}
+}
+
+// warp_zero zeroes n bytes (a multiple of unit) at dst with a warp.
+__device__ __forceinline__ void warp_zero(uint8_t *dst, int64_t n, int32_t unit, int lane)
+{
+	for (int64_t u = lane; u < n / unit; u += 32) {
+		switch (unit) {
+		case 16:
+			((uint4 *)dst)[u] = make_uint4(0, 0, 0, 0);
+			break;
+		case 4:
+			((uint32_t *)dst)[u] = 0;
+			break;
+		case 2:
+			((uint16_t *)dst)[u] = 0;
+			break;
+		default:
+			dst[u] = 0;
+			break;
+		}
+	}
+}
+
+// warp_copy4 copies n bytes (a multiple of 4: an fp8 row's scales) with a
+// warp, 4 bytes a lane.
+template <bool INPUT>
+__device__ __forceinline__ void warp_copy4(uint8_t *dst, const uint8_t *src, int64_t n, int lane)
+{
+	for (int64_t u = lane; u < n / 4; u += 32) {
+		((uint32_t *)dst)[u] = INPUT ? __ldg((const uint32_t *)src + u) : __ldcg((const uint32_t *)src + u);
+	}
+}
+
+// heard is a block's record of the peers it has heard from in this launch
+// (a bit a rank), in shared memory: a warp waits for a peer's word once.
+struct heard {
+	uint32_t *bits;  // [ranks/32 rounded up]
+	__device__ __forceinline__ bool has(int32_t p) const
+	{
+		return (*(volatile uint32_t *)&bits[p >> 5] >> (p & 31)) & 1;
+	}
+	__device__ __forceinline__ void add(int32_t p) { atomicOr(&bits[p >> 5], 1u << (p & 31)); }
+};
+
+// wait_heard is wait_word for lane 0 of a warp, cached in h, the outcome
+// given to every lane.
+__device__ __forceinline__ bool wait_heard(heard h, const uint64_t *word, int32_t p, uint64_t want, uint64_t epoch,
+					   uint32_t op, int64_t timeoutNs, const flag_words &fw, int lane)
+{
+	int ok = 1;
+	if (lane == 0 && !h.has(p)) {
+		ok = wait_word(word, p, want, epoch, op, timeoutNs, fw.status, fw.missing);
+		if (ok) {
+			h.add(p);
+		}
+	}
+	return __shfl_sync(0xffffffffu, ok, 0) != 0;
+}
+
+}  // namespace goep_onelaunch
+
+using namespace goep_onelaunch;
+
+// The most ranks of a domain (the host refuses more): the shared bitmaps.
+#define GOEP_MAX_RANKS 1024
+
+// goep_ep_dispatch is Dispatch in one domain, in one launch.
+//
+// Sends: entry j < entries (token entTok[j]'s copy for destination
+// entDest[j], at row entRow[j] there; row -1: none) is row entTok[j] of x
+// (rowBytes), its weights w[t*K:(t+1)*K] (w null: none) and its fp8
+// scales (row t of sx, sBytes; sx null: none). A copy for this rank goes
+// straight to its outputs: row entRow[j] of out and of outS. A copy for
+// peer d goes into d's receive window (peerBase[d]): the row at
+// row*rowBytes, the weights at wOff + row*K*4, the scales at sOff +
+// row*sBytes, once d has signalled done for the previous call.
+//
+// Receives: with n = min(counts[0], rowCap) when counts is not null, else
+// rows, row i < n of out (and outS) is the window's row i once its source
+// recvSrc[i] has signalled arrived (a row of this rank's own was stored
+// by the sends); rows [n, rowCap) are zero; row i of outIdx is row i of
+// idx; outW[i*K+k] is the row's weight k where idx[i*K+k] >= 0 and i < n
+// (this rank's own: w[t*K+k] with t = recvEnt[i] / width), else 0. out,
+// outW, outIdx and outS may each be null (not written).
+//
+// This is goep_ep_push, goep_ep_copy_out and the flags' Begin, Arrive and
+// Finish, bit for bit. Warps take entries (then rows) in turn across the
+// grid, one at a time.
+extern "C" __global__ void __launch_bounds__(512) goep_ep_dispatch(
+	const uint8_t *x, const float *w, const uint8_t *sx, const int32_t *entTok, const int32_t *entDest,
+	const int32_t *entRow, int64_t entries, const int32_t *recvSrc, const int32_t *recvEnt, const int32_t *idx,
+	const int32_t *counts, int64_t rows, int64_t rowCap, uint8_t *out, float *outW, int32_t *outIdx, uint8_t *outS,
+	uint8_t *const *peerBase, const uint8_t *win, int64_t rowBytes, int64_t wOff, int64_t sOff, int64_t sBytes,
+	int32_t topk, int32_t width, int32_t unit, uint64_t *const *peerFlags, uint64_t *flags, int32_t ranks,
+	int32_t me, uint32_t op, int64_t timeoutNs)
+{
+	__shared__ uint64_t epochShared;
+	__shared__ uint32_t freeBits[GOEP_MAX_RANKS / 32], arrivedBits[GOEP_MAX_RANKS / 32];
+	flag_words fw = flag_words_of(flags, ranks);
+	if (threadIdx.x == 0) {
+		epochShared = *(volatile const uint64_t *)fw.counter + 1;
+	}
+	for (int i = threadIdx.x; i < GOEP_MAX_RANKS / 32; i += blockDim.x) {
+		freeBits[i] = 0;
+		arrivedBits[i] = 0;
+	}
+	__syncthreads();
+	const uint64_t epoch = epochShared;
+	const int lane = threadIdx.x & 31;
+	const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+	const int64_t warp = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+	heard freed{freeBits}, arrived{arrivedBits};
+
+	// Sends.
+	for (int64_t j = warp; j < entries; j += warps) {
+		int32_t row = entRow[j];
+		if (row < 0) {
+			continue;
+		}
+		int32_t d = entDest[j];
+		int64_t t = entTok[j];
+		uint8_t *dst, *dstS = nullptr;
+		if (d == me) {
+			if (out == nullptr) {
+				continue;
+			}
+			dst = out + (int64_t)row * rowBytes;
+			if (sx != nullptr && outS != nullptr) {
+				dstS = outS + (int64_t)row * sBytes;
+			}
+		} else {
+			if (!wait_heard(freed, fw.done + d, d, epoch - 1, epoch, 0, timeoutNs, fw, lane)) {
+				continue;  // the call fails (status); nothing to store
+			}
+			uint8_t *base = peerBase[d];
+			dst = base + (int64_t)row * rowBytes;
+			for (int32_t k = lane; w != nullptr && k < topk; k += 32) {
+				((float *)(base + wOff))[(int64_t)row * topk + k] = w[t * topk + k];
+			}
+			if (sx != nullptr) {
+				dstS = base + sOff + (int64_t)row * sBytes;
+			}
+		}
+		warp_copy<true>(dst, x + t * rowBytes, rowBytes, unit, lane);
+		if (dstS != nullptr) {
+			warp_copy4<true>(dstS, sx + t * sBytes, sBytes, lane);
+		}
+	}
+	if (grid_last(&fw.grid[0], gridDim.x)) {
+		signal_words(peerFlags, ranks, me, epoch << 8 | op);
+	}
+
+	// Receives.
+	int64_t n = rows;
+	if (counts != nullptr) {
+		n = counts[0] < rowCap ? counts[0] : rowCap;
+	}
+	for (int64_t i = warp; i < rowCap; i += warps) {
+		for (int32_t k = lane; outIdx != nullptr && k < topk; k += 32) {
+			outIdx[i * topk + k] = idx[i * topk + k];
+		}
+		if (i >= n) {
+			if (out != nullptr) {
+				warp_zero(out + i * rowBytes, rowBytes, unit, lane);
+			}
+			if (outS != nullptr) {
+				warp_zero(outS + i * sBytes, sBytes, 4, lane);
+			}
+			for (int32_t k = lane; outW != nullptr && k < topk; k += 32) {
+				outW[i * topk + k] = 0.0f;
+			}
+			continue;
+		}
+		int32_t s = recvSrc[i];
+		bool own = s == me;
+		if (!own && !wait_heard(arrived, fw.arrived + s, s, epoch, epoch, op, timeoutNs, fw, lane)) {
+			continue;  // the call fails (status)
+		}
+		if (!own) {
+			if (out != nullptr) {
+				warp_copy<false>(out + i * rowBytes, win + i * rowBytes, rowBytes, unit, lane);
+			}
+			if (outS != nullptr) {
+				warp_copy4<false>(outS + i * sBytes, win + sOff + i * sBytes, sBytes, lane);
+			}
+		}
+		for (int32_t k = lane; outW != nullptr && k < topk; k += 32) {
+			int64_t e = i * topk + k;
+			float v = 0.0f;
+			if (idx[e] >= 0) {
+				if (own) {
+					v = w != nullptr ? w[(int64_t)(recvEnt[i] / width) * topk + k] : 0.0f;
+				} else {
+					v = __ldcg((const float *)(win + wOff) + e);
+				}
+			}
+			outW[e] = v;
+		}
+	}
+	if (grid_last(&fw.grid[1], gridDim.x)) {
+		if (threadIdx.x == 0) {
+			*(volatile uint64_t *)fw.counter = epoch;
+		}
+		signal_words(peerFlags, ranks, ranks + me, epoch << 8 | op);
+	}
+}

@@ -1,0 +1,97 @@
+//go:build cuda && cgo
+
+package gpu
+
+import (
+	_ "embed"
+	"errors"
+
+	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor/internal/datapath"
+)
+
+//go:embed kernels/onelaunch.ptx
+var oneLaunchPTX []byte
+
+// oneLaunch are the kernels that run a whole call of one NVLink domain in
+// one launch (kernels/onelaunch.cu): the flat crossing's Dispatch.
+type oneLaunch struct {
+	mod      *device.Module
+	dispatch *device.Kernel
+	// blocks is the most blocks a launch takes: the GPU's SMs shared among
+	// the domain's ranks on this GPU (their grids wait for each other and
+	// must all be resident), capped by Config.SMs.
+	blocks int
+}
+
+func newOneLaunch(p *Path) (*oneLaunch, error) {
+	o := &oneLaunch{}
+	var err error
+	if o.mod, err = p.b.LoadModule(oneLaunchPTX); err != nil {
+		return nil, err
+	}
+	if o.dispatch, err = o.mod.Kernel("goep_ep_dispatch"); err != nil {
+		return nil, errors.Join(err, o.mod.Close())
+	}
+	o.blocks = oneLaunchBlocks(p.b.Driver().Limits().SMs, p.win.SameGPU, p.env.SMs)
+	return o, nil
+}
+
+func (o *oneLaunch) close() error {
+	if o == nil || o.mod == nil {
+		return nil
+	}
+	return o.mod.Close()
+}
+
+// dispatchOne enqueues Dispatch in one domain as one launch of
+// goep_ep_dispatch: the flags' Begin, the push, the Arrive, the copy-out
+// and the Finish of dispatchRound, pipelined (a row is copied out as soon
+// as its source has arrived), a rank's own rows stored straight into its
+// outputs.
+func (p *Path) dispatchOne(h *datapath.Handle, x, w, sx *device.Tensor, out datapath.DispatchOut) error {
+	t := tbl(h)
+	rb, sb := datapath.RowBytes(x), 0
+	if sx != nil {
+		sb = datapath.RowBytes(sx)
+	}
+	win := p.win.Own[regionRecv]
+	unit := unitOf(rb, x.Buffer(), datapath.Buf(out.RecvX), win)
+	entries := h.NumTokens * p.W
+	rows, counts := p.rowsArg(h)
+	grid := oneLaunchGrid(p.one.blocks, entries, h.RecvRows)
+	op := flagOp(datapath.OpDispatch, x.DType(), w != nil)
+	f := p.flags
+	err := p.s.Launch(p.one.dispatch, [3]uint32{uint32(grid), 1, 1}, [3]uint32{oneLaunchThreads, 1, 1}, 0,
+		someT(x), someT(w), someT(sx), some(t.entTok), some(t.entDest), some(t.entRow), int64(entries),
+		some(t.recvSrc), some(t.recvEnt), some(t.recvIdx), counts, rows, int64(h.RecvRows),
+		someT(out.RecvX), someT(out.RecvWeights), someT(out.RecvIdx), someT(out.RecvScales),
+		p.peerTable(regionRecv), win, int64(rb), int64(p.recvWOff), int64(p.scaleOff()), int64(sb),
+		int32(p.K), int32(p.W), unit, f.Peers(), f.Words(), int32(f.Size()), int32(f.Rank()), op, f.TimeoutNs())
+	if err != nil {
+		// Nothing of the call ran: join it as rejected, so that the
+		// peers fail it at once and the epochs stay in step.
+		p.rejectFlags()
+		p.cross.abandoned(datapath.OpDispatch, err)
+		return err
+	}
+	return nil
+}
+
+// some is b, or nil when b is empty: an empty view may sit at the end of
+// its allocation, where no device memory is (the launch refuses it), and a
+// kernel reads none of it anyway.
+func some(b *device.Buffer) *device.Buffer {
+	if b == nil || b.Size() == 0 {
+		return nil
+	}
+	return b
+}
+
+// someT is some of a tensor's buffer (nil: nil).
+func someT(t *device.Tensor) *device.Buffer {
+	if t == nil {
+		return nil
+	}
+	return some(t.Buffer())
+}
