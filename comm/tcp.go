@@ -485,6 +485,16 @@ func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig) error {
 	addr := c.addr
 	proven, expired := false, false
 	var query <-chan time.Time // set once the deadline passed (and the server was asked, if it proved itself)
+	// lost is the launcher's news of a departure that came before the
+	// server proved itself: it is passed on once the proof arrives (the
+	// ranks that joined must hear it), or returned at lostBy without.
+	var lost *PeerLostError
+	var lostBy <-chan time.Time
+	tellLost := func(err *PeerLostError) {
+		qctx, cancel := context.WithTimeout(context.Background(), queryGrace)
+		c.send(qctx, frameHeader{Type: fLost, Rank: int32(err.Ranks[0])}, []byte(err.Cause))
+		cancel()
+	}
 	ask := func() {
 		qctx, cancel := context.WithTimeout(context.Background(), queryGrace)
 		c.send(qctx, frameHeader{Type: fQuery, GID: helloGID, Rank: int32(cfg.Rank)}, nil)
@@ -507,6 +517,10 @@ func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig) error {
 			switch ev.h.Type {
 			case fProof:
 				proven = true
+				if lost != nil {
+					tellLost(lost)
+					return lost
+				}
 				if expired { // the proof was on its way: ask now
 					ask()
 				}
@@ -543,15 +557,21 @@ func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig) error {
 			if err := departed(cfg, dep); err != nil {
 				// Rank 0 tells the ranks that joined, so that they fail
 				// too, whatever their launcher told them.
-				if c.srv != nil {
+				switch {
+				case c.srv != nil:
 					c.srv.lostBeforeWelcome(dep.Rank, err.Cause)
-				} else if proven {
-					qctx, cancel := context.WithTimeout(context.Background(), queryGrace)
-					c.send(qctx, frameHeader{Type: fLost, Rank: int32(dep.Rank)}, []byte(err.Cause))
-					cancel()
+				case proven:
+					tellLost(err)
+				case lost == nil:
+					// The server's proof may be on its way: wait for it a
+					// little, so that the ranks that joined hear of this.
+					lost, lostBy = err, time.After(queryGrace)
+					continue
 				}
 				return err
 			}
+		case <-lostBy:
+			return lost
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.Canceled) {
 				return fmt.Errorf("comm: tcp: %s: %w", op, context.Canceled)
