@@ -554,6 +554,11 @@ func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig) error {
 				return fmt.Errorf("comm: tcp: %s: rank 0 closed the rendezvous before every rank joined: %w", op, ErrClosed)
 			}
 		case dep := <-cfg.Departures:
+			if lost != nil {
+				// A later departure (a rank that failed on the first news,
+				// say): the first one is the cause.
+				return lost
+			}
 			if err := departed(cfg, dep); err != nil {
 				// Rank 0 tells the ranks that joined, so that they fail
 				// too, whatever their launcher told them.
@@ -562,7 +567,7 @@ func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig) error {
 					c.srv.lostBeforeWelcome(dep.Rank, err.Cause)
 				case proven:
 					tellLost(err)
-				case lost == nil:
+				default:
 					// The server's proof may be on its way: wait for it a
 					// little, so that the ranks that joined hear of this.
 					lost, lostBy = err, time.After(queryGrace)
