@@ -31,108 +31,15 @@ __device__ __forceinline__ uint64_t now_ns()
 // the host: its peers fail the call instead of waiting (nvlink.OpRejected).
 constexpr uint32_t opRejected = 0x7f;
 
-// wait_flags waits, one thread per peer p < ranks, until flags[p] holds
-// an epoch of at least E - lag (flags[p] >> 8 >= E - lag), E being the
-// call's epoch *counter, which the wait first increments when bump is set
-// (the first kernel of a call). The epoch lives in device memory, never in
-// a kernel argument, so a captured graph replays with fresh epochs. If op
-// is not 0, a word at exactly E must carry op, else status[0] = 2 (the
-// peer runs another call; missing[p] = 2, or 3 when the peer rejected its
-// input: op opRejected). Past timeoutNs of waiting (globaltimer) it sets
-// status[0] = 1 and missing[p] = 1 and returns. A wait after an earlier
-// failure (status[0] != 0) returns at once. One block of at least ranks
-// threads.
-__device__ __forceinline__ void wait_flags(const uint64_t *flags, int32_t ranks, uint64_t *counter,
-					   int32_t bump, int64_t lag, uint32_t op, int64_t timeoutNs,
-					   uint64_t *status, int32_t *missing)
-{
-	__shared__ uint64_t epoch;
-	if (threadIdx.x == 0) {
-		uint64_t e = *(volatile uint64_t *)counter;
-		if (bump) {
-			e++;
-			*(volatile uint64_t *)counter = e;
-		}
-		epoch = e;
-	}
-	__syncthreads();
-	int p = threadIdx.x;
-	if (p >= ranks) {
-		return;
-	}
-	uint64_t want = epoch - (uint64_t)lag;
-	volatile const uint64_t *f = flags + p;
-	volatile uint64_t *st = status;
-	uint64_t start = now_ns();
-	for (int spin = 0;; spin++) {
-		if (*st != 0) {
-			return;
-		}
-		uint64_t v = *f;
-		if ((v >> 8) >= want) {
-			if (op != 0 && (v >> 8) == epoch && (uint32_t)(v & 0xff) != op) {
-				atomicCAS((unsigned long long *)status, 0ull, 2ull);
-				missing[p] = (v & 0xff) == opRejected ? 3 : 2;
-			}
-			break;
-		}
-		if ((spin & 63) == 63 && (int64_t)(now_ns() - start) > timeoutNs) {
-			atomicCAS((unsigned long long *)status, 0ull, 1ull);
-			missing[p] = 1;
-			return;
-		}
-		__nanosleep(64);
-	}
-	__threadfence_system(); // reads after the wait see the peer's writes
-}
-
-// signal_flags stores E<<8 | op (E = *counter, the call's epoch) into
-// word slot of every peer's flags (peerFlags[p] + slot, p < ranks), after a
-// system-wide fence so that the peer sees every write this stream made
-// before. One block of at least ranks threads.
-__device__ __forceinline__ void signal_flags(uint64_t *const *peerFlags, int32_t ranks, int64_t slot,
-					     const uint64_t *counter, uint32_t op)
-{
-	__threadfence_system();
-	int p = threadIdx.x;
-	if (p < ranks) {
-		uint64_t value = *(volatile const uint64_t *)counter << 8 | op;
-		volatile uint64_t *f = peerFlags[p] + slot;
-		*f = value;
-	}
-}
-
-// flag_words are the words of a rank's flags region of a domain of ranks
-// ranks, at nvlink's offsets (gpuflags.go).
-struct flag_words {
-	uint64_t *arrived;  // [ranks]
-	uint64_t *done;     // [ranks]
-	uint64_t *status;
-	uint64_t *counter;
-	int32_t *missing;  // [ranks]
-	uint32_t *grid;    // [2]
-};
-
-__device__ __forceinline__ flag_words flag_words_of(uint64_t *flags, int32_t ranks)
-{
-	flag_words w;
-	w.arrived = flags;
-	w.done = flags + ranks;
-	w.status = flags + 2 * ranks;
-	w.counter = flags + 2 * ranks + 1;
-	w.missing = (int32_t *)(flags + 2 * ranks + 2);
-	int64_t gridOff = ((2 * (int64_t)ranks + 2) * 8 + 4 * (int64_t)ranks + 7) / 8 * 8;
-	w.grid = (uint32_t *)((uint8_t *)flags + gridOff);
-	return w;
-}
-
-// wait_word is wait_flags for one peer p and one thread: it waits until
-// word holds an epoch of at least want, checks op at exactly epoch (op 0:
-// no check), and records a timeout or a mismatch in status and missing[p]
-// as wait_flags does. It returns whether the peer was heard from in
-// order; false also when an earlier wait failed (status set). It spins
-// without sleeping at first: the word is in this GPU's memory, and the
-// peer's signal is usually microseconds away.
+// wait_word waits, one thread, until word (peer p's) holds an epoch of
+// at least want. If op is not 0, a word at exactly epoch must carry op,
+// else status[0] = 2 (the peer runs another call; missing[p] = 2, or 3
+// when the peer rejected its input: op opRejected). Past timeoutNs of
+// waiting (globaltimer) it sets status[0] = 1 and missing[p] = 1. A wait
+// after an earlier failure (status[0] != 0) returns at once. It returns
+// whether the peer was heard from in order. It spins without sleeping at
+// first: the word is in this GPU's memory, and the peer's signal is
+// usually microseconds away.
 __device__ __forceinline__ bool wait_word(const uint64_t *word, int32_t p, uint64_t want, uint64_t epoch,
 					  uint32_t op, int64_t timeoutNs, uint64_t *status, int32_t *missing)
 {
@@ -174,6 +81,72 @@ __device__ __forceinline__ void signal_words(uint64_t *const *peerFlags, int32_t
 		volatile uint64_t *f = peerFlags[p] + slot;
 		*f = value;
 	}
+}
+
+// wait_flags waits, one thread per peer p < ranks, until flags[p] holds
+// an epoch of at least E - lag (wait_word), E being the call's epoch
+// *counter, which the wait first increments when bump is set (the first
+// kernel of a call). The epoch lives in device memory, never in
+// a kernel argument, so a captured graph replays with fresh epochs. If op
+// is not 0, a word at exactly E must carry op, else status[0] = 2 (the
+// peer runs another call; missing[p] = 2, or 3 when the peer rejected its
+// input: op opRejected). Past timeoutNs of waiting (globaltimer) it sets
+// status[0] = 1 and missing[p] = 1 and returns. A wait after an earlier
+// failure (status[0] != 0) returns at once. One block of at least ranks
+// threads.
+__device__ __forceinline__ void wait_flags(const uint64_t *flags, int32_t ranks, uint64_t *counter,
+					   int32_t bump, int64_t lag, uint32_t op, int64_t timeoutNs,
+					   uint64_t *status, int32_t *missing)
+{
+	__shared__ uint64_t epoch;
+	if (threadIdx.x == 0) {
+		uint64_t e = *(volatile uint64_t *)counter;
+		if (bump) {
+			e++;
+			*(volatile uint64_t *)counter = e;
+		}
+		epoch = e;
+	}
+	__syncthreads();
+	int p = threadIdx.x;
+	if (p < ranks) {
+		wait_word(flags + p, p, epoch - (uint64_t)lag, epoch, op, timeoutNs, status, missing);
+	}
+}
+
+// signal_flags stores E<<8 | op (E = *counter, the call's epoch) into
+// word slot of every peer's flags (peerFlags[p] + slot, p < ranks), after a
+// system-wide fence so that the peer sees every write this stream made
+// before. One block of at least ranks threads.
+__device__ __forceinline__ void signal_flags(uint64_t *const *peerFlags, int32_t ranks, int64_t slot,
+					     const uint64_t *counter, uint32_t op)
+{
+	__threadfence_system();
+	signal_words(peerFlags, ranks, slot, *(volatile const uint64_t *)counter << 8 | op);
+}
+
+// flag_words are the words of a rank's flags region of a domain of ranks
+// ranks, at nvlink's offsets (gpuflags.go).
+struct flag_words {
+	uint64_t *arrived;  // [ranks]
+	uint64_t *done;     // [ranks]
+	uint64_t *status;
+	uint64_t *counter;
+	int32_t *missing;  // [ranks]
+	uint32_t *grid;    // [2]
+};
+
+__device__ __forceinline__ flag_words flag_words_of(uint64_t *flags, int32_t ranks)
+{
+	flag_words w;
+	w.arrived = flags;
+	w.done = flags + ranks;
+	w.status = flags + 2 * ranks;
+	w.counter = flags + 2 * ranks + 1;
+	w.missing = (int32_t *)(flags + 2 * ranks + 2);
+	int64_t gridOff = ((2 * (int64_t)ranks + 2) * 8 + 4 * (int64_t)ranks + 7) / 8 * 8;
+	w.grid = (uint32_t *)((uint8_t *)flags + gridOff);
+	return w;
 }
 
 // grid_last counts this block past a point of a one-launch kernel in

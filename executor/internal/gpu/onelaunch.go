@@ -63,9 +63,11 @@ func (p *Path) dispatchOne(h *datapath.Handle, x, w, sx *device.Tensor, out data
 	op := flagOp(datapath.OpDispatch, x.DType(), w != nil)
 	f := p.flags
 	err := p.s.Launch(p.one.dispatch, [3]uint32{uint32(grid), 1, 1}, [3]uint32{oneLaunchThreads, 1, 1}, 0,
-		someT(x), someT(w), someT(sx), some(t.entTok), some(t.entDest), some(t.entRow), int64(entries),
+		some(datapath.Buf(x)), some(datapath.Buf(w)), some(datapath.Buf(sx)),
+		some(t.entTok), some(t.entDest), some(t.entRow), int64(entries),
 		some(t.recvSrc), some(t.recvEnt), some(t.recvIdx), counts, rows, int64(h.RecvRows),
-		someT(out.RecvX), someT(out.RecvWeights), someT(out.RecvIdx), someT(out.RecvScales),
+		some(datapath.Buf(out.RecvX)), some(datapath.Buf(out.RecvWeights)),
+		some(datapath.Buf(out.RecvIdx)), some(datapath.Buf(out.RecvScales)),
 		p.peerTable(regionRecv), win, int64(rb), int64(p.recvWOff), int64(p.scaleOff()), int64(sb),
 		int32(p.K), int32(p.W), unit, f.Peers(), f.Words(), int32(f.Size()), int32(f.Rank()), op, f.TimeoutNs())
 	if err != nil {
@@ -86,12 +88,4 @@ func some(b *device.Buffer) *device.Buffer {
 		return nil
 	}
 	return b
-}
-
-// someT is some of a tensor's buffer (nil: nil).
-func someT(t *device.Tensor) *device.Buffer {
-	if t == nil {
-		return nil
-	}
-	return some(t.Buffer())
 }

@@ -21,10 +21,12 @@
 #include <stdint.h>
 
 #include "arith.cuh"
+#include "units.cuh"
 
 namespace goep_ep {  // named, not anonymous: keeps the PTX independent of the checkout path
 
 using namespace goep_arith;
+using namespace goep_units;
 
 // copy_units copies one row of unitsPerRow units of unit bytes from src to
 // dst, the units of this block's chunk (grid.y) one per thread.
@@ -54,20 +56,7 @@ __device__ __forceinline__ void zero_units(uint8_t *dst, int64_t unitsPerRow, in
 {
 	int64_t u = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
 	for (; u < unitsPerRow; u += (int64_t)gridDim.y * blockDim.x) {
-		switch (unit) {
-		case 16:
-			((uint4 *)dst)[u] = make_uint4(0, 0, 0, 0);
-			break;
-		case 4:
-			((uint32_t *)dst)[u] = 0;
-			break;
-		case 2:
-			((uint16_t *)dst)[u] = 0;
-			break;
-		default:
-			dst[u] = 0;
-			break;
-		}
+		zero_unit(dst, u, unit);
 	}
 }
 

@@ -26,10 +26,12 @@
 #include <stdint.h>
 
 #include "flags.cuh"
+#include "units.cuh"
 
 namespace goep_onelaunch {  // named, not anonymous: keeps the PTX independent of the checkout path
 
 using namespace goep_nvlink;
+using namespace goep_units;
 
 // load16 reads 16 bytes of a caller's input, which no one writes during
 // the launch: through the non-coherent path, not kept in L1 (read once).
@@ -98,20 +100,7 @@ __device__ __forceinline__ void warp_copy(uint8_t *dst, const uint8_t *src, int6
 __device__ __forceinline__ void warp_zero(uint8_t *dst, int64_t n, int32_t unit, int lane)
 {
 	for (int64_t u = lane; u < n / unit; u += 32) {
-		switch (unit) {
-		case 16:
-			((uint4 *)dst)[u] = make_uint4(0, 0, 0, 0);
-			break;
-		case 4:
-			((uint32_t *)dst)[u] = 0;
-			break;
-		case 2:
-			((uint16_t *)dst)[u] = 0;
-			break;
-		default:
-			dst[u] = 0;
-			break;
-		}
+		zero_unit(dst, u, unit);
 	}
 }
 
