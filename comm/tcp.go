@@ -338,6 +338,7 @@ func newTCP(ctx context.Context, cfg TCPConfig, ln net.Listener, opt tcpOptions)
 		lost:       map[int]string{},
 		left:       map[int]bool{},
 		groupsLeft: map[uint64]int{},
+		abortDone:  make(chan struct{}),
 		readerDone: make(chan struct{}),
 		hs:         make(chan hsEvent, 8),
 	}
@@ -459,6 +460,37 @@ func departed(cfg TCPConfig, dep Departure) *PeerLostError {
 		Cause: dep.Cause + " before every rank joined (told by the launcher)"}
 }
 
+// firstDeparture is the launcher's first news of another rank's
+// departure, waited for at most queryGrace; nil without a launcher or
+// news. A rank whose connection to the rendezvous server broke before the
+// welcome asks it: rank 0 may have stopped because an earlier departure
+// failed its join, cutting this rank before it could be told, and the
+// launcher reports departures in the order they happened, so the first
+// news names the cause (rank 0's own exit if it was the first to go).
+func firstDeparture(cfg TCPConfig) *PeerLostError {
+	if cfg.Departures == nil {
+		return nil
+	}
+	timeout := time.After(queryGrace)
+	for {
+		select {
+		case dep, ok := <-cfg.Departures:
+			if !ok {
+				return nil
+			}
+			if err := departed(cfg, dep); err != nil {
+				return err
+			}
+		case <-timeout:
+			return nil
+		}
+	}
+}
+
+// testHookHandshakeBroke, when set (tests), is called with the rank when
+// its connection to the server breaks before the welcome.
+var testHookHandshakeBroke func(rank int)
+
 // testHookDialFailed, when set (tests), is called with the rank each time
 // its dial to rank 0 fails and is to be retried.
 var testHookDialFailed func(rank int)
@@ -511,6 +543,14 @@ func (c *tcpClient) handshake(ctx context.Context, cfg TCPConfig) error {
 					return fmt.Errorf("comm: tcp: %s: %w", op, ev.err)
 				case query != nil:
 					return &TimeoutError{Op: op + " (the rendezvous server did not answer)", Missing: []int{0}}
+				case lost != nil:
+					return lost
+				}
+				if testHookHandshakeBroke != nil {
+					testHookHandshakeBroke(cfg.Rank)
+				}
+				if err := firstDeparture(cfg); err != nil {
+					return err
 				}
 				return &PeerLostError{Op: op, Ranks: []int{0}, Cause: fmt.Sprintf("rendezvous server at %s: %v", addr, ev.err)}
 			}
@@ -680,6 +720,7 @@ type tcpClient struct {
 	shutdown   bool           // rank 0 closed the rendezvous
 	closed     bool           // this rank closed the world group
 	aborted    string         // non-empty: this rank aborted the world (Abort), why
+	abortDone  chan struct{}  // closed when abort has told the peers and cut the connections
 	readerDone chan struct{}
 	hs         chan hsEvent // frames before the welcome, for handshake
 }
@@ -1075,7 +1116,9 @@ func (g *tcpGroup) Close() error {
 	c := g.c
 	if g.gid != 0 {
 		c.mu.Lock()
-		if g.closed || c.closed {
+		if g.closed || c.closed || c.aborted != "" {
+			// After an abort the peers have heard why; a bye would only
+			// race with that notice.
 			c.mu.Unlock()
 			return nil
 		}
@@ -1101,8 +1144,21 @@ func (c *tcpClient) close() error {
 		return nil
 	}
 	c.closed = true
+	aborted := c.aborted != ""
 	c.changedLocked()
 	c.mu.Unlock()
+	if aborted {
+		// A collective fails as soon as the abort is recorded, so Close
+		// can come while abort is still telling the peers: a graceful bye
+		// sent now could reach a peer before the abort notice and read as
+		// a clean exit. Let abort finish; it cuts every connection.
+		<-c.abortDone
+		<-c.readerDone
+		if c.srv != nil {
+			c.srv.close()
+		}
+		return nil
+	}
 	c.closeMesh(true)
 	ctx, cancel := context.WithTimeout(context.Background(), queryGrace)
 	defer cancel()
@@ -1125,6 +1181,10 @@ func (g *tcpGroup) abort(cause string) { g.c.abort(cause) }
 // ranks) before it cuts its connections.
 const abortLinger = 250 * time.Millisecond
 
+// testHookAbortRecorded, when set (tests), runs in abort once the abort is
+// recorded (this rank's calls fail from then on) and before anyone is told.
+var testHookAbortRecorded func(*tcpClient)
+
 // abort cuts this rank off the world, telling why (see Abort): rank 0's
 // server hears it first, then every connection is cut.
 func (c *tcpClient) abort(cause string) {
@@ -1136,6 +1196,10 @@ func (c *tcpClient) abort(cause string) {
 	c.aborted = cause
 	c.changedLocked()
 	c.mu.Unlock()
+	defer close(c.abortDone)
+	if testHookAbortRecorded != nil {
+		testHookAbortRecorded(c)
+	}
 	c.abortMesh(cause)
 	if c.srv != nil {
 		c.srv.abortRank0(cause)

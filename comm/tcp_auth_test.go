@@ -2,9 +2,11 @@ package comm
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"strings"
 	"sync"
@@ -374,6 +376,39 @@ func TestTCPDepartures(t *testing.T) {
 		ch <- Departure{Rank: 0, Cause: "its process was killed by signal 9"}
 		wantLost(t, "rank 1", <-errc, []int{0})
 	})
+	// Rank 0 stopped on a departure before it could tell this rank (its
+	// connection is cut mid-handshake): the launcher's news of that
+	// departure, not the broken connection, is the cause.
+	for _, news := range []bool{true, false} {
+		t.Run(fmt.Sprintf("server cut, news=%v", news), func(t *testing.T) {
+			ln, port := tcpListen(t)
+			go func() {
+				if c, err := ln.Accept(); err == nil {
+					c.Close()
+				}
+			}()
+			ctx, cancel := context.WithTimeout(t.Context(), hang)
+			defer cancel()
+			ch := make(chan Departure, 1)
+			if news {
+				// The news comes after the cut, as when this rank's
+				// launcher is slower to tell it than rank 0's.
+				testHookHandshakeBroke = func(int) { ch <- Departure{Rank: 2, Cause: "its process exited with status 3"} }
+				defer func() { testHookHandshakeBroke = nil }()
+			}
+			cfg := tcpCfg(port, 1, 3)
+			cfg.Departures = ch
+			_, err := NewTCP(ctx, cfg)
+			if news {
+				wantLost(t, "rank 1", err, []int{2})
+				if err == nil || !strings.Contains(err.Error(), "status 3") {
+					t.Errorf("rank 1: %v, want the launcher's cause", err)
+				}
+			} else {
+				wantLost(t, "rank 1", err, []int{0})
+			}
+		})
+	}
 }
 
 // TestTCPAbort: a rank that aborts (a signal: comm.Abort) fails its own
@@ -433,5 +468,96 @@ func TestTCPAbort(t *testing.T) {
 	}
 	if Abort(NewLocal(1)[0], "x") {
 		t.Error("Abort: an in-process group says it supports it")
+	}
+}
+
+// TestTCPAbortThenClose: a rank whose call fails on its own abort closes
+// its group at once, as a program shutting down on a signal does; that
+// Close must not overtake the abort, or a peer would hear a bye before the
+// abort notice and take the rank for one that exited cleanly. The others
+// wait in an AllToAll over the peer connections, where both would arrive.
+// A hook holds the abort's notices until the Close has begun.
+func TestTCPAbortThenClose(t *testing.T) {
+	testHookAbortRecorded = func(c *tcpClient) {
+		waitFor(t, "the aborted rank to close", func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.closed
+		})
+	}
+	defer func() { testHookAbortRecorded = nil }()
+	for round := range 3 {
+		gs := tcpWorld(t, 3)
+		ctx, cancel := context.WithTimeout(t.Context(), hang)
+		errs := make([]error, 3)
+		var wg sync.WaitGroup
+		for _, r := range []int{0, 2} {
+			wg.Go(func() { _, errs[r] = gs[r].AllToAll(ctx, make([][]byte, 3)) })
+		}
+		victimDone := make(chan struct{})
+		go func() {
+			defer close(victimDone)
+			errs[1] = gs[1].Barrier(ctx) // fails once the abort is recorded
+			gs[1].Close()
+		}()
+		waitFor(t, "rank 1 to wait in a barrier", arrived(serverOf(gs[0]), 0, 1))
+		Abort(gs[1], "interrupted by SIGTERM")
+		wg.Wait()
+		<-victimDone
+		cancel()
+		if !errors.Is(errs[1], ErrAborted) {
+			t.Errorf("round %d: rank 1 (aborted): %v, want ErrAborted", round, errs[1])
+		}
+		for _, r := range []int{0, 2} {
+			wantLost(t, fmt.Sprintf("round %d: rank %d", round, r), errs[r], []int{1})
+			if errs[r] == nil || !strings.Contains(errs[r].Error(), "interrupted by SIGTERM") {
+				t.Errorf("round %d: rank %d: %v, want the abort's reason", round, r, errs[r])
+			}
+		}
+	}
+}
+
+// TestTCPByeNamesTheLost: a rank whose call failed on a lost peer closes
+// at once, and its bye can reach a rank still waiting for its part before
+// that rank sees the loss itself; the bye carries the ranks it had seen
+// lost, so the waiting call blames them, not the rank that closed. Rank 1
+// is told of rank 2's loss (as the server would tell it) while rank 2,
+// alive, only waits: rank 0 can learn of it from rank 1's bye alone.
+func TestTCPByeNamesTheLost(t *testing.T) {
+	gs := tcpWorld(t, 3)
+	ctx, cancel := context.WithTimeout(t.Context(), hang)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { _, err := gs[0].AllToAll(ctx, make([][]byte, 3)); errc <- err }()
+	c1 := gs[1].(*tcpGroup).c
+	c1.mu.Lock()
+	c1.lost[2] = "its process was killed by signal 9"
+	c1.mu.Unlock()
+	gs[1].Close()
+	err := <-errc
+	wantLost(t, "rank 0", err, []int{2})
+	if err == nil || !strings.Contains(err.Error(), "killed by signal 9") || !strings.Contains(err.Error(), "rank 1 closed the group") {
+		t.Errorf("rank 0: %v, want rank 2's loss as rank 1 saw it", err)
+	}
+}
+
+// TestDeparturesEncoding: a bye's news decodes to what was encoded, and
+// what is malformed or out of range is dropped, keeping what came before.
+func TestDeparturesEncoding(t *testing.T) {
+	d := map[int]string{0: "", 3: "peer connection broke: read: EOF", 7: "aborted: SIGTERM"}
+	if got := decodeDepartures(appendDepartures(nil, d), 8); !maps.Equal(got, d) {
+		t.Errorf("round trip: %v, want %v", got, d)
+	}
+	if got := decodeDepartures(appendDepartures(nil, d), 5); !maps.Equal(got, map[int]string{0: "", 3: d[3]}) {
+		t.Errorf("limit 5: %v, want ranks 0 and 3", got)
+	}
+	b := appendDepartures(nil, map[int]string{1: "x"})
+	b = binary.LittleEndian.AppendUint32(b, 2)
+	b = binary.LittleEndian.AppendUint32(b, 1<<30) // longer than what follows
+	if got := decodeDepartures(b, 8); !maps.Equal(got, map[int]string{1: "x"}) {
+		t.Errorf("truncated: %v, want rank 1 only", got)
+	}
+	if got := decodeDepartures(nil, 8); len(got) != 0 {
+		t.Errorf("empty: %v", got)
 	}
 }

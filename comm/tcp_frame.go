@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -416,6 +417,36 @@ func appendRanks(b []byte, ranks []int) []byte {
 		b = binary.LittleEndian.AppendUint32(b, uint32(r))
 	}
 	return b
+}
+
+// appendDepartures encodes world ranks with causes (a world bye's
+// payload): per rank, its number and the cause's length as uint32s, then
+// the cause, in ascending rank order.
+func appendDepartures(b []byte, d map[int]string) []byte {
+	for _, r := range slices.Sorted(maps.Keys(d)) {
+		b = binary.LittleEndian.AppendUint32(b, uint32(r))
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(d[r])))
+		b = append(b, d[r]...)
+	}
+	return b
+}
+
+// decodeDepartures reads appendDepartures' encoding of ranks below limit;
+// it keeps what it read before anything malformed (the news is advisory).
+func decodeDepartures(p []byte, limit int) map[int]string {
+	var out map[int]string
+	for len(p) >= 8 {
+		r, n := binary.LittleEndian.Uint32(p), binary.LittleEndian.Uint32(p[4:])
+		if r >= uint32(limit) || uint64(n) > uint64(len(p)-8) {
+			break
+		}
+		if out == nil {
+			out = map[int]string{}
+		}
+		out[int(r)] = string(p[8 : 8+n])
+		p = p[8+n:]
+	}
+	return out
 }
 
 func decodeRanks(p []byte, limit int) ([]int, error) {

@@ -49,10 +49,11 @@ type peerConn struct {
 	wmu  sync.Mutex // serialises writes
 
 	// Guarded by the client's mu.
-	down   string          // non-empty: the connection is unusable, why
-	slow   bool            // ... because this rank cut it when a write to the peer timed out
-	bye    bool            // the peer closed its world group (down then means closed, not lost)
-	groups map[uint64]bool // sub-groups the peer closed
+	down    string          // non-empty: the connection is unusable, why
+	slow    bool            // ... because this rank cut it when a write to the peer timed out
+	bye     bool            // the peer closed its world group (down then means closed, not lost)
+	byeLost map[int]string  // with its bye: the world ranks it had seen lost, with the causes
+	groups  map[uint64]bool // sub-groups the peer closed
 }
 
 // p2pRound collects the parts of one AllToAll call.
@@ -407,6 +408,7 @@ func (c *tcpClient) readPeer(pc *peerConn) {
 			return
 		case h.Type == fPeerBye && h.GID == 0:
 			pc.bye = true
+			pc.byeLost = decodeDepartures(p, len(m.peers))
 		case h.Type == fPeerBye:
 			pc.groups[h.GID] = true
 			c.changedLocked()
@@ -673,10 +675,50 @@ func (g *tcpGroup) missingCheckLocked(name string, missing []int) error {
 	for _, i := range missing {
 		pc := c.mesh.peers[g.members[i]]
 		if (pc.down != "" && pc.bye) || pc.groups[g.gid] {
+			if err := g.lostBeforeByeLocked(name, i, pc); err != nil {
+				return err
+			}
 			return fmt.Errorf("comm: %s on rank %d: rank %d closed the group: %w", name, g.rank, i, ErrClosed)
 		}
 	}
 	return nil
+}
+
+// lostBeforeByeLocked blames the members of g that peer i (who closed
+// the world group without sending its part) had seen lost: a rank whose
+// own call failed on a lost peer closes at once, and its bye can arrive
+// before this rank notices the loss itself. nil if it had seen none.
+func (g *tcpGroup) lostBeforeByeLocked(name string, i int, pc *peerConn) error {
+	var lost []int
+	var causes []string
+	for j, w := range g.members {
+		if cause, ok := pc.byeLost[w]; ok && j != g.rank {
+			lost = append(lost, j)
+			causes = append(causes, fmt.Sprintf("rank %d: %s", j, cause))
+		}
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	return &PeerLostError{Op: fmt.Sprintf("%s on rank %d", name, g.rank), Ranks: lost,
+		Cause: fmt.Sprintf("rank %d closed the group without its part, having seen them lost: %s", i, strings.Join(causes, "; "))}
+}
+
+// departuresLocked lists the world ranks this rank has seen lost (told by
+// the server, or a broken peer connection), for its bye.
+func (c *tcpClient) departuresLocked() map[int]string {
+	out := map[int]string{}
+	for w, cause := range c.lost {
+		out[w] = cause
+	}
+	for _, pc := range c.mesh.peers {
+		if pc != nil && pc.down != "" && !pc.bye && !pc.slow {
+			if _, ok := out[pc.rank]; !ok {
+				out[pc.rank] = "peer connection broke: " + pc.down
+			}
+		}
+	}
+	return out
 }
 
 // meshGroupClosedLocked drops sub-group gid's parts, now and later.
@@ -721,6 +763,9 @@ func (c *tcpClient) closeMesh(graceful bool) {
 		return
 	}
 	if graceful {
+		c.mu.Lock()
+		news := appendDepartures(nil, c.departuresLocked())
+		c.mu.Unlock()
 		var wg sync.WaitGroup
 		for _, pc := range m.peers {
 			if pc == nil || !pc.wmu.TryLock() { // a write in flight: no bye, the peer sees a loss
@@ -729,7 +774,7 @@ func (c *tcpClient) closeMesh(graceful bool) {
 			wg.Go(func() {
 				defer pc.wmu.Unlock()
 				pc.conn.SetWriteDeadline(time.Now().Add(queryGrace))
-				if writeFrame(pc.conn, frameHeader{Type: fPeerBye, Rank: int32(c.rank)}, nil) == nil {
+				if writeFrame(pc.conn, frameHeader{Type: fPeerBye, Rank: int32(c.rank)}, news) == nil {
 					if tc, ok := pc.conn.(*net.TCPConn); ok {
 						tc.CloseWrite()
 					}
