@@ -143,3 +143,22 @@ func TestMultiProcessDomainsLate(t *testing.T) {
 		}
 	}
 }
+
+// TestMultiProcessDomainsFaults is the fault matrix of
+// TestMultiProcessFaults in several domains joined by the rail over UCX
+// (shared memory): 4 domains of 1 rank and 2 domains of 2, so that the
+// faulty rank's domain peers relay its fault to the other domain.
+func TestMultiProcessDomainsFaults(t *testing.T) {
+	if os.Getenv("GOEP_MP_MODE") != "" {
+		t.Skip("child")
+	}
+	for _, d := range []int{1, 2} {
+		for _, fault := range faultNames {
+			for _, how := range faultLaunchers(fault) {
+				t.Run(fmt.Sprintf("D=%d/%s/%s", d, how, fault), func(t *testing.T) {
+					runFaultWorld(t, how, fault, mpRanks, "GOEP_RANKS_PER_DOMAIN="+strconv.Itoa(d), "GOEP_RDMA_SHARED_MEMORY=true")
+				})
+			}
+		}
+	}
+}

@@ -348,7 +348,7 @@ func TestMultiProcessChild(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(os.Getenv("GOEP_MP_OUT"), fmt.Sprintf("rank-%d.json", env.Rank)), raw, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if mode == "kill" {
+	if stayAfterReport(mode) {
 		// Stay alive while the launcher tears the world down; it kills us.
 		// (The group cannot be closed cleanly with a rank gone.)
 		time.Sleep(30 * time.Second)

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -148,10 +149,24 @@ func (f *Fate) Err() error {
 // own input, and so this rank's call fails as if its own had been bad.
 func PeerInput(err error) error {
 	if errors.Is(err, nvlink.ErrPeerReported) && !Fatal(err) && !errors.Is(err, nvlink.ErrPeerMismatch) {
-		return fmt.Errorf("%w: %w", err, plan.ErrInvalidInput)
+		return &peerInputError{err}
 	}
 	return err
 }
+
+// peerInputError is a peer's rejection as this rank's invalid input. Its
+// text names the class once: a peer's message usually ends with it.
+type peerInputError struct{ err error }
+
+func (e *peerInputError) Error() string {
+	s, class := e.err.Error(), plan.ErrInvalidInput.Error()
+	if strings.HasSuffix(s, class) {
+		return s
+	}
+	return s + ": " + class
+}
+
+func (e *peerInputError) Unwrap() []error { return []error{e.err, plan.ErrInvalidInput} }
 
 // Handle is a handle's state (executor.Handle holds one): what its layout
 // found, and the path's tables.

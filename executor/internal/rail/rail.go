@@ -38,7 +38,6 @@ import (
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor/internal/datapath"
-	"github.com/goep/goep/executor/internal/plan"
 	"github.com/goep/goep/nvlink"
 	"github.com/goep/goep/rdma"
 )
@@ -343,7 +342,7 @@ func (r *Rail) Exchange(op datapath.Op, sg [4]uint64, status error, fill Fill, s
 		case nvlink.StatusMismatch:
 			return recv, fmt.Errorf("executor: rail: %w", &nvlink.PeerError{Rank: r.Global(n), Status: ph.Status, Msg: ph.Msg})
 		default:
-			return recv, fmt.Errorf("executor: rail: %w: %w", &nvlink.PeerError{Rank: r.Global(n), Status: ph.Status, Msg: ph.Msg}, plan.ErrInvalidInput)
+			return recv, fmt.Errorf("executor: rail: %w", datapath.PeerInput(&nvlink.PeerError{Rank: r.Global(n), Status: ph.Status, Msg: ph.Msg}))
 		}
 	}
 	for _, n := range peers {
