@@ -246,9 +246,11 @@ func TestLocalTimeout(t *testing.T) {
 			return err
 		}
 		if tr.Rank() == 0 {
+			// Started before the deadline is set: a goroutine descheduled
+			// between the two would otherwise see less than 200ms.
+			start := time.Now()
 			wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 			defer cancel()
-			start := time.Now()
 			err := tr.WaitAll(wctx, []int{2, 1, 0, 1}, 1)
 			var te *comm.TimeoutError
 			if !errors.As(err, &te) || !errors.Is(err, comm.ErrTimeout) || fmt.Sprint(te.Missing) != "[1]" {
