@@ -18,6 +18,7 @@ import (
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
+	"github.com/goep/goep/internal/cuda"
 	"github.com/goep/goep/internal/ranktest"
 )
 
@@ -142,15 +143,20 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 				if how == "graph" {
 					run = func() error { return graph.Launch(s) }
 				}
-				med, p90, host, err := timeCall(ctx, g, e, s, run, warm, iters)
-
+				tc, err := timeCall(ctx, g, e, s, run, warm, iters)
 				if err != nil {
 					graph.Close()
 					return nil, fmt.Errorf("%s (%s): %w", c.name, how, err)
 				}
-				r[c.name+"_"+how+"_us"] = strconv.FormatFloat(med, 'f', 1, 64)
-				r[c.name+"_"+how+"_p90_us"] = strconv.FormatFloat(p90, 'f', 1, 64)
-				r[c.name+"_"+how+"_host_us"] = strconv.FormatFloat(host, 'f', 1, 64)
+				r[c.name+"_"+how+"_us"] = strconv.FormatFloat(tc.med, 'f', 1, 64)
+				r[c.name+"_"+how+"_p90_us"] = strconv.FormatFloat(tc.p90, 'f', 1, 64)
+				r[c.name+"_"+how+"_host_us"] = strconv.FormatFloat(tc.host, 'f', 1, 64)
+				if benchRanksInProcess == 1 {
+					// The driver tallies are the process's: this rank's
+					// alone only where it is the process's one rank.
+					r[c.name+"_"+how+"_launches"] = strconv.FormatUint(tc.counts.Launches+tc.counts.GraphLaunches, 10)
+					r[c.name+"_"+how+"_calls"] = strconv.FormatUint(tc.counts.Calls, 10)
+				}
 			}
 			graph.Close()
 		}
@@ -183,36 +189,52 @@ func capture(s *device.CUDAStream, run func() error) (*device.Graph, error) {
 	return g, nil
 }
 
+// benchRanksInProcess is how many ranks of the benchmark run in this
+// process: the driver tallies (cuda.ReadCounts) are one rank's only when
+// it is 1.
+var benchRanksInProcess = 1
+
+// timing is what timeCall measured of one call.
+type timing struct {
+	med, p90 float64     // µs, the cross-rank maximum per iteration
+	host     float64     // µs in run, median of the cross-rank maximum
+	counts   cuda.Counts // driver tallies in run, the last iteration's
+}
+
 // timeCall times run with CUDA events on s, after a barrier each
 // iteration, and returns the median and p90 in microseconds of the
-// cross-rank maximum per iteration, warm-up excluded, and the median of
-// the cross-rank maximum of the host's time in run (enqueueing the call:
-// on an idle GPU the events also time that, where it exceeds the GPU's).
-func timeCall(ctx context.Context, g comm.Group, e *executor.Engine, s *device.CUDAStream, run func() error, warm, iters int) (med, p90, host float64, err error) {
+// cross-rank maximum per iteration, warm-up excluded, the median of the
+// cross-rank maximum of the host's time in run (enqueueing the call: on an
+// idle GPU the events also time that, where it exceeds the GPU's), and the
+// process's driver tallies during run's last iteration.
+func timeCall(ctx context.Context, g comm.Group, e *executor.Engine, s *device.CUDAStream, run func() error, warm, iters int) (timing, error) {
 	var times, hosts []float64
+	var tc timing
 	for i := range warm + iters {
 		if err := g.Barrier(ctx); err != nil {
-			return 0, 0, 0, err
+			return tc, err
 		}
 		t0, err := s.RecordTimed()
 		if err != nil {
-			return 0, 0, 0, err
+			return tc, err
 		}
+		before := cuda.ReadCounts()
 		start := time.Now()
 		if err := run(); err != nil {
-			return 0, 0, 0, err
+			return tc, err
 		}
 		h := time.Since(start)
+		tc.counts = cuda.ReadCounts().Sub(before)
 		t1, err := s.RecordTimed()
 		if err != nil {
-			return 0, 0, 0, err
+			return tc, err
 		}
 		if err := e.Synchronize(ctx); err != nil {
-			return 0, 0, 0, err
+			return tc, err
 		}
 		d, err := device.Elapsed(t0, t1)
 		if err != nil {
-			return 0, 0, 0, err
+			return tc, err
 		}
 		if i >= warm {
 			times = append(times, float64(d)/float64(time.Microsecond))
@@ -221,15 +243,16 @@ func timeCall(ctx context.Context, g comm.Group, e *executor.Engine, s *device.C
 	}
 	maxed, err := crossRankMax(ctx, g, times)
 	if err != nil {
-		return 0, 0, 0, err
+		return tc, err
 	}
 	hmax, err := crossRankMax(ctx, g, hosts)
 	if err != nil {
-		return 0, 0, 0, err
+		return tc, err
 	}
 	slices.Sort(maxed)
 	slices.Sort(hmax)
-	return maxed[len(maxed)/2], maxed[len(maxed)*9/10], hmax[len(hmax)/2], nil
+	tc.med, tc.p90, tc.host = maxed[len(maxed)/2], maxed[len(maxed)*9/10], hmax[len(hmax)/2]
+	return tc, nil
 }
 
 // crossRankMax all-gathers every rank's times and returns the maximum of
@@ -258,7 +281,9 @@ func crossRankMax(ctx context.Context, g comm.Group, times []float64) ([]float64
 // each call's median and p90 time (the
 // cross-rank maximum per iteration) and its NVLink GB/s (received rows x
 // hidden x 2 bytes per rank, DESIGN.md section 6), beside a device-to-device
-// copy of the same bytes timed the same way in the same run. Ranks are
+// copy of the same bytes timed the same way in the same run, and where a
+// process holds one rank (processes, -gpu.spread), the kernels launched
+// and driver calls made by one call (internal/cuda's tallies). Ranks are
 // processes (the GPU time-slices between their contexts, which dominates
 // every time) and goroutines of one process (one context: the ranks'
 // streams run concurrently, as separate GPUs would). With -gpu.spread G
@@ -294,6 +319,8 @@ func TestCUDABenchmark(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer b.Close()
+		benchRanksInProcess = n
+		defer func() { benchRanksInProcess = 1 }()
 		gs := comm.NewLocal(n)
 		res := make([][]map[string]string, n)
 		// A rank that fails leaves the others in a collective: bound them.
@@ -328,7 +355,11 @@ func logBench(t *testing.T, n int, where string, rows []map[string]string) {
 				copyUs, _ := strconv.ParseFloat(r[set.copy+"_"+how+"_us"], 64)
 				for _, c := range set.calls {
 					us, _ := strconv.ParseFloat(r[c+"_"+how+"_us"], 64)
-					t.Logf("  %-5s %-20s %9.1f us (p90 %8s, host %7s)  %7.1f GB/s per rank  %.2f of copy", how, c, us, r[c+"_"+how+"_p90_us"], r[c+"_"+how+"_host_us"], float64(set.bytes)/us/1e3, copyUs/us)
+					driver := ""
+					if l, ok := r[c+"_"+how+"_launches"]; ok {
+						driver = fmt.Sprintf("  launches %s, driver calls %s", l, r[c+"_"+how+"_calls"])
+					}
+					t.Logf("  %-5s %-20s %9.1f us (p90 %8s, host %7s)  %7.1f GB/s per rank  %.2f of copy%s", how, c, us, r[c+"_"+how+"_p90_us"], r[c+"_"+how+"_host_us"], float64(set.bytes)/us/1e3, copyUs/us, driver)
 				}
 			}
 		}

@@ -239,7 +239,14 @@ func TestLaunchAdd(t *testing.T) {
 		x, err := s.Alloc(4 * (n + guard))
 		must(t, err)
 		must(t, s.CopyHtoD(x, h, 0, h.Len()))
+		before := ReadCounts()
 		must(t, launch(fn, Dim3{X: 8}, Dim3{X: 128}, 0, s, int32(-5), x, int64(n)))
+		// Other tests of this package do not run in parallel with this
+		// one. The launch is a batch of its own: the context's get and set,
+		// then the launch.
+		if c := ReadCounts().Sub(before); c.Launches != 1 || c.Calls != 3 || c.GraphLaunches != 0 {
+			t.Errorf("coop=%v: one launch counted as %+v, want 1 launch and 3 driver calls", coop, c)
+		}
 		must(t, s.CopyDtoH(h, 0, x, h.Len()))
 		must(t, s.Free(x))
 		syncStream(t, s)

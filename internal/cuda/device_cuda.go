@@ -32,6 +32,7 @@ import (
 // result is the one conversion from a CUresult to a Go error: nil for
 // CUDA_SUCCESS, else an *Error naming op and the code (cuGetErrorName).
 func result(op string, r C.CUresult) error {
+	counts.calls.Add(1)
 	if r == C.CUDA_SUCCESS {
 		return nil
 	}

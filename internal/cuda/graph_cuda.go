@@ -48,9 +48,13 @@ func (s *Stream) EndCapture() (*Graph, error) {
 
 // Launch enqueues the graph's work on s (cuGraphLaunch).
 func (g *Graph) Launch(s *Stream) error {
-	return s.do(func(cs C.CUstream) error {
+	err := s.do(func(cs C.CUstream) error {
 		return result("cuGraphLaunch", C.cuGraphLaunch(g.exec, cs))
 	})
+	if err == nil {
+		counts.graphLaunches.Add(1)
+	}
+	return err
 }
 
 // Close destroys the graph; launches of it must have completed.

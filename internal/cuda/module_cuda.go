@@ -171,6 +171,7 @@ func launch(coop bool, fn *Function, grid, block Dim3, sharedMem int, s *Stream,
 	if err != nil {
 		return fmt.Errorf("cuda: launch %s: %w", fn.name, err)
 	}
+	counts.launches.Add(1)
 	return nil
 }
 
