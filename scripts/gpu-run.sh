@@ -104,6 +104,9 @@ tests() {
 	# before the GPU-fed rail).
 	step executor-domains-staging 120 env GOEP_RAIL_HOST_STAGING=1 $bin/executor.test -gpu -test.run 'TestCUDADomains$' -test.v
 	step executor-cuda 420 $bin/executor.test -gpu -test.run 'TestCUDA' -test.skip 'TestCUDA(Benchmark|Domains)' -test.v
+	# The kernel sequences that the one-launch Dispatch and Combine
+	# replace in one domain, kept for comparisons: still the host's bits.
+	step executor-multi-kernel 240 env GOEP_GPU_MULTI_KERNEL=1 $bin/executor.test -gpu -test.run 'TestCUDA(MultiProcess|Graph|Faults)$' -test.v
 	# The GPU layout kernels against the host layout (the GPU data path's
 	# own package).
 	step gpu-layout 300 $bin/gpu.test -gpu -test.v

@@ -41,6 +41,9 @@ func (p *Path) Combine(h *datapath.Handle, z, zw *device.Tensor, out datapath.Co
 	if !p.ready(h) {
 		return nil
 	}
+	if p.one != nil {
+		return p.combineOne(h, z, zw, out)
+	}
 	op := datapath.OpCombine
 	if err := p.scatterRows(h, z, zw, op); err != nil {
 		return err

@@ -124,3 +124,8 @@ func oneLaunchGrid(blocks, entries, rows int) int {
 	need := (max(entries, rows) + warps - 1) / warps
 	return max(min(blocks, need), 1)
 }
+
+// oneLaunchSumChunks is how many items goep_ep_combine's sums cut a row
+// of units units into (kernels/onelaunch.cu, sumChunk: 128 units an item,
+// four a lane of the warp that sums it).
+func oneLaunchSumChunks(units int) int { return (units + 127) / 128 }

@@ -80,3 +80,14 @@ func TestOneLaunchShape(t *testing.T) {
 		}
 	}
 }
+
+// TestOneLaunchSumChunks: the combine's sums cut a row into items of 128
+// units (the kernel's sumChunk), the last one partial, at least one item
+// a row that has units.
+func TestOneLaunchSumChunks(t *testing.T) {
+	for _, c := range [][2]int{{1, 1}, {127, 1}, {128, 1}, {129, 2}, {896, 7}, {7168, 56}} {
+		if got := oneLaunchSumChunks(c[0]); got != c[1] {
+			t.Errorf("%d units: %d items, want %d", c[0], got, c[1])
+		}
+	}
+}

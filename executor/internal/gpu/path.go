@@ -85,9 +85,10 @@ type Options struct {
 	// HostStaging: the rail's rows are staged through host copies instead
 	// of fed by the GPU (GOEP_RAIL_HOST_STAGING).
 	HostStaging bool
-	// MultiKernel: in one domain, Dispatch runs as the sequence of
-	// kernels (Begin, push, Arrive, copy-out, Finish) instead of one
-	// launch (GOEP_GPU_MULTI_KERNEL; for comparisons).
+	// MultiKernel: in one domain, Dispatch and Combine run as their
+	// sequences of kernels (Begin, push or scatter, Arrive, copy-out or
+	// sum, Finish) instead of one launch each (GOEP_GPU_MULTI_KERNEL; for
+	// comparisons).
 	MultiKernel bool
 }
 

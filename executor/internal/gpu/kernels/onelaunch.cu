@@ -25,11 +25,13 @@
 // through CUDA IPC, a caller's device tensors (DESIGN.md invariant 1).
 #include <stdint.h>
 
+#include "arith.cuh"
 #include "flags.cuh"
 #include "units.cuh"
 
 namespace goep_onelaunch {  // named, not anonymous: keeps the PTX independent of the checkout path
 
+using namespace goep_arith;
 using namespace goep_nvlink;
 using namespace goep_units;
 
@@ -138,6 +140,132 @@ __device__ __forceinline__ bool wait_heard(heard h, const uint64_t *word, int32_
 		}
 	}
 	return __shfl_sync(0xffffffffu, ok, 0) != 0;
+}
+
+// load_terms reads V elements of a row (bf16 when BF16, else fp32) at p
+// as floats: 16 bytes when V is 8 (bf16) or 4 (fp32), else one element.
+// WIN: p is in this rank's window, written by peers during the launch
+// (read from L2), else in a caller's input.
+template <bool BF16, int V, bool WIN>
+__device__ __forceinline__ void load_terms(float *f, const uint8_t *p)
+{
+	if (V > 1) {
+		uint4 q = load16<!WIN>((const uint4 *)p);
+		uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			if (BF16) {
+				f[2 * e] = __uint_as_float(wq[e] << 16);
+				f[2 * e + 1] = __uint_as_float(wq[e] & 0xffff0000u);
+			} else {
+				f[e] = __uint_as_float(wq[e]);
+			}
+		}
+	} else if (BF16) {
+		const unsigned short *q = (const unsigned short *)p;
+		f[0] = __uint_as_float((uint32_t)(WIN ? __ldcg(q) : __ldg(q)) << 16);
+	} else {
+		const float *q = (const float *)p;
+		f[0] = WIN ? __ldcg(q) : __ldg(q);
+	}
+}
+
+// store_sum writes V sums at p: rounded once to bf16 (BF16), else fp32.
+template <bool BF16, int V>
+__device__ __forceinline__ void store_sum(uint8_t *p, const float *acc)
+{
+	if (V > 1) {
+		uint32_t wq[4];
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			wq[e] = BF16 ? (to_bf16(acc[2 * e]) | (to_bf16(acc[2 * e + 1]) << 16)) : __float_as_uint(acc[e]);
+		}
+		*(uint4 *)p = make_uint4(wq[0], wq[1], wq[2], wq[3]);
+	} else if (BF16) {
+		*(uint16_t *)p = (uint16_t)to_bf16(acc[0]);
+	} else {
+		*(float *)p = acc[0];
+	}
+}
+
+// sumChunk is how many units a warp sums as one item: four a lane.
+constexpr int64_t sumChunk = 128;
+
+// combine_sums is goep_ep_combine's sums (ep.cu's sum_rows, bit for bit):
+// item (token t, chunk ch) of tokens * chunks, a warp each in turn; its
+// terms are entries e = t*width + c for c < width with entRow[e] >= 0, in
+// c order: row entRow[e] of z for this rank's own (entDest[e] == me), else
+// row e of the window once rank entDest[e] has signalled arrived. Units
+// are V elements (V > 1: 16 bytes). With gw, the token's weights as
+// sum_rows sets them, from zw (own) or the window's weights (wOff).
+template <bool BF16, int V>
+__device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint8_t *z, const float *zw,
+					     const uint8_t *win, const int32_t *entDest, const int32_t *entRow,
+					     const int32_t *slot, int64_t tokens, int32_t width, int64_t hidden,
+					     int64_t wOff, int32_t topk, uint32_t dnan, heard arrived, uint64_t epoch,
+					     uint32_t op, int64_t timeoutNs, const flag_words &fw, int32_t me, int64_t warp,
+					     int64_t warps, int lane)
+{
+	const int64_t es = BF16 ? 2 : 4;
+	const int64_t rowBytes = hidden * es;
+	const int64_t units = hidden / V;
+	const int64_t chunks = (units + sumChunk - 1) / sumChunk;
+	for (int64_t item = warp; item < tokens * chunks; item += warps) {
+		const int64_t t = item / chunks, ch = item % chunks;
+		bool ok = true;
+		for (int32_t c = 0; c < width && ok; c++) {
+			int64_t e = t * width + c;
+			int32_t d = entDest[e];
+			if (entRow[e] >= 0 && d != me) {
+				ok = wait_heard(arrived, fw.arrived + d, d, epoch, epoch, op, timeoutNs, fw, lane);
+			}
+		}
+		if (!ok) {
+			continue;  // the call fails (status)
+		}
+		for (int64_t u = ch * sumChunk + lane; u < units && u < (ch + 1) * sumChunk; u += 32) {
+			float acc[V];
+			bool any = false;
+			for (int32_t c = 0; c < width; c++) {
+				int64_t e = t * width + c;
+				int32_t r = entRow[e];
+				if (r < 0) {
+					continue;
+				}
+				float f[V];
+				if (entDest[e] == me) {
+					load_terms<BF16, V, false>(f, z + (int64_t)r * rowBytes + u * V * es);
+				} else {
+					load_terms<BF16, V, true>(f, win + e * rowBytes + u * V * es);
+				}
+#pragma unroll
+				for (int i = 0; i < V; i++) {
+					acc[i] = any ? add(acc[i], f[i], dnan) : f[i];
+				}
+				any = true;
+			}
+			if (!any) {
+#pragma unroll
+				for (int i = 0; i < V; i++) {
+					acc[i] = 0.0f;
+				}
+			}
+			store_sum<BF16, V>(out + t * rowBytes + u * V * es, acc);
+		}
+		for (int32_t k = lane; gw != nullptr && ch == 0 && k < topk; k += 32) {
+			int64_t s = t * topk + k;
+			int32_t e = slot[s];
+			float v = 0.0f;
+			if (e >= 0) {
+				if (entDest[e] == me) {
+					v = zw[(int64_t)entRow[e] * topk + k];
+				} else {
+					v = __ldcg((const float *)(win + wOff) + (int64_t)e * topk + k);
+				}
+			}
+			gw[s] = v;
+		}
+	}
 }
 
 }  // namespace goep_onelaunch
@@ -279,6 +407,90 @@ extern "C" __global__ void __launch_bounds__(512) goep_ep_dispatch(
 			}
 			outW[e] = v;
 		}
+	}
+	if (grid_last(&fw.grid[1], gridDim.x)) {
+		if (threadIdx.x == 0) {
+			*(volatile uint64_t *)fw.counter = epoch;
+		}
+		signal_words(peerFlags, ranks, ranks + me, epoch << 8 | op);
+	}
+}
+
+// goep_ep_combine is Combine (and DispatchBackward, with zw) in one domain,
+// in one launch.
+//
+// Sends: received row i < rowCap of z (rowBytes), with recvSrc[i] >= 0
+// and recvEnt[i] >= 0 (-1 past the valid rows), goes back to its source s
+// = recvSrc[i]: into s's combine window (peerBase[s]) at row recvEnt[i],
+// its weights zw[i*K:(i+1)*K] (zw null: none) at wOff + recvEnt[i]*K*4,
+// once s has signalled done for the previous call. A row of this rank's
+// own stays in z: the sums read it there.
+//
+// Sums: out and gw as goep_ep_sum_bf16/_fp32 write them from the window
+// that goep_ep_scatter filled (combine_sums), the terms of a token summed
+// once every rank they come from has signalled arrived. bf16: rows of
+// bf16, else fp32; vec: units of 16 bytes (rowBytes, z, out and the
+// window 16-byte aligned), else one element.
+//
+// This is goep_ep_scatter, goep_ep_sum_* and the flags' Begin, Arrive and
+// Finish, bit for bit. Warps take rows (then sum items) in turn across
+// the grid, one at a time.
+extern "C" __global__ void __launch_bounds__(512) goep_ep_combine(
+	const uint8_t *z, const float *zw, const int32_t *recvSrc, const int32_t *recvEnt, int64_t rowCap,
+	const int32_t *entDest, const int32_t *entRow, const int32_t *slot, int64_t tokens, uint8_t *out, float *gw,
+	uint8_t *const *peerBase, const uint8_t *win, int64_t rowBytes, int64_t wOff, int64_t hidden, int32_t topk,
+	int32_t width, int32_t unit, int32_t bf16, int32_t vec, uint32_t dnan, uint64_t *const *peerFlags,
+	uint64_t *flags, int32_t ranks, int32_t me, uint32_t op, int64_t timeoutNs)
+{
+	__shared__ uint64_t epochShared;
+	__shared__ uint32_t freeBits[GOEP_MAX_RANKS / 32], arrivedBits[GOEP_MAX_RANKS / 32];
+	flag_words fw = flag_words_of(flags, ranks);
+	if (threadIdx.x == 0) {
+		epochShared = *(volatile const uint64_t *)fw.counter + 1;
+	}
+	for (int i = threadIdx.x; i < GOEP_MAX_RANKS / 32; i += blockDim.x) {
+		freeBits[i] = 0;
+		arrivedBits[i] = 0;
+	}
+	__syncthreads();
+	const uint64_t epoch = epochShared;
+	const int lane = threadIdx.x & 31;
+	const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+	const int64_t warp = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+	heard freed{freeBits}, arrived{arrivedBits};
+
+	// Sends.
+	for (int64_t i = warp; i < rowCap; i += warps) {
+		int32_t s = recvSrc[i], e = recvEnt[i];
+		if (s < 0 || e < 0 || s == me) {
+			continue;
+		}
+		if (!wait_heard(freed, fw.done + s, s, epoch - 1, epoch, 0, timeoutNs, fw, lane)) {
+			continue;  // the call fails (status); nothing to store
+		}
+		uint8_t *base = peerBase[s];
+		warp_copy<true>(base + (int64_t)e * rowBytes, z + i * rowBytes, rowBytes, unit, lane);
+		for (int32_t k = lane; zw != nullptr && k < topk; k += 32) {
+			((float *)(base + wOff))[(int64_t)e * topk + k] = zw[i * topk + k];
+		}
+	}
+	if (grid_last(&fw.grid[0], gridDim.x)) {
+		signal_words(peerFlags, ranks, me, epoch << 8 | op);
+	}
+
+	// Sums.
+	if (bf16 && vec) {
+		combine_sums<true, 8>(out, gw, z, zw, win, entDest, entRow, slot, tokens, width, hidden, wOff, topk,
+				      dnan, arrived, epoch, op, timeoutNs, fw, me, warp, warps, lane);
+	} else if (bf16) {
+		combine_sums<true, 1>(out, gw, z, zw, win, entDest, entRow, slot, tokens, width, hidden, wOff, topk,
+				      dnan, arrived, epoch, op, timeoutNs, fw, me, warp, warps, lane);
+	} else if (vec) {
+		combine_sums<false, 4>(out, gw, z, zw, win, entDest, entRow, slot, tokens, width, hidden, wOff,
+				       topk, dnan, arrived, epoch, op, timeoutNs, fw, me, warp, warps, lane);
+	} else {
+		combine_sums<false, 1>(out, gw, z, zw, win, entDest, entRow, slot, tokens, width, hidden, wOff,
+				       topk, dnan, arrived, epoch, op, timeoutNs, fw, me, warp, warps, lane);
 	}
 	if (grid_last(&fw.grid[1], gridDim.x)) {
 		if (threadIdx.x == 0) {
