@@ -82,16 +82,7 @@ func hierLate(ctx context.Context, g comm.Group, b device.Backend) ([]map[string
 		return nil, err
 	}
 	defer e.Close()
-	idx, x, _, T := mpInputs(9, g.Rank(), cfg, device.BF16)
-	ti, err1 := e.NewTensor(device.Int32, T, cfg.TopK)
-	xt, err2 := e.NewTensor(device.BF16, T, cfg.Hidden)
-	if err := errors.Join(err1, err2); err != nil {
-		return nil, err
-	}
-	if err := errors.Join(device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, xt, x)); err != nil {
-		return nil, err
-	}
-	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	xt, h, err := mpLayout(ctx, e, 9)
 	if err != nil {
 		return nil, err
 	}

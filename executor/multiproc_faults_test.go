@@ -59,21 +59,15 @@ func mpFault(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]
 		return nil, err
 	}
 	defer e.Close()
-	idx, x, _, T := mpInputs(11, r, cfg, device.BF16)
-	ti, err1 := e.NewTensor(device.Int32, T, cfg.TopK)
-	xt, err2 := e.NewTensor(device.BF16, T, cfg.Hidden)
-	bigger, err3 := e.NewTensor(device.BF16, T+1, cfg.Hidden)
-	if err := errors.Join(err1, err2, err3); err != nil {
-		return nil, err
-	}
-	if err := errors.Join(device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, xt, x)); err != nil {
-		return nil, err
-	}
-	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	xt, h, err := mpLayout(ctx, e, 11)
 	if err != nil {
 		return nil, err
 	}
 	defer h.Close()
+	bigger, err := e.NewTensor(device.BF16, xt.Rows()+1, cfg.Hidden)
+	if err != nil {
+		return nil, err
+	}
 	dispatch := func(x *device.Tensor) error {
 		out, err := e.Dispatch(ctx, h, executor.DispatchInput{X: x})
 		if err != nil {
@@ -84,6 +78,13 @@ func mpFault(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]
 	}
 	if err := dispatch(xt); err != nil {
 		return nil, fmt.Errorf("the good dispatch: %w", err)
+	}
+	// Every rank past the good dispatch before the fault: a rank's call
+	// can end before its peers' (over UCX a sender's flush waits for the
+	// receiver's acknowledgement), and a victim that died then would fail
+	// the good call of a slower peer.
+	if err := g.Barrier(ctx); err != nil {
+		return nil, fmt.Errorf("the barrier after the good dispatch: %w", err)
 	}
 	in := xt
 	switch {

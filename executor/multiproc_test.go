@@ -221,6 +221,27 @@ func mpFP8(ctx context.Context, e *executor.Engine, h *executor.Handle, seed uin
 	return nil
 }
 
+// mpLayout draws this rank's routing and bf16 tokens for seed under e's
+// config (mpInputs), uploads them and runs the layout: the tokens and the
+// handle, for the fault worlds' calls.
+func mpLayout(ctx context.Context, e *executor.Engine, seed uint64) (*device.Tensor, *executor.Handle, error) {
+	cfg := e.Config()
+	idx, x, _, T := mpInputs(seed, e.Rank(), cfg, device.BF16)
+	ti, err1 := e.NewTensor(device.Int32, T, cfg.TopK)
+	xt, err2 := e.NewTensor(device.BF16, T, cfg.Hidden)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, nil, err
+	}
+	if err := errors.Join(device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, xt, x)); err != nil {
+		return nil, nil, err
+	}
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err != nil {
+		return nil, nil, err
+	}
+	return xt, h, nil
+}
+
 // testLogger is a debug logger on stderr when GOEP_LOG_LEVEL=debug (to
 // read, say, a sanitizer's report against the engines' GPU windows), else
 // none.
