@@ -91,6 +91,8 @@ func mpFault(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]
 	case bad && fault == "hang":
 		time.Sleep(2*faultTimeout + nvlink.RelayMargin(faultTimeout))
 	case bad && fault == "die":
+		// Report first: the others wait for every report before they go.
+		writeReport(mpResult{Rank: r, Err: "killed itself"})
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	case bad && fault == "slow":
 		time.Sleep(faultTimeout / 2)
@@ -155,7 +157,7 @@ func runFaultWorld(t *testing.T, how, fault string, n int, extraEnv ...string) {
 		if lerr == nil || !strings.Contains(lerr.Error(), fmt.Sprintf("rank %d", bad)) {
 			t.Errorf("launcher error %v, want one naming rank %d\n%s", lerr, bad, log)
 		}
-		lerr = nil // the victim reports nothing; the others must
+		lerr = nil // the victim reported only that it died; the others must report
 		got = got[:bad]
 	}
 	steps := reportedSteps(t, got, lerr, log)
@@ -210,9 +212,9 @@ func TestMultiProcessFaults(t *testing.T) {
 	}
 }
 
-// stayAfterReport says whether a child of mode must outlive its report
-// until the launcher kills it: in a world with a dead rank its group
-// cannot be closed cleanly.
+// stayAfterReport says whether a child of mode is in a world with a dead
+// rank, where it must wait for every rank's report before it goes
+// (TestMultiProcessChild).
 func stayAfterReport(mode string) bool {
 	return mode == "kill" || (mode == "fault" && os.Getenv("GOEP_MP_FAULT") == "die")
 }

@@ -393,9 +393,31 @@ func TestMultiProcessChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	if stayAfterReport(mode) {
-		// Stay alive while the launcher tears the world down; it kills us.
-		// (The group cannot be closed cleanly with a rank gone.)
-		time.Sleep(30 * time.Second)
+		// A rank died: the launcher has asked the others to stop, and this
+		// one ignored it to report. Stay until every rank has reported (the
+		// victim did before it died), so that no rank that is still
+		// waiting sees this one go, then leave without closing the group
+		// (it cannot close cleanly with a rank gone).
+		waitReports(env.Size, 2*time.Minute)
+		os.Exit(0)
+	}
+}
+
+// waitReports waits until the reports of ranks [0, n) are written, at
+// most limit.
+func waitReports(n int, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		missing := 0
+		for r := range n {
+			if _, err := os.Stat(filepath.Join(os.Getenv("GOEP_MP_OUT"), fmt.Sprintf("rank-%d.json", r))); err != nil {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -481,7 +503,10 @@ func runWorldN(t *testing.T, how, mode string, n int, timeout time.Duration, ext
 				}
 			}
 		}
-		lerr = launcher.Spawn(ctx, launcher.SpawnConfig{N: n, Domains: domains, Command: args, Env: env, Stdout: &out, Stderr: &out})
+		// The grace before SIGKILL outlasts the test: the ranks of a world
+		// with a dead rank ignore the launcher's SIGTERM until every rank
+		// has reported, however loaded the machine (stayAfterReport).
+		lerr = launcher.Spawn(ctx, launcher.SpawnConfig{N: n, Domains: domains, Command: args, Env: env, Stdout: &out, Stderr: &out, Grace: timeout})
 	case "mpirun":
 		mpirun, err := exec.LookPath("mpirun")
 		if err != nil {
