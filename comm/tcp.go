@@ -1151,18 +1151,14 @@ func (c *tcpClient) close() error {
 		// A collective fails as soon as the abort is recorded, so Close
 		// can come while abort is still telling the peers: a graceful bye
 		// sent now could reach a peer before the abort notice and read as
-		// a clean exit. Let abort finish; it cuts every connection.
+		// a clean exit. Let abort finish; it has cut every connection.
 		<-c.abortDone
-		<-c.readerDone
-		if c.srv != nil {
-			c.srv.close()
-		}
-		return nil
+	} else {
+		c.closeMesh(true)
+		ctx, cancel := context.WithTimeout(context.Background(), queryGrace)
+		defer cancel()
+		c.send(ctx, frameHeader{Type: fBye, Rank: int32(c.rank)}, nil) // best effort: the server may be gone
 	}
-	c.closeMesh(true)
-	ctx, cancel := context.WithTimeout(context.Background(), queryGrace)
-	defer cancel()
-	c.send(ctx, frameHeader{Type: fBye, Rank: int32(c.rank)}, nil) // best effort: the server may be gone
 	err := c.conn.Close()
 	<-c.readerDone
 	if c.srv != nil {
