@@ -5,6 +5,7 @@ package executor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -205,5 +206,26 @@ func checkHierFaults(t *testing.T, r int, d map[string]string, staging bool) {
 	})
 	if r != 1 && rd == "nil" {
 		t.Errorf("rank %d dispatch after rank 1 rejected its input: no error", r)
+	}
+}
+
+// TestCUDAFaultMatrix is the fault matrix of TestMultiProcessFaults
+// (runFaultWorld's rules) on the CUDA backend: 4 processes sharing the
+// GPU in one domain (the GPU's flags), in 2 domains of 2 and in 4 domains
+// of 1 joined by the rail over UCX shared memory. With 2 domains, a hang
+// is the world where a rank's rail round times out on the hung rank while
+// its domain peer waits on the GPU: the peer must relay the timeout
+// (ErrTimeout naming the hung rank, from the rejecting rank's report),
+// not blame the rank that reported it; a death is named lost by the rank
+// whose GPU wait timed out on the dead process too.
+func TestCUDAFaultMatrix(t *testing.T) {
+	needGPU(t)
+	for _, d := range []int{mpRanks, 2, 1} {
+		for _, fault := range faultNames {
+			t.Run(fmt.Sprintf("D=%d/%s", d, fault), func(t *testing.T) {
+				runFaultWorld(t, "spawn", fault, mpRanks, "GOEP_MP_BACKEND=cuda",
+					"GOEP_RANKS_PER_DOMAIN="+strconv.Itoa(d), "GOEP_RDMA_SHARED_MEMORY=true")
+			})
+		}
 	}
 }

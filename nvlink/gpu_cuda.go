@@ -29,6 +29,9 @@ type GPUWindows struct {
 	// (this one included): kernels that wait for each other's progress
 	// size their grids so that every such rank's grid is resident at once.
 	SameGPU int
+	// PIDs[p] is rank p's process: a peer a GPU wait timed out on is lost,
+	// not late, when its process has exited.
+	PIDs []int
 }
 
 // gpuHandleSize is the encoded size of one region's device.GPUShareHandle.
@@ -93,6 +96,11 @@ func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int
 		if string(b[1+len(sizes)*gpuHandleSize:]) == string(uuid[:]) {
 			w.SameGPU++
 		}
+		pid := myPID
+		if p != me && len(sizes) > 0 {
+			pid = decodeGPUHandle(b[1:]).PID
+		}
+		w.PIDs = append(w.PIDs, pid)
 	}
 	w.Peers = make([][]*device.Buffer, len(sizes))
 	oerr := func() error {

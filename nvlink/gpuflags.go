@@ -14,7 +14,9 @@ import (
 // after), then status (uint64: the first failure of a wait), the rank's
 // epoch counter (uint64), then missing[R] (int32: what a wait found of
 // each peer), then, at the next multiple of 8 bytes, grid[2] (uint32: the
-// block counters of the one-launch kernels, zero between launches).
+// block counters of the one-launch kernels, zero between launches), then
+// the report: why this rank failed its last failed call, for its peers'
+// hosts (the kernels never read it; see GPUReport).
 
 // OpRejected is the operation a rank signals for a call whose input it
 // rejected (flags.cuh's opRejected): its peers fail the call at once.
@@ -28,13 +30,73 @@ const (
 )
 
 // GPUFlagsSize is the size of a domain's flags region for R ranks.
-func GPUFlagsSize(R int) int { return gridOff(R) + 8 }
+func GPUFlagsSize(R int) int { return reportOff(R) + reportSize }
 
 // Byte offsets in the flags region of a domain of R ranks.
 func statusOff(R int) int  { return 2 * R * 8 }
 func counterOff(R int) int { return (2*R + 1) * 8 }
 func missingOff(R int) int { return (2*R + 2) * 8 }
 func gridOff(R int) int    { return (missingOff(R) + 4*R + 7) / 8 * 8 }
+func reportOff(R int) int  { return gridOff(R) + 8 }
+
+// A report is the failure a rank signalled OpRejected for when it was a
+// timeout or a lost peer found outside the domain's GPU waits (in the
+// rail's round, say): epoch (uint64, the call's epoch; 0 while the rank
+// writes the rest), status (uint64, StatusTimeout or StatusFailed), the
+// number of named ranks (uint32), the message's length (uint32), the named
+// ranks (int32, MaxNamed), the message (msgCap bytes). A peer whose wait
+// found the rejection reads it to relay the failure's class and names
+// instead of blaming the rank that reported it.
+const (
+	reportNamedOff = 24
+	reportMsgOff   = reportNamedOff + 4*MaxNamed
+	reportSize     = (reportMsgOff + msgCap + 7) / 8 * 8
+)
+
+// GPUReport is the report (without its epoch, which the GPU stamps) of a
+// failure err, and whether err is one the peers relay: a timeout or a lost
+// peer (nvlink.StatusOf). Other failures are reported as a rejection.
+func GPUReport(err error) ([]byte, bool) {
+	st := StatusOf(err)
+	if st != StatusTimeout && st != StatusFailed {
+		return nil, false
+	}
+	b := make([]byte, reportSize)
+	binary.LittleEndian.PutUint64(b[8:], st)
+	named := Named(err)
+	named = named[:min(len(named), MaxNamed)]
+	binary.LittleEndian.PutUint32(b[16:], uint32(len(named)))
+	for i, r := range named {
+		binary.LittleEndian.PutUint32(b[reportNamedOff+4*i:], uint32(int32(r)))
+	}
+	msg := err.Error()
+	if len(msg) > msgCap {
+		msg = msg[:msgCap]
+	}
+	binary.LittleEndian.PutUint32(b[20:], uint32(len(msg)))
+	copy(b[reportMsgOff:], msg)
+	return b, true
+}
+
+// decodeReport is the relayed failure of global rank rank from its report
+// b, if the report is of the call at epoch (the epoch of the rejection
+// this rank saw): a *PeerError of the report's class and names, or nil.
+func decodeReport(b []byte, epoch uint64, rank int) *PeerError {
+	if len(b) < reportSize || epoch == 0 || binary.LittleEndian.Uint64(b) != epoch {
+		return nil
+	}
+	st := binary.LittleEndian.Uint64(b[8:])
+	if st != StatusTimeout && st != StatusFailed {
+		return nil
+	}
+	n := min(int(binary.LittleEndian.Uint32(b[16:])), MaxNamed)
+	m := min(int(binary.LittleEndian.Uint32(b[20:])), msgCap)
+	pe := &PeerError{Rank: rank, Status: st, Msg: string(b[reportMsgOff : reportMsgOff+m])}
+	for i := range n {
+		pe.Ranks = append(pe.Ranks, int(int32(binary.LittleEndian.Uint32(b[reportNamedOff+4*i:]))))
+	}
+	return pe
+}
 
 // StatusBytes is the size of the status words a rank reads back after a
 // synchronize: status, epoch counter, missing[R].
@@ -69,9 +131,9 @@ func WaitError(codes []byte, base int) error {
 	}
 }
 
-// decodeStatus reads the status words as read back (StatusBytes of them
-// for R ranks): nil, or the failure they record (WaitError).
-func decodeStatus(raw []byte, R, base int) error {
+// statusCodes reads the status words as read back (StatusBytes of them
+// for R ranks): nil when no wait failed, else missing[R]'s codes.
+func statusCodes(raw []byte, R int) []byte {
 	if binary.LittleEndian.Uint64(raw) == 0 {
 		return nil
 	}
@@ -79,6 +141,16 @@ func decodeStatus(raw []byte, R, base int) error {
 	codes := make([]byte, R)
 	for p := range codes {
 		codes[p] = m[4*p]
+	}
+	return codes
+}
+
+// decodeStatus reads the status words as read back (StatusBytes of them
+// for R ranks): nil, or the failure they record (WaitError).
+func decodeStatus(raw []byte, R, base int) error {
+	codes := statusCodes(raw, R)
+	if codes == nil {
+		return nil
 	}
 	return WaitError(codes, base)
 }

@@ -3,6 +3,7 @@
 package nvlink
 
 import (
+	"bytes"
 	"context"
 	_ "embed"
 	"encoding/binary"
@@ -39,8 +40,10 @@ type GPUFlags struct {
 	s                    *device.CUDAStream
 	mod                  *device.Module
 	wait, signal, arrive *device.Kernel
-	own                  *device.Buffer // this rank's flags region
-	peers                *device.Buffer // uint64 [R]: every rank's flags region as mapped here
+	own                  *device.Buffer   // this rank's flags region
+	peers                *device.Buffer   // uint64 [R]: every rank's flags region as mapped here
+	regions              []*device.Buffer // every rank's flags region as mapped here
+	pids                 []int            // every rank's process
 	// R ranks in the domain, me this rank's index, base the global rank of
 	// index 0.
 	R, me, base int
@@ -62,7 +65,7 @@ func NewGPUFlags(ctx context.Context, s *device.CUDAStream, win *GPUWindows, reg
 	if me < 0 || win.Own[region].Size() < GPUFlagsSize(R) {
 		return nil, fmt.Errorf("nvlink: GPU flags: region %d of %d bytes does not hold the flags of %d ranks", region, win.Own[region].Size(), R)
 	}
-	f := &GPUFlags{s: s, own: win.Own[region], R: R, me: me, base: base, timeoutNs: timeout.Nanoseconds()}
+	f := &GPUFlags{s: s, own: win.Own[region], regions: win.Peers[region], pids: win.PIDs, R: R, me: me, base: base, timeoutNs: timeout.Nanoseconds()}
 	var err error
 	if f.mod, err = s.CUDA().LoadModule(flagsPTX); err != nil {
 		return nil, fmt.Errorf("nvlink: GPU flags: %w", err)
@@ -143,27 +146,69 @@ func (f *GPUFlags) signalPeers(slot int64, op uint32) error {
 // and waits for every peer's, which must carry the same op (a data call's
 // op also names its dtype and whether weights travel, so that such calls
 // mismatch instead of misreading each other's rows): one launch.
-func (f *GPUFlags) Arrive(op uint32) error {
+func (f *GPUFlags) Arrive(op uint32) error { return f.arriveWithin(op, f.timeoutNs) }
+
+// ArriveAfterRound is Arrive for a call whose peers ran a round of their
+// own (the rail's) since Begin: it waits RelayMargin longer, so that a
+// peer whose round timed out is heard reporting it (Reject with the
+// cause) before this rank's wait gives up on that live peer.
+func (f *GPUFlags) ArriveAfterRound(op uint32) error {
+	return f.arriveWithin(op, f.timeoutNs+RelayMargin(time.Duration(f.timeoutNs)).Nanoseconds())
+}
+
+func (f *GPUFlags) arriveWithin(op uint32, timeoutNs int64) error {
 	slot := f.arrivedSlot()
 	return f.s.Launch(f.arrive, [3]uint32{1, 1, 1}, f.block(), 0,
 		f.peers, int32(f.R), slot+int64(f.me), f.view(int(slot)*8, f.R*8),
-		f.Counter(), op, f.timeoutNs, f.Status(), f.Missing())
+		f.Counter(), op, timeoutNs, f.Status(), f.Missing())
 }
 
 // Finish signals that this rank's windows may be written again.
 func (f *GPUFlags) Finish(op uint32) error { return f.signalPeers(f.doneSlot(), op) }
 
-// Reject joins a collective call whose input this rank rejected: its
-// peers see OpRejected and fail the call at once.
-func (f *GPUFlags) Reject() error {
-	return errors.Join(f.Begin(), f.signalPeers(f.arrivedSlot(), OpRejected), f.Finish(OpRejected))
+// Reject joins a collective call that failed on this rank before it
+// began (its input rejected, or its rail round failed): its peers see
+// OpRejected and fail the call at once. A cause that is a timeout or a
+// lost peer is written to this rank's report first, so that the peers
+// relay its class and names (GPUReport) instead of blaming this rank.
+func (f *GPUFlags) Reject(cause error) error {
+	report := f.writeReport(cause)
+	err := f.Begin()
+	if report {
+		err = errors.Join(err, f.stampReport())
+	}
+	return errors.Join(err, f.signalPeers(f.arrivedSlot(), OpRejected), f.Finish(OpRejected))
 }
 
 // Abandon ends a call that failed on this rank between its Begin and its
 // Arrive (a launch refused, say): the peers see OpRejected and fail the
 // call at once instead of at their timeout, and the epochs stay in step.
-func (f *GPUFlags) Abandon() error {
-	return errors.Join(f.signalPeers(f.arrivedSlot(), OpRejected), f.Finish(OpRejected))
+// cause is reported as Reject's is.
+func (f *GPUFlags) Abandon(cause error) error {
+	var err error
+	if f.writeReport(cause) {
+		err = f.stampReport()
+	}
+	return errors.Join(err, f.signalPeers(f.arrivedSlot(), OpRejected), f.Finish(OpRejected))
+}
+
+// writeReport writes cause's report (GPUReport), its epoch cleared, into
+// this rank's flags region, when cause is one the peers relay and the
+// stream is not being captured (the upload waits for the stream: this is
+// a failed call's path). It says whether the report was written.
+func (f *GPUFlags) writeReport(cause error) bool {
+	b, ok := GPUReport(cause)
+	if !ok || f.s.Capturing() {
+		return false
+	}
+	return f.s.UploadBuffer(context.Background(), f.view(reportOff(f.R), reportSize), b) == nil
+}
+
+// stampReport enqueues the copy of the call's epoch into the report, after
+// the call's Begin and before its rejection signal: a peer takes the
+// report as the rejection's cause only when the epochs match.
+func (f *GPUFlags) stampReport() error {
+	return f.s.Copy(f.own, reportOff(f.R), f.own, counterOff(f.R), 8)
 }
 
 // Status is the status word (uint64: 0, or the first failure of a wait);
@@ -203,23 +248,92 @@ func (f *GPUFlags) ClearStatus() error {
 func (f *GPUFlags) StatusError(raw []byte) error { return decodeStatus(raw, f.R, f.base) }
 
 // Check reads the status words back (the caller has synchronized the
-// stream; Read) and decodes them: nil, or the first failure. A failure
-// other than a timeout leaves the ranks in step (every call advanced every
-// epoch), so the status is cleared, on the stream, for the next call.
+// stream) and explains them: nil, or the first failure, with the class
+// and names a rejecting peer reported (its report) and, for a timeout,
+// the peers whose process has exited named as lost. A failure other than
+// a timeout of this rank's own waits leaves the ranks in step (every call
+// advanced every epoch), so the status is cleared, on the stream, for the
+// next call.
 func (f *GPUFlags) Check(ctx context.Context) error {
 	raw, err := f.s.DownloadBuffer(ctx, f.view(statusOff(f.R), f.StatusBytes()))
 	if err != nil {
 		return err
 	}
-	return f.Settle(raw)
+	codes := statusCodes(raw, f.R)
+	if codes == nil {
+		return nil
+	}
+	err = f.explain(ctx, codes)
+	if !bytes.Contains(codes, []byte{WaitTimeout}) {
+		err = errors.Join(err, f.ClearStatus())
+	}
+	return err
 }
 
-// Settle is Check on status words already read back: nil, or the
-// failure, the status cleared unless it is a timeout.
+// Settle is Check on status words already read back, without the peers'
+// reports: nil, or the failure, the status cleared unless it is a timeout.
 func (f *GPUFlags) Settle(raw []byte) error {
 	err := f.StatusError(raw)
 	if err != nil && !errors.Is(err, comm.ErrTimeout) {
 		err = errors.Join(err, f.ClearStatus())
 	}
 	return err
+}
+
+// explain is the failure of a wait whose codes are codes: peers timed
+// out on whose process has exited are lost (evidence of death outranks
+// silence); a rejecting peer whose report is of the rejected call relays
+// that report; else WaitError.
+func (f *GPUFlags) explain(ctx context.Context, codes []byte) error {
+	var late, rejected []int
+	for p, c := range codes {
+		switch c {
+		case WaitTimeout:
+			late = append(late, p)
+		case WaitRejected:
+			rejected = append(rejected, p)
+		}
+	}
+	var dead []int
+	for _, p := range late {
+		if p < len(f.pids) && f.pids[p] != myPID && !processAlive(f.pids[p]) {
+			dead = append(dead, f.base+p)
+		}
+	}
+	if len(dead) > 0 {
+		return &comm.PeerLostError{Op: "nvlink: GPU wait for peers' flags", Ranks: dead, Cause: "process exited"}
+	}
+	if len(late) == 0 {
+		for _, p := range rejected {
+			if pe := f.report(ctx, p); pe != nil {
+				return pe
+			}
+		}
+	}
+	return WaitError(codes, f.base)
+}
+
+// report is peer p's report if it is of the call p last rejected (the
+// epoch of p's rejection signal in this rank's arrived[p]), else nil.
+func (f *GPUFlags) report(ctx context.Context, p int) *PeerError {
+	if p >= len(f.regions) {
+		return nil
+	}
+	word, err := f.s.DownloadBuffer(ctx, f.view(8*(int(f.arrivedSlot())+p), 8))
+	if err != nil {
+		return nil
+	}
+	v := binary.LittleEndian.Uint64(word)
+	if v&0xff != OpRejected {
+		return nil
+	}
+	rv, err := f.regions[p].View(reportOff(f.R), reportSize)
+	if err != nil {
+		return nil
+	}
+	b, err := f.s.DownloadBuffer(ctx, rv)
+	if err != nil {
+		return nil
+	}
+	return decodeReport(b, v>>8, f.base+p)
 }

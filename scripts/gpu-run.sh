@@ -12,7 +12,8 @@
 #	          lifetime poisoning, interop, several domains in-process,
 #	          GPU-fed and host-staged rail) and executor over UCX
 #	          (TestCUDADomainsProcesses on shared memory and TCP;
-#	          TestCUDADomainsFaults)
+#	          TestCUDADomainsFaults; TestCUDAFaultMatrix: hang, die, slow
+#	          and reject in 1, 2 and 4 domains)
 #	memcheck  compute-sanitizer memcheck of the executor's one-domain and
 #	          several-domain worlds as processes (every rank checked),
 #	          graph, lifetime-poison, one-rank layout and interop tests and of
@@ -113,6 +114,9 @@ tests() {
 	step executor-ucx-shm 180 $bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsProcesses/shm=true' -test.v
 	# A rejected combine reported across domains by GPU-written rail headers.
 	step executor-ucx-faults 180 $bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsFaults' -test.v
+	# Every rank's error class, names and time under a hang, a death, a
+	# slow rank and a rejection, in one domain and across domains.
+	step executor-ucx-fault-matrix 400 $bin/executor-ucx.test -gpu -test.run 'TestCUDAFaultMatrix' -test.v
 	# The GPU host's UCX has no atomics over TCP in its v2 protocols.
 	step executor-ucx-tcp 180 env UCX_PROTO_ENABLE=n $bin/executor-ucx.test -gpu -test.run 'TestCUDADomainsProcesses/shm=false' -test.v
 }

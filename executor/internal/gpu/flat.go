@@ -73,7 +73,7 @@ func (f *flat) abandoned(datapath.Op, error) {}
 // it).
 func (f *flat) reject(op datapath.Op, cause error) {
 	if op != datapath.OpLayout || f.layoutOnGPU() {
-		f.p.rejectFlags()
+		f.p.rejectFlags(cause)
 		return
 	}
 	f.p.ctl.Reject(op, cause)

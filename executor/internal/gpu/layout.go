@@ -130,7 +130,7 @@ func (p *Path) deviceLayout(ctx context.Context, lk *gpuLayout, h *datapath.Hand
 	route, nt := p.routeWindow()
 	grid, block, err := threadShape(p.R * max(T*K, 1))
 	if err != nil {
-		p.rejectFlags()
+		p.rejectFlags(err)
 		return err
 	}
 	// A failure of earlier work that no Synchronize has reported yet (a
@@ -143,7 +143,7 @@ func (p *Path) deviceLayout(ctx context.Context, lk *gpuLayout, h *datapath.Hand
 	sumOff, sumN := d.Summary()
 	priorOff := 4 * sumN
 	if err := errors.Join(p.flags.CopyStatus(lk.back, priorOff), p.flags.ClearStatus()); err != nil {
-		p.rejectFlags()
+		p.rejectFlags(err)
 		return err
 	}
 	// 1-2: the routing exchange. Once the first wait is enqueued, every

@@ -78,7 +78,7 @@ func (p *Path) dispatchOne(h *datapath.Handle, x, w, sx *device.Tensor, out data
 	if err != nil {
 		// Nothing of the call ran: join it as rejected, so that the
 		// peers fail it at once and the epochs stay in step.
-		p.rejectFlags()
+		p.rejectFlags(err)
 		p.cross.abandoned(datapath.OpDispatch, err)
 		return err
 	}
@@ -122,7 +122,7 @@ func (p *Path) combineOne(h *datapath.Handle, z, zw *device.Tensor, out datapath
 		unit, bf16, vec, p.dnan, f.Peers(), f.Words(), int32(f.Size()), int32(f.Rank()), op, f.TimeoutNs())
 	if err != nil {
 		// Nothing of the call ran (dispatchOne).
-		p.rejectFlags()
+		p.rejectFlags(err)
 		p.cross.abandoned(datapath.OpCombine, err)
 		return err
 	}

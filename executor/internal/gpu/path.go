@@ -359,10 +359,12 @@ func (p *Path) rejectCall(op datapath.Op, cause error) error {
 	return cause
 }
 
-// rejectFlags joins a call on the domain's flags as rejected, recording a
-// failure to enqueue the signals for Synchronize.
-func (p *Path) rejectFlags() {
-	if err := p.flags.Reject(); err != nil && p.pending == nil {
+// rejectFlags joins a call on the domain's flags as rejected for cause
+// (its peers relay the class and names of a timeout or a lost peer:
+// GPUFlags.Reject), recording a failure to enqueue the signals for
+// Synchronize.
+func (p *Path) rejectFlags(cause error) {
+	if err := p.flags.Reject(cause); err != nil && p.pending == nil {
 		p.pending = err
 	}
 }
@@ -375,7 +377,7 @@ func (p *Path) rejectFlags() {
 // and the epochs stay in step. It returns err with any error of the
 // signals.
 func (p *Path) abandon(op datapath.Op, err error) error {
-	err = errors.Join(err, p.flags.Abandon())
+	err = errors.Join(err, p.flags.Abandon(err))
 	p.cross.abandoned(op, err)
 	return err
 }

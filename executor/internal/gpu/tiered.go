@@ -346,7 +346,7 @@ func (tr *tiered) hierPush(h *datapath.Handle, x, w *device.Tensor, round uint64
 	}
 	if rerr != nil {
 		// The domain's peers must fail this call too.
-		g.rejectFlags()
+		g.rejectFlags(rerr)
 		return rerr
 	}
 	if err := g.flags.Begin(); err != nil {
@@ -363,7 +363,7 @@ func (tr *tiered) hierPush(h *datapath.Handle, x, w *device.Tensor, round uint64
 	if err := g.pushEntries(hx.fwdX, fw, nil, rb, 0, rt.fEntTok, rt.fEntDest, rt.fEntRow, hx.M*hx.maxT*g.W); err != nil {
 		return g.abandon(op, err)
 	}
-	return g.flags.Arrive(flagOp(op, x.DType(), w != nil))
+	return g.flags.ArriveAfterRound(flagOp(op, x.DType(), w != nil))
 }
 
 // fromRail fills dst from byte off of slot, the last rail round's receive
@@ -661,7 +661,7 @@ func (tr *tiered) reject(op datapath.Op, cause error) {
 		tr.p.ctl.JoinNow(op, cause)
 		return
 	}
-	tr.r.Reject(op, cause, tr.p.rejectFlags)
+	tr.r.Reject(op, cause, func() { tr.p.rejectFlags(cause) })
 }
 
 // abandoned sends a combine-like call's failure in its rail round, which
