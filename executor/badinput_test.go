@@ -112,8 +112,8 @@ func TestBadInput(t *testing.T) {
 					return mk(ctx, e, device.FP32, T, K)
 				}
 				return nil
-			}), ErrPeerMismatch, "runs operation"},
-		{"dtype differs between ranks", dispatchWith(xOnBad(func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.FP32, T, H) }), nil), ErrPeerMismatch, "runs operation"},
+			}), ErrPeerMismatch, "TopkWeights must be given on every rank or on none"},
+		{"dtype differs between ranks", dispatchWith(xOnBad(func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.FP32, T, H) }), nil), ErrPeerMismatch, "dtype must be equal on all ranks"},
 		{"weights shape", dispatchWith(func(ctx context.Context, e *Engine, x *device.Tensor) *device.Tensor { return x },
 			func(ctx context.Context, e *Engine) *device.Tensor { return mk(ctx, e, device.FP32, T, K+1) }), ErrInvalidInput, "TopkWeights has shape"},
 		{"combine rows", func(ctx context.Context, e *Engine, h *Handle, x *device.Tensor) error {

@@ -75,7 +75,7 @@ func TestBadInputFP8(t *testing.T) {
 				return DispatchInput{X: mk(e, device.BF16, T, H)}
 			}
 			return fp8(e)
-		}), false, ErrPeerMismatch, "runs operation"},
+		}), false, ErrPeerMismatch, "dtype must be equal on all ranks"},
 		{"dispatch-permute output scales missing", func(ctx context.Context, e *Engine, h *Handle) error {
 			N, P := h.RecvRows(), h.PermutedRows()
 			out := DispatchPermuteOutput{X: mk(e, device.FP8E4M3, P, H), RecvIdx: mk(e, device.Int32, N, K), Scales: onBad(e, mk(e, device.FP32, P, S), nil)}

@@ -95,7 +95,7 @@ func (e *Engine) Relayout(ctx context.Context, h *Handle, in LayoutInput) error 
 	idx := in.TopkIdx
 	err := e.checkTopk(idx)
 	if err == nil && e.cfg.Mode != Capacity {
-		err = fmt.Errorf("executor: relayout: %w: output sizes follow the routing in blocking mode (use Capacity mode)", ErrInvalidInput)
+		err = fmt.Errorf("executor: relayout in blocking mode (output sizes follow the routing; use Capacity mode): %w", ErrInvalidInput)
 	}
 	if err == nil && idx.Rows() != h.st.NumTokens {
 		err = fmt.Errorf("executor: relayout: TopkIdx has %d tokens, the handle %d: %w", idx.Rows(), h.st.NumTokens, ErrInvalidInput)

@@ -155,12 +155,13 @@ func PeerInput(err error) error {
 }
 
 // peerInputError is a peer's rejection as this rank's invalid input. Its
-// text names the class once: a peer's message usually ends with it.
+// text names the class once: a peer's message usually says it already
+// (at its end, or before a relay's cut).
 type peerInputError struct{ err error }
 
 func (e *peerInputError) Error() string {
 	s, class := e.err.Error(), plan.ErrInvalidInput.Error()
-	if strings.HasSuffix(s, class) {
+	if strings.Contains(s, class) {
 		return s
 	}
 	return s + ": " + class
@@ -240,6 +241,30 @@ func (o Op) String() string {
 	return fmt.Sprintf("operation %d", uint64(o))
 }
 
+// also names the other API call that runs op, if any.
+func (o Op) also() string {
+	switch o {
+	case OpLayout:
+		return " (or Relayout)"
+	case OpDispatch:
+		return " (or CombineBackward)"
+	case OpCombine:
+		return " (or DispatchBackward)"
+	}
+	return ""
+}
+
+// weights names the input whose presence Sig's weighted word records.
+func (o Op) weights() string {
+	switch o {
+	case OpCombine:
+		return "GradRecvWeights"
+	case OpUnpermuteCombine:
+		return "RecvWeights"
+	}
+	return "TopkWeights"
+}
+
 // DispatchLike reports whether op moves rows or routing towards the
 // destinations (its rail round, with several domains, runs before its
 // domain exchange).
@@ -254,12 +279,74 @@ const (
 )
 
 // Sig is the signature of a data call: handle, dtype, weighted, round.
+// A layout's is the engine's count of layouts (executor.Engine.Layout and
+// Relayout), then zeros. Mismatch decodes it.
 func Sig(h *Handle, dt device.DType, weighted bool, round uint64) [4]uint64 {
 	w := uint64(0)
 	if weighted {
 		w = 1
 	}
 	return [4]uint64{h.ID, uint64(dt), w, round}
+}
+
+// Mismatch words how global rank peer's collective call (peerOp,
+// peerSig) differs from rank's (op, sig), for the message of an
+// nvlink.ErrPeerMismatch: the calls by name, else the first of Sig's
+// words that differs (handle, dtype, weights, round) in the caller's
+// terms. The exchanges publish numbers; a user reads words.
+func Mismatch(rank int, op Op, sig [4]uint64, peer int, peerOp Op, peerSig [4]uint64) string {
+	switch {
+	case op != peerOp:
+		return fmt.Sprintf("rank %d runs %s%s, rank %d %s%s: the ranks' collective calls are out of step",
+			rank, op, op.also(), peer, peerOp, peerOp.also())
+	case sig[0] != peerSig[0] && op == OpLayout:
+		return fmt.Sprintf("rank %d runs layout #%d, rank %d layout #%d: the ranks made different numbers of Layout and Relayout calls",
+			rank, sig[0], peer, peerSig[0])
+	case sig[0] != peerSig[0]:
+		return fmt.Sprintf("rank %d runs %s with the handle of layout #%d, rank %d with that of layout #%d: every rank must pass the handle of the same Layout",
+			rank, op, sig[0], peer, peerSig[0])
+	case sig[1] != peerSig[1]:
+		return fmt.Sprintf("rank %d runs %s on %v rows, rank %d on %v rows: the rows' dtype must be equal on all ranks",
+			rank, op, dtypeWord(sig[1]), peer, dtypeWord(peerSig[1]))
+	case sig[2] != peerSig[2]:
+		return fmt.Sprintf("rank %d runs %s %s, rank %d %s: %s must be given on every rank or on none",
+			rank, op, withWeights(sig[2]), peer, withWeights(peerSig[2]), op.weights())
+	case sig[3] != peerSig[3]:
+		return fmt.Sprintf("rank %d runs %s's %s round, rank %d its %s round", rank, op, roundWord(sig[3]), peer, roundWord(peerSig[3]))
+	}
+	return fmt.Sprintf("rank %d runs %s %v, rank %d runs %s %v", rank, op, sig, peer, peerOp, peerSig)
+}
+
+func dtypeWord(w uint64) string {
+	if w > 255 {
+		return fmt.Sprintf("dtype(%d)", w)
+	}
+	return device.DType(w).String()
+}
+
+func withWeights(w uint64) string {
+	if w != 0 {
+		return "with weights"
+	}
+	return "without weights"
+}
+
+func roundWord(r uint64) string {
+	switch r {
+	case RoundRows:
+		return "rows"
+	case RoundScales:
+		return "fp8 scales"
+	}
+	return fmt.Sprintf("#%d", r)
+}
+
+// The domain's exchanges carry Op and Sig as numbers; their mismatch
+// messages name them as Mismatch does.
+func init() {
+	nvlink.DescribeMismatch = func(rank int, op uint64, sig [4]uint64, peer int, peerOp uint64, peerSig [4]uint64) string {
+		return Mismatch(rank, Op(op), sig, peer, Op(peerOp), peerSig)
+	}
 }
 
 // RowBytes is the size of one row of a 2-D tensor.

@@ -348,8 +348,11 @@ func (r *Rail) Exchange(op datapath.Op, sg [4]uint64, status error, fill Fill, s
 	for _, n := range peers {
 		ph := GetHead(recv(n))
 		if ph.Op != uint64(op) || ph.Sig != [3]uint64{sg[0], sg[1], sg[2]} {
-			return recv, fmt.Errorf("executor: rail: rank %d runs operation %s %v, rank %d runs %s %v: %w",
-				r.env.Rank, op, sg[:3], r.Global(n), datapath.Op(ph.Op), ph.Sig, nvlink.ErrPeerMismatch)
+			// A rail header carries no round: the rounds of a call pair
+			// up by their order.
+			psg := [4]uint64{ph.Sig[0], ph.Sig[1], ph.Sig[2], sg[3]}
+			return recv, fmt.Errorf("executor: rail: %s: %w",
+				datapath.Mismatch(r.env.Rank, op, sg, r.Global(n), datapath.Op(ph.Op), psg), nvlink.ErrPeerMismatch)
 		}
 		// A slot holds at most MaxTokensPerRank tokens or rows.
 		if ph.Count < 0 || ph.Count > r.env.P.MaxTokensPerRank {
