@@ -61,7 +61,9 @@ type DispatchInput struct {
 	// permuted beside the rows as Scales (DispatchPermute).
 	XScales *device.Tensor
 	// TopkWeights is optional [T_r, TopK] FP32 router weights; when given
-	// (on all ranks or on none) they travel with the rows.
+	// (on all ranks or on none) they travel with the rows, unapplied: they
+	// come out as RecvWeights (and permuted as Weights), which Unpermute
+	// or UnpermuteCombine apply.
 	TopkWeights *device.Tensor
 }
 
@@ -116,12 +118,14 @@ func (o PermuteOutput) Close() error { return closeAll(o.X, o.Weights, o.Scales)
 // UnpermuteInput is expert-major rows to fold back.
 type UnpermuteInput struct {
 	Y *device.Tensor // [PermutedCount or MaxPermutedTokens, Hidden]
-	// RecvWeights, when given ([rows, TopK] FP32), weights each term;
-	// otherwise every weight is 1.
+	// RecvWeights, when given ([rows, TopK] FP32, the dispatch's
+	// RecvWeights), weights each term: this is where router weights are
+	// applied. Otherwise every weight is 1.
 	RecvWeights *device.Tensor
 }
 
-// CombineInput is one rank's processed rows.
+// CombineInput is one rank's processed rows. Combine sums them back to
+// their sources unweighted (apply weights first, or use UnpermuteCombine).
 type CombineInput struct {
 	Z *device.Tensor // [RecvCount or MaxRecvTokens, Hidden]
 }
