@@ -253,3 +253,29 @@ func TestReadmeExample(t *testing.T) {
 		t.Errorf("README.md's program imports %q, the example %q", got, exp)
 	}
 }
+
+// TestReadmeGoVersion: README.md's quick start names the Go that go.mod's
+// go line asks for (older ones cannot build the module at all).
+func TestReadmeGoVersion(t *testing.T) {
+	mod, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want string
+	for line := range strings.Lines(string(mod)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "go "); ok {
+			want = v
+			break
+		}
+	}
+	if want == "" {
+		t.Fatal("go.mod has no go line")
+	}
+	if s := "goep needs Go " + want + " or later"; !bytes.Contains(readme, []byte(s)) {
+		t.Errorf("README.md does not say %q (go.mod's go line is %q)", s, want)
+	}
+}

@@ -22,11 +22,27 @@
 # GPU host the loader finds the real libcuda.so.1 at run time.
 #
 # Every step is idempotent: a machine that already has nvcc and cuda.h skips
-# apt entirely. Set GOEP_CUDA_SKIP_APT=1 to never touch apt.
+# apt entirely. Set GOEP_CUDA_SKIP_APT=1 to never touch apt. Before it
+# changes apt's sources or installs anything it prints what it will do
+# (about 5 GB of packages); on a terminal it then waits 10 s, so Ctrl-C
+# stops it first. It never asks (CI runs it unattended).
+#
+#   scripts/cuda-check.sh --plan   print what it would install, one line
+#                                  each (nothing when nothing), and exit
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '== %s\n' "$*" >&2; }
+
+plan_only=
+case "${1:-}" in
+--plan) plan_only=1 ;;
+"") ;;
+*)
+	echo "usage: scripts/cuda-check.sh [--plan]" >&2
+	exit 2
+	;;
+esac
 
 export PATH="/usr/local/go/bin:$PATH"
 
@@ -35,25 +51,25 @@ have_cuda() {
 		dpkg -s nvidia-cuda-dev >/dev/null 2>&1
 }
 
-# enable_contrib_nonfree adds contrib and non-free to every Components line
-# of Debian's deb822 source file (Debian 12's default), or to the deb lines
-# of a one-line-style sources.list; lines that have them already stay.
-enable_contrib_nonfree() {
+# apt_sources sets src, pat and first: Debian's apt source file, the awk
+# pattern of its lines that name components, and their first component
+# field: the deb822 file (Debian 12's default), else a one-line-style
+# sources.list.
+apt_sources() {
 	if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-		add_components /etc/apt/sources.list.d/debian.sources '^Components:' 2
+		src=/etc/apt/sources.list.d/debian.sources pat='^Components:' first=2
 	elif [ -f /etc/apt/sources.list ]; then
-		add_components /etc/apt/sources.list '^deb(-src)? ' 4
+		src=/etc/apt/sources.list pat='^deb(-src)? ' first=4
 	else
 		echo "scripts/cuda-check.sh: no Debian apt sources found" >&2
 		exit 1
 	fi
 }
 
-# add_components FILE PATTERN FIRST appends contrib and non-free, where
-# missing, to the lines of FILE that match PATTERN (an awk regex), whose
-# components start at field FIRST. FILE is rewritten only if it changes.
-add_components() {
-	local f=$1
+# with_components FILE PATTERN FIRST prints FILE with contrib and non-free
+# appended, where missing, to the lines that match PATTERN (an awk regex),
+# whose components start at field FIRST.
+with_components() {
 	awk -v pat="$2" -v first="$3" '
 		$0 ~ pat {
 			have_c = 0; have_n = 0
@@ -65,28 +81,57 @@ add_components() {
 			if (!have_n) $0 = $0 " non-free"
 		}
 		{ print }
-	' "$f" >"$f.goep-tmp"
-	if cmp -s "$f" "$f.goep-tmp"; then
-		rm -f "$f.goep-tmp"
+	' "$1"
+}
+
+# enable_contrib_nonfree adds contrib and non-free where missing; the file
+# is rewritten only if it changes.
+enable_contrib_nonfree() {
+	with_components "$src" "$pat" "$first" >"$src.goep-tmp"
+	if cmp -s "$src" "$src.goep-tmp"; then
+		rm -f "$src.goep-tmp"
 	else
-		mv "$f.goep-tmp" "$f"
-		log "enabled contrib non-free in $f"
+		mv "$src.goep-tmp" "$src"
+		log "enabled contrib non-free in $src"
 	fi
 }
 
+cuda_packages="nvidia-cuda-dev nvidia-cuda-toolkit"
 if ! have_cuda && [ "${GOEP_CUDA_SKIP_APT:-0}" != 1 ]; then
+	# What it will do, before it does it: one line each, on stdout for
+	# --plan (scripts/test.sh lists them with its own), else logged.
+	plan=()
+	apt_sources
+	if ! with_components "$src" "$pat" "$first" | cmp -s "$src" -; then
+		plan+=("add the contrib and non-free components to $src (apt's sources; Debian's CUDA packages live there)")
+	fi
+	plan+=("apt-get install $cuda_packages (Debian's CUDA 11.8 toolkit: nvcc, headers, the driver stub; about 5 GB with their dependencies)")
+	if [ -n "$plan_only" ]; then
+		printf 'CUDA check: %s\n' "${plan[@]}"
+		exit 0
+	fi
+	log "scripts/cuda-check.sh will (GOEP_CUDA_SKIP_APT=1 never touches apt):"
+	for p in "${plan[@]}"; do
+		log "  - $p"
+	done
 	if [ "$(id -u)" != 0 ]; then
 		echo "scripts/cuda-check.sh: need root to install the CUDA toolkit with apt-get" >&2
 		exit 1
+	fi
+	if [ -z "${GOEP_INSTALL_PLAN_SHOWN:-}" ] && [ -t 0 ] && [ -t 2 ]; then
+		log "starting in 10 s (Ctrl-C stops it)"
+		sleep 10
 	fi
 	start=$SECONDS
 	enable_contrib_nonfree
 	log "apt-get update"
 	apt-get update -qq
-	log "apt-get install nvidia-cuda-dev nvidia-cuda-toolkit"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nvidia-cuda-dev nvidia-cuda-toolkit >/dev/null
+	log "apt-get install $cuda_packages"
+	# shellcheck disable=SC2086 # the package list splits on purpose
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $cuda_packages >/dev/null
 	log "CUDA toolkit installed in $((SECONDS - start)) s"
 fi
+[ -z "$plan_only" ] || exit 0
 command -v gcc >/dev/null || { echo "scripts/cuda-check.sh: cgo needs gcc" >&2; exit 1; }
 
 # The driver stub: Debian's nvidia-cuda-dev ships libcuda.so under a stubs

@@ -4,14 +4,33 @@
 # On a fresh Debian 12 machine, as root, it installs what the tests need,
 # then runs go vet and go test over the whole module, the mpi-tagged tests
 # under mpirun (Open MPI), the ucx-tagged tests (UCX), and go test -race.
+# Before it changes anything it prints what it will install: Debian
+# packages, a Go toolchain (go.mod's version, into the module cache, for
+# its own run), and for the CUDA check contrib and non-free in apt's
+# sources and Debian's CUDA toolkit (about 5 GB). It never asks (CI runs
+# it unattended); on a terminal it waits 10 s after the list, so Ctrl-C
+# stops it before anything is installed.
+#
+#   ./scripts/test.sh --plan   print what it would install, and exit
 #
 #   GOEP_TEST_RACE=all    (default) race detector over every package, -short
 #   GOEP_TEST_RACE=small  race detector over the small packages only
 #   GOEP_TEST_RACE=none   no race run
+#   GOEP_TEST_CUDA=none   skip scripts/cuda-check.sh (and its install)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '== %s\n' "$*" >&2; }
+
+plan_only=
+case "${1:-}" in
+--plan) plan_only=1 ;;
+"") ;;
+*)
+	echo "usage: scripts/test.sh [--plan]" >&2
+	exit 2
+	;;
+esac
 
 # want_go is the Go version go.mod asks for.
 want_go=$(awk '$1 == "go" { print $2; exit }' go.mod)
@@ -40,32 +59,88 @@ command -v mpirun >/dev/null || APT_PACKAGES+=(openmpi-bin)
 command -v pkg-config >/dev/null || APT_PACKAGES+=(pkg-config)
 pkg-config --exists ompi 2>/dev/null || APT_PACKAGES+=(libopenmpi-dev)
 pkg-config --exists ucx 2>/dev/null || APT_PACKAGES+=(libucx-dev)
-if [ ${#APT_PACKAGES[@]} -gt 0 ]; then
-	log "apt-get install ${APT_PACKAGES[*]}"
-	apt_install "${APT_PACKAGES[@]}"
-fi
 
 # Go: the machine's /usr/local/go, else any go on PATH, else Debian's
 # golang-go. A go of 1.21 or later fetches the toolchain go.mod asks for
 # from the module proxy by itself (GOTOOLCHAIN=auto). Debian 12's go is
 # 1.19, which cannot; it downloads the toolchain module with
 # `go mod download` instead and runs that.
+user_go=$(command -v go || true) # the go of the caller's PATH
 export PATH="/usr/local/go/bin:$PATH"
-if ! command -v go >/dev/null; then
+need_golang_go=
+command -v go >/dev/null || need_golang_go=1
+# go_version is the go on PATH's own version, asked outside the module so
+# that a go of 1.21 or later does not fetch go.mod's toolchain to answer.
+go_version() { (cd / && GOTOOLCHAIN=local go version) | awk '{print $3}'; }
+older() { [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -1)" = "$1" ]; }
+toolchain="golang.org/toolchain@v0.0.1-go${want_go}.linux-$(uname -m | sed 's/x86_64/amd64/; s/aarch64/arm64/')"
+
+# What this run will install, before it installs anything.
+plan=()
+if [ ${#APT_PACKAGES[@]} -gt 0 ] || [ -n "$need_golang_go" ]; then
+	pk=("${APT_PACKAGES[@]}")
+	[ -z "$need_golang_go" ] || pk+=(golang-go ca-certificates)
+	plan+=("apt-get install ${pk[*]} (Debian 12's main archive; up to about 0.5 GB with their dependencies)")
+fi
+if [ -n "$need_golang_go" ]; then
+	plan+=("Go $want_go: Debian 12's go (1.19) is too old for go.mod; fetch $toolchain (about 270 MB) from the Go module proxy into the module cache, and put it on this run's PATH (at the end it says how to put it on yours)")
+else
+	have=$(go_version)
+	have=${have#go}
+	if older "$have" 1.21; then
+		plan+=("Go $want_go: go $have is too old for go.mod; fetch $toolchain (about 270 MB) from the Go module proxy into the module cache, and put it on this run's PATH (at the end it says how to put it on yours)")
+	elif older "$have" "$want_go"; then
+		plan+=("Go $want_go: go $have fetches it itself (GOTOOLCHAIN=auto) from the Go module proxy into the module cache (about 270 MB)")
+	fi
+fi
+if [ "${GOEP_TEST_CUDA:-all}" = all ]; then
+	while IFS= read -r line; do
+		plan+=("$line")
+	done < <(bash scripts/cuda-check.sh --plan)
+fi
+if [ ${#plan[@]} -gt 0 ]; then
+	log "scripts/test.sh will install (GOEP_TEST_CUDA=none leaves out the CUDA toolkit):"
+	for p in "${plan[@]}"; do
+		log "  - $p"
+	done
+elif [ -n "$plan_only" ]; then
+	log "scripts/test.sh has nothing to install"
+fi
+[ -z "$plan_only" ] || exit 0
+if [ ${#plan[@]} -gt 0 ] && [ -t 0 ] && [ -t 2 ]; then
+	log "starting in 10 s (Ctrl-C stops it; ./scripts/test.sh --plan prints this list alone)"
+	sleep 10
+fi
+export GOEP_INSTALL_PLAN_SHOWN=1 # cuda-check.sh need not wait again
+
+if [ ${#APT_PACKAGES[@]} -gt 0 ]; then
+	log "apt-get install ${APT_PACKAGES[*]}"
+	apt_install "${APT_PACKAGES[@]}"
+fi
+if [ -n "$need_golang_go" ]; then
 	log "apt-get install golang-go"
 	apt_install golang-go ca-certificates
 fi
-have_go=$(go env GOVERSION 2>/dev/null || go version | awk '{print $3}')
+have_go=$(go_version)
 have_go=${have_go#go}
-if [ "$(printf '%s\n%s\n' "1.21" "$have_go" | sort -V | head -1)" != "1.21" ]; then
-	tc="golang.org/toolchain@v0.0.1-go${want_go}.$(go env GOOS)-$(go env GOARCH)"
-	log "go $have_go is older than 1.21: fetching $tc from the module proxy"
-	dir=$(cd "$(mktemp -d)" && GOFLAGS=-mod=mod go mod download -json "$tc" | awk -F'"' '$2 == "Dir" { print $4 }')
+if older "$have_go" 1.21; then
+	toolchain="golang.org/toolchain@v0.0.1-go${want_go}.$(go env GOOS)-$(go env GOARCH)"
+	log "go $have_go is older than 1.21: fetching $toolchain from the module proxy"
+	dir=$(cd "$(mktemp -d)" && GOFLAGS=-mod=mod go mod download -json "$toolchain" | awk -F'"' '$2 == "Dir" { print $4 }')
 	chmod -R u+w "$dir" && chmod +x "$dir"/bin/* "$dir"/pkg/tool/*/*
 	export PATH="$dir/bin:$PATH" GOROOT="$dir"
 fi
 export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
 log "$(go version)"
+# go_hint says how to run this go from the caller's shell, when the
+# caller's PATH does not lead to it (a fetched toolchain, /usr/local/go
+# off their PATH): the README's commands need it.
+go_hint=
+run_go=$(command -v go)
+if [ "$run_go" != "$user_go" ]; then
+	go_hint="this run's go ($(go env GOVERSION)) is $run_go; for the README's commands in your shell: export PATH=\"$(dirname "$run_go"):\$PATH\""
+	log "$go_hint"
+fi
 
 # Open MPI: CI runs as root in a container. mpirun refuses root unless
 # told, and 4 ranks oversubscribe 2 cores. Unless the caller set them, the
@@ -149,3 +224,4 @@ none) ;;
 	;;
 esac
 log "all tests passed"
+[ -z "$go_hint" ] || log "$go_hint"
