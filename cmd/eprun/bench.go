@@ -36,6 +36,7 @@ type benchFlags struct {
 	chunkRows         []int
 	iters             int
 	warmup            int
+	count             int
 	mode              []string
 	pad               int
 	seed              uint64
@@ -48,6 +49,7 @@ type benchFlags struct {
 	csvOut            string
 	format            string
 	quiet             bool
+	wide              bool
 	forceMemory       bool
 }
 
@@ -100,7 +102,19 @@ blocks of the push and scatter kernels (so the copies keep to at most that many 
 goroutines a rank copies with and --chunk-rows is the rows of each work item. 0 (the default)
 is the engine's default: no bound (cuda: a block per chunk; host: GOMAXPROCS goroutines), and
 one row per block (cuda) or one contiguous range per goroutine (host). Outputs are the same,
-bit for bit, for every value; only the time changes. A swept knob gets a column in the table.`,
+bit for bit, for every value; only the time changes. A swept knob gets a column in the table.
+
+The table keeps within 120 columns: the case, time_us, p99_us, nvl_GBps, rdma_GBps (with several
+domains), ratio (to the copy baseline), vs_a2a and #wrong, with footer lines folded to fit;
+--wide prints every column (baseline_GBps, a2a_us and a2a_GBps too) and the footer unfolded.
+--json and --csv always have every field. --count N runs the whole sweep N times, every case
+on fresh engines each time: a row per call, case and repetition (the rep column), and with
+--format=gobench N results per benchmark, the samples benchstat compares (it wants 6 or more):
+  eprun bench --count 6 --format=gobench > old.txt; ...; benchstat old.txt new.txt
+A run that stops early (a case or a baseline fails, a signal) prints and writes the rows
+measured before, marked incomplete (the check line; "incomplete": true in --json), and
+exits non-zero. Progress goes to stderr (-q drops it): the step running, and, once an
+iteration is timed, an estimate of the time the whole run has left (eta).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := f.configArg(cmd, args); err != nil {
@@ -112,6 +126,7 @@ bit for bit, for every value; only the time changes. A swept knob gets a column 
 	f.register(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&f.format, "format", "table", "output format: table or gobench (lines for benchstat)")
+	fl.BoolVar(&f.wide, "wide", false, "print every column of the table (baseline_GBps, a2a_us, a2a_GBps too) and its footer unwrapped; without it the table keeps within 120 columns")
 	fl.StringVar(&f.csvOut, "csv", "", "write one row per call and case as CSV to FILE (- for stdout; the table then goes to stderr)")
 	return cmd
 }
@@ -151,6 +166,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.IntSliceVar(&f.chunkRows, "chunk-rows", nil, "tuning knob: rows per block (cuda) or per work item (host); 0: the engine's default (comma-separated list to sweep; results identical, only time changes)")
 	fl.IntVar(&f.iters, "iters", 0, "timed iterations per call")
 	fl.IntVar(&f.warmup, "warmup", 0, "untimed warm-up iterations per call")
+	fl.IntVar(&f.count, "count", 0, "run the whole sweep N times, every case on fresh engines each time: a row per call, case and repetition (rep); --format=gobench then prints N lines per benchmark, as benchstat wants (6 or more) (default: the config's, else 1)")
 	fl.StringSliceVar(&f.mode, "mode", nil, "blocking or capacity (comma-separated list to sweep)")
 	fl.IntVar(&f.pad, "pad", 0, "pad multiple of each expert's permuted segment (1 = none)")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the routing and payload")
@@ -160,7 +176,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.routing, "routing", "", "how tokens pick experts: "+strings.Join(bench.RoutingKinds, ", "))
 	fl.Float64Var(&f.zipfS, "zipf-s", 0, "routing zipf: the Zipf exponent s > 0 (e.g. 1.1)")
 	fl.StringVar(&f.jsonOut, "json", "", "write the full record as JSON to FILE (- for stdout; "+jsonHelp+")")
-	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr")
+	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr (the step running and the time left)")
 	fl.BoolVar(&f.forceMemory, "force-memory", false, "run even when the run is expected not to fit in the host memory available (the refusal is then a warning)")
 }
 
@@ -238,6 +254,9 @@ func (f benchFlags) apply(cmd *cobra.Command, c *bench.Config) {
 	if set("warmup") {
 		c.Warmup = f.warmup
 	}
+	if set("count") {
+		c.Count = f.count
+	}
 	if set("mode") {
 		c.Mode = f.mode
 	}
@@ -271,9 +290,15 @@ func runBench(cmd *cobra.Command, f benchFlags, stdout, stderr io.Writer) error 
 	if f.format != "table" && f.format != "gobench" {
 		return fmt.Errorf("bench: --format %q: want table or gobench", f.format)
 	}
-	write := bench.WriteTable
-	if f.format == "gobench" {
+	if f.wide && f.format != "table" {
+		return fmt.Errorf("bench: --wide is for --format table, not %s", f.format)
+	}
+	write := func(w io.Writer, rec bench.Record) error { return bench.WriteTableWithin(w, rec, bench.TableWidth) }
+	switch {
+	case f.format == "gobench":
 		write = bench.WriteGoBench
+	case f.wide:
+		write = bench.WriteTable
 	}
 	return runWithCSV(cmd, "bench", f, stdout, stderr, write)
 }
@@ -525,7 +550,8 @@ func rankError(rank int, err error) error {
 // line whenever a new step (a call, a baseline, a case's setup) starts.
 // While a step runs long (an iteration of a large case, a slow a2a
 // baseline, the checks), it says so every heartbeat, so that a long run is
-// never silent for more than that.
+// never silent for more than that. Once an iteration has been timed, every
+// line carries an estimate of the time the whole run has left (eta).
 type progress struct {
 	w     io.Writer
 	tty   bool
@@ -588,8 +614,41 @@ func (p *progress) beat(now time.Time) {
 	p.draw(now, fmt.Sprintf("still in %s, %d of %d iterations done", p.step(), p.ev.Done, p.ev.Total))
 }
 
+// step names the step running: "case 2/3 dispatch", after "rep 4/6 "
+// when the sweep repeats.
 func (p *progress) step() string {
-	return fmt.Sprintf("case %d/%d %s", p.ev.Case, p.ev.Cases, p.ev.Step)
+	s := fmt.Sprintf("case %d/%d %s", p.ev.Case, p.ev.Cases, p.ev.Step)
+	if p.ev.Reps > 1 {
+		s = fmt.Sprintf("rep %d/%d %s", p.ev.Rep, p.ev.Reps, s)
+	}
+	return s
+}
+
+// eta is ", eta 1m20s", the time the run has left: the time spent so far
+// scaled by the share of the run's work left to what is done
+// (bench.Progress.Work weighs each iteration by its case's size, so that
+// the large cases of a sweep count as the longer ones they are); "" until
+// an iteration is done. Setup and checks are not counted as work, and the
+// spent time includes them: the estimate is rough in the first case.
+func (p *progress) eta(now time.Time) string {
+	ev := p.ev
+	if ev.Work <= 0 || ev.TotalWork <= 0 {
+		return ""
+	}
+	left := time.Duration(float64(now.Sub(p.start)) * max(ev.TotalWork-ev.Work, 0) / ev.Work)
+	return ", eta " + shortDuration(left)
+}
+
+// shortDuration is d as "45s", "4m05s" or "2h10m".
+func shortDuration(d time.Duration) string {
+	if d = d.Round(time.Second); d < time.Minute {
+		return fmt.Sprintf("%ds", d/time.Second)
+	}
+	if d < time.Hour {
+		return fmt.Sprintf("%dm%02ds", d/time.Minute, d%time.Minute/time.Second)
+	}
+	d = d.Round(time.Minute)
+	return fmt.Sprintf("%dh%02dm", d/time.Hour, d%time.Hour/time.Minute)
 }
 
 // line writes one line (not tty) or redraws the bar with what.
@@ -599,10 +658,10 @@ func (p *progress) line(now time.Time, what string) {
 		const width = 30
 		fill := width * p.ev.Done / max(p.ev.Total, 1)
 		bar := strings.Repeat("=", fill) + strings.Repeat(" ", width-fill)
-		fmt.Fprintf(p.w, "\r\x1b[Keprun: [%s] %3d%% %-28s %5.1fs", bar, 100*p.ev.Done/max(p.ev.Total, 1), what, now.Sub(p.start).Seconds())
+		fmt.Fprintf(p.w, "\r\x1b[Keprun: [%s] %3d%% %-28s %5.1fs%s", bar, 100*p.ev.Done/max(p.ev.Total, 1), what, now.Sub(p.start).Seconds(), p.eta(now))
 		return
 	}
-	fmt.Fprintf(p.w, "eprun: %s (%.1fs)\n", what, now.Sub(p.start).Seconds())
+	fmt.Fprintf(p.w, "eprun: %s (%.1fs%s)\n", what, now.Sub(p.start).Seconds(), p.eta(now))
 }
 
 // draw is line for the heartbeat: a line, or the bar with the step.

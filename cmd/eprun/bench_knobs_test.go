@@ -77,11 +77,11 @@ func TestBenchSweepKnobs(t *testing.T) {
 	}
 
 	// The table: sms and chunk after dtype, every row #wrong 0.
-	if !strings.Contains(stdout, "  sms 1,2  chunk_rows 0,8\n") || !strings.Contains(stdout, "# check: OK") {
+	if !strings.Contains(unfold(stdout), "  sms 1,2  chunk_rows 0,8\n") || !strings.Contains(stdout, "# check: OK") {
 		t.Errorf("table header or footer:\n%s", stdout)
 	}
 	got = nil
-	_, rows := tableRows(t, stdout, 17, "sms", "chunk")
+	_, rows := tableRows(t, stdout, 13, "sms", "chunk")
 	for _, f := range rows {
 		got = append(got, fmt.Sprintf("%s/%s/%s/%s", f[0], f[5], f[6], f[1]))
 	}
@@ -112,10 +112,10 @@ func TestBenchSweepKnobs(t *testing.T) {
 // header line names a value that is not the default.
 func TestBenchKnobsNotSwept(t *testing.T) {
 	stdout, _ := eprunOK(t, append(slices.Clone(tiny), "--sms", "3", "--chunk-rows", "5")...)
-	if !strings.Contains(stdout, "  sms 3  chunk_rows 5\n") || !strings.Contains(stdout, "# check: OK") {
+	if !strings.Contains(unfold(stdout), "  sms 3  chunk_rows 5\n") || !strings.Contains(stdout, "# check: OK") {
 		t.Errorf("table header or footer:\n%s", stdout)
 	}
-	if header, _ := tableRows(t, stdout, 15); slices.Contains(header, "sms") || slices.Contains(header, "chunk") {
+	if header, _ := tableRows(t, stdout, 11); slices.Contains(header, "sms") || slices.Contains(header, "chunk") {
 		t.Errorf("column header %v: a knob column without a sweep", header)
 	}
 }
@@ -124,7 +124,7 @@ func TestBenchKnobsNotSwept(t *testing.T) {
 // (sms, chunk_rows), and names them in its header.
 func TestCheckSweepKnobs(t *testing.T) {
 	stdout, _ := eprunOK(t, "check", "tiny", "-q", "--sms", "1,0", "--chunk-rows", "0,3")
-	if !strings.Contains(stdout, "  sms 1,0  chunk_rows 0,3\n") || !strings.Contains(stdout, "# check: OK") {
+	if !strings.Contains(unfold(stdout), "  sms 1,0  chunk_rows 0,3\n") || !strings.Contains(stdout, "# check: OK") {
 		t.Errorf("summary:\n%s", stdout)
 	}
 	for _, l := range strings.Split(strings.TrimSpace(stdout), "\n") {

@@ -19,7 +19,8 @@ func newCheck(stdout, stderr io.Writer) *cobra.Command {
 		Long: `Run the correctness sweep of eprun bench alone: every case of the config, every call, a few
 iterations (--iters, default 2, no warm-up), each rank checking its own outputs against the
 expectation computed from the routing (DESIGN.md section 2), with no timing baselines. Prints
-a summary per call and exits 1 if any row is wrong on any rank.
+a summary per call and exits 1 if any row is wrong on any rank. --count N runs the whole
+sweep N times, every case on fresh engines each time, every output checked each time.
 
 --backend cuda (a binary built with -tags cuda) runs the engines on GPU GOEP_DEVICE (default
 0; under a launcher the local rank), uploading the inputs and downloading every output to
@@ -67,8 +68,12 @@ func writeCheck(w io.Writer, rec bench.Record) error {
 	if slices.ContainsFunc(c.ChunkRows, func(n int) bool { return n != 0 }) {
 		knobs += fmt.Sprintf("  chunk_rows %v", c.ChunkRows)
 	}
-	fmt.Fprintf(&b, "# ranks %d  experts %d  topk %v  hidden %v  tokens %v  dtype %v  mode %v  pad %d  iters %d  seed %d%s\n",
-		c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.DType, c.Mode, c.Pad, c.Iters, c.Seed, knobs)
+	count := ""
+	if c.Count > 1 {
+		count = fmt.Sprintf("  count %d", c.Count)
+	}
+	fmt.Fprintf(&b, "# ranks %d  experts %d  topk %v  hidden %v  tokens %v  dtype %v  mode %v  pad %d  iters %d%s  seed %d%s\n",
+		c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.DType, c.Mode, c.Pad, c.Iters, count, c.Seed, knobs)
 	fmt.Fprintf(&b, "# launcher %s  processes %d  group %s\n#\n", rec.Launcher, rec.Processes, dash(rec.Group))
 	fmt.Fprintf(&b, "# %-17s %6s %13s %8s\n", "call", "cases", "rows_checked", "#wrong")
 	type sum struct{ cases, rows, wrong int }
@@ -79,7 +84,9 @@ func writeCheck(w io.Writer, rec bench.Record) error {
 			s = &sum{}
 			sums[r.Call] = s
 		}
-		s.cases++
+		if r.Rep <= 1 { // cases, not their repetitions
+			s.cases++
+		}
 		s.rows += r.CheckedRows
 		s.wrong += r.Wrong
 	}
@@ -93,7 +100,7 @@ func writeCheck(w io.Writer, rec bench.Record) error {
 	b.WriteString("#\n")
 	b.WriteString(rec.FP8Line())
 	b.WriteString(rec.CheckLine())
-	_, err := io.WriteString(w, b.String())
+	_, err := io.WriteString(w, bench.WrapComments(b.String(), bench.TableWidth))
 	return err
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -67,7 +68,8 @@ func eprunChild(t *testing.T, redirect string, args ...string) *exec.Cmd {
 // rows overflow the capacity: 4 ranks x 32 tokens x top-6 cannot fit 128
 // rows a rank, top-1 always does) prints the first case's rows, writes
 // them to --json and --csv, then the error, once, on one line, naming the
-// case and the cause; and exits 1.
+// case and the cause; and exits 1. The table's footer and the JSON record
+// say the run is incomplete, and how much of it was measured.
 func TestFailedCaseKeepsRows(t *testing.T) {
 	dir := t.TempDir()
 	js, cs := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.csv")
@@ -85,18 +87,41 @@ func TestFailedCaseKeepsRows(t *testing.T) {
 	if n := strings.Count(text, "eprun: "); n != 1 {
 		t.Errorf("%d lines of eprun's own, want 1 (the error):\n%s", n, text)
 	}
-	if !strings.Contains(text, "# check: INCOMPLETE") || strings.Index(text, "# call") > strings.Index(text, last) {
-		t.Errorf("no table before the error:\n%s", text)
+	if !strings.Contains(text, "# check: INCOMPLETE, 4 of 8 rows measured (") || strings.Index(text, "# call") > strings.Index(text, last) {
+		t.Errorf("no table before the error, or it does not say it is incomplete:\n%s", text)
 	}
-	if _, rows := tableRows(t, strings.Join(lines[:len(lines)-1], "\n"), 15); len(rows) != len(bench.AllCalls) {
+	table := strings.Join(lines[:len(lines)-1], "\n")
+	if _, rows := tableRows(t, table, 11); len(rows) != len(bench.AllCalls) {
 		t.Errorf("%d rows in the table, want the first case's %d:\n%s", len(rows), len(bench.AllCalls), text)
 	}
+	checkWidth(t, table)
 	rec := readRecord(t, js)
-	if len(rec.Rows) != len(bench.AllCalls) || rec.Rows[0].TopK != 1 || !strings.Contains(rec.Error, "topk=6") {
-		t.Errorf("--json: %d rows, error %q; want the first case's rows and the error", len(rec.Rows), rec.Error)
+	if len(rec.Rows) != len(bench.AllCalls) || rec.Rows[0].TopK != 1 || !strings.Contains(rec.Error, "topk=6") || !rec.Incomplete {
+		t.Errorf("--json: %d rows, error %q, incomplete %v; want the first case's rows, the error, incomplete", len(rec.Rows), rec.Error, rec.Incomplete)
 	}
 	if recs := readCSV(t, cs); len(recs) != 1+len(bench.AllCalls) {
 		t.Errorf("--csv: %d records, want a header and %d rows", len(recs), len(bench.AllCalls))
+	}
+}
+
+// TestFailedCheckKeepsRows: eprun check, repeated, whose second case
+// fails in its first repetition, as bench's: the summary of the rows
+// checked before, marked incomplete, then the error naming the case and
+// the repetition; --json has those rows and says it is incomplete; exit
+// 1.
+func TestFailedCheckKeepsRows(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "r.json")
+	code, stdout, stderr := eprun(t, "check", "tiny", "-q", "--count", "2", "--mode", "capacity", "--topk", "1,6", "--max-permuted-tokens", "128", "--json", js)
+	if code != 1 || !strings.Contains(stderr, ": mode=capacity topk=6 tokens=32 hidden=64 dtype=bf16 rep=1/2: ") || strings.Count(stderr, "\n") != 1 {
+		t.Fatalf("exit %d, stderr %q; want 1 and one line naming the case and the repetition", code, stderr)
+	}
+	n := len(bench.AllCalls)
+	if !strings.Contains(stdout, fmt.Sprintf("# check: INCOMPLETE, %d of %d rows measured (", n, 2*2*n)) {
+		t.Errorf("the summary does not say it is incomplete:\n%s", stdout)
+	}
+	rec := readRecord(t, js)
+	if len(rec.Rows) != n || !rec.Incomplete || rec.Rows[0].TopK != 1 || rec.Rows[0].Rep != 1 || rec.Rows[0].CheckedRows == 0 {
+		t.Errorf("--json: %d rows, incomplete %v, first %+v; want the first case's %d rows, incomplete", len(rec.Rows), rec.Incomplete, rec.Rows[0], n)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/goep/goep/internal/bench"
 )
@@ -154,6 +155,12 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"bench", "tiny", "--hidden", "0"}, "hidden 0: need at least 1"},
 		{[]string{"check", "tiny", "--tokens=-1"}, "tokens -1: cannot be negative"},
 		{[]string{"bench", "tiny", "--iters", "0"}, "iters is 0"},
+		{[]string{"bench", "tiny", "--count", "0"}, "count is 0; need at least 1"},
+		{[]string{"check", "tiny", "--count=-2"}, "count is -2; need at least 1"},
+		{[]string{"bench", "tiny", "--count", "10001"}, "count is 10001; at most 10000 (every repetition's rows are kept)"},
+		{[]string{"bench", "tiny", "--count", "5000", "--tokens", "1,2,3"}, "the sweep's 3 cases run count 5000 times, more than 10000 case runs"},
+		{[]string{"bench", "tiny", "--count", "many"}, `invalid argument "many"`},
+		{[]string{"bench", "tiny", "--wide", "--format", "gobench"}, "--wide is for --format table"},
 		{[]string{"check", "tiny", "--warmup=-1"}, "warmup is -1"},
 		{[]string{"check", "tiny", "--mode", "capacity", "--max-recv-tokens=-1"}, "cannot be negative"},
 		{[]string{"bench", "tiny", "--routing", "zipf", "--zipf-s=-1"}, "zipf_s > 0"},
@@ -185,13 +192,42 @@ func TestBenchTable(t *testing.T) {
 	if stderr != "" {
 		t.Errorf("-q still wrote to stderr: %q", stderr)
 	}
-	for _, want := range []string{"# call", "time_us", "nvl_GBps", "baseline_GBps", "a2a_us", "a2a_GBps", "vs_a2a", "#wrong", "launcher in-process", "a2a over local", "dispatch", "combine", "dispatch-permute", "unpermute-combine", "# check: OK"} {
+	for _, want := range []string{"# call", "time_us", "p99_us", "nvl_GBps", "ratio", "vs_a2a", "#wrong", "launcher in-process", "a2a over local", "dispatch", "combine", "dispatch-permute", "unpermute-combine", "# check: OK",
+		"\n# --wide adds baseline_GBps, a2a_us, a2a_GBps; --json and --csv have every field\n"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("table lacks %q:\n%s", want, stdout)
 		}
 	}
-	if _, rows := tableRows(t, stdout, 15); len(rows) != 4 {
-		t.Errorf("%d rows, want 4:\n%s", len(rows), stdout)
+	if header, rows := tableRows(t, stdout, 11); len(rows) != 4 || slices.Contains(header, "a2a_us") {
+		t.Errorf("%d rows, columns %v; want 4, without the wide table's:\n%s", len(rows), header, stdout)
+	}
+	checkWidth(t, stdout)
+
+	// --wide: every column, as the table had them all before it had a
+	// default narrower than them.
+	stdout, _ = eprunOK(t, append(slices.Clone(tiny), "--wide")...)
+	header, rows := tableRows(t, stdout, 15)
+	if want := []string{"call", "tokens", "hidden", "topk", "dtype", "time_us", "p99_us", "nvl_GBps", "rdma_GBps", "baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "#wrong"}; !slices.Equal(header, want) || len(rows) != 4 {
+		t.Errorf("--wide: columns %v, %d rows; want %v, 4 rows", header, len(rows), want)
+	}
+	if strings.Contains(stdout, "--wide adds") || strings.Contains(stdout, "\n#   ") {
+		t.Errorf("--wide: the footer is folded or names columns left out:\n%s", stdout)
+	}
+}
+
+// unfold joins each continuation line ("#   ...") of a folded comment
+// line to the line it continues, with the two spaces that separate the
+// fields of a header line (where the fold of a long header line breaks).
+func unfold(s string) string { return strings.ReplaceAll(s, "\n#   ", "  ") }
+
+// checkWidth fails t if a line of out is wider than the default table's
+// width.
+func checkWidth(t *testing.T, out string) {
+	t.Helper()
+	for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+		if n := utf8.RuneCountInString(l); n > bench.TableWidth {
+			t.Errorf("a line of %d columns, more than %d: %q", n, bench.TableWidth, l)
+		}
 	}
 }
 

@@ -84,6 +84,13 @@ type Config struct {
 	// before them.
 	Iters  int `yaml:"iters" json:"iters"`
 	Warmup int `yaml:"warmup" json:"warmup"`
+	// Count is how many times the whole sweep runs (default 1), every case
+	// on fresh engines each time, as go test -count does: each repetition
+	// gives a row per call and case (Row.Rep), so that --format=gobench
+	// has Count results per benchmark, the samples benchstat needs (6 or
+	// more for its confidence intervals). 0 only in records written before
+	// the field.
+	Count int `yaml:"count" json:"count"`
 	// Mode is "blocking" or "capacity" (one or more values).
 	Mode Strings `yaml:"mode" json:"mode"`
 	// Pad is the PadMultiple of the permuted layout (1: no padding).
@@ -124,6 +131,7 @@ func Defaults() Config {
 		ChunkRows: Ints{0},
 		Iters:     20,
 		Warmup:    3,
+		Count:     1,
 		Mode:      Strings{ModeBlocking},
 		Pad:       1,
 		Seed:      1,
@@ -261,6 +269,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("warmup is %d; cannot be negative", c.Warmup)
 	case c.Warmup > maxIters:
 		return fmt.Errorf("warmup is %d; at most %d", c.Warmup, maxIters)
+	case c.Count <= 0:
+		return fmt.Errorf("count is %d; need at least 1 (the number of times the whole sweep runs)", c.Count)
+	case c.Count > maxCases:
+		return fmt.Errorf("count is %d; at most %d (every repetition's rows are kept)", c.Count, maxCases)
 	case len(c.Mode) == 0:
 		return errors.New("mode is empty")
 	case c.Pad <= 0:
@@ -373,12 +385,15 @@ func (c Config) Validate() error {
 			return fmt.Errorf("the sweep has more than %d cases (mode x topk x dtype x hidden x sms x chunk_rows x tokens); split it into several runs", maxCases)
 		}
 	}
+	if cases*c.Count > maxCases {
+		return fmt.Errorf("the sweep's %d cases run count %d times, more than %d case runs (every repetition's rows are kept); lower count or split the sweep", cases, c.Count, maxCases)
+	}
 	return nil
 }
 
 // maxSize bounds every size of a config (executor.Config's bound);
-// maxCases the cases of one sweep; maxIters the iterations (and the
-// warm-up) of one case.
+// maxCases the cases of one sweep, and its cases times its count;
+// maxIters the iterations (and the warm-up) of one case.
 const (
 	maxSize  = 1 << 30
 	maxCases = 10000
@@ -430,6 +445,10 @@ func (c Config) capacities(cs Case) (recv, permuted int) {
 	}
 	return recv, permuted
 }
+
+// rows is the number of rows a complete run of c has: a row per call and
+// case, Count times.
+func (c Config) rows() int { return len(c.Calls) * len(c.Cases()) * max(c.Count, 1) }
 
 // Case is one point of the sweep.
 type Case struct {

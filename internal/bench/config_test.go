@@ -27,8 +27,11 @@ func TestParseConfig(t *testing.T) {
 	if n := len(c.Cases()); n != 4 {
 		t.Errorf("%d cases, want 2 tokens x 1 hidden x 2 dtypes = 4", n)
 	}
-	if c, err := ParseConfig(strings.NewReader("")); err != nil || c.Ranks != Defaults().Ranks {
-		t.Errorf("empty config: %+v, %v", c, err)
+	if c, err := ParseConfig(strings.NewReader("")); err != nil || c.Ranks != Defaults().Ranks || c.Count != 1 {
+		t.Errorf("empty config: %+v, %v; want the defaults, count 1", c, err)
+	}
+	if c, err := ParseConfig(strings.NewReader("count: 6\n")); err != nil || c.Count != 6 || c.Validate() != nil {
+		t.Errorf("count: 6: %+v, %v", c, err)
 	}
 }
 
@@ -74,6 +77,12 @@ func TestConfigErrors(t *testing.T) {
 		{"pad: 200000000\nmode: capacity\n", "may permute 1600032760 rows a rank"},
 		{"ranks: 64\nexperts: 64\ntokens: 33554432\n", "ranks 64 x tokens 33554432 = 2147483648 rows a rank may receive"},
 		{"tokens: 0\npad: 0\n", "pad is 0"},
+		// The repetitions of the whole sweep: at least one, and every
+		// repetition's rows are kept.
+		{"count: 0\n", "count is 0; need at least 1"},
+		{"count: -3\n", "count is -3; need at least 1"},
+		{"count: 10001\n", "count is 10001; at most 10000 (every repetition's rows are kept)"},
+		{"tokens: [1,2,3,4,5,6,7,8,9,10]\nhidden: [1,2,3,4,5,6,7,8,9,10]\ncount: 101\n", "the sweep's 100 cases run count 101 times, more than 10000 case runs"},
 		// A key twice (the YAML decoder's check of it is quadratic).
 		{"seed: 1\nranks: 4\nseed: 2\n", `line 3: key "seed" is already given at line 1`},
 	} {

@@ -13,7 +13,8 @@ import (
 // the row's tuning knobs (Row.SMs, Row.ChunkRows; 0: the engine's
 // default), then the case's dtype and the bytes of a row (Row.CaseDType,
 // Row.RowBytes: dtype is the call's, bf16 for the calls that combine of an
-// fp8 case). New columns go at the end: consumers index by position.
+// fp8 case), then the repetition that measured the row (Row.Rep, 1 to
+// count). New columns go at the end: consumers index by position.
 var CSVColumns = []string{
 	"call", "tokens", "hidden", "topk", "dtype", "time_us", "p99_us", "nvl_GBps", "rdma_GBps",
 	"baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "wrong",
@@ -22,6 +23,7 @@ var CSVColumns = []string{
 	"rdma_cross_bytes_per_rank", "rdma_flat_bytes_per_rank",
 	"sms", "chunk_rows",
 	"case_dtype", "row_bytes",
+	"rep",
 }
 
 // WriteCSV writes one row per (call, case) with CSVColumns. A value the
@@ -78,6 +80,7 @@ func WriteCSV(w io.Writer, rec Record) error {
 			pos(r.RDMACrossBytes, -1), pos(r.RDMAFlatBytes, -1),
 			itoa(r.SMs), itoa(r.ChunkRows),
 			r.CaseDTypeName(), itoa(r.RowBytes),
+			itoa(r.Rep),
 		}
 		if err := cw.Write(row); err != nil {
 			return err

@@ -3,10 +3,13 @@ package bench
 import (
 	"bytes"
 	"encoding/csv"
+	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // TestRDMALines: with several domains the table's footer has one rdma line
@@ -386,5 +389,224 @@ func TestOutputsFP8(t *testing.T) {
 	old := []Row{row(CallDispatch, "", "bf16", 1), row(CallCombine, "", "bf16", 1), row(CallDispatch, "", "fp32", 1)}
 	if !sameCase(old[0], old[1]) || sameCase(old[1], old[2]) || old[2].CaseDTypeName() != "fp32" {
 		t.Errorf("rows without case_dtype: sameCase %v %v, case dtype %q", sameCase(old[0], old[1]), sameCase(old[1], old[2]), old[2].CaseDTypeName())
+	}
+}
+
+// TestWriteTableWithin: the default table keeps every line within the
+// width, whatever the rows sweep (every case field and the repetitions,
+// several domains, a long error); it shows the columns a reader needs
+// first, those with a value, and leaves the others, named in a footer
+// line, to the wide table, which keeps every column.
+func TestWriteTableWithin(t *testing.T) {
+	row := func(call string, tokens int, mode string, sms, chunk, rep int) Row {
+		return Row{Call: call, Ranks: 8, Tokens: tokens, Hidden: 7168, TopK: 8, DType: "bf16", Mode: mode, SMs: sms, ChunkRows: chunk, Rep: rep,
+			Time: Stats{N: 20, Median: 123456.7, P99: 234567.8}, NVLGBps: 123.45, RDMAGBps: 45.67, RDMABytes: 1e9, RDMACrossBytes: 5e8, RDMAFlatBytes: 9e8,
+			NVLBytes: 1e9, NVLPeerBytes: 8e8, Baseline: Stats{N: 20, Median: 1000}, BaselineGBps: 456.78, Ratio: 0.27,
+			A2A: &Stats{N: 20, Median: 234567.8}, A2AGBps: 12.34, A2ASpeedup: 1.9, CheckedRows: 100}
+	}
+	c := Defaults()
+	c.Ranks, c.RanksPerDomain, c.Tokens, c.Mode, c.SMs, c.ChunkRows, c.Count = 8, 4, Ints{16384, 32768}, Strings{ModeBlocking, ModeCapacity}, Ints{0, 132}, Ints{0, 16}, 2
+	c.Calls = KnownCalls
+	env := Env{GoepVersion: "0.1.0-dev", Commit: "0123456789abcdef", Backend: BackendHost, GoVersion: "go1.26.0", GOOS: "linux", GOARCH: "amd64", GOMAXPROCS: 224,
+		CPU: "Intel(R) Xeon(R) Platinum 8480C with a model name long enough to need folding over two lines", NumCPU: 224, LoadAvg: "1.00 2.00 3.00"}
+	var rows []Row
+	for rep := 1; rep <= 2; rep++ {
+		for _, mode := range c.Mode {
+			for _, sms := range c.SMs {
+				for _, chunk := range c.ChunkRows {
+					for _, tok := range c.Tokens {
+						for _, call := range KnownCalls {
+							rows = append(rows, row(call, tok, mode, sms, chunk, rep))
+						}
+					}
+				}
+			}
+		}
+	}
+	full := Record{Env: env, Config: c, Launcher: "in-process", Processes: 1, Group: "local", Timing: TimingSpan, BaselineA2ATransport: "local", Rows: rows}
+	failed := full
+	failed.Rows, failed.Incomplete = rows[:7], true
+	failed.Error = "rank 3: mode=capacity topk=8 tokens=32768 hidden=7168 dtype=bf16 sms=132 chunk_rows=16 rep=2/2: executor: capacity exceeded: " + strings.Repeat("a long cause, ", 20)
+	plain := Record{Env: env, Config: Defaults(), Launcher: "in-process", Processes: 1, Timing: TimingSpan, BaselineA2ATransport: "local",
+		Rows: []Row{row(CallDispatch, 512, ModeBlocking, 0, 0, 1)}}
+	plain.Rows[0].RDMAGBps, plain.Rows[0].RDMABytes = 0, 0
+
+	header := func(s string) []string {
+		for _, l := range strings.Split(s, "\n") {
+			if strings.HasPrefix(l, "# call") {
+				return strings.Fields(l)[1:]
+			}
+		}
+		return nil
+	}
+	for _, tc := range []struct {
+		name string
+		rec  Record
+		cols []string
+	}{
+		{"every field swept", full, []string{"call", "tokens", "hidden", "topk", "dtype", "mode", "sms", "chunk", "rep", "time_us", "nvl_GBps", "rdma_GBps", "ratio", "vs_a2a", "#wrong"}},
+		{"failed", failed, []string{"call", "tokens", "hidden", "topk", "dtype", "time_us", "p99_us", "nvl_GBps", "rdma_GBps", "ratio", "vs_a2a", "#wrong"}},
+		{"one case, one domain", plain, []string{"call", "tokens", "hidden", "topk", "dtype", "time_us", "p99_us", "nvl_GBps", "ratio", "vs_a2a", "#wrong"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := WriteTableWithin(&b, tc.rec, TableWidth); err != nil {
+				t.Fatal(err)
+			}
+			out := b.String()
+			for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+				if n := utf8.RuneCountInString(l); n > TableWidth {
+					t.Errorf("a line of %d columns, more than %d: %q", n, TableWidth, l)
+				}
+			}
+			if got := header(out); !slices.Equal(got, tc.cols) {
+				t.Errorf("columns %v, want %v", got, tc.cols)
+			}
+			if !strings.Contains(out, "\n# --wide adds baseline_GBps, a2a_us, a2a_GBps") {
+				t.Errorf("no footer line naming the columns of the wide table:\n%s", out)
+			}
+			// Every row is there, with as many fields as the header.
+			n := 0
+			for _, l := range strings.Split(out, "\n") {
+				if l != "" && !strings.HasPrefix(l, "#") {
+					n++
+					if f := strings.Fields(l); len(f) != len(tc.cols) {
+						t.Errorf("row %q: %d fields, want %d", l, len(f), len(tc.cols))
+					}
+				}
+			}
+			if n != len(tc.rec.Rows) {
+				t.Errorf("%d rows, want %d", n, len(tc.rec.Rows))
+			}
+
+			// The wide table: every column, today's footer unwrapped.
+			b.Reset()
+			if err := WriteTable(&b, tc.rec); err != nil {
+				t.Fatal(err)
+			}
+			wide := header(b.String())
+			for _, col := range []string{"time_us", "p99_us", "nvl_GBps", "rdma_GBps", "baseline_GBps", "ratio", "a2a_us", "a2a_GBps", "vs_a2a", "#wrong"} {
+				if !slices.Contains(wide, col) {
+					t.Errorf("the wide table lacks %s: %v", col, wide)
+				}
+			}
+			if strings.Contains(b.String(), "\n#   ") || strings.Contains(b.String(), "--wide adds") {
+				t.Errorf("the wide table is folded, or points to itself:\n%s", b.String())
+			}
+		})
+	}
+	var b bytes.Buffer
+	if err := WriteTableWithin(&b, failed, TableWidth); err != nil {
+		t.Fatal(err)
+	}
+	if flat := strings.ReplaceAll(b.String(), "\n#   ", " "); !strings.Contains(flat, "# check: INCOMPLETE, 7 of 160 rows measured (") || !strings.Contains(flat, "rep=2/2: executor: capacity exceeded: a long cause,") {
+		t.Errorf("the failed run's footer does not say it is incomplete, and why:\n%s", b.String())
+	}
+}
+
+// TestWrapComment: a comment line folds at a field separator, a "; " or
+// a ", " in its second half before any other space, within a word only
+// where it has no space, and never beyond the width.
+func TestWrapComment(t *testing.T) {
+	for _, tc := range []struct {
+		line  string
+		width int
+		want  string
+	}{
+		{"# short", 20, "# short"},
+		{"# ranks 4  experts 24  topk 2 and so on", 30, "# ranks 4  experts 24\n#   topk 2 and so on"},
+		{"# min 1 (a, b), geomean 2, max 3 (c, d)", 30, "# min 1 (a, b), geomean 2,\n#   max 3 (c, d)"},
+		{"# min 1 (a, b), geomean 2, max 3 (c, d)", 38, "# min 1 (a, b), geomean 2, max 3 (c,\n#   d)"},
+		{"# min 1 (a, b), max 3 (c, d), geomean 2", 38, "# min 1 (a, b), max 3 (c, d),\n#   geomean 2"},
+		{"# one; two three four five six", 24, "# one; two three four\n#   five six"},
+		{"# " + strings.Repeat("x", 30), 20, "# " + strings.Repeat("x", 18) + "\n#   " + strings.Repeat("x", 12)},
+	} {
+		got := wrapComment(tc.line, tc.width)
+		if got != tc.want {
+			t.Errorf("wrapComment(%q, %d) =\n%s\nwant\n%s", tc.line, tc.width, got, tc.want)
+		}
+		for _, l := range strings.Split(got, "\n") {
+			if utf8.RuneCountInString(l) > tc.width {
+				t.Errorf("wrapComment(%q, %d): line %q is wider", tc.line, tc.width, l)
+			}
+		}
+	}
+	if got := WrapComments("  a row stays as it is, however long it is\n# a comment is folded at its width\n", 20); got != "  a row stays as it is, however long it is\n# a comment is\n#   folded at its\n#   width\n" {
+		t.Errorf("WrapComments: %q", got)
+	}
+}
+
+// TestOutputsCount: the rows of several repetitions are N samples of each
+// case: gobench prints a line per call, case and repetition (and the
+// case's baseline once per repetition), with equal names, as benchstat
+// wants; the table gains a rep column, the CSV its rep, and the ratio
+// summary names the repetition.
+func TestOutputsCount(t *testing.T) {
+	c := Defaults()
+	c.Count = 6
+	var rows []Row
+	for rep := 1; rep <= c.Count; rep++ {
+		for _, call := range []string{CallDispatch, CallCombine} {
+			rows = append(rows, Row{Call: call, Ranks: 8, Tokens: 64, Hidden: 128, TopK: 2, DType: "bf16", Mode: ModeBlocking, Rep: rep,
+				Time: Stats{N: 2, Median: float64(10 + rep)}, NVLGBps: 1, Baseline: Stats{N: 2, Median: 1}, BaselineGBps: 2, Ratio: float64(rep)})
+		}
+	}
+	rec := Record{Config: c, Rows: rows}
+	var b bytes.Buffer
+	if err := WriteGoBench(&b, rec); err != nil {
+		t.Fatal(err)
+	}
+	count := map[string]int{}
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.HasPrefix(l, "Benchmark") {
+			count[strings.Fields(l)[0]]++
+		}
+	}
+	if len(count) != 3 {
+		t.Errorf("benchmarks %v, want Dispatch, Combine and Baseline", count)
+	}
+	for name, n := range count {
+		if n != c.Count {
+			t.Errorf("%s: %d lines, want %d", name, n, c.Count)
+		}
+	}
+
+	b.Reset()
+	if err := WriteTableWithin(&b, rec, TableWidth); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"(+3 warm-up)  count 6  seed", " dtype rep ", "\n  combine               64    128    2  bf16   6 ", "),\n#   geomean 2.99, max 6.00 (dispatch, tokens 64, rep 6)\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+
+	b.Reset()
+	if err := WriteCSV(&b, rec); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := csv.NewReader(&b).ReadAll()
+	if err != nil || len(recs) != 1+len(rows) || recs[0][len(recs[0])-1] != "rep" {
+		t.Fatalf("CSV: %v, %d records, header %v; want rep last", err, len(recs), recs[0])
+	}
+	if last := recs[len(recs)-1]; last[len(last)-1] != "6" {
+		t.Errorf("CSV last row %v: rep, want 6", last)
+	}
+}
+
+// TestRecordIncomplete: a record of a run that failed says so (the
+// incomplete field and the check line), one of a run that did not does
+// not.
+func TestRecordIncomplete(t *testing.T) {
+	c := Defaults()
+	res := &Result{Rows: []Row{{Call: CallDispatch, CheckedRows: 5}}}
+	ok := NewRecord(Env{}, c, res, nil)
+	failed := NewRecord(Env{}, c, res, errors.New("boom"))
+	if ok.Incomplete || !strings.HasPrefix(ok.CheckLine(), "# check: OK") {
+		t.Errorf("a run without error: incomplete %v, %q", ok.Incomplete, ok.CheckLine())
+	}
+	want := fmt.Sprintf("# check: INCOMPLETE, 1 of %d rows measured (5 output rows checked, 0 wrong) before the run failed: boom\n", len(c.Calls)*len(c.Cases()))
+	if !failed.Incomplete || failed.CheckLine() != want {
+		t.Errorf("a failed run: incomplete %v, %q; want true, %q", failed.Incomplete, failed.CheckLine(), want)
 	}
 }

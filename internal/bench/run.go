@@ -62,6 +62,9 @@ type Row struct {
 	// GOEP_RANKS_PER_DOMAIN, else what New detected (one domain per host).
 	// 0 in records written before the field.
 	RanksPerDomain int `json:"ranks_per_domain"`
+	// Rep is the repetition of the sweep that measured the row, 1 to
+	// Config.Count; 0 in records written before the field.
+	Rep int `json:"rep"`
 
 	// Time is over the timed iterations, each taken as Result.Timing says:
 	// in-process, from the first rank entering the call to the last
@@ -176,11 +179,19 @@ func (r *Result) Checked() int {
 	return n
 }
 
-// Progress is reported after every iteration of rank 0.
+// Progress is reported by rank 0 as it begins each step of a case and
+// after every iteration.
 type Progress struct {
-	Case, Cases int // 1-based case number, number of cases
+	Case, Cases int // 1-based case number, number of cases of one repetition
+	Rep, Reps   int // 1-based repetition, Config.Count
 	Step        string
 	Done, Total int // iterations done and total, over the whole run
+	// Work and TotalWork are Done and Total with every iteration weighted
+	// by its case's cost (caseWork), so that the share of the run left,
+	// 1 - Work/TotalWork, counts a large case's iterations as the longer
+	// ones they are; what an estimate of the time left scales the time
+	// spent by.
+	Work, TotalWork float64
 }
 
 // Options tunes Run and RunRank.
@@ -214,21 +225,42 @@ type Options struct {
 	sharedClock bool
 }
 
-// Steps is the number of progress steps of a run of cfg.
+// Steps is the number of progress steps of a run of cfg: iterations, the
+// warm-up's included, of every call and baseline of every case, Count
+// times.
 func (o Options) Steps(cfg Config) int {
 	n := 0
 	for _, c := range cfg.Cases() {
-		per := len(cfg.Calls)
-		if !o.CheckOnly {
-			per += len(c.callDTypes(cfg.Calls)) // the copy baselines
-			if runsA2A(cfg) {
-				per += len(cfg.Calls)
-			}
-		}
-		n += per * (cfg.Warmup + cfg.Iters)
+		n += o.caseSteps(cfg, c)
 	}
-	return n
+	return n * max(cfg.Count, 1)
 }
+
+// caseSteps is the number of progress steps of case c.
+func (o Options) caseSteps(cfg Config, c Case) int {
+	per := len(cfg.Calls)
+	if !o.CheckOnly {
+		per += len(c.callDTypes(cfg.Calls)) // the copy baselines
+		if runsA2A(cfg) {
+			per += len(cfg.Calls)
+		}
+	}
+	return per * (cfg.Warmup + cfg.Iters)
+}
+
+// caseWork is the weight of one iteration of case c in Progress.Work: the
+// bytes of the rows a rank sends (tokens x topk rows of the case's dtype),
+// plus iterOverheadBytes for what every iteration costs whatever its size
+// (barriers, synchronisation, waking the ranks). Only the ratios between
+// cases matter; a sweep over tokens 256, 512, 1024 weighs them about
+// 1:2:4, as their times are.
+func caseWork(c Case) float64 {
+	return float64(c.Tokens)*float64(c.TopK)*float64(RowBytes(c.DType, c.Hidden)) + iterOverheadBytes
+}
+
+// iterOverheadBytes is an iteration's fixed cost as bytes moved: about
+// 100 µs of a host iteration at a few GB/s.
+const iterOverheadBytes = 256 << 10
 
 // backend returns o.Backend or, without one, a backend opened with
 // NewBackend(cfg.Backend); close closes only the one it opened.
@@ -583,37 +615,58 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (_ *Res
 		log = zap.NewNop()
 	}
 	cases := cfg.Cases()
+	reps := max(cfg.Count, 1)
 	steps, done := opt.Steps(cfg), 0
-	for i, c := range cases {
-		rs, err := newRankState(cfg, c, rank)
-		if err != nil {
-			return res, err
-		}
-		rs.g, rs.a2a, rs.ctl, rs.backend, rs.log, rs.checkOnly = g, bounded{g, hg.d}, ctl, backend, log, opt.CheckOnly
-		report := func(step string) {
-			if rank == 0 && opt.Progress != nil {
-				opt.Progress(Progress{Case: i + 1, Cases: len(cases), Step: step, Done: done, Total: steps})
+	var work, totalWork float64
+	for _, c := range cases {
+		totalWork += float64(opt.caseSteps(cfg, c)) * caseWork(c)
+	}
+	totalWork *= float64(reps)
+	// The whole sweep, Count times: each repetition runs every case on
+	// engines of its own, as the first did, so that its rows are samples
+	// of the same measurement.
+	for rep := 1; rep <= reps; rep++ {
+		for i, c := range cases {
+			rs, err := newRankState(cfg, c, rank)
+			if err != nil {
+				return res, err
 			}
-		}
-		rs.progress = func(step string) {
-			done++
-			report(step)
-		}
-		rs.begin = func(ctx context.Context, step string) error {
-			if step != "gather" { // quick, and a line per case less
+			rs.g, rs.a2a, rs.ctl, rs.backend, rs.log, rs.checkOnly = g, bounded{g, hg.d}, ctl, backend, log, opt.CheckOnly
+			report := func(step string) {
+				if rank == 0 && opt.Progress != nil {
+					opt.Progress(Progress{Case: i + 1, Cases: len(cases), Rep: rep, Reps: reps, Step: step,
+						Done: done, Total: steps, Work: work, TotalWork: totalWork})
+				}
+			}
+			w := caseWork(c)
+			rs.progress = func(step string) {
+				done++
+				work += w
 				report(step)
 			}
-			if opt.testHook != nil {
-				return opt.testHook(ctx, rank, step)
+			rs.begin = func(ctx context.Context, step string) error {
+				if step != "gather" { // quick, and a line per case less
+					report(step)
+				}
+				if opt.testHook != nil {
+					return opt.testHook(ctx, rank, step)
+				}
+				return nil
 			}
-			return nil
-		}
-		// The rows of a case whose a2a baseline failed come back with
-		// the error: they are measured and checked.
-		rows, err := rs.run(ctx, res.Timing)
-		res.Rows = append(res.Rows, rows...)
-		if err != nil {
-			return res, fmt.Errorf("mode=%s topk=%d tokens=%d hidden=%d dtype=%v%s: %w", c.Mode, c.TopK, c.Tokens, c.Hidden, c.DType, c.knobs(), err)
+			// The rows of a case whose a2a baseline failed come back with
+			// the error: they are measured and checked.
+			rows, err := rs.run(ctx, res.Timing)
+			for j := range rows {
+				rows[j].Rep = rep
+			}
+			res.Rows = append(res.Rows, rows...)
+			if err != nil {
+				which := ""
+				if reps > 1 {
+					which = fmt.Sprintf(" rep=%d/%d", rep, reps)
+				}
+				return res, fmt.Errorf("mode=%s topk=%d tokens=%d hidden=%d dtype=%v%s%s: %w", c.Mode, c.TopK, c.Tokens, c.Hidden, c.DType, c.knobs(), which, err)
+			}
 		}
 	}
 	return res, nil

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -270,6 +271,91 @@ func TestRunCapacityOverflowNamesCase(t *testing.T) {
 	}
 	if res == nil || len(res.Rows) != len(c.Calls) || res.Rows[0].TopK != 1 || res.Wrong() != 0 {
 		t.Errorf("want the rows of the topk 1 case, which fits; got %+v", res)
+	}
+}
+
+// TestRunCount: a config of count 3 runs the whole sweep three times, a
+// row per call, case and repetition, in that order (repetition
+// outermost), every one measured and checked; progress says which
+// repetition runs, and its steps and work reach the totals.
+func TestRunCount(t *testing.T) {
+	c := Defaults()
+	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 2, 4, Ints{2}, Ints{16}, Ints{4, 8}, 2, 0
+	c.Calls, c.Count = []string{CallDispatch, CallCombine}, 3
+	var last Progress
+	reps := map[int]bool{}
+	res, err := Run(t.Context(), c, Options{Progress: func(p Progress) {
+		if p.Work < last.Work || p.Done < last.Done {
+			t.Errorf("progress went back: %+v after %+v", p, last)
+		}
+		last = p
+		reps[p.Rep] = true
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range res.Rows {
+		got = append(got, fmt.Sprintf("%d/%d/%s", r.Rep, r.Tokens, r.Call))
+		if r.Time.N != c.Iters || r.CheckedRows == 0 || r.Wrong != 0 || r.A2A == nil {
+			t.Errorf("rep %d tokens %d %s: %d iterations, %d of %d rows wrong, a2a %v", r.Rep, r.Tokens, r.Call, r.Time.N, r.Wrong, r.CheckedRows, r.A2A)
+		}
+	}
+	var want []string
+	for rep := 1; rep <= 3; rep++ {
+		for _, tok := range []int{4, 8} {
+			for _, call := range c.Calls {
+				want = append(want, fmt.Sprintf("%d/%d/%s", rep, tok, call))
+			}
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("rows (rep/tokens/call)\n%v\nwant\n%v", got, want)
+	}
+	one := c
+	one.Count = 1
+	if steps := (Options{}).Steps(c); last.Done != steps || last.Total != steps || steps != 3*(Options{}).Steps(one) {
+		t.Errorf("progress reached %d of %d steps; Steps %d, want 3 x %d", last.Done, last.Total, steps, (Options{}).Steps(one))
+	}
+	if last.Reps != 3 || !reps[1] || !reps[2] || !reps[3] || last.Cases != 2 {
+		t.Errorf("progress reported repetitions %v of %d, %d cases; want 1, 2 and 3 of 3, 2 cases", reps, last.Reps, last.Cases)
+	}
+	if last.TotalWork <= 0 || math.Abs(last.Work-last.TotalWork) > 1e-9*last.TotalWork {
+		t.Errorf("work reached %v of %v, want all of it", last.Work, last.TotalWork)
+	}
+}
+
+// TestRunCountFailureKeepsRows: a case that fails in the second
+// repetition ends the run with the rows measured before it (the first
+// repetition's and the second's cases before), and the error names the
+// case and the repetition.
+func TestRunCountFailureKeepsRows(t *testing.T) {
+	c := Defaults()
+	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 2, 4, Ints{2}, Ints{16}, Ints{4, 8}, 1, 0
+	c.Calls, c.Count = []string{CallDispatch}, 2
+	boom := errors.New("boom")
+	setups := 0 // rank 1's
+	res, err := Run(t.Context(), c, Options{CheckOnly: true, testHook: func(ctx context.Context, rank int, step string) error {
+		if rank == 1 && step == "setup" {
+			if setups++; setups == 4 { // the second repetition's second case
+				return boom
+			}
+		}
+		return nil
+	}})
+	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "tokens=8 hidden=16 dtype=bf16 rep=2/2: ") {
+		t.Fatalf("Run: %v; want boom, naming tokens=8 and rep=2/2", err)
+	}
+	var got []string
+	for _, r := range res.Rows {
+		got = append(got, fmt.Sprintf("%d/%d", r.Rep, r.Tokens))
+	}
+	if want := []string{"1/4", "1/8", "2/4"}; !slices.Equal(got, want) {
+		t.Errorf("rows (rep/tokens) %v, want %v", got, want)
+	}
+	rec := NewRecord(Env{}, c, res, err)
+	if !rec.Incomplete || !strings.Contains(rec.CheckLine(), "# check: INCOMPLETE, 3 of 4 rows measured (") {
+		t.Errorf("record incomplete %v, check line %q; want incomplete, 3 of 4 rows", rec.Incomplete, rec.CheckLine())
 	}
 }
 
