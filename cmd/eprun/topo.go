@@ -151,9 +151,11 @@ whether UCX can move GPU memory; a binary built with -tags ucx), the launcher's 
 NVLink-domain layout goep would choose for the world (D = GOEP_RANKS_PER_DOMAIN, else the
 ranks of one host, which must be consecutive) and why.
 
-The world is the launcher's (run it as eprun launch -n 8 -- eprun topo, or under mpirun / srun;
-every rank prints), else --ranks R, else a single process. --json prints the same as JSON.
-Exits 1 if the launcher's environment or GOEP_RANKS_PER_DOMAIN is invalid, after printing.`,
+The world is the launcher's (run it as eprun launch -n 8 -- eprun topo, or under mpirun / srun),
+else --ranks R, else a single process. Under a launcher rank 0 prints the report and every
+other rank one line: its host, place, CPUs and GPUs, and what is invalid in its environment.
+--json prints the same as JSON (a rank other than 0: one object on one line). Exits 1 if the
+launcher's environment or GOEP_RANKS_PER_DOMAIN is invalid, after printing.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("ranks") && ranks < 1 {
@@ -161,13 +163,18 @@ Exits 1 if the launcher's environment or GOEP_RANKS_PER_DOMAIN is invalid, after
 			}
 			rep, problems := collectTopo(ranks)
 			var err error
-			if jsonOut {
+			switch l := rep.Launcher; {
+			case l.Kind != launcher.KindSingle && l.Error == "" && l.Rank != 0:
+				// The report of every rank of a host is the same but
+				// for a line or two: N of them bury the one that differs.
+				err = writeTopoSummary(stdout, rep, jsonOut)
+			case jsonOut:
 				data, merr := json.MarshalIndent(rep, "", "  ")
 				if merr != nil {
 					return runError{merr}
 				}
 				_, err = stdout.Write(append(data, '\n'))
-			} else {
+			default:
 				err = writeTopo(stdout, rep)
 			}
 			if err = errors.Join(err, problems); err != nil {
@@ -353,6 +360,51 @@ func writeRDMA(b *strings.Builder, r rdmaReport) {
 	if r.Skipped > 0 {
 		fmt.Fprintf(b, "  note: %d UCX component(s) or memory domain(s) did not answer (a driver or device is missing)\n", r.Skipped)
 	}
+}
+
+// topoSummary is what a rank other than 0 of a launched world prints: one
+// line, where rank 0 prints the report.
+type topoSummary struct {
+	Host      string `json:"host"`
+	Rank      int    `json:"rank"`
+	Size      int    `json:"size"`
+	LocalRank int    `json:"local_rank"`
+	LocalSize int    `json:"local_size"`
+	NumCPU    int    `json:"num_cpu"`
+	Allowed   string `json:"cpus_allowed,omitempty"`
+	GPUs      int    `json:"gpus"`
+	GPUError  string `json:"gpu_error,omitempty"`
+	// Error is what is invalid in the rank's environment (its domain
+	// layout); the command then exits 1.
+	Error string `json:"error,omitempty"`
+	Note  string `json:"note"`
+}
+
+// writeTopoSummary prints rep as one line: text, or a JSON object.
+func writeTopoSummary(w io.Writer, rep topoReport, jsonOut bool) error {
+	l := rep.Launcher
+	s := topoSummary{Host: rep.Host, Rank: l.Rank, Size: l.Size, LocalRank: l.LocalRank, LocalSize: l.LocalSize,
+		NumCPU: rep.NumCPU, Allowed: rep.Allowed, GPUs: len(rep.GPUs.Devices), GPUError: rep.GPUs.Error,
+		Error: rep.Layout.Error, Note: "full report on rank 0"}
+	if jsonOut {
+		data, err := json.Marshal(s)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(append(data, '\n'))
+		return err
+	}
+	gpus := fmt.Sprintf("%d GPUs", s.GPUs)
+	if s.GPUError != "" {
+		gpus = "no NVML"
+	}
+	invalid := ""
+	if s.Error != "" {
+		invalid = "; INVALID: " + s.Error
+	}
+	_, err := fmt.Fprintf(w, "# eprun topo: rank %d of %d (local %d of %d) on %s: %d logical cpus (may run on %s), %s%s; full report on rank 0\n",
+		s.Rank, s.Size, s.LocalRank, s.LocalSize, dash(s.Host), s.NumCPU, dash(s.Allowed), gpus, invalid)
+	return err
 }
 
 func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }

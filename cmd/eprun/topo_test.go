@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -121,5 +122,65 @@ func TestTopoRDMA(t *testing.T) {
 				t.Errorf("%s: report lacks %q:\n%s", c.name, w, b.String())
 			}
 		}
+	}
+}
+
+// TestTopoUnderLauncher: under a launcher (eprun launch -n 4 -- eprun
+// topo sets RANK and WORLD_SIZE; mpirun OMPI_COMM_WORLD_*), rank 0 prints
+// the report and every other rank one line, as text or as one JSON
+// object; a rank whose environment is invalid says so on its line and
+// exits 1.
+func TestTopoUnderLauncher(t *testing.T) {
+	for _, k := range []string{"GOEP_RANKS_PER_DOMAIN", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"} {
+		t.Setenv(k, "")
+		unsetenv(t, k)
+	}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+	}{
+		{"torchrun", map[string]string{"RANK": "2", "WORLD_SIZE": "4"}},
+		{"ompi", map[string]string{"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			rank := tc.env["RANK"] + tc.env["OMPI_COMM_WORLD_RANK"]
+			stdout, _ := eprunOK(t, "topo")
+			if strings.Count(stdout, "\n") != 1 || !strings.HasPrefix(stdout, "# eprun topo: rank "+rank+" of 4 (local "+rank+" of 4) on ") ||
+				!strings.Contains(stdout, "logical cpus") || !strings.HasSuffix(stdout, "; full report on rank 0\n") {
+				t.Errorf("rank %s: %q, want one summary line", rank, stdout)
+			}
+			stdout, _ = eprunOK(t, "topo", "--json")
+			var s topoSummary
+			if err := json.Unmarshal([]byte(stdout), &s); err != nil || strings.Count(stdout, "\n") != 1 || strconv.Itoa(s.Rank) != rank || s.Size != 4 || s.NumCPU < 1 {
+				t.Errorf("rank %s --json: %q (%v), want one line of JSON with its place", rank, stdout, err)
+			}
+
+			t.Setenv("GOEP_RANKS_PER_DOMAIN", "3")
+			code, stdout, stderr := eprun(t, "topo")
+			if code != 1 || strings.Count(stdout, "\n") != 1 || !strings.Contains(stdout, "INVALID: GOEP_RANKS_PER_DOMAIN=3 does not divide the 4 ranks") || strings.Count(stderr, "\n") != 1 {
+				t.Errorf("rank %s, D=3: exit %d, stdout %q, stderr %q; want 1 and the summary saying what is invalid", rank, code, stdout, stderr)
+			}
+		})
+	}
+	// Rank 0: the report, its launcher section naming the place.
+	t.Setenv("RANK", "0")
+	t.Setenv("WORLD_SIZE", "4")
+	stdout, _ := eprunOK(t, "topo")
+	for _, want := range []string{"# eprun topo: what goep sees on ", "# cpus", "# launcher", "torchrun: rank 0 of 4", "# domain layout", "ranks R                  4 (launcher torchrun)"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("rank 0's report lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
+// unsetenv removes key for the rest of the test (t.Setenv first, so that
+// it is restored afterwards).
+func unsetenv(t *testing.T, key string) {
+	t.Helper()
+	if err := os.Unsetenv(key); err != nil {
+		t.Fatal(err)
 	}
 }
