@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -36,11 +38,13 @@ func newPlot(stdout io.Writer) *cobra.Command {
 		Use:   "plot RESULTS.json... [-o OUT.png]",
 		Short: "Plot bandwidth and latency against tokens per rank from eprun bench --json records",
 		Long: `Plot one or more eprun bench --json records: bandwidth (nvl_GBps, GB/s) and latency (time_us,
-median, µs) against tokens per rank, one line per call, in two panels side by side. The
-baselines of the same run are dashed: the a2a baseline of each call in the call's colour, the
-plain copy in grey. A sweep over several hidden sizes, dtypes, top-k, modes or tuning knobs
-(sms, chunk rows) gets a line per call and case, the legend naming the case (the knobs only
-when swept); several files get their file name in the legend.
+median, µs, on a log axis) against tokens per rank (a log axis when there are several), one
+line per call, in two panels side by side, with one legend for both at their right, outside
+the data. The baselines of the same run are dashed: the a2a baseline of each call in the
+call's colour, the plain copy in grey. A sweep over several hidden sizes, dtypes, top-k, modes
+or tuning knobs (sms, chunk rows) gets a line per call and case, the legend naming the case
+(the knobs only when swept); several files get their file name in the legend. A record of
+several repetitions (eprun bench --count) plots each repetition's points.
 
 The output format follows -o's extension: .png (default), .svg or .pdf; without -o the plot
 goes beside the first record, RESULTS.png.`,
@@ -92,7 +96,7 @@ func runPlot(args []string, f plotFlags, stdout io.Writer) error {
 		}
 		runs = append(runs, plotRun{strings.TrimSuffix(filepath.Base(a), filepath.Ext(a)), rec})
 	}
-	bw, lat, err := plotRecords(runs)
+	fig, err := plotRecords(runs)
 	if err != nil {
 		return runError{fmt.Errorf("plot: %w", err)}
 	}
@@ -101,10 +105,7 @@ func runPlot(args []string, f plotFlags, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}
-	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Points(12), PadY: vg.Points(6), PadTop: vg.Points(6), PadBottom: vg.Points(4), PadLeft: vg.Points(4), PadRight: vg.Points(8)}
-	cvs := plot.Align([][]*plot.Plot{{bw, lat}}, tiles, draw.New(c))
-	bw.Draw(cvs[0][0])
-	lat.Draw(cvs[0][1])
+	fig.draw(draw.New(c))
 	file, err := os.Create(out)
 	if err != nil {
 		return fmt.Errorf("plot: %w", err)
@@ -143,8 +144,8 @@ type series struct {
 	lastToken int
 }
 
-// plotRecords builds the bandwidth and latency plots.
-func plotRecords(runs []plotRun) (bw, lat *plot.Plot, err error) {
+// plotRecords builds the bandwidth and latency plots and their legend.
+func plotRecords(runs []plotRun) (*figure, error) {
 	all, xs, positive := plotSeries(runs)
 	return drawPlots(runs, all, xs, positive)
 }
@@ -243,21 +244,41 @@ func plotSeries(runs []plotRun) (all []*series, xs []int, positive bool) {
 	return all, xs, positive
 }
 
-// drawPlots draws the series.
-func drawPlots(runs []plotRun, all []*series, xs []int, positive bool) (bw, lat *plot.Plot, err error) {
-	bw, lat = plot.New(), plot.New()
+// figure is what eprun plot draws: the bandwidth and latency panels, and
+// one legend for both, kept out of the panels (a legend inside a panel
+// covered the lines it named).
+type figure struct {
+	bw, lat *plot.Plot
+	entries []legendEntry
+}
+
+// legendEntry is a line of the legend: a series' label and its line and
+// glyph.
+type legendEntry struct {
+	label  string
+	thumbs []plot.Thumbnailer
+}
+
+// The figure's margins and the legend's font.
+var (
+	figPad     = vg.Points(6)
+	legendFont = vg.Points(8)
+)
+
+// drawPlots builds the panels from the series: a line and its points per
+// series in each, the legend's entries in the series' order.
+func drawPlots(runs []plotRun, all []*series, xs []int, positive bool) (*figure, error) {
+	bw, lat := plot.New(), plot.New()
 	rec := runs[0].rec
 	c := rec.Config
 	title := fmt.Sprintf("goep %s: %d ranks, %d experts, top-%d, %s routing", rec.Env.Backend, c.Ranks, c.Experts, c.TopK, c.RoutingSpec())
-	bw.Title.Text, lat.Title.Text = "bandwidth (nvl_GBps)", "latency (median time_us)"
-	bw.Title.Text += "\n" + title
-	lat.Title.Text += "\n" + fmt.Sprintf("%s mode, %d iterations", c.Mode, c.Iters)
-	bw.Y.Label.Text, lat.Y.Label.Text = "GB/s", "µs"
+	bw.Title.Text = "bandwidth against tokens per rank\n" + title
+	lat.Title.Text = "latency against tokens per rank\n" + fmt.Sprintf("%s mode, %d iterations", c.Mode, c.Iters)
+	bw.Y.Label.Text = "nvl_GBps (GB/s)"
+	lat.Y.Label.Text = "time_us, median (µs)"
 	for _, p := range []*plot.Plot{bw, lat} {
 		p.X.Label.Text = "tokens per rank"
 		p.Add(plotter.NewGrid())
-		p.Legend.Top, p.Legend.Left = true, true
-		p.Legend.TextStyle.Font.Size = vg.Points(8)
 		// Log scale across several token counts: a single one is widened
 		// around itself, to 0 when it is 1, which a log scale cannot show.
 		if positive && len(xs) > 1 {
@@ -273,13 +294,41 @@ func drawPlots(runs []plotRun, all []*series, xs []int, positive bool) (bw, lat 
 		}
 	}
 	bw.Y.Min = 0
+	fig := &figure{bw: bw, lat: lat}
+	// Latency on a log axis: the calls, the a2a baseline and a sweep over
+	// tokens span decades. The panel plots log10 of each latency on a
+	// linear axis whose ticks are labelled with latencies (logTicks): a
+	// log axis to the reader. gonum's LogScale would do the same, but it
+	// places the axis label's box by the arithmetic mean of the range,
+	// near the top of a log axis, and pads the panel above its data by
+	// what it thinks overflows (the data started 43 pt lower than the
+	// bandwidth's). A log axis needs every value positive: a record with a
+	// zero or negative latency (one that measured nothing, or edited by
+	// hand) keeps the linear axis.
+	logLat := true
+	for _, s := range all {
+		for _, pt := range s.lat {
+			logLat = logLat && pt.Y > 0
+		}
+	}
+	if logLat {
+		lat.Y.Tick.Marker = logTicks{}
+		lat.Y.Label.Text = "time_us, median (µs, log scale)"
+	}
 	for _, s := range all {
 		slices.SortFunc(s.bw, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
 		slices.SortFunc(s.lat, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
-		for i, pts := range []plotter.XYs{s.bw, s.lat} {
+		latPts := s.lat
+		if logLat {
+			latPts = slices.Clone(s.lat)
+			for i := range latPts {
+				latPts[i].Y = math.Log10(latPts[i].Y)
+			}
+		}
+		for i, pts := range []plotter.XYs{s.bw, latPts} {
 			l, sc, err := plotter.NewLinePoints(pts)
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", s.label, err)
+				return nil, fmt.Errorf("%s: %w", s.label, err)
 			}
 			l.Color, sc.Color = s.colour, s.colour
 			l.Width = vg.Points(1.5)
@@ -289,12 +338,136 @@ func drawPlots(runs []plotRun, all []*series, xs []int, positive bool) (bw, lat 
 				l.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
 				sc.Shape = draw.BoxGlyph{}
 			}
-			p := []*plot.Plot{bw, lat}[i]
-			p.Add(l, sc)
+			[]*plot.Plot{bw, lat}[i].Add(l, sc)
 			if i == 0 {
-				bw.Legend.Add(s.label, l, sc)
+				fig.entries = append(fig.entries, legendEntry{s.label, []plot.Thumbnailer{l, sc}})
 			}
 		}
 	}
-	return bw, lat, nil
+	if logLat {
+		// A little beyond the values, and never a range of one value
+		// (which gonum widens by 1 either way: a factor of 10 here).
+		lat.Y.Min, lat.Y.Max = lat.Y.Min-0.06, lat.Y.Max+0.06
+	}
+	return fig, nil
+}
+
+// legends splits the entries into as few columns as fit a height of h,
+// each a legend of its own, top-left aligned.
+func (f *figure) legends(h vg.Length) []plot.Legend {
+	newLegend := func() plot.Legend {
+		l := plot.NewLegend()
+		l.Top, l.Left = true, true
+		l.TextStyle.Font.Size = legendFont
+		return l
+	}
+	l := newLegend()
+	per := len(f.entries)
+	if n := len(f.entries); n > 0 {
+		l.Add(f.entries[0].label, f.entries[0].thumbs...)
+		entry := l.Rectangle(draw.Canvas{}).Size().Y
+		if entry > 0 {
+			per = max(1, int(h/(entry+l.Padding)))
+		}
+	}
+	var out []plot.Legend
+	for i := 0; i < len(f.entries); i += per {
+		l := newLegend()
+		for _, e := range f.entries[i:min(i+per, len(f.entries))] {
+			l.Add(e.label, e.thumbs...)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// layout places the figure on c: the legend's columns at the right, from
+// the top, each as wide as its longest entry, and the two panels side by
+// side in the rest. It returns the panels' canvases (bandwidth, latency),
+// and the legend columns with the canvas of each.
+func (f *figure) layout(c draw.Canvas) (panels []draw.Canvas, legends []plot.Legend, at []draw.Canvas) {
+	inner := draw.Crop(c, figPad, -figPad, figPad, -figPad)
+	legends = f.legends(inner.Size().Y)
+	right := inner.Max.X
+	widths := make([]vg.Length, len(legends))
+	for i := range legends {
+		widths[i] = legends[i].Rectangle(inner).Size().X
+	}
+	for i := len(legends) - 1; i >= 0; i-- {
+		lc := inner
+		lc.Min.X, lc.Max.X = right-widths[i], right
+		at = append([]draw.Canvas{lc}, at...)
+		right -= widths[i] + figPad
+	}
+	area := inner
+	area.Max.X = right - figPad
+	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Points(12), PadTop: vg.Points(2)}
+	cvs := plot.Align([][]*plot.Plot{{f.bw, f.lat}}, tiles, area)
+	return cvs[0], legends, at
+}
+
+// draw draws the figure on c.
+func (f *figure) draw(c draw.Canvas) {
+	panels, legends, at := f.layout(c)
+	f.bw.Draw(panels[0])
+	f.lat.Draw(panels[1])
+	for i := range legends {
+		legends[i].Draw(at[i])
+	}
+}
+
+// logTicks marks an axis of log10 values (the latency panel's) at 1, 2
+// and 5 times the powers of ten within its range, labelled with the
+// value, and at the other multiples, unlabelled. gonum's LogTicks labels
+// the powers of ten alone, so that a range within a decade (latencies of
+// 120 to 900 µs) had no label at all; with fewer than two labelled marks
+// in the range every multiple is labelled, and with fewer still the
+// range's ends are.
+type logTicks struct{}
+
+func (logTicks) Ticks(lo, hi float64) []plot.Tick {
+	if lo > hi || math.IsInf(lo, 0) || math.IsInf(hi, 0) || math.IsNaN(lo) || math.IsNaN(hi) {
+		return nil
+	}
+	// value is m x 10^e, exact for the decimals it prints.
+	value := func(m int, e int) float64 {
+		if e < 0 {
+			return float64(m) / math.Pow10(-e)
+		}
+		return float64(m) * math.Pow10(e)
+	}
+	label := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+	var ticks []plot.Tick
+	for e := int(math.Floor(lo)); e <= int(math.Ceil(hi)); e++ {
+		for m := 1; m < 10; m++ {
+			v := value(m, e)
+			if l := math.Log10(v); l >= lo && l <= hi {
+				t := plot.Tick{Value: l}
+				if m == 1 || m == 2 || m == 5 {
+					t.Label = label(v)
+				}
+				ticks = append(ticks, t)
+			}
+		}
+	}
+	labelled := func() int {
+		n := 0
+		for _, t := range ticks {
+			if !t.IsMinor() {
+				n++
+			}
+		}
+		return n
+	}
+	if labelled() < 2 {
+		for i := range ticks {
+			ticks[i].Label = label(math.Round(math.Pow(10, ticks[i].Value)*1e6) / 1e6)
+		}
+	}
+	if labelled() < 2 {
+		for _, l := range []float64{lo, hi} {
+			ticks = append(ticks, plot.Tick{Value: l, Label: strconv.FormatFloat(math.Pow(10, l), 'g', 3, 64)})
+		}
+	}
+	return ticks
 }

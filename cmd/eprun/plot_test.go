@@ -2,11 +2,17 @@ package main
 
 import (
 	"image/png"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 
 	"github.com/goep/goep/internal/bench"
 )
@@ -210,5 +216,153 @@ func TestPlotFP8Sweep(t *testing.T) {
 		if !slices.Contains(labels, want+" blocking") {
 			t.Errorf("no line %q among %q", want+" blocking", labels)
 		}
+	}
+}
+
+// TestPlotLayout reads the figure of a real record through gonum's
+// structs: both panels have a title and labelled axes, latency is on a log
+// axis (log10 values under logTicks), tokens too across several counts;
+// the panels draw no legend of their own, and the one legend, an entry
+// per line, lies in the figure, clear of both panels' data areas.
+func TestPlotLayout(t *testing.T) {
+	rec := filepath.Join(t.TempDir(), "r.json")
+	eprunOK(t, append(tiny, "--tokens", "8,16,32", "--json", rec)...)
+	r := readRecord(t, rec)
+	fig, err := plotRecords([]plotRun{{"r", r}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, p := range map[string]*plot.Plot{"bandwidth": fig.bw, "latency": fig.lat} {
+		if p.Title.Text == "" || p.X.Label.Text != "tokens per rank" || p.Y.Label.Text == "" {
+			t.Errorf("%s: title %q, x %q, y %q; want all labelled", name, p.Title.Text, p.X.Label.Text, p.Y.Label.Text)
+		}
+		if _, ok := p.X.Scale.(plot.LogScale); !ok {
+			t.Errorf("%s: x scale %T, want a log scale across three token counts", name, p.X.Scale)
+		}
+	}
+	if _, ok := fig.lat.Y.Tick.Marker.(logTicks); !ok || !strings.Contains(fig.lat.Y.Label.Text, "log scale") {
+		t.Errorf("latency: y ticks %T, label %q; want logTicks and a label saying log scale", fig.lat.Y.Tick.Marker, fig.lat.Y.Label.Text)
+	}
+	// The latency panel plots log10 of every latency.
+	want := math.Log10(r.Rows[0].Time.Median)
+	if fig.lat.Y.Min > want || fig.lat.Y.Max < want || fig.lat.Y.Max > 7 {
+		t.Errorf("latency axis [%v, %v], want log10 values around %v", fig.lat.Y.Min, fig.lat.Y.Max, want)
+	}
+	if _, ok := fig.bw.Y.Scale.(plot.LinearScale); !ok || fig.bw.Y.Min != 0 {
+		t.Errorf("bandwidth: y scale %T from %v, want linear from 0", fig.bw.Y.Scale, fig.bw.Y.Min)
+	}
+	all, _, _ := plotSeries([]plotRun{{"r", r}})
+	if len(fig.entries) != len(all) {
+		t.Errorf("%d legend entries, want one per line, %d", len(fig.entries), len(all))
+	}
+
+	for _, size := range [][2]float64{{12, 4.5}, {8, 3}, {20, 6}} {
+		c := vgimg.New(vg.Length(size[0])*vg.Inch, vg.Length(size[1])*vg.Inch)
+		dc := draw.New(c)
+		panels, legends, at := fig.layout(dc)
+		if len(panels) != 2 || len(legends) == 0 || len(legends) != len(at) {
+			t.Fatalf("%v in: %d panels, %d legends at %d places", size, len(panels), len(legends), len(at))
+		}
+		data := []vg.Rectangle{fig.bw.DataCanvas(panels[0]).Rectangle, fig.lat.DataCanvas(panels[1]).Rectangle}
+		for i, l := range legends {
+			box := l.Rectangle(at[i])
+			if box.Size().X <= 0 || box.Size().Y <= 0 || !inside(box, dc.Rectangle) {
+				t.Errorf("%v in: legend %d at %v, outside the figure %v or empty", size, i, box, dc.Rectangle)
+			}
+			for j, d := range data {
+				if overlap(box, d) {
+					t.Errorf("%v in: legend %d at %v covers panel %d's data %v", size, i, box, j, d)
+				}
+			}
+		}
+		for _, p := range []*plot.Plot{fig.bw, fig.lat} {
+			if r := p.Legend.Rectangle(dc); r.Size().X != 0 || r.Size().Y != 0 {
+				t.Errorf("a panel has a legend of its own: %v", r)
+			}
+		}
+		// Level within a glyph's size: gonum's Align sizes the panels
+		// from their data areas, which the glyphs near an edge pad.
+		if math.Abs(float64(data[0].Max.Y-data[1].Max.Y)) > 4 || math.Abs(float64(data[0].Min.Y-data[1].Min.Y)) > 4 {
+			t.Errorf("%v in: the panels' data areas %v and %v are not level", size, data[0], data[1])
+		}
+	}
+}
+
+func inside(a, b vg.Rectangle) bool {
+	return a.Min.X >= b.Min.X && a.Min.Y >= b.Min.Y && a.Max.X <= b.Max.X && a.Max.Y <= b.Max.Y
+}
+
+func overlap(a, b vg.Rectangle) bool {
+	return a.Min.X < b.Max.X && b.Min.X < a.Max.X && a.Min.Y < b.Max.Y && b.Min.Y < a.Max.Y
+}
+
+// TestPlotLatencyNotPositive: a record with a latency of 0 (a row that
+// measured nothing) plots on a linear latency axis instead of failing; so
+// does one token count with every latency equal (a range of one value).
+func TestPlotLatencyNotPositive(t *testing.T) {
+	row := func(call string, tokens int, us float64) bench.Row {
+		return bench.Row{Call: call, Tokens: tokens, Hidden: 64, TopK: 2, DType: "bf16", Mode: bench.ModeBlocking, Time: bench.Stats{N: 1, Median: us}, NVLGBps: 1}
+	}
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		rows []bench.Row
+		log  bool
+	}{
+		{"zero", []bench.Row{row(bench.CallDispatch, 8, 0), row(bench.CallDispatch, 16, 5)}, false},
+		{"one value", []bench.Row{row(bench.CallDispatch, 1, 0.5), row(bench.CallCombine, 1, 0.5)}, true},
+	} {
+		fig, err := plotRecords([]plotRun{{tc.name, bench.Record{Rows: tc.rows}}})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if _, log := fig.lat.Y.Tick.Marker.(logTicks); log != tc.log {
+			t.Errorf("%s: log latency axis %v, want %v", tc.name, log, tc.log)
+		}
+		c, err := draw.NewFormattedCanvas(6*vg.Inch, 3*vg.Inch, "png")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fig.draw(draw.New(c)) // gonum panics on a log axis that reaches 0
+		f, err := os.Create(filepath.Join(dir, tc.name+".png"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.WriteTo(f); err != nil {
+			t.Error(err)
+		}
+		f.Close()
+	}
+}
+
+// TestLogTicks: the latency axis is labelled at 1, 2 and 5 times the
+// powers of ten in its range; a range within one of those steps gets
+// every multiple labelled, or its ends.
+func TestLogTicks(t *testing.T) {
+	labels := func(lo, hi float64) []string {
+		var out []string
+		for _, tk := range (logTicks{}).Ticks(math.Log10(lo), math.Log10(hi)) {
+			if !tk.IsMinor() {
+				out = append(out, tk.Label)
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		lo, hi float64
+		want   []string
+	}{
+		{7, 996, []string{"10", "20", "50", "100", "200", "500"}},
+		{0.15, 0.6, []string{"0.2", "0.5"}},
+		{120, 180, []string{"120", "180"}},
+		{310, 390, []string{"310", "390"}},
+		{260, 480, []string{"300", "400"}},
+	} {
+		if got := labels(tc.lo, tc.hi); !slices.Equal(got, tc.want) {
+			t.Errorf("ticks of [%v, %v]: %v, want %v", tc.lo, tc.hi, got, tc.want)
+		}
+	}
+	if got := (logTicks{}).Ticks(math.Inf(-1), 1); got != nil {
+		t.Errorf("ticks of an infinite range: %v", got)
 	}
 }
