@@ -180,6 +180,11 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	}
 	for r, d := range all {
 		if string(d) != desc {
+			// A peer whose own config is invalid: its reason, not every
+			// field of this rank's config beside it.
+			if why, ok := strings.CutPrefix(string(d), invalidConfig); ok {
+				return nil, fmt.Errorf("executor: new: rank %d's config is invalid (%s): %w", r, why, ErrPeerMismatch)
+			}
 			return nil, fmt.Errorf("executor: new: config of rank %d differs from rank %d's: %s: %w",
 				r, g.Rank(), diffDescriptions(desc, string(d)), ErrPeerMismatch)
 		}
@@ -218,11 +223,14 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	return e, nil
 }
 
+// invalidConfig starts the description of a config that failed its checks.
+const invalidConfig = "invalid config: "
+
 // describe renders a config as "Field=value" pairs (or the local error) for
 // the cross-rank comparison.
 func describe(c Config, err error) string {
 	if err != nil {
-		return "invalid config: " + err.Error()
+		return invalidConfig + err.Error()
 	}
 	v := reflect.ValueOf(c)
 	parts := make([]string, v.NumField())

@@ -289,24 +289,25 @@ func TestErrorTextsNew(t *testing.T) {
 		name string
 		cfg  func(r int) Config
 		want error
+		says string // what every rank's message says
 	}{
 		{"hidden differs", func(r int) Config {
 			c := good
 			c.Hidden += 8 * r
 			return c
-		}, ErrPeerMismatch},
+		}, ErrPeerMismatch, "Hidden="},
 		{"invalid on every rank", func(int) Config {
 			c := good
 			c.TopK = 0
 			return c
-		}, ErrInvalidInput},
+		}, ErrInvalidInput, "TopK is 0"},
 		{"invalid on one rank", func(r int) Config {
 			c := good
 			if r == 1 {
 				c.TopK = 0
 			}
 			return c
-		}, nil},
+		}, nil, "TopK is 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for r, err := range newEach(t, 2, tc.cfg) {
@@ -316,6 +317,9 @@ func TestErrorTextsNew(t *testing.T) {
 				}
 				if bad := checkErrorText(err); len(bad) > 0 {
 					t.Errorf("rank %d: %q: %s", r, err, strings.Join(bad, "; "))
+				}
+				if !strings.Contains(err.Error(), tc.says) {
+					t.Errorf("rank %d: %q does not say %q", r, err, tc.says)
 				}
 				if testing.Verbose() {
 					t.Logf("rank %d: %v", r, err)
