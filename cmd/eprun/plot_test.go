@@ -366,3 +366,39 @@ func TestLogTicks(t *testing.T) {
 		t.Errorf("ticks of an infinite range: %v", got)
 	}
 }
+
+// TestPlotLegendColumns: a legend taller than the figure splits into
+// columns, each within its height, laid out side by side, clear of the
+// panels.
+func TestPlotLegendColumns(t *testing.T) {
+	var rows []bench.Row
+	for h := 1; h <= 20; h++ {
+		for _, call := range []string{bench.CallDispatch, bench.CallCombine} {
+			rows = append(rows, bench.Row{Call: call, Tokens: 8, Hidden: 64 * h, TopK: 2, DType: "bf16", Mode: bench.ModeBlocking, Time: bench.Stats{N: 1, Median: 10}, NVLGBps: 1})
+		}
+	}
+	fig, err := plotRecords([]plotRun{{"tall", bench.Record{Rows: rows}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := vgimg.New(12*vg.Inch, 3*vg.Inch)
+	dc := draw.New(c)
+	panels, legends, at := fig.layout(dc)
+	if len(fig.entries) != 40 || len(legends) < 2 {
+		t.Fatalf("%d entries in %d columns, want 40 in several", len(fig.entries), len(legends))
+	}
+	for i, l := range legends {
+		box := l.Rectangle(at[i])
+		if box.Size().Y > dc.Size().Y || !inside(box, dc.Rectangle) {
+			t.Errorf("column %d at %v: taller than the figure %v, or outside it", i, box, dc.Rectangle)
+		}
+		if i > 0 && overlap(box, legends[i-1].Rectangle(at[i-1])) {
+			t.Errorf("columns %d and %d overlap", i-1, i)
+		}
+		for j, p := range []*plot.Plot{fig.bw, fig.lat} {
+			if d := p.DataCanvas(panels[j]).Rectangle; overlap(box, d) {
+				t.Errorf("column %d at %v covers panel %d's data %v", i, box, j, d)
+			}
+		}
+	}
+}
