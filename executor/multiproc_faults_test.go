@@ -172,7 +172,8 @@ func runFaultWorld(t *testing.T, how, fault string, n int, extraEnv ...string) {
 				t.Errorf("rank %d: %s with a rank slow within the timeout", r, text)
 			}
 		case fault == "reject":
-			if class != "invalid" || (r != bad && !strings.Contains(text, "rank "+strconv.Itoa(bad))) {
+			named := strings.Contains(text, "rank "+strconv.Itoa(bad)) || strings.Contains(text, fmt.Sprintf("rank(s) [%d]", bad))
+			if class != "invalid" || (r != bad && !named) {
 				t.Errorf("rank %d: %s (%s), want ErrInvalidInput naming rank %d", r, text, class, bad)
 			}
 			if n := strings.Count(text, executor.ErrInvalidInput.Error()); n != 1 {

@@ -40,13 +40,14 @@ func gridOff(R int) int    { return (missingOff(R) + 4*R + 7) / 8 * 8 }
 func reportOff(R int) int  { return gridOff(R) + 8 }
 
 // A report is the failure a rank signalled OpRejected for when it was a
-// timeout or a lost peer found outside the domain's GPU waits (in the
-// rail's round, say): epoch (uint64, the call's epoch; 0 while the rank
-// writes the rest), status (uint64, StatusTimeout or StatusFailed), the
-// number of named ranks (uint32), the message's length (uint32), the named
-// ranks (int32, MaxNamed), the message (msgCap bytes). A peer whose wait
-// found the rejection reads it to relay the failure's class and names
-// instead of blaming the rank that reported it.
+// timeout, a lost peer or a peer's reported failure, found outside the
+// domain's GPU waits (in the rail's round, say): epoch (uint64, the
+// call's epoch; 0 while the rank writes the rest), status (uint64, as
+// StatusOf classes the failure), the number of named ranks (uint32), the
+// message's length (uint32), the named ranks (int32, MaxNamed), the
+// message (msgCap bytes). A peer whose wait found the rejection reads it
+// to relay the failure's class, names and first cause instead of blaming
+// the rank that reported it.
 const (
 	reportNamedOff = 24
 	reportMsgOff   = reportNamedOff + 4*MaxNamed
@@ -54,11 +55,13 @@ const (
 )
 
 // GPUReport is the report (without its epoch, which the GPU stamps) of a
-// failure err, and whether err is one the peers relay: a timeout or a lost
-// peer (nvlink.StatusOf). Other failures are reported as a rejection.
+// failure err, and whether err is one the peers relay: a timeout, a lost
+// peer, or a failure another rank reported (a *PeerError). A rank's own
+// rejection of its input is signalled as such, with no report.
 func GPUReport(err error) ([]byte, bool) {
+	var pe *PeerError
 	st := StatusOf(err)
-	if st != StatusTimeout && st != StatusFailed {
+	if st != StatusTimeout && st != StatusFailed && !errors.As(err, &pe) {
 		return nil, false
 	}
 	b := make([]byte, reportSize)
@@ -86,7 +89,7 @@ func decodeReport(b []byte, epoch uint64, rank int) *PeerError {
 		return nil
 	}
 	st := binary.LittleEndian.Uint64(b[8:])
-	if st != StatusTimeout && st != StatusFailed {
+	if st == StatusOK {
 		return nil
 	}
 	n := min(int(binary.LittleEndian.Uint32(b[16:])), MaxNamed)

@@ -168,9 +168,10 @@ func (f *GPUFlags) Finish(op uint32) error { return f.signalPeers(f.doneSlot(), 
 
 // Reject joins a collective call that failed on this rank before it
 // began (its input rejected, or its rail round failed): its peers see
-// OpRejected and fail the call at once. A cause that is a timeout or a
-// lost peer is written to this rank's report first, so that the peers
-// relay its class and names (GPUReport) instead of blaming this rank.
+// OpRejected and fail the call at once. A cause that is a timeout, a
+// lost peer or another rank's reported failure is written to this rank's
+// report first, so that the peers relay its class, names and first cause
+// (GPUReport) instead of blaming this rank.
 func (f *GPUFlags) Reject(cause error) error {
 	report := f.writeReport(cause)
 	err := f.Begin()

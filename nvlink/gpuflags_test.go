@@ -64,9 +64,20 @@ func TestGPUReport(t *testing.T) {
 			}
 		})
 	}
+	// A peer's reported rejection, relayed: its class (not a timeout, not
+	// a loss) and its words, which name the rank that rejected.
+	relayed := fmt.Errorf("executor: rail: %w", &PeerError{Rank: 3, Status: StatusInvalid, Msg: "X has shape [3 64], want [2 64]"})
+	b, ok := GPUReport(relayed)
+	if !ok {
+		t.Fatal("a peer's reported rejection is not reported")
+	}
+	if pe := decodeReport(stamp(b, 4), 4, 1); pe == nil || pe.Status != StatusInvalid || errors.Is(pe, comm.ErrTimeout) ||
+		errors.Is(pe, comm.ErrPeerLost) || !errors.Is(pe, ErrPeerReported) || !strings.Contains(pe.Error(), "rank 1 reported: executor: rail: nvlink: rank 3 reported: X has shape") {
+		t.Errorf("a relayed rejection decodes as %v", pe)
+	}
 	for _, err := range []error{nil, errors.New("shape [4 8] is not [4 16]"), ErrPeerMismatch} {
 		if _, ok := GPUReport(err); ok {
-			t.Errorf("GPUReport(%v) reported; only timeouts and losses are relayed", err)
+			t.Errorf("GPUReport(%v) reported; a rank's own rejection is signalled as such", err)
 		}
 	}
 	// Bounds: the first MaxNamed ranks, the first msgCap bytes.
@@ -75,7 +86,7 @@ func TestGPUReport(t *testing.T) {
 		many[i] = i
 	}
 	long := &comm.TimeoutError{Op: strings.Repeat("x", 3*msgCap), Missing: many}
-	b, _ := GPUReport(long)
+	b, _ = GPUReport(long)
 	pe := decodeReport(stamp(b, 1), 1, 0)
 	if pe == nil || len(pe.Ranks) != MaxNamed || len(pe.Msg) != msgCap {
 		t.Fatalf("a report of %d ranks and a %d-byte message: %+v", len(many), len(long.Error()), pe)

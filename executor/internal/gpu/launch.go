@@ -107,8 +107,9 @@ const oneLaunchThreads = 512
 // oneLaunchBlocks is the most blocks of a one-launch kernel: the GPU's
 // sms multiprocessors shared among the sameGPU ranks of the domain on it
 // (every rank's grid waits for its peers' and all must be resident at
-// once: a block of 512 threads fits any SM beside another rank's), at
-// most knob (Config.SMs) when it is set, at least one.
+// once: a block takes a whole SM's registers, kernels/onelaunch.cu's
+// GOEP_ONE_LAUNCH_BOUNDS, so the grids together take at most one block
+// an SM), at most knob (Config.SMs) when it is set, at least one.
 func oneLaunchBlocks(sms, sameGPU, knob int) int {
 	b := sms / max(sameGPU, 1)
 	if knob > 0 {

@@ -56,8 +56,11 @@ __device__ __forceinline__ uint4 load16(const uint4 *p)
 	return INPUT ? load16_input(p) : load16_window(p);
 }
 
+// copyLane is how many 16-byte units a lane of warp_copy has in flight.
+constexpr int copyLane = 8;
+
 // warp_copy copies n bytes (a multiple of unit) from src to dst with the
-// 32 lanes of a warp: 16-byte units four in flight a lane when unit is 16,
+// 32 lanes of a warp: 16-byte units copyLane in flight a lane when unit is 16,
 // else one unit of unit bytes at a time. INPUT: src is a caller's input
 // (load16_input), else this rank's window (load16_window).
 template <bool INPUT>
@@ -68,15 +71,16 @@ __device__ __forceinline__ void warp_copy(uint8_t *dst, const uint8_t *src, int6
 		uint4 *d = (uint4 *)dst;
 		int64_t m = n / 16;
 		int64_t u = lane;
-		for (; u + 96 < m; u += 128) {
-			uint4 a = load16<INPUT>(s + u);
-			uint4 b = load16<INPUT>(s + u + 32);
-			uint4 c = load16<INPUT>(s + u + 64);
-			uint4 e = load16<INPUT>(s + u + 96);
-			d[u] = a;
-			d[u + 32] = b;
-			d[u + 64] = c;
-			d[u + 96] = e;
+		for (; u + 32 * (copyLane - 1) < m; u += 32 * copyLane) {
+			uint4 v[copyLane];
+#pragma unroll
+			for (int j = 0; j < copyLane; j++) {
+				v[j] = load16<INPUT>(s + u + 32 * j);
+			}
+#pragma unroll
+			for (int j = 0; j < copyLane; j++) {
+				d[u + 32 * j] = v[j];
+			}
 		}
 		for (; u < m; u += 32) {
 			d[u] = load16<INPUT>(s + u);
@@ -188,8 +192,9 @@ __device__ __forceinline__ void store_sum(uint8_t *p, const float *acc)
 	}
 }
 
-// sumChunk is how many units a warp sums as one item: four a lane.
-constexpr int64_t sumChunk = 128;
+// sumChunk is how many units a warp sums as one item: sumLane a lane.
+constexpr int sumLane = 4;
+constexpr int64_t sumChunk = 32 * sumLane;
 
 // combine_sums is goep_ep_combine's sums (ep.cu's sum_rows, bit for bit):
 // item (token t, chunk ch) of tokens * chunks, a warp each in turn; its
@@ -223,34 +228,58 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 		if (!ok) {
 			continue;  // the call fails (status)
 		}
-		for (int64_t u = ch * sumChunk + lane; u < units && u < (ch + 1) * sumChunk; u += 32) {
-			float acc[V];
-			bool any = false;
-			for (int32_t c = 0; c < width; c++) {
-				int64_t e = t * width + c;
-				int32_t r = entRow[e];
-				if (r < 0) {
-					continue;
+		// A lane's units of the chunk are u0 + 32j, j < sumLane: every
+		// term's units are loaded before they are added (sumLane loads in
+		// flight a lane), in c order as sum_rows adds them.
+		const int64_t u0 = ch * sumChunk + lane;
+		const int64_t uEnd = min(units, (ch + 1) * sumChunk);
+		float acc[sumLane][V];
+		bool any = false;
+		for (int32_t c = 0; c < width; c++) {
+			int64_t e = t * width + c;
+			int32_t r = entRow[e];
+			if (r < 0) {
+				continue;
+			}
+			float f[sumLane][V];
+			if (entDest[e] == me) {
+				const uint8_t *src = z + (int64_t)r * rowBytes;
+#pragma unroll
+				for (int j = 0; j < sumLane; j++) {
+					if (u0 + 32 * j < uEnd) {
+						load_terms<BF16, V, false>(f[j], src + (u0 + 32 * j) * V * es);
+					}
 				}
-				float f[V];
-				if (entDest[e] == me) {
-					load_terms<BF16, V, false>(f, z + (int64_t)r * rowBytes + u * V * es);
-				} else {
-					load_terms<BF16, V, true>(f, win + e * rowBytes + u * V * es);
+			} else {
+				const uint8_t *src = win + e * rowBytes;
+#pragma unroll
+				for (int j = 0; j < sumLane; j++) {
+					if (u0 + 32 * j < uEnd) {
+						load_terms<BF16, V, true>(f[j], src + (u0 + 32 * j) * V * es);
+					}
 				}
+			}
+#pragma unroll
+			for (int j = 0; j < sumLane; j++) {
 #pragma unroll
 				for (int i = 0; i < V; i++) {
-					acc[i] = any ? add(acc[i], f[i], dnan) : f[i];
+					acc[j][i] = any ? add(acc[j][i], f[j][i], dnan) : f[j][i];
 				}
-				any = true;
+			}
+			any = true;
+		}
+#pragma unroll
+		for (int j = 0; j < sumLane; j++) {
+			if (u0 + 32 * j >= uEnd) {
+				continue;
 			}
 			if (!any) {
 #pragma unroll
 				for (int i = 0; i < V; i++) {
-					acc[i] = 0.0f;
+					acc[j][i] = 0.0f;
 				}
 			}
-			store_sum<BF16, V>(out + t * rowBytes + u * V * es, acc);
+			store_sum<BF16, V>(out + t * rowBytes + (u0 + 32 * j) * V * es, acc[j]);
 		}
 		for (int32_t k = lane; gw != nullptr && ch == 0 && k < topk; k += 32) {
 			int64_t s = t * topk + k;
@@ -275,6 +304,70 @@ using namespace goep_onelaunch;
 // The most ranks of a domain (the host refuses more): the shared bitmaps.
 #define GOEP_MAX_RANKS 1024
 
+// launch_start is what a one-launch kernel starts from: the call's epoch
+// (the epoch counter's next; finish_launch stores it), the block's records
+// of the peers heard from (free: done for the previous call; arrived: this
+// call's rows), and the warp's place in the grid.
+struct launch_start {
+	uint64_t epoch;
+	int lane;
+	int64_t warp, warps;
+	heard freed, arrived;
+};
+
+// start_launch reads the epoch and clears the block's records; every
+// thread of the block calls it.
+__device__ __forceinline__ launch_start start_launch(const flag_words &fw)
+{
+	__shared__ uint64_t epochShared;
+	__shared__ uint32_t freeBits[GOEP_MAX_RANKS / 32], arrivedBits[GOEP_MAX_RANKS / 32];
+	if (threadIdx.x == 0) {
+		epochShared = *(volatile const uint64_t *)fw.counter + 1;
+	}
+	for (int i = threadIdx.x; i < GOEP_MAX_RANKS / 32; i += blockDim.x) {
+		freeBits[i] = 0;
+		arrivedBits[i] = 0;
+	}
+	__syncthreads();
+	launch_start ls;
+	ls.epoch = epochShared;
+	ls.lane = threadIdx.x & 31;
+	ls.warps = (int64_t)gridDim.x * (blockDim.x / 32);
+	ls.warp = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+	ls.freed = heard{freeBits};
+	ls.arrived = heard{arrivedBits};
+	return ls;
+}
+
+// finish_launch ends a one-launch call: the grid's last block past this
+// point waits until every peer has signalled arrived with op, those this
+// rank exchanged no rows with included (a peer that rejected the call,
+// ran another, hung or died fails it on every rank, as the flags' Arrive
+// does), then stores the epoch and signals done (the flags' Finish) to
+// every peer, whatever the waits found.
+__device__ __forceinline__ void finish_launch(const flag_words &fw, uint64_t *const *peerFlags, int32_t ranks,
+					      int32_t me, uint64_t epoch, uint32_t op, int64_t timeoutNs)
+{
+	if (grid_last(&fw.grid[1], gridDim.x)) {
+		for (int32_t p = threadIdx.x; p < ranks; p += blockDim.x) {
+			if (p != me) {
+				wait_word(fw.arrived + p, p, epoch, epoch, op, timeoutNs, fw.status, fw.missing);
+			}
+		}
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			*(volatile uint64_t *)fw.counter = epoch;
+		}
+		signal_words(peerFlags, ranks, ranks + me, epoch << 8 | op);
+	}
+}
+
+// A one-launch grid has at most one block an SM (oneLaunchBlocks in
+// launch.go), so a block may take an SM's registers: without the minimum
+// of one block an SM, ptxas keeps room for two and spills the copies'
+// loads in flight.
+#define GOEP_ONE_LAUNCH_BOUNDS __launch_bounds__(512, 1)
+
 // goep_ep_dispatch is Dispatch in one domain, in one launch.
 //
 // Sends: entry j < entries (token entTok[j]'s copy for destination
@@ -297,7 +390,7 @@ using namespace goep_onelaunch;
 // This is goep_ep_push, goep_ep_copy_out and the flags' Begin, Arrive and
 // Finish, bit for bit. Warps take entries (then rows) in turn across the
 // grid, one at a time.
-extern "C" __global__ void __launch_bounds__(512) goep_ep_dispatch(
+extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 	const uint8_t *x, const float *w, const uint8_t *sx, const int32_t *entTok, const int32_t *entDest,
 	const int32_t *entRow, int64_t entries, const int32_t *recvSrc, const int32_t *recvEnt, const int32_t *idx,
 	const int32_t *counts, int64_t rows, int64_t rowCap, uint8_t *out, float *outW, int32_t *outIdx, uint8_t *outS,
@@ -305,22 +398,12 @@ extern "C" __global__ void __launch_bounds__(512) goep_ep_dispatch(
 	int32_t topk, int32_t width, int32_t unit, uint64_t *const *peerFlags, uint64_t *flags, int32_t ranks,
 	int32_t me, uint32_t op, int64_t timeoutNs)
 {
-	__shared__ uint64_t epochShared;
-	__shared__ uint32_t freeBits[GOEP_MAX_RANKS / 32], arrivedBits[GOEP_MAX_RANKS / 32];
 	flag_words fw = flag_words_of(flags, ranks);
-	if (threadIdx.x == 0) {
-		epochShared = *(volatile const uint64_t *)fw.counter + 1;
-	}
-	for (int i = threadIdx.x; i < GOEP_MAX_RANKS / 32; i += blockDim.x) {
-		freeBits[i] = 0;
-		arrivedBits[i] = 0;
-	}
-	__syncthreads();
-	const uint64_t epoch = epochShared;
-	const int lane = threadIdx.x & 31;
-	const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-	const int64_t warp = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-	heard freed{freeBits}, arrived{arrivedBits};
+	const launch_start ls = start_launch(fw);
+	const uint64_t epoch = ls.epoch;
+	const int lane = ls.lane;
+	const int64_t warps = ls.warps, warp = ls.warp;
+	const heard freed = ls.freed, arrived = ls.arrived;
 
 	// Sends.
 	for (int64_t j = warp; j < entries; j += warps) {
@@ -408,12 +491,7 @@ extern "C" __global__ void __launch_bounds__(512) goep_ep_dispatch(
 			outW[e] = v;
 		}
 	}
-	if (grid_last(&fw.grid[1], gridDim.x)) {
-		if (threadIdx.x == 0) {
-			*(volatile uint64_t *)fw.counter = epoch;
-		}
-		signal_words(peerFlags, ranks, ranks + me, epoch << 8 | op);
-	}
+	finish_launch(fw, peerFlags, ranks, me, epoch, op, timeoutNs);
 }
 
 // goep_ep_combine is Combine (and DispatchBackward, with zw) in one domain,
@@ -435,29 +513,19 @@ extern "C" __global__ void __launch_bounds__(512) goep_ep_dispatch(
 // This is goep_ep_scatter, goep_ep_sum_* and the flags' Begin, Arrive and
 // Finish, bit for bit. Warps take rows (then sum items) in turn across
 // the grid, one at a time.
-extern "C" __global__ void __launch_bounds__(512) goep_ep_combine(
+extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_combine(
 	const uint8_t *z, const float *zw, const int32_t *recvSrc, const int32_t *recvEnt, int64_t rowCap,
 	const int32_t *entDest, const int32_t *entRow, const int32_t *slot, int64_t tokens, uint8_t *out, float *gw,
 	uint8_t *const *peerBase, const uint8_t *win, int64_t rowBytes, int64_t wOff, int64_t hidden, int32_t topk,
 	int32_t width, int32_t unit, int32_t bf16, int32_t vec, uint32_t dnan, uint64_t *const *peerFlags,
 	uint64_t *flags, int32_t ranks, int32_t me, uint32_t op, int64_t timeoutNs)
 {
-	__shared__ uint64_t epochShared;
-	__shared__ uint32_t freeBits[GOEP_MAX_RANKS / 32], arrivedBits[GOEP_MAX_RANKS / 32];
 	flag_words fw = flag_words_of(flags, ranks);
-	if (threadIdx.x == 0) {
-		epochShared = *(volatile const uint64_t *)fw.counter + 1;
-	}
-	for (int i = threadIdx.x; i < GOEP_MAX_RANKS / 32; i += blockDim.x) {
-		freeBits[i] = 0;
-		arrivedBits[i] = 0;
-	}
-	__syncthreads();
-	const uint64_t epoch = epochShared;
-	const int lane = threadIdx.x & 31;
-	const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-	const int64_t warp = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-	heard freed{freeBits}, arrived{arrivedBits};
+	const launch_start ls = start_launch(fw);
+	const uint64_t epoch = ls.epoch;
+	const int lane = ls.lane;
+	const int64_t warps = ls.warps, warp = ls.warp;
+	const heard freed = ls.freed, arrived = ls.arrived;
 
 	// Sends.
 	for (int64_t i = warp; i < rowCap; i += warps) {
@@ -492,10 +560,5 @@ extern "C" __global__ void __launch_bounds__(512) goep_ep_combine(
 		combine_sums<false, 1>(out, gw, z, zw, win, entDest, entRow, slot, tokens, width, hidden, wOff,
 				       topk, dnan, arrived, epoch, op, timeoutNs, fw, me, warp, warps, lane);
 	}
-	if (grid_last(&fw.grid[1], gridDim.x)) {
-		if (threadIdx.x == 0) {
-			*(volatile uint64_t *)fw.counter = epoch;
-		}
-		signal_words(peerFlags, ranks, ranks + me, epoch << 8 | op);
-	}
+	finish_launch(fw, peerFlags, ranks, me, epoch, op, timeoutNs);
 }
