@@ -69,21 +69,24 @@ __device__ __forceinline__ void warp_copy(uint8_t *dst, const uint8_t *src, int6
 	if (unit == 16) {
 		const uint4 *s = (const uint4 *)src;
 		uint4 *d = (uint4 *)dst;
-		int64_t m = n / 16;
-		int64_t u = lane;
-		for (; u + 32 * (copyLane - 1) < m; u += 32 * copyLane) {
+		const int64_t m = n / 16;
+		// Every unit of a round is loaded before any is stored, the
+		// round's last units predicated: a row whose units are not a
+		// multiple of the round's still keeps them all in flight.
+		for (int64_t u = lane; u < m; u += 32 * copyLane) {
 			uint4 v[copyLane];
 #pragma unroll
 			for (int j = 0; j < copyLane; j++) {
-				v[j] = load16<INPUT>(s + u + 32 * j);
+				if (u + 32 * j < m) {
+					v[j] = load16<INPUT>(s + u + 32 * j);
+				}
 			}
 #pragma unroll
 			for (int j = 0; j < copyLane; j++) {
-				d[u + 32 * j] = v[j];
+				if (u + 32 * j < m) {
+					d[u + 32 * j] = v[j];
+				}
 			}
-		}
-		for (; u < m; u += 32) {
-			d[u] = load16<INPUT>(s + u);
 		}
 		return;
 	}
