@@ -167,20 +167,11 @@ func (e *PeerError) Unwrap() []error {
 	return []error{ErrPeerReported}
 }
 
-// DescribeMismatch, when set, words how a peer's call (peerOp, peerSig)
-// differs from this rank's for the message of an ErrPeerMismatch. Op and
-// Sig are numbers to this package; the package that assigns them
-// (executor's datapath) sets it, once, in its init, so that the message
-// names the calls and the field that differs. Unset, the message gives
-// the numbers.
-var DescribeMismatch func(rank int, op uint64, sig [4]uint64, peer int, peerOp uint64, peerSig [4]uint64) string
-
-func describeMismatch(rank int, op uint64, sig [4]uint64, peer int, peerOp uint64, peerSig [4]uint64) string {
-	if DescribeMismatch != nil {
-		return DescribeMismatch(rank, op, sig, peer, peerOp, peerSig)
-	}
-	return fmt.Sprintf("rank %d runs operation %d %v, rank %d runs %d %v", rank, op, sig, peer, peerOp, peerSig)
-}
+// MismatchWords words how a peer's call (peerOp, peerSig) differs from
+// this rank's (op, sig), for the message of an ErrPeerMismatch. Op and Sig
+// are numbers to this package; the package that assigns them gives the
+// words (Domain.Words).
+type MismatchWords func(rank int, op uint64, sig [4]uint64, peer int, peerOp uint64, peerSig [4]uint64) string
 
 // Domain is this rank's view of its NVLink domain.
 type Domain struct {
@@ -195,6 +186,17 @@ type Domain struct {
 	used    []*device.Buffer  // the control blocks of this process it uses (ctrlUsers), its own first
 	epoch   uint64
 	failed  error
+	// Words, when set by the domain's user, words an exchange's mismatch
+	// (else the message gives the operations and signatures as numbers).
+	Words MismatchWords
+}
+
+// mismatch words how peer p's call (op, sig) differs from this rank's c.
+func (d *Domain) mismatch(c Call, p int, op uint64, sig [4]uint64) string {
+	if d.Words != nil {
+		return d.Words(d.global[d.rank], c.Op, c.Sig, d.global[p], op, sig)
+	}
+	return fmt.Sprintf("rank %d runs operation %d %v, rank %d runs %d %v", d.global[d.rank], c.Op, c.Sig, d.global[p], op, sig)
 }
 
 // ctrlUsers counts, for every control block of this process, the domains
@@ -393,7 +395,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 		for p := range d.peers {
 			ph := hdr(d.peers[p])
 			if ph.op != c.Op || ph.sig != c.Sig {
-				failure = fmt.Errorf("nvlink: %s: %w", describeMismatch(d.global[d.rank], c.Op, c.Sig, d.global[p], ph.op, ph.sig), ErrPeerMismatch)
+				failure = fmt.Errorf("nvlink: %s: %w", d.mismatch(c, p, ph.op, ph.sig), ErrPeerMismatch)
 				break
 			}
 		}

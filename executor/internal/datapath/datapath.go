@@ -341,12 +341,10 @@ func roundWord(r uint64) string {
 	return fmt.Sprintf("#%d", r)
 }
 
-// The domain's exchanges carry Op and Sig as numbers; their mismatch
-// messages name them as Mismatch does.
-func init() {
-	nvlink.DescribeMismatch = func(rank int, op uint64, sig [4]uint64, peer int, peerOp uint64, peerSig [4]uint64) string {
-		return Mismatch(rank, Op(op), sig, peer, Op(peerOp), peerSig)
-	}
+// DomainWords words a domain exchange's mismatch as Mismatch does: the
+// engines' domains carry Op and Sig as numbers (nvlink.Domain.Words).
+func DomainWords(rank int, op uint64, sig [4]uint64, peer int, peerOp uint64, peerSig [4]uint64) string {
+	return Mismatch(rank, Op(op), sig, peer, Op(peerOp), peerSig)
 }
 
 // RowBytes is the size of one row of a 2-D tensor.

@@ -77,6 +77,7 @@ func NewControl(ctx context.Context, g comm.Group, b *device.Host, env *datapath
 		if c.Dom, err = nvlink.New(ctx, g, s, global, env.Timeout); err != nil {
 			return nil, errors.Join(err, s.Close())
 		}
+		c.Dom.Words = datapath.DomainWords
 		c.cross = &flat{c: c}
 		return c, nil
 	}

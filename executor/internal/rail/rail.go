@@ -172,6 +172,7 @@ func New(ctx context.Context, g comm.Group, s device.Stream, env *datapath.Env, 
 	if r.Dom, err = nvlink.New(ctx, r.DomainGroup, s, global, env.Timeout); err != nil {
 		return fail(err)
 	}
+	r.Dom.Words = datapath.DomainWords
 	r.Transport, err = rdma.New(ctx, r.RailGroup, rdma.Config{
 		SendBytes: r.M * r.Slot, RecvBytes: 2 * r.M * r.Slot, Timeout: env.Timeout, SharedMemory: shm,
 	})
