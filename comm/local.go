@@ -48,9 +48,15 @@ type localGroup struct {
 func (g *localGroup) Rank() int { return g.rank }
 func (g *localGroup) Size() int { return g.w.size }
 
-// exchange is the one primitive: deposit data in this member's next round
-// and wait for everyone's.
+// exchange is the one primitive: deposit a copy of data in this member's
+// next round and wait for everyone's.
 func (g *localGroup) exchange(ctx context.Context, op string, data []byte) ([][]byte, *round, error) {
+	return g.deposit(ctx, op, append([]byte(nil), data...))
+}
+
+// deposit is exchange of data the caller gives up: no one writes it again,
+// so it is deposited as it is.
+func (g *localGroup) deposit(ctx context.Context, op string, data []byte) ([][]byte, *round, error) {
 	w := g.w
 	seq := g.seq
 	g.seq++
@@ -64,7 +70,7 @@ func (g *localGroup) exchange(ctx context.Context, op string, data []byte) ([][]
 		rd = &round{data: make([][]byte, w.size), arrived: make([]bool, w.size), left: w.size, done: make(chan struct{})}
 		w.rounds[seq] = rd
 	}
-	rd.data[g.rank] = append([]byte(nil), data...)
+	rd.data[g.rank] = data
 	rd.arrived[g.rank] = true
 	rd.count++
 	if rd.count == w.size {
@@ -120,24 +126,32 @@ func (g *localGroup) AllToAll(ctx context.Context, send [][]byte) ([][]byte, err
 	if len(send) != g.w.size {
 		return nil, fmt.Errorf("comm: alltoall on rank %d: %d buffers for %d ranks", g.rank, len(send), g.w.size)
 	}
-	// Deposit every outgoing buffer (framed by length) and pick out column
-	// g.rank of everyone's.
-	var enc []byte
+	// Deposit one copy of every outgoing buffer (framed by length) and pick
+	// out column g.rank of everyone's: the one copy a message takes, into
+	// one allocation of the exact size (the callers reuse their send
+	// buffers, so the receivers cannot hold those).
+	n := 8 * len(send)
+	for _, b := range send {
+		n += len(b)
+	}
+	enc := make([]byte, 0, n)
 	for _, b := range send {
 		enc = binary.LittleEndian.AppendUint64(enc, uint64(len(b)))
 		enc = append(enc, b...)
 	}
-	all, _, err := g.exchange(ctx, "alltoall", enc)
+	all, _, err := g.deposit(ctx, "alltoall", enc)
 	if err != nil {
 		return nil, err
 	}
+	// Each receiver's part is a view of the sender's deposit, capped so that
+	// an append to it reallocates instead of writing over the next part.
 	out := make([][]byte, g.w.size)
 	for r, d := range all {
 		for p := 0; p <= g.rank; p++ {
 			n := int(binary.LittleEndian.Uint64(d))
 			d = d[8:]
 			if p == g.rank {
-				out[r] = append([]byte(nil), d[:n]...)
+				out[r] = d[:n:n]
 			}
 			d = d[n:]
 		}

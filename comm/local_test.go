@@ -1,6 +1,7 @@
 package comm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -178,4 +179,51 @@ func TestCloseReleasesWaiters(t *testing.T) {
 
 func TestAllToAll(t *testing.T) {
 	each(t, NewLocal(4), func(g Group) error { return checkAllToAll(t.Context(), g, 10) })
+}
+
+// TestLocalAllToAllOwnership: what an in-process AllToAll returns is the
+// receiver's: the sender may reuse its send buffers at once, and a
+// receiver appending to a received part changes no other rank's parts
+// (they share one deposit per sender).
+func TestLocalAllToAllOwnership(t *testing.T) {
+	const n = 3
+	gs := NewLocal(n)
+	recv := make([][][]byte, n)
+	var eg errgroup.Group
+	for r, g := range gs {
+		eg.Go(func() error {
+			send := make([][]byte, n)
+			for d := range send {
+				send[d] = []byte{byte(10*r + d), byte(10*r + d)}
+			}
+			out, err := g.AllToAll(t.Context(), send)
+			if err != nil {
+				return err
+			}
+			for d := range send {
+				send[d][0], send[d][1] = 0xff, 0xff // reused at once
+			}
+			recv[r] = out
+			// Every rank holds its parts before any appends.
+			if err := g.Barrier(t.Context()); err != nil {
+				return err
+			}
+			for s := range out {
+				// Past its part, over where the next one's header and
+				// rows are in the deposit.
+				_ = append(out[s], bytes.Repeat([]byte{0xee}, 16)...)
+			}
+			return g.Barrier(t.Context())
+		})
+	}
+	if err := eg.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	for r := range n {
+		for s := range n {
+			if want := []byte{byte(10*s + r), byte(10*s + r)}; !slices.Equal(recv[r][s], want) {
+				t.Errorf("rank %d's part from rank %d is %v, want %v", r, s, recv[r][s], want)
+			}
+		}
+	}
 }
