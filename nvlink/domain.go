@@ -532,6 +532,35 @@ func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) 
 	}
 }
 
+// Epoch is the number of this rank's last exchange; the next is Epoch+1.
+func (d *Domain) Epoch() uint64 { return d.epoch }
+
+// PeerFailure is the fatal failure (a timeout or a lost peer) a domain
+// peer has published for exchange e, which this rank has not joined yet,
+// as a *PeerError; nil if none has. A rank held elsewhere in the same call
+// (the rail's round before a dispatch's exchange) looks at it to fail at
+// once with the peer's cause, instead of waiting out its own timeout
+// while the peer, which found the failure in its own rail round, waits
+// for it in the exchange. The peer cannot publish a later exchange before
+// this rank joins e, so the header it read is e's.
+func (d *Domain) PeerFailure(e uint64) error {
+	for p := range d.peers {
+		if p == d.rank {
+			continue
+		}
+		ph := hdr(d.peers[p])
+		if ph.epoch.Load() != e || (ph.status != StatusFailed && ph.status != StatusTimeout) {
+			continue
+		}
+		pe := &PeerError{Rank: d.global[p], Status: ph.status, Msg: string(ph.msg[:min(ph.msgLen, msgCap)])}
+		for _, r := range ph.named[:min(ph.nnamed, MaxNamed)] {
+			pe.Ranks = append(pe.Ranks, int(r))
+		}
+		return pe
+	}
+	return nil
+}
+
 // LostPeers returns a *comm.PeerLostError naming the peers of this domain
 // in other processes whose process has exited, or nil when every one runs.
 // It reads /proc, so call it at most every livenessInterval or so (the

@@ -163,6 +163,46 @@ func TestExchangeRelaysBlame(t *testing.T) {
 	}
 }
 
+// TestPeerFailure: a rank that has not joined exchange e yet sees the
+// fatal failure a peer published for e (a timeout keeps its class and
+// names), nothing before the peer publishes, and nothing for a rejection
+// or for another exchange.
+func TestPeerFailure(t *testing.T) {
+	const n = 2
+	ds, _ := domains(t, n, 30*time.Second)
+	for _, c := range []struct {
+		name  string
+		cause error
+		fatal bool
+	}{
+		{"timeout", &comm.TimeoutError{Op: "rail round 2", Missing: []int{7}}, true},
+		{"lost", &comm.PeerLostError{Op: "rail round 3", Ranks: []int{8}, Cause: "process exited"}, true},
+		{"rejected", errors.New("X has shape [3 64], want [2 64]"), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := ds[1].Epoch() + 1
+			if err := ds[1].PeerFailure(e); err != nil {
+				t.Fatalf("before rank 0 published: %v", err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- ds[0].Exchange(Call{Op: 1, Status: c.cause}, nil) }()
+			published(t, ds, 0, e)
+			err := ds[1].PeerFailure(e)
+			switch {
+			case !c.fatal && err != nil:
+				t.Errorf("a rejection published: %v, want nil (the exchange reports it)", err)
+			case c.fatal && (!errors.Is(err, ErrPeerReported) || !slices.Equal(Named(err), Named(c.cause)) || StatusOf(err) != StatusOf(c.cause)):
+				t.Errorf("%v: want rank 0's %v with its class and names", err, c.cause)
+			}
+			if err := ds[1].PeerFailure(e + 1); err != nil {
+				t.Errorf("exchange %d: %v, want nil", e+1, err)
+			}
+			_ = ds[1].Exchange(Call{Op: 1}, nil) // rank 0's waits for it
+			<-done
+		})
+	}
+}
+
 // published waits until rank r of ds has published its exchange number e
 // (a minute at most: it publishes first thing).
 func published(t *testing.T, ds []*Domain, r int, e uint64) {

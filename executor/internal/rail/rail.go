@@ -418,32 +418,38 @@ func (r *Rail) fatal(err error) error {
 }
 
 // domainLost is the cause with which watchDomain ends a rail round's
-// waits: the loss of a member of this rank's domain (err names it by
-// global rank).
+// waits: the loss of a member of this rank's domain, or a domain peer's
+// fatal failure published for the call's exchange (err names the ranks
+// by global rank).
 type domainLost struct{ err error }
 
 func (d *domainLost) Error() string { return d.err.Error() }
 func (d *domainLost) Unwrap() error { return d.err }
 
 // watchInterval is how often a dispatch-like round looks at its domain
-// peers' processes.
+// peers.
 const watchInterval = 20 * time.Millisecond
 
-// watchDomain looks at the processes of this rank's domain peers every
-// watchInterval until the returned stop is called, and cancels a rail
-// round's waits (cancel, with a *domainLost) when one has exited. A rank
-// waiting for its rail peer may otherwise wait out the whole timeout for a
-// peer that stopped at that loss: when a rank dies after finishing its
+// watchDomain looks at this rank's domain peers every watchInterval until
+// the returned stop is called, and cancels a rail round's waits (cancel,
+// with a *domainLost) when one's process has exited or one has published
+// a fatal failure for the call's domain exchange (nvlink.Domain.
+// PeerFailure: its own rail round found a lost or silent rank). A rank
+// waiting for its rail peer may otherwise wait out the whole timeout for
+// a peer that stopped at that loss: when a rank dies after finishing its
 // part of a call with its domain, the ranks of the other domain fail the
-// call (their rail round with it fails) while its domain peer completes it
-// and waits in the next call's rail round for a rail peer that has
-// stopped. A dispatch-like call needs its domain after its round, so the
-// round fails at once, naming the lost rank. A combine-like call's round
-// is not watched: its domain half is done, and a domain peer may have
-// finished the call and exited while this rank waits for a late rail
-// peer.
+// call (their rail round with it fails) while its domain peer completes
+// it and waits in the next call's rail round for a rail peer that has
+// stopped; and a domain peer whose rail peer died waits for this rank in
+// the exchange, where this rank would learn of the death only after its
+// own rail round timed out. A dispatch-like call needs its domain after
+// its round, so the round fails at once, naming the failed rank. A
+// combine-like call's round is not watched: its domain half is done, and
+// a domain peer may have finished the call and exited while this rank
+// waits for a late rail peer.
 func (r *Rail) watchDomain(cancel context.CancelCauseFunc) (stop func()) {
 	done := make(chan struct{})
+	next := r.Dom.Epoch() + 1
 	go func() {
 		t := time.NewTicker(watchInterval)
 		defer t.Stop()
@@ -452,7 +458,11 @@ func (r *Rail) watchDomain(cancel context.CancelCauseFunc) (stop func()) {
 			case <-done:
 				return
 			case <-t.C:
-				if err := r.Dom.LostPeers(); err != nil {
+				err := r.Dom.LostPeers()
+				if err == nil {
+					err = r.Dom.PeerFailure(next)
+				}
+				if err != nil {
 					cancel(&domainLost{err: err})
 					return
 				}
