@@ -82,8 +82,8 @@ func GPUReport(err error) ([]byte, bool) {
 }
 
 // decodeReport is the relayed failure of global rank rank from its report
-// b, if the report is of the call at epoch (the epoch of the rejection
-// this rank saw): a *PeerError of the report's class and names, or nil.
+// b, if the report is of the call at epoch (this rank's epoch of the call
+// whose rejection this rank saw): a *PeerError of the report's class and names, or nil.
 func decodeReport(b []byte, epoch uint64, rank int) *PeerError {
 	if len(b) < reportSize || epoch == 0 || binary.LittleEndian.Uint64(b) != epoch {
 		return nil
@@ -146,6 +146,13 @@ func statusCodes(raw []byte, R int) []byte {
 		codes[p] = m[4*p]
 	}
 	return codes
+}
+
+// statusEpoch is the epoch counter in status words as read back: the
+// epoch of this rank's last call, the failed one when the host
+// synchronized right after it.
+func statusEpoch(raw []byte) uint64 {
+	return binary.LittleEndian.Uint64(raw[8:]) // the counter follows the status word
 }
 
 // decodeStatus reads the status words as read back (StatusBytes of them

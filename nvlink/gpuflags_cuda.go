@@ -264,7 +264,7 @@ func (f *GPUFlags) Check(ctx context.Context) error {
 	if codes == nil {
 		return nil
 	}
-	err = f.explain(ctx, codes)
+	err = f.explain(ctx, codes, statusEpoch(raw))
 	if !bytes.Contains(codes, []byte{WaitTimeout}) {
 		err = errors.Join(err, f.ClearStatus())
 	}
@@ -285,7 +285,7 @@ func (f *GPUFlags) Settle(raw []byte) error {
 // out on whose process has exited are lost (evidence of death outranks
 // silence); a rejecting peer whose report is of the rejected call relays
 // that report; else WaitError.
-func (f *GPUFlags) explain(ctx context.Context, codes []byte) error {
+func (f *GPUFlags) explain(ctx context.Context, codes []byte, e uint64) error {
 	var late, rejected []int
 	for p, c := range codes {
 		switch c {
@@ -306,7 +306,7 @@ func (f *GPUFlags) explain(ctx context.Context, codes []byte) error {
 	}
 	if len(late) == 0 {
 		for _, p := range rejected {
-			if pe := f.report(ctx, p); pe != nil {
+			if pe := f.report(ctx, p, e); pe != nil {
 				return pe
 			}
 		}
@@ -314,18 +314,12 @@ func (f *GPUFlags) explain(ctx context.Context, codes []byte) error {
 	return WaitError(codes, f.base)
 }
 
-// report is peer p's report if it is of the call p last rejected (the
-// epoch of p's rejection signal in this rank's arrived[p]), else nil.
-func (f *GPUFlags) report(ctx context.Context, p int) *PeerError {
+// report is peer p's report if it is of call e (this rank's epoch when
+// its wait found p's rejection), else nil. The peer may have gone on to
+// later calls since (this rank signalled done for e): a later rejection of
+// its own overwrites the report, whose epoch then differs.
+func (f *GPUFlags) report(ctx context.Context, p int, e uint64) *PeerError {
 	if p >= len(f.regions) {
-		return nil
-	}
-	word, err := f.s.DownloadBuffer(ctx, f.view(8*(int(f.arrivedSlot())+p), 8))
-	if err != nil {
-		return nil
-	}
-	v := binary.LittleEndian.Uint64(word)
-	if v&0xff != OpRejected {
 		return nil
 	}
 	rv, err := f.regions[p].View(reportOff(f.R), reportSize)
@@ -336,5 +330,5 @@ func (f *GPUFlags) report(ctx context.Context, p int) *PeerError {
 	if err != nil {
 		return nil
 	}
-	return decodeReport(b, v>>8, f.base+p)
+	return decodeReport(b, e, f.base+p)
 }
