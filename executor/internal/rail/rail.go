@@ -448,9 +448,10 @@ const watchInterval = 20 * time.Millisecond
 // a domain peer may have finished the call and exited while this rank
 // waits for a late rail peer.
 func (r *Rail) watchDomain(cancel context.CancelCauseFunc) (stop func()) {
-	done := make(chan struct{})
+	done, exited := make(chan struct{}), make(chan struct{})
 	next := r.Dom.Epoch() + 1
 	go func() {
+		defer close(exited)
 		t := time.NewTicker(watchInterval)
 		defer t.Stop()
 		for {
@@ -469,7 +470,12 @@ func (r *Rail) watchDomain(cancel context.CancelCauseFunc) (stop func()) {
 			}
 		}
 	}()
-	return func() { close(done) }
+	// stop returns once the watcher has: it reads the peers' control
+	// blocks, which the domain's Close unmaps.
+	return func() {
+		close(done)
+		<-exited
+	}
 }
 
 // Reject runs both halves of call op with cause as this rank's status, in
