@@ -380,14 +380,8 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	// A peer's own report comes first: a rank that rejected its input
 	// publishes no meaningful signature.
 	for p := range d.peers {
-		ph := hdr(d.peers[p])
-		if ph.status != StatusOK {
-			// A length past the message array is a corrupt header.
-			pe := &PeerError{Rank: d.global[p], Status: ph.status, Msg: string(ph.msg[:min(ph.msgLen, msgCap)])}
-			for _, r := range ph.named[:min(ph.nnamed, MaxNamed)] {
-				pe.Ranks = append(pe.Ranks, int(r))
-			}
-			failure = pe
+		if hdr(d.peers[p]).status != StatusOK {
+			failure = d.peerError(p)
 			break
 		}
 	}
@@ -549,16 +543,22 @@ func (d *Domain) PeerFailure(e uint64) error {
 			continue
 		}
 		ph := hdr(d.peers[p])
-		if ph.epoch.Load() != e || (ph.status != StatusFailed && ph.status != StatusTimeout) {
-			continue
+		if ph.epoch.Load() == e && (ph.status == StatusFailed || ph.status == StatusTimeout) {
+			return d.peerError(p)
 		}
-		pe := &PeerError{Rank: d.global[p], Status: ph.status, Msg: string(ph.msg[:min(ph.msgLen, msgCap)])}
-		for _, r := range ph.named[:min(ph.nnamed, MaxNamed)] {
-			pe.Ranks = append(pe.Ranks, int(r))
-		}
-		return pe
 	}
 	return nil
+}
+
+// peerError is the failure peer p published in its header. A length past
+// the message or names array is a corrupt header, and is cut.
+func (d *Domain) peerError(p int) *PeerError {
+	ph := hdr(d.peers[p])
+	pe := &PeerError{Rank: d.global[p], Status: ph.status, Msg: string(ph.msg[:min(ph.msgLen, msgCap)])}
+	for _, r := range ph.named[:min(ph.nnamed, MaxNamed)] {
+		pe.Ranks = append(pe.Ranks, int(r))
+	}
+	return pe
 }
 
 // LostPeers returns a *comm.PeerLostError naming the peers of this domain
