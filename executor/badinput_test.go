@@ -31,18 +31,7 @@ func TestBadInput(t *testing.T) {
 	}
 	routing := func(vals ...int32) func(ctx context.Context, e *Engine) *device.Tensor {
 		return func(ctx context.Context, e *Engine) *device.Tensor {
-			v := make([]int32, T*K)
-			for i := range v {
-				v[i] = int32(i % E)
-				if i%K == 1 {
-					v[i] = -1
-				}
-			}
-			if e.Rank() == bad {
-				copy(v, vals)
-			}
-			t, _ := upload(ctx, e, device.Int32, device.EncodeInt32(v), T, K)
-			return t
+			return badRouting(ctx, e, bad, T, K, E, vals)
 		}
 	}
 	onBad := func(good, faulty func(ctx context.Context, e *Engine) *device.Tensor) func(ctx context.Context, e *Engine) *device.Tensor {
@@ -216,4 +205,22 @@ func TestBadInput(t *testing.T) {
 			})
 		}
 	}
+}
+
+// badRouting is a [T, K] routing over E experts on e (token t's first slot
+// expert t mod E, its second empty), with vals over its first values on
+// rank bad.
+func badRouting(ctx context.Context, e *Engine, bad, T, K, E int, vals []int32) *device.Tensor {
+	v := make([]int32, T*K)
+	for i := range v {
+		v[i] = int32(i % E)
+		if i%K == 1 {
+			v[i] = -1
+		}
+	}
+	if e.Rank() == bad {
+		copy(v, vals)
+	}
+	t, _ := upload(ctx, e, device.Int32, device.EncodeInt32(v), T, K)
+	return t
 }

@@ -56,18 +56,7 @@ func TestErrorTexts(t *testing.T) {
 	}
 	onBadDT := func(e *Engine, good, faulty device.DType) device.DType { return pick(e.Rank() == bad, faulty, good) }
 	routing := func(ctx context.Context, e *Engine, vals ...int32) *device.Tensor {
-		v := make([]int32, T*K)
-		for i := range v {
-			v[i] = int32(i % E)
-			if i%K == 1 {
-				v[i] = -1
-			}
-		}
-		if e.Rank() == bad {
-			copy(v, vals)
-		}
-		t, _ := upload(ctx, e, device.Int32, device.EncodeInt32(v), T, K)
-		return t
+		return badRouting(ctx, e, bad, T, K, E, vals)
 	}
 	sync := func(ctx context.Context, e *Engine, err error, outs ...interface{ Close() error }) error {
 		for _, o := range outs {
