@@ -30,7 +30,10 @@ type localWorld struct {
 }
 
 type round struct {
-	data    [][]byte
+	data [][]byte
+	// counts holds, in an AllToAllv, each member's send counts (its data
+	// is its send buffer).
+	counts  [][]int
 	arrived []bool
 	count   int
 	left    int // members that have not yet collected the result
@@ -51,12 +54,12 @@ func (g *localGroup) Size() int { return g.w.size }
 // exchange is the one primitive: deposit a copy of data in this member's
 // next round and wait for everyone's.
 func (g *localGroup) exchange(ctx context.Context, op string, data []byte) ([][]byte, *round, error) {
-	return g.deposit(ctx, op, append([]byte(nil), data...))
+	return g.deposit(ctx, op, append([]byte(nil), data...), nil)
 }
 
 // deposit is exchange of data the caller gives up: no one writes it again,
-// so it is deposited as it is.
-func (g *localGroup) deposit(ctx context.Context, op string, data []byte) ([][]byte, *round, error) {
+// so it is deposited as it is; counts, if any, go beside it (AllToAllv).
+func (g *localGroup) deposit(ctx context.Context, op string, data []byte, counts []int) ([][]byte, *round, error) {
 	w := g.w
 	seq := g.seq
 	g.seq++
@@ -67,10 +70,11 @@ func (g *localGroup) deposit(ctx context.Context, op string, data []byte) ([][]b
 	}
 	rd := w.rounds[seq]
 	if rd == nil {
-		rd = &round{data: make([][]byte, w.size), arrived: make([]bool, w.size), left: w.size, done: make(chan struct{})}
+		rd = &round{data: make([][]byte, w.size), counts: make([][]int, w.size), arrived: make([]bool, w.size), left: w.size, done: make(chan struct{})}
 		w.rounds[seq] = rd
 	}
 	rd.data[g.rank] = data
+	rd.counts[g.rank] = counts
 	rd.arrived[g.rank] = true
 	rd.count++
 	if rd.count == w.size {
@@ -139,7 +143,7 @@ func (g *localGroup) AllToAll(ctx context.Context, send [][]byte) ([][]byte, err
 		enc = binary.LittleEndian.AppendUint64(enc, uint64(len(b)))
 		enc = append(enc, b...)
 	}
-	all, _, err := g.deposit(ctx, "alltoall", enc)
+	all, _, err := g.deposit(ctx, "alltoall", enc, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -157,6 +161,41 @@ func (g *localGroup) AllToAll(ctx context.Context, send [][]byte) ([][]byte, err
 		}
 	}
 	return out, nil
+}
+
+// AllToAllv (see the function AllToAllv): every rank deposits its send
+// buffer, as it is, with its counts; each copies its part of every peer's
+// into its recv; a second round keeps every rank from returning, and
+// writing its send buffer again, until every peer has copied from it.
+func (g *localGroup) AllToAllv(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
+	if err := checkV(g.rank, g.w.size, send, sendCounts, recv, recvCounts); err != nil {
+		return err
+	}
+	all, rd, err := g.deposit(ctx, "alltoallv", send, sendCounts)
+	if err != nil {
+		return err
+	}
+	var bad error
+	off := 0
+	for p, n := range recvCounts {
+		src, counts := all[p], rd.counts[p]
+		from := 0
+		for _, c := range counts[:g.rank] {
+			from += c
+		}
+		if counts[g.rank] != n {
+			if bad == nil {
+				bad = fmt.Errorf("comm: alltoallv on rank %d: rank %d sent %d bytes, %d expected", g.rank, p, counts[g.rank], n)
+			}
+		} else {
+			copy(recv[off:off+n], src[from:from+n])
+		}
+		off += n
+	}
+	if _, _, err := g.exchange(ctx, "alltoallv (end)", nil); err != nil {
+		return err
+	}
+	return bad
 }
 
 func (g *localGroup) Broadcast(ctx context.Context, root int, data []byte) ([]byte, error) {

@@ -158,6 +158,21 @@ func (g *mpiGroup) AllToAll(ctx context.Context, send [][]byte) ([][]byte, error
 	return recv, nil
 }
 
+// AllToAllv (see the function AllToAllv) is one MPI_Ialltoallv on the
+// caller's buffers, pinned for the call.
+func (g *mpiGroup) AllToAllv(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
+	if err := g.check("alltoallv"); err != nil {
+		return err
+	}
+	if err := checkV(g.c.Rank(), g.c.Size(), send, sendCounts, recv, recvCounts); err != nil {
+		return err
+	}
+	if err := g.c.AlltoallvInto(ctx, send, sendCounts, recv, recvCounts); err != nil {
+		return mpiError("alltoallv", g.c.Rank(), err)
+	}
+	return nil
+}
+
 func (g *mpiGroup) Broadcast(ctx context.Context, root int, data []byte) ([]byte, error) {
 	if err := g.check("broadcast"); err != nil {
 		return nil, err

@@ -37,6 +37,9 @@ func TestMPIGroup(t *testing.T) {
 	if err := ranktest.CheckCollectives(ctx, groupCollectives(g), 3); err != nil {
 		t.Fatal(err)
 	}
+	if err := checkAllToAllv(ctx, g); err != nil {
+		t.Fatal(err)
+	}
 
 	// Bad input is an error on every rank, and the group stays usable.
 	if _, err := g.Broadcast(ctx, n, nil); err == nil {

@@ -268,6 +268,9 @@ func (c *Comm) usable(op string) error {
 // long, so that MPI always gets a valid pointer, even for zero counts.
 type cmem struct {
 	ptrs []unsafe.Pointer
+	// pin holds the Go buffers MPI uses during the operation
+	// (AlltoallvInto), unpinned by free.
+	pin  runtime.Pinner
 	kept bool // handed to an abandoned request: never freed
 }
 
@@ -299,6 +302,7 @@ func (m *cmem) free() {
 		C.free(p)
 	}
 	m.ptrs = nil
+	m.pin.Unpin()
 }
 
 // goBytes copies n bytes of C memory at p+off.
@@ -525,6 +529,57 @@ func (c *Comm) Alltoallv(ctx context.Context, send [][]byte) ([][]byte, error) {
 		return nil, err
 	}
 	return goParts(rbuf, rdispls, rcounts), nil
+}
+
+// AlltoallvInto is MPI_Ialltoallv over the caller's buffers: this rank
+// sends rank p the scounts[p] bytes of send after those of the ranks
+// before p, and receives rank p's rcounts[p] bytes into recv after those
+// of the ranks before p. The counts must match across ranks (MPI's rule);
+// they must each total under 2 GiB and fit in their buffers. send and
+// recv are pinned (runtime.Pinner) while MPI holds them: until the call
+// returns, or, if the request is abandoned, for the life of the process
+// (MPI may still write recv).
+func (c *Comm) AlltoallvInto(ctx context.Context, send []byte, scounts []int, recv []byte, rcounts []int) error {
+	if len(scounts) != c.size || len(rcounts) != c.size {
+		return fmt.Errorf("mpi: alltoallv: %d send and %d receive counts for %d ranks", len(scounts), len(rcounts), c.size)
+	}
+	var m cmem
+	defer m.free()
+	sc, sd, rc, rd := m.ints(c.size), m.ints(c.size), m.ints(c.size), m.ints(c.size)
+	for _, v := range [...]struct {
+		what     string
+		counts   []int
+		cnt, dsp []C.int
+		n        int
+	}{{"send", scounts, sc, sd, len(send)}, {"receive", rcounts, rc, rd, len(recv)}} {
+		total := 0
+		for p, n := range v.counts {
+			if n < 0 {
+				return fmt.Errorf("mpi: alltoallv: %s count %d for rank %d", v.what, n, p)
+			}
+			v.cnt[p], v.dsp[p] = C.int(n), C.int(total)
+			if total += n; total > math.MaxInt32 {
+				return fmt.Errorf("mpi: alltoallv: %s counts past %d bytes", v.what, math.MaxInt32)
+			}
+		}
+		if total > v.n {
+			return fmt.Errorf("mpi: alltoallv: %s counts total %d bytes, the buffer has %d", v.what, total, v.n)
+		}
+	}
+	// MPI wants a valid pointer even for no bytes.
+	sp, rp := m.alloc(1), m.alloc(1)
+	if len(send) > 0 {
+		sp = unsafe.Pointer(unsafe.SliceData(send))
+		m.pin.Pin(sp)
+	}
+	if len(recv) > 0 {
+		rp = unsafe.Pointer(unsafe.SliceData(recv))
+		m.pin.Pin(rp)
+	}
+	return c.run(ctx, "MPI_Ialltoallv", &m, func(req *C.MPI_Request) C.int {
+		return C.MPI_Ialltoallv(sp, unsafe.SliceData(sc), unsafe.SliceData(sd), C.goep_byte(),
+			rp, unsafe.SliceData(rc), unsafe.SliceData(rd), C.goep_byte(), c.h, req)
+	})
 }
 
 // Dup returns a new communicator with the same members (MPI_Comm_idup), so
