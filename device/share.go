@@ -48,12 +48,16 @@ func DecodeShareHandle(b []byte) ShareHandle {
 	}
 }
 
+// pid is this process's id, read once: a buffer is shared on every
+// exchange, and a Go process never becomes another one without exec.
+var pid = os.Getpid()
+
 // Share returns the handle under which other processes can map b.
 func (b *Buffer) Share() (ShareHandle, error) {
 	if b.reg == nil || b.reg.fd < 0 {
 		return ShareHandle{}, ErrNotShareable
 	}
-	return ShareHandle{PID: os.Getpid(), FD: b.reg.fd, Ino: b.reg.ino, Region: len(b.reg.mem), Size: b.size}, nil
+	return ShareHandle{PID: pid, FD: b.reg.fd, Ino: b.reg.ino, Region: len(b.reg.mem), Size: b.size}, nil
 }
 
 // Mapping is a peer's region mapped into this process.

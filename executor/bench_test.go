@@ -14,9 +14,24 @@ import (
 // rank in its own goroutine, one iteration = every rank's call plus its
 // Synchronize). Bytes are the received rows of rank 0 (DESIGN.md section 6).
 func BenchmarkCalls(b *testing.B) {
-	const R, E, K, H, T = 8, 64, 8, 2048, 512
+	benchCalls(b, 8, 512, 2048, []string{"dispatch", "combine", "dispatch-permute", "unpermute-combine"})
+}
+
+// BenchmarkFloor times the per-call floor: one token of hidden 8 per rank,
+// at 2 to 16 in-process ranks, where the exchange's waits and the call's
+// fixed costs are the whole time.
+func BenchmarkFloor(b *testing.B) {
+	for _, R := range []int{2, 4, 8, 16} {
+		benchCalls(b, R, 1, 8, []string{"dispatch", "combine"})
+	}
+}
+
+// benchCalls times calls on R in-process ranks of T tokens of hidden H
+// (bf16, 64 experts, top-8).
+func benchCalls(b *testing.B, R, T, H int, calls []string) {
+	const E, K = 64, 8
 	dt := device.BF16
-	for _, call := range []string{"dispatch", "combine", "dispatch-permute", "unpermute-combine"} {
+	for _, call := range calls {
 		b.Run(fmt.Sprintf("call=%s/ranks=%d/tokens=%d/hidden=%d/topk=%d", call, R, T, H, K), func(b *testing.B) {
 			gs := comm.NewLocal(R)
 			be := device.NewHost()

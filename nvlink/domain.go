@@ -113,7 +113,14 @@ type header struct {
 }
 
 // A control block is the header, then (each on its own cache lines) the
-// bell its owner sleeps on and the done[] array (one epoch per peer).
+// bell line and the done[] array (one epoch per peer). The bell line holds
+// the futex word its owner sleeps on, the count of those asleep, the
+// number of peers' stores the owner's wait is over at (want), and the
+// count of the peers' stores so far (arrivals): every peer adds one when
+// it publishes an exchange and one when it stores its done, so at exchange
+// e the publish wait is over at (2e-1)(R-1) and the done wait at
+// 2e(R-1), and only the peer whose store reaches the count wakes the
+// owner.
 var (
 	bellOffset = (int(unsafe.Sizeof(header{})) + 127) &^ 127
 	doneOffset = bellOffset + 128
@@ -186,6 +193,15 @@ type Domain struct {
 	used    []*device.Buffer  // the control blocks of this process it uses (ctrlUsers), its own first
 	epoch   uint64
 	failed  error
+	// box is this rank's inbox; boxes[p] is peer p's if p is in this
+	// process (a store wakes it there), else nil.
+	box   *inbox
+	boxes []*inbox
+	// Scratch reused by every exchange: what it exports, the peers'
+	// buffers it hands its work, the peers a wait still waits for.
+	exported []handle
+	bufs     [][]*device.Buffer
+	pending  []int
 	// Words, when set by the domain's user, words an exchange's mismatch
 	// (else the message gives the operations and signatures as numbers).
 	Words MismatchWords
@@ -211,7 +227,10 @@ func (d *Domain) mismatch(c Call, p int, op uint64, sig [4]uint64) string {
 var ctrlUsers = struct {
 	sync.Mutex
 	m map[*device.Buffer]int
-}{m: map[*device.Buffer]int{}}
+	// inbox is the inbox of each control block's owner, for its peers
+	// in this process.
+	inbox map[*device.Buffer]*inbox
+}{m: map[*device.Buffer]int{}, inbox: map[*device.Buffer]*inbox{}}
 
 // use records that d uses control block b (under ctrlUsers' lock).
 func (d *Domain) use(b *device.Buffer) {
@@ -239,10 +258,12 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 	h := export(buf)
 	var hb [handleSize]byte
 	h.encode(hb[:])
-	d := &Domain{rank: g.Rank(), global: global, timeout: timeout, ctrl: buf.Host(), maps: map[mapKey]*device.Mapping{}}
+	d := &Domain{rank: g.Rank(), global: global, timeout: timeout, ctrl: buf.Host(), maps: map[mapKey]*device.Mapping{}, box: newInbox()}
 	ctrlUsers.Lock()
 	d.use(buf)
+	ctrlUsers.inbox[buf] = d.box
 	ctrlUsers.Unlock()
+	watch(d.box)
 	fail := func(err error) (*Domain, error) {
 		unexport(h)
 		d.Close()
@@ -258,12 +279,16 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 		}
 		ph := decodeHandle(raw)
 		var b *device.Buffer
+		var box *inbox
 		if ph.share.PID == myPID {
 			// Looked up and counted at once: the owner closes (and
 			// may free the block) only after unexporting it.
 			ctrlUsers.Lock()
 			if b, err = lookup(ph.id); err == nil && b != buf {
 				d.use(b)
+			}
+			if err == nil {
+				box = ctrlUsers.inbox[b]
 			}
 			ctrlUsers.Unlock()
 		} else {
@@ -278,6 +303,7 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 		}
 		d.peers = append(d.peers, b.Host())
 		d.pids = append(d.pids, ph.share.PID)
+		d.boxes = append(d.boxes, box)
 	}
 	// Nobody may unexport before everyone has mapped.
 	if err := g.Barrier(ctx); err != nil {
@@ -307,13 +333,25 @@ func waiters(block []byte) *atomic.Int32 {
 	return (*atomic.Int32)(unsafe.Pointer(&block[bellOffset+4]))
 }
 
+// want is the arrivals count at which the owner's current wait is over.
+func want(block []byte) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&block[bellOffset+8]))
+}
+
+// arrivals counts the peers' publish and done stores into the owner's
+// wait conditions.
+func arrivals(block []byte) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&block[bellOffset+16]))
+}
+
 func done(block []byte, p int) *atomic.Uint64 {
 	return (*atomic.Uint64)(unsafe.Pointer(&block[doneOffset+8*p]))
 }
 
 // Exchange runs one exchange (see the package doc). fn is called with the
 // peers' exposed buffers, peers[p][i] being buffer i of domain rank p, and
-// only when every rank published StatusOK with equal Op and Sig. It must be
+// only when every rank published StatusOK with equal Op and Sig; peers is
+// valid during the call only (the next exchange reuses it). It must be
 // called in the same order on every rank, from the goroutine that runs the
 // rank's stream. Once an exchange has timed out, the domain is failed and
 // every later Exchange returns that error at once.
@@ -347,7 +385,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 		}
 	}
 	d.trimMappings()
-	exported := make([]handle, 0, len(c.Buffers))
+	d.exported = d.exported[:0]
 	for i, b := range c.Buffers {
 		h.handles[i] = [handleSize]byte{}
 		if b == nil {
@@ -355,21 +393,21 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 		}
 		eh := export(b)
 		eh.encode(h.handles[i][:])
-		exported = append(exported, eh)
+		d.exported = append(d.exported, eh)
 	}
 	defer func() {
-		for _, eh := range exported {
+		for _, eh := range d.exported {
 			unexport(eh)
 		}
 	}()
 	h.nbufs = uint64(len(c.Buffers))
 	h.epoch.Store(e)
 	for p := range d.peers {
-		ring(d.peers[p])
+		d.arrive(p)
 	}
-	rang()
 
-	if err := d.wait("publish", deadline, func(p int) bool { return hdr(d.peers[p]).epoch.Load() >= e }); err != nil {
+	n := uint64(len(d.peers) - 1) // the stores every wait counts
+	if err := d.wait("publish", deadline, (2*e-1)*n, func(p int) bool { return hdr(d.peers[p]).epoch.Load() >= e }); err != nil {
 		h.abandoned.Store(e)
 		return err
 	}
@@ -395,11 +433,12 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 		}
 	}
 	if failure == nil && fn != nil {
-		peers := make([][]*device.Buffer, len(d.peers))
+		peers := d.peerBuffers()
 		for p := range d.peers {
 			ph := hdr(d.peers[p])
-			peers[p] = make([]*device.Buffer, ph.nbufs)
+			peers[p] = peers[p][:min(ph.nbufs, MaxBuffers)]
 			for i := range peers[p] {
+				peers[p][i] = nil
 				if ph.handles[i] == ([handleSize]byte{}) {
 					continue
 				}
@@ -422,10 +461,9 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	// Phase 2: done.
 	for p := range d.peers {
 		done(d.peers[p], d.rank).Store(e)
-		ring(d.peers[p])
+		d.arrive(p)
 	}
-	rang()
-	if err := d.wait("done", deadline, func(p int) bool { return done(d.ctrl, p).Load() >= e }); err != nil {
+	if err := d.wait("done", deadline, 2*e*n, func(p int) bool { return done(d.ctrl, p).Load() >= e }); err != nil {
 		h.abandoned.Store(e)
 		return err
 	}
@@ -465,26 +503,32 @@ func callWork(fn func(peers [][]*device.Buffer) error, peers [][]*device.Buffer)
 	return fn(peers)
 }
 
-// wait sleeps on this rank's bell until ready(p) holds for every peer,
-// the deadline passes (the error names the ranks not heard from), or a
-// pending peer's process is found dead (the error names it); either failure
-// fails the domain for good.
-func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) error {
-	pending := make([]int, 0, len(d.peers))
+// wait returns when ready(p) holds for every peer, the deadline passes
+// (the error names the ranks not heard from), or a pending peer's process
+// is found dead (the error names it); either failure fails the domain for
+// good. It sleeps until the peers' stores have brought this rank's
+// arrivals count to target (the last of them wakes it), or the watchdog's
+// or the futex's next look, every livenessInterval at most, when it also
+// checks the deadline and the pending peers' processes: no timer and no
+// system call while every peer is in this process.
+func (d *Domain) wait(phase string, deadline time.Time, target uint64, ready func(p int) bool) error {
+	pending := d.pending[:0]
 	for p := range d.peers {
 		pending = append(pending, p)
 	}
+	defer func() { d.pending = pending[:0] }()
 	myBell := bell(d.ctrl)
-	lastCheck := time.Now()
+	var lastCheck time.Time
+	hurried := false // the count said the wait was over: one look without sleeping
 	for {
 		rung := myBell.Load()
-		woken := inProcess.changed()
+		want(d.ctrl).Store(target)
 		left := pending[:0]
-		local := true // every pending peer is in this process
+		local := d.box != nil // every pending peer is in this process
 		for _, p := range pending {
 			if !ready(p) {
 				left = append(left, p)
-				local = local && d.pids[p] == myPID
+				local = local && d.boxes[p] != nil
 			}
 		}
 		pending = left
@@ -492,6 +536,9 @@ func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) 
 			return nil
 		}
 		now := time.Now()
+		if lastCheck.IsZero() {
+			lastCheck = now
+		}
 		if now.After(deadline) {
 			d.failed = &comm.TimeoutError{Op: d.opName(phase), Missing: d.globalRanks(pending)}
 			return d.failed
@@ -508,22 +555,55 @@ func (d *Domain) wait(phase string, deadline time.Time, ready func(p int) bool) 
 				return d.failed
 			}
 		}
-		sleep := min(deadline.Sub(now), livenessInterval)
+		// A peer counts its store after making it: a count at target
+		// means the flags are there. A count that is not in step with
+		// the flags (a peer's protocol broken) is not trusted twice.
+		if arrivals(d.ctrl).Load() >= target && !hurried {
+			hurried = true
+			continue
+		}
 		if local {
-			// Peers in this process wake this goroutine through a channel:
-			// far cheaper than a futex, which parks an OS thread.
-			timer := time.NewTimer(sleep)
-			select {
-			case <-woken:
-			case <-timer.C:
-			}
-			timer.Stop()
+			d.box.sleep()
 			continue
 		}
 		waiters(d.ctrl).Add(1)
-		futexWait(myBell, rung, sleep)
+		futexWait(myBell, rung, min(deadline.Sub(now), livenessInterval))
 		waiters(d.ctrl).Add(-1)
 	}
+}
+
+// arrive counts this rank's store into peer p's wait condition (its
+// published epoch, or its done word in p's block), made just before, and
+// wakes p if the store is the last p waits for: through p's inbox if p is
+// in this process, and through its futex if p sleeps there.
+func (d *Domain) arrive(p int) {
+	if p == d.rank {
+		return
+	}
+	blk := d.peers[p]
+	if arrivals(blk).Add(1) != want(blk).Load() {
+		return
+	}
+	b := bell(blk)
+	b.Add(1)
+	if waiters(blk).Load() > 0 {
+		futexWake(b)
+	}
+	if box := d.boxes[p]; box != nil {
+		box.peerWakes.Add(1)
+		box.wake()
+	}
+}
+
+// peerBuffers is the exchange's table of the peers' buffers, reused.
+func (d *Domain) peerBuffers() [][]*device.Buffer {
+	if d.bufs == nil {
+		d.bufs = make([][]*device.Buffer, len(d.peers))
+		for p := range d.bufs {
+			d.bufs[p] = make([]*device.Buffer, MaxBuffers)
+		}
+	}
+	return d.bufs
 }
 
 // Epoch is the number of this rank's last exchange; the next is Epoch+1.
@@ -606,19 +686,6 @@ func (d *Domain) globalRanks(ps []int) []int {
 	return out
 }
 
-// ring wakes the owner of a control block after a store it may wait for:
-// the in-process waker always, the futex only when the owner sleeps on it.
-func ring(block []byte) {
-	b := bell(block)
-	b.Add(1)
-	if waiters(block).Load() > 0 {
-		futexWake(b)
-	}
-}
-
-// rang wakes this process's waiters after a round of rings.
-func rang() { inProcess.stored() }
-
 // Close releases the control block in stream order. Peers must have left
 // the domain too (the executor closes with a barrier).
 func (d *Domain) Close() {
@@ -628,10 +695,14 @@ func (d *Domain) Close() {
 			continue
 		}
 		delete(ctrlUsers.m, b)
+		delete(ctrlUsers.inbox, b)
 		b.FreeToSystem()
 	}
 	ctrlUsers.Unlock()
 	d.used = nil
+	if d.box != nil {
+		unwatch(d.box)
+	}
 	for k, m := range d.maps {
 		_ = m.Unmap()
 		delete(d.maps, k)

@@ -283,7 +283,8 @@ func TestWaitPeerDoneThenExited(t *testing.T) {
 	// comes after the liveness interval, with the process check) and there
 	// from the third: the look wait takes after finding the process gone.
 	looks := 0
-	err := d.wait("done", time.Now().Add(10*time.Second), func(p int) bool {
+	// No peer counts its stores here: the count's target is never reached.
+	err := d.wait("done", time.Now().Add(10*time.Second), 1, func(p int) bool {
 		if p != 1 {
 			return true
 		}
@@ -360,5 +361,57 @@ func TestExchangeLateReaderFails(t *testing.T) {
 	}
 	if !errors.Is(errs[1], comm.ErrTimeout) || !strings.Contains(fmt.Sprint(errs[1]), "stopped waiting") {
 		t.Errorf("rank 1 (read past rank 0's deadline): %v, want a failure saying rank 0 stopped waiting", errs[1])
+	}
+}
+
+// TestArriveWakesOnlyTheWaiterDone: a store wakes the peer whose wait it
+// completes (its arrivals count reaches the peer's want), and no other:
+// not a peer waiting for more stores, nor one waiting for none.
+func TestArriveWakesOnlyTheWaiterDone(t *testing.T) {
+	const n = 4
+	ds, _ := domains(t, n, 5*time.Second)
+	want(ds[1].ctrl).Store(arrivals(ds[1].ctrl).Load() + 1) // waits for one more store
+	want(ds[2].ctrl).Store(arrivals(ds[2].ctrl).Load() + 2) // waits for two more
+	for p := 1; p < n; p++ {
+		ds[0].arrive(p)
+	}
+	for p, woken := range []bool{1: true, 2: false, 3: false} {
+		if p == 0 {
+			continue
+		}
+		got := ds[0].boxes[p].peerWakes.Load()
+		if pending := len(ds[p].box.ch); (got == 1) != woken || (pending == 1) != woken {
+			t.Errorf("rank %d: %d wake-ups sent, %d pending; want woken = %v", p, got, pending, woken)
+		}
+	}
+}
+
+// TestExchangeWakeups: in exchanges of in-process ranks every rank is
+// woken by its peers at most once per phase (by the store that completes
+// its wait), whatever the order the peers come in, and no futex system
+// call is made.
+func TestExchangeWakeups(t *testing.T) {
+	const n, rounds = 8, 200
+	ds, _ := domains(t, n, time.Minute)
+	calls := futexCalls.Load()
+	for r, err := range onEach(n, func(r int) error {
+		for range rounds {
+			if err := ds[r].Exchange(Call{Op: 1}, func([][]*device.Buffer) error { return nil }); err != nil {
+				return err
+			}
+		}
+		return nil
+	}) {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for r := range n {
+		if w := ds[r].box.peerWakes.Load(); w > 2*rounds {
+			t.Errorf("rank %d was woken %d times by its peers in %d exchanges, want at most 2 a exchange", r, w, rounds)
+		}
+	}
+	if c := futexCalls.Load() - calls; c != 0 {
+		t.Errorf("%d futex calls among in-process ranks, want none", c)
 	}
 }

@@ -17,12 +17,17 @@ const (
 	futexWakeOp = 1
 )
 
+// futexCalls counts the futex system calls made (tests: none while every
+// peer is in this process).
+var futexCalls atomic.Int64
+
 // futexWait sleeps until *w != val, a wake-up, or the timeout. The futex is
 // not private: the word lives in memory shared with other processes.
 func futexWait(w *atomic.Uint32, val uint32, timeout time.Duration) {
 	if timeout <= 0 {
 		return
 	}
+	futexCalls.Add(1)
 	ts := unix.NsecToTimespec(timeout.Nanoseconds())
 	// EAGAIN (the value changed), EINTR and ETIMEDOUT all mean: look again.
 	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWaitOp, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
@@ -30,6 +35,7 @@ func futexWait(w *atomic.Uint32, val uint32, timeout time.Duration) {
 
 // futexWake wakes every waiter on w, in any process.
 func futexWake(w *atomic.Uint32) {
+	futexCalls.Add(1)
 	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakeOp, uintptr(1<<31-1), 0, 0, 0)
 }
 
@@ -52,31 +58,81 @@ func processAlive(pid int) bool {
 	return true
 }
 
-// inProcess wakes the waiters of this process whenever a flag is stored: a
-// channel closed and replaced on every round of stores.
-var inProcess waker
-
-type waker struct {
-	mu sync.Mutex
-	ch chan struct{}
+// An inbox is where a rank's waiter sleeps while every peer it waits for
+// is in this process: peers wake it through a channel, far cheaper than a
+// futex, which parks an OS thread. Only the rank's own goroutine (the one
+// that runs its exchanges) sleeps on it.
+type inbox struct {
+	ch     chan struct{} // one pending wake-up at most
+	asleep atomic.Bool
+	// peerWakes counts the wake-ups peers sent (tests).
+	peerWakes atomic.Int64
 }
 
-// changed returns a channel closed at the next store.
-func (w *waker) changed() <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.ch == nil {
-		w.ch = make(chan struct{})
+func newInbox() *inbox { return &inbox{ch: make(chan struct{}, 1)} }
+
+// wake makes the inbox's next (or current) sleep return.
+func (b *inbox) wake() {
+	select {
+	case b.ch <- struct{}{}:
+	default: // a wake-up is already pending
 	}
-	return w.ch
 }
 
-// stored wakes everyone waiting for a change.
-func (w *waker) stored() {
-	w.mu.Lock()
-	if w.ch != nil {
-		close(w.ch)
-		w.ch = nil
+// sleep returns at the next wake-up: a peer's, or the watchdog's within
+// livenessInterval.
+func (b *inbox) sleep() {
+	b.asleep.Store(true)
+	<-b.ch
+	b.asleep.Store(false)
+}
+
+// watchdog wakes this process's sleeping waiters every livenessInterval,
+// so that a waiter whose peers never store (a hung or lost rank) looks at
+// its deadline and its peers' processes without a timer of its own: a
+// waiter that is woken only when its wait is over costs no timer per call.
+// It runs while some domain of the process is open.
+var watchdog struct {
+	mu      sync.Mutex
+	boxes   map[*inbox]struct{}
+	running bool
+}
+
+// watch registers b with the watchdog, starting it if needed.
+func watch(b *inbox) {
+	watchdog.mu.Lock()
+	defer watchdog.mu.Unlock()
+	if watchdog.boxes == nil {
+		watchdog.boxes = map[*inbox]struct{}{}
 	}
-	w.mu.Unlock()
+	watchdog.boxes[b] = struct{}{}
+	if !watchdog.running {
+		watchdog.running = true
+		go tick()
+	}
+}
+
+// unwatch removes b; the watchdog stops at its next tick once none is left.
+func unwatch(b *inbox) {
+	watchdog.mu.Lock()
+	delete(watchdog.boxes, b)
+	watchdog.mu.Unlock()
+}
+
+func tick() {
+	for {
+		time.Sleep(livenessInterval)
+		watchdog.mu.Lock()
+		if len(watchdog.boxes) == 0 {
+			watchdog.running = false
+			watchdog.mu.Unlock()
+			return
+		}
+		for b := range watchdog.boxes {
+			if b.asleep.Load() {
+				b.wake()
+			}
+		}
+		watchdog.mu.Unlock()
+	}
 }
