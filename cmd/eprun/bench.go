@@ -442,7 +442,7 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 		if err != nil {
 			return runError{fmt.Errorf("%s: %w", name, err)}
 		}
-		opt.Backend = b
+		opt.Backend = engineBackend(b)
 		res, runErr = bench.Run(ctx, cfg, opt)
 		runErr = errors.Join(runErr, b.Close())
 	} else {
@@ -462,7 +462,7 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 			g.Close()
 			return runError{fmt.Errorf("%s: %w", name, err)}
 		}
-		opt.Backend = b
+		opt.Backend = engineBackend(b)
 		res, runErr = bench.RunRank(ctx, cfg, g, opt)
 		runErr = errors.Join(runErr, g.Close(), b.Close())
 	}
@@ -535,6 +535,17 @@ func openBackend(cfg bench.Config, env *bench.Env) (device.Backend, error) {
 		env.Driver = nvmlDriver()
 	}
 	return b, nil
+}
+
+// engineBackend is the backend bench runs the engines on: b on the GPU;
+// none for the host backend, so that bench opens one for each case and
+// rank and closes it after the case's engine (bench.Options.Backend): the
+// memory its pool keeps does not outlive the case.
+func engineBackend(b device.Backend) device.Backend {
+	if b.Kind() == device.KindHost {
+		return nil
+	}
+	return b
 }
 
 // rankError prefixes err with the rank, keeping runError (exit 1) as is.

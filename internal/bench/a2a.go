@@ -3,53 +3,63 @@ package bench
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
-	"unsafe"
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/permute"
 )
 
-// A2A is the baseline a user without goep would write for one rank: every
-// call done with the group's AllToAll (MPI_Alltoallv under MPI, the TCP
-// exchange under eprun launch, comm.NewLocal's in process) plus local
-// loops, producing the same outputs as goep's calls, bit for bit:
+// A2A is the baseline a user without goep would write for one rank, in
+// Go, as they would in C with MPI: per call one count exchange, a pack with
+// bulk copies into buffers reused from one call to the next, one
+// all-to-all over those buffers (comm.AllToAllv: MPI_Ialltoallv on them
+// under MPI, the TCP exchange under eprun launch, comm.NewLocal's in
+// process), then the permute or the sum. Its outputs are goep's calls',
+// bit for bit:
 //
-//   - Dispatch: each rank packs, for each destination, the rows of its
-//     tokens routed there in token order, each with its K global expert ids
-//     and weights; one AllToAll; the receiver restricts the slots to its
-//     experts. Received rows are in receive order (source rank, then
-//     token), as goep's RecvX.
+//   - Dispatch: each rank counts the rows of its tokens for each
+//     destination (a token goes once to each rank one of its experts is
+//     on), exchanges the counts (comm.AllToAllv of one int64 per rank),
+//     packs, for each destination, its message [n rows][n x K int32
+//     global expert ids][n x K fp32 weights] in token order (a copy per
+//     row), and exchanges the messages with one comm.AllToAllv into one
+//     receive buffer; it then restricts the received slots to its own
+//     experts (RecvIdx, RecvWeights). Received rows are in receive order
+//     (source rank, then token), as goep's RecvX, each source's rows
+//     contiguous in its message (Row, RecvXInto).
 //   - Permute (DispatchPermute = Dispatch then Permute): counts per local
 //     expert, padded segment offsets, then a copy of every received row
 //     into each of its experts' segments (device.ParallelFor over rows),
 //     padding zeroed.
-//   - Combine: each destination sends back, to each source, the rows of z
-//     that came from it (contiguous, no copy); one AllToAll; the source
-//     sums each token's rows in ascending destination order in fp32
-//     (permute.SumRows) and rounds once.
+//   - Combine: z ([N, H], receive order) goes back as it is, each source's
+//     rows to it (comm.AllToAllv on z itself: the counts are the
+//     dispatch's); the source sums each token's rows in ascending
+//     destination order in fp32 (permute.SumRows) and rounds once.
 //   - UnpermuteCombine: permute.Unpermute of y with the received weights,
 //     then Combine.
-//   - DispatchCombine: Dispatch, the received rows gathered into one
-//     [N, H] array (as goep's RecvX is), then Combine of it.
+//   - DispatchCombine (the bench's): Dispatch, the received rows gathered
+//     into one [N, H] array (as goep's RecvX is one), then Combine of it.
 //
 // fp8 rows travel with their scales: each row is packed as its H bytes
 // followed by its H/128 fp32 scales, so Dispatch moves both in the one
-// AllToAll and Permute copies both, as a user packing DeepEP-style
+// exchange and Permute copies both, as a user packing DeepEP-style
 // messages would (the same bytes as goep's calls move, DESIGN.md section
-// 6). Unpack splits packed rows for the checks. Combine refuses fp8: the calls that
-// combine in an fp8 case run on a bf16 A2A (Case.CallDType).
+// 6). Unpack splits packed rows for the checks. Combine refuses fp8: the
+// calls that combine in an fp8 case run on a bf16 A2A (Case.CallDType).
 //
-// Send buffers and outputs are reused from one call to the next, as a
-// user's would be.
+// The large buffers (messages, permuted rows, sums) are mapped outside the
+// Go heap (hostBuf) and kept from one call to the next; Free gives back
+// those a later call does not need, Close all of them.
 type A2A struct {
 	w       *World
 	g       comm.Group
-	me      int
+	me, R   int
 	pad     int
 	dt      device.DType
 	h, k, l int
@@ -60,39 +70,57 @@ type A2A struct {
 	idx []int32   // [T*K] global expert ids
 	wts []float32 // [T*K]
 
-	send    [][]byte
-	recvCnt []int // rows received from each source
+	// The count exchange: one int64 a rank each way.
+	eight            []int
+	cntSend, cntRecv []byte
+	seen             []int // per rank: 1 + the last token that went there
+	fill             []int
 
-	// Dispatch outputs. Rows, X and the results of RecvX and RecvXInto
-	// are packed rows (fp8: with their scales; Unpack splits them).
-	Rows        [][]byte  // the N received rows (views), in receive order
+	sendRows, recvRows   []int // rows to and from each rank (the dispatch's)
+	sendBytes, recvBytes []int
+	sendOff, recvOff     []int // each rank's message in send, recv
+	send, recv           hostBuf
+
+	// Dispatch outputs: N rows, source s's at recvOff[s] (Row, RecvXInto;
+	// packed rows, fp8 with their scales; Unpack splits them).
+	N           int
+	rowOff      []int     // [N] byte offset of each received row in recv
 	RecvIdx     []int32   // [N*K] local expert ids, else -1
 	RecvWeights []float32 // [N*K]
 
 	// Permute outputs: X [P, H] and Weights [P] (the first P rows).
 	pos     []int32 // [N*K] permuted row of each slot, else -1
+	xBuf    hostBuf
 	X       []byte
 	Weights []float32
 	P       int
 
-	// Combine output [T, H]; un is the unpermuted [N, H].
-	Out   []byte
-	un    []byte
-	terms [][]byte
-	toff  []int
-	dests []int
+	// Combine output [T, H]; un is the unpermuted [N, H], back the rows
+	// that come back.
+	outBuf, unBuf, backBuf hostBuf
+	Out                    []byte
+	zBytes, backBytes      []int
+	terms                  [][]byte
+	toff                   []int
+	dests                  []int
 }
 
 // NewA2A sets up rank g.Rank()'s baseline for world w (inputs from
 // w.Inputs), with permuted segments padded to pad rows.
 func NewA2A(w *World, g comm.Group, pad int) *A2A {
-	me := g.Rank()
+	me, R := g.Rank(), w.Ranks
 	x, idx, wts := w.Inputs(me)
 	a := &A2A{
-		w: w, g: g, me: me, pad: pad, dt: w.DType,
+		w: w, g: g, me: me, R: R, pad: pad, dt: w.DType,
 		h: w.Hidden, k: w.TopK, l: w.LocalExperts(), rb: RowBytes(w.DType, w.Hidden), sb: 4 * w.ScaleCols(),
 		x: x, idx: idx, wts: wts,
-		send: make([][]byte, w.Ranks), recvCnt: make([]int, w.Ranks),
+		eight: make([]int, R), cntSend: make([]byte, 8*R), cntRecv: make([]byte, 8*R),
+		seen: make([]int, R), fill: make([]int, R),
+		sendRows: make([]int, R), recvRows: make([]int, R), sendBytes: make([]int, R), recvBytes: make([]int, R),
+		sendOff: make([]int, R+1), recvOff: make([]int, R+1), zBytes: make([]int, R), backBytes: make([]int, R),
+	}
+	for p := range a.eight {
+		a.eight[p] = 8
 	}
 	if a.sb > 0 {
 		scales := w.InputScales(me)
@@ -106,9 +134,9 @@ func NewA2A(w *World, g comm.Group, pad int) *A2A {
 	return a
 }
 
-// Unpack splits packed rows (rows of RecvX, RecvXInto or the permuted X)
-// into their payload [n, H] and, for fp8, their scales [n, H/128] fp32
-// bytes; for other dtypes it returns the rows as they are and nil.
+// Unpack splits packed rows (rows of RecvXInto or the permuted X) into
+// their payload [n, H] and, for fp8, their scales [n, H/128] fp32 bytes;
+// for other dtypes it returns the rows as they are and nil.
 func (a *A2A) Unpack(packed []byte) (x, scales []byte) {
 	if a.sb == 0 {
 		return packed, nil
@@ -122,23 +150,24 @@ func (a *A2A) Unpack(packed []byte) (x, scales []byte) {
 	return x, scales
 }
 
-// goesTo reports whether token t names an expert of rank d.
-func (a *A2A) goesTo(t, d int) bool {
-	for _, e := range a.idx[t*a.k : (t+1)*a.k] {
-		if e >= 0 && int(e)/a.l == d {
-			return true
-		}
-	}
-	return false
-}
-
 // destsOf returns the ranks token t goes to, ascending, in buf.
 func (a *A2A) destsOf(t int, buf []int) []int {
 	buf = buf[:0]
-	for d := range a.w.Ranks {
-		if a.goesTo(t, d) {
-			buf = append(buf, d)
+	for _, e := range a.idx[t*a.k : (t+1)*a.k] {
+		if e < 0 {
+			continue
 		}
+		d := int(e) / a.l
+		i := len(buf)
+		for i > 0 && buf[i-1] >= d {
+			i--
+		}
+		if i < len(buf) && buf[i] == d {
+			continue
+		}
+		buf = append(buf, 0)
+		copy(buf[i+1:], buf[i:])
+		buf[i] = d
 	}
 	return buf
 }
@@ -172,58 +201,93 @@ func (a *A2A) domainSum(dests []int, terms []float32) float32 {
 	return total
 }
 
-// Dispatch exchanges the token rows: afterwards Rows, RecvIdx and
+// Dispatch exchanges the token rows: afterwards Row, RecvIdx and
 // RecvWeights hold this rank's dispatch output.
 func (a *A2A) Dispatch(ctx context.Context) error {
-	R, k, rb := a.w.Ranks, a.k, a.rb
+	R, k, rb := a.R, a.k, a.rb
 	T := len(a.idx) / k
 	meta := 8 * k // bytes of a row's ids and weights
-	// Message to d: [n*K int32 ids][n*K fp32 weights][n rows].
-	device.ParallelFor(R, 1, func(lo, hi int) {
-		for d := lo; d < hi; d++ {
-			n := 0
-			for t := range T {
-				if a.goesTo(t, d) {
-					n++
-				}
+	// Count the rows for each destination; seen[d] is 1 + the last token
+	// counted for d, so that a token with several experts on d counts once.
+	clear(a.sendRows)
+	clear(a.seen)
+	for t := range T {
+		for _, e := range a.idx[t*k : (t+1)*k] {
+			if e < 0 {
+				continue
 			}
-			b := grow(a.send[d], n*(meta+rb))
-			ids, ws, rows := b[:n*4*k], b[n*4*k:n*meta], b[n*meta:]
-			j := 0
-			for t := range T {
-				if !a.goesTo(t, d) {
-					continue
-				}
-				for q := range k {
-					binary.LittleEndian.PutUint32(ids[(j*k+q)*4:], uint32(a.idx[t*k+q]))
-					binary.LittleEndian.PutUint32(ws[(j*k+q)*4:], math.Float32bits(a.wts[t*k+q]))
-				}
-				copy(rows[j*rb:(j+1)*rb], a.x[t*rb:(t+1)*rb])
-				j++
+			if d := int(e) / a.l; a.seen[d] != t+1 {
+				a.seen[d] = t + 1
+				a.sendRows[d]++
 			}
-			a.send[d] = b
 		}
-	})
-	recv, err := a.g.AllToAll(ctx, a.send)
+	}
+	for d, n := range a.sendRows {
+		binary.LittleEndian.PutUint64(a.cntSend[8*d:], uint64(n))
+	}
+	if err := a.allToAllv(ctx, a.cntSend, a.eight, a.cntRecv, a.eight); err != nil {
+		return fmt.Errorf("a2a dispatch: counts: %w", err)
+	}
+	a.N = 0
+	for s := range R {
+		n := binary.LittleEndian.Uint64(a.cntRecv[8*s:])
+		if n > uint64(math.MaxInt32) {
+			return fmt.Errorf("a2a dispatch: rank %d sends %d rows", s, n)
+		}
+		a.recvRows[s] = int(n)
+		a.recvBytes[s] = int(n) * (rb + meta)
+		a.recvOff[s+1] = a.recvOff[s] + a.recvBytes[s]
+		a.N += int(n)
+	}
+	for d, n := range a.sendRows {
+		a.sendBytes[d] = n * (rb + meta)
+		a.sendOff[d+1] = a.sendOff[d] + a.sendBytes[d]
+	}
+	send, err := a.send.get(a.sendOff[R])
 	if err != nil {
+		return err
+	}
+	recv, err := a.recv.get(a.recvOff[R])
+	if err != nil {
+		return err
+	}
+	// Pack: message d is [n rows][n*K ids][n*K weights], in token order.
+	clear(a.fill)
+	clear(a.seen)
+	for t := range T {
+		for _, e := range a.idx[t*k : (t+1)*k] {
+			if e < 0 {
+				continue
+			}
+			d := int(e) / a.l
+			if a.seen[d] == t+1 {
+				continue
+			}
+			a.seen[d] = t + 1
+			n, j, m := a.sendRows[d], a.fill[d], send[a.sendOff[d]:a.sendOff[d+1]]
+			a.fill[d]++
+			copy(m[j*rb:(j+1)*rb], a.x[t*rb:(t+1)*rb])
+			ids, ws := m[n*rb+j*4*k:], m[n*rb+n*4*k+j*4*k:]
+			for q := range k {
+				binary.LittleEndian.PutUint32(ids[4*q:], uint32(a.idx[t*k+q]))
+				binary.LittleEndian.PutUint32(ws[4*q:], math.Float32bits(a.wts[t*k+q]))
+			}
+		}
+	}
+	if err := a.allToAllv(ctx, send, a.sendBytes, recv, a.recvBytes); err != nil {
 		return fmt.Errorf("a2a dispatch: %w", err)
 	}
-	n := 0
-	for s, b := range recv {
-		if len(b)%(meta+rb) != 0 {
-			return fmt.Errorf("a2a dispatch: %d bytes from rank %d, not a multiple of %d", len(b), s, meta+rb)
-		}
-		a.recvCnt[s] = len(b) / (meta + rb)
-		n += a.recvCnt[s]
-	}
-	a.Rows = a.Rows[:0]
+	// Unpack the slots, restricted to this rank's experts.
+	n := a.N
+	a.rowOff = growN(a.rowOff, n)
 	a.RecvIdx = growN(a.RecvIdx, n*k)
 	a.RecvWeights = growN(a.RecvWeights, n*k)
 	i := 0
-	for s, b := range recv {
-		c := a.recvCnt[s]
-		ids, ws, rows := b[:c*4*k], b[c*4*k:c*meta], aligned(b[c*meta:], a.dt.Size())
+	for s, c := range a.recvRows {
+		m := recv[a.recvOff[s]:a.recvOff[s+1]]
+		ids, ws := m[c*rb:c*rb+c*4*k], m[c*rb+c*4*k:]
 		for j := range c {
+			a.rowOff[i] = a.recvOff[s] + j*rb
 			for q := range k {
 				e := int32(binary.LittleEndian.Uint32(ids[(j*k+q)*4:]))
 				li, lw := int32(-1), float32(0)
@@ -232,17 +296,25 @@ func (a *A2A) Dispatch(ctx context.Context) error {
 				}
 				a.RecvIdx[i*k+q], a.RecvWeights[i*k+q] = li, lw
 			}
-			a.Rows = append(a.Rows, rows[j*rb:(j+1)*rb])
 			i++
 		}
 	}
 	return nil
 }
 
+// allToAllv is comm.AllToAllv on the baseline's group.
+func (a *A2A) allToAllv(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
+	return comm.AllToAllv(ctx, a.g, send, sendCounts, recv, recvCounts)
+}
+
+// Row is received row i of the last Dispatch (packed), a view of the
+// receive buffer valid until the next Dispatch or Free.
+func (a *A2A) Row(i int) []byte { return a.recv.b[a.rowOff[i] : a.rowOff[i]+a.rb] }
+
 // Permute writes the expert-major layout of the dispatched rows into X and
 // Weights (the first P rows).
-func (a *A2A) Permute() {
-	n, k, l, rb := len(a.Rows), a.k, a.l, a.rb
+func (a *A2A) Permute() error {
+	n, k, l, rb := a.N, a.k, a.l, a.rb
 	cnt := make([]int, l)
 	for _, e := range a.RecvIdx[:n*k] {
 		if e >= 0 {
@@ -264,42 +336,42 @@ func (a *A2A) Permute() {
 		a.pos[i] = int32(off[e] + fill[e])
 		fill[e]++
 	}
-	a.X = grow(a.X, a.P*rb)
+	x, err := a.xBuf.get(a.P * rb)
+	if err != nil {
+		return err
+	}
+	a.X = x
 	a.Weights = growN(a.Weights, a.P)
+	recv := a.recv.b
 	device.ParallelFor(n, 16, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
+			row := recv[a.rowOff[i] : a.rowOff[i]+rb]
 			for q := range k {
 				if p := int(a.pos[i*k+q]); p >= 0 {
-					copy(a.X[p*rb:(p+1)*rb], a.Rows[i])
+					copy(x[p*rb:(p+1)*rb], row)
 					a.Weights[p] = a.RecvWeights[i*k+q]
 				}
 			}
 		}
 	})
 	for e := range l {
-		permute.ZeroRows(a.X, rb, a.Weights, off[e]+cnt[e], off[e+1])
+		permute.ZeroRows(x, rb, a.Weights, off[e]+cnt[e], off[e+1])
 	}
+	return nil
 }
 
-// RecvX returns the dispatched rows as one [N, H] array (a copy; fp8:
-// packed rows).
-func (a *A2A) RecvX() []byte {
-	out := make([]byte, 0, len(a.Rows)*a.rb)
-	for _, r := range a.Rows {
-		out = append(out, r...)
-	}
-	return out
-}
-
-// RecvXInto writes the dispatched rows as one [N, H] array into buf
-// (grown if too small) and returns it.
+// RecvXInto writes the dispatched rows as one [N, H] array (fp8: packed
+// rows) into buf (grown if too small) and returns it.
 func (a *A2A) RecvXInto(buf []byte) []byte {
-	buf = grow(buf, len(a.Rows)*a.rb)
-	for i, r := range a.Rows {
-		copy(buf[i*a.rb:], r)
+	buf = grow(buf, a.N*a.rb)
+	for i := range a.N {
+		copy(buf[i*a.rb:], a.Row(i))
 	}
 	return buf
 }
+
+// RecvX returns the dispatched rows as one new [N, H] array.
+func (a *A2A) RecvX() []byte { return a.RecvXInto(nil) }
 
 // Combine sends z ([N, H], in receive order) back and sums each token's
 // rows into Out.
@@ -308,41 +380,50 @@ func (a *A2A) Combine(ctx context.Context, z []byte) error {
 		return fmt.Errorf("a2a combine: %v rows are never summed (fp8 is dispatch only)", a.dt)
 	}
 	rb := a.rb
-	o := 0
-	for s, c := range a.recvCnt {
-		a.send[s] = z[o*rb : (o+c)*rb]
-		o += c
+	backRows := 0
+	for p := range a.R {
+		a.zBytes[p] = a.recvRows[p] * rb    // the rows that came from p go back to it
+		a.backBytes[p] = a.sendRows[p] * rb // the rows this rank sent p come back
+		backRows += a.sendRows[p]
 	}
-	back, err := a.g.AllToAll(ctx, a.send)
-	a.send = make([][]byte, len(a.send)) // the views of z are not ours to reuse
+	if len(z) < a.N*rb {
+		return fmt.Errorf("a2a combine: z has %d bytes, %d rows of %d expected", len(z), a.N, rb)
+	}
+	back, err := a.backBuf.get(backRows * rb)
 	if err != nil {
-		return fmt.Errorf("a2a combine: %w", err)
+		return err
 	}
-	for d := range back {
-		back[d] = aligned(back[d], a.dt.Size())
+	if err := a.allToAllv(ctx, z, a.zBytes, back, a.backBytes); err != nil {
+		return fmt.Errorf("a2a combine: %w", err)
 	}
 	T := len(a.idx) / a.k
 	a.terms = a.terms[:0]
 	a.toff = growN(a.toff, T+1)
-	cur := make([]int, len(back))
+	// fill[d]: the next row from d; the rows from d start at its offset.
+	o := 0
+	for d := range a.R {
+		a.fill[d] = o
+		o += a.sendRows[d]
+	}
 	for t := range T {
 		a.toff[t] = len(a.terms)
 		a.dests = a.destsOf(t, a.dests)
 		for _, d := range a.dests {
-			c := cur[d]
-			if (c+1)*rb > len(back[d]) {
-				return fmt.Errorf("a2a combine: rank %d sent %d rows, fewer than routed to it", d, len(back[d])/rb)
-			}
-			a.terms = append(a.terms, back[d][c*rb:(c+1)*rb])
-			cur[d]++
+			c := a.fill[d]
+			a.terms = append(a.terms, back[c*rb:(c+1)*rb])
+			a.fill[d]++
 		}
 	}
 	a.toff[T] = len(a.terms)
-	a.Out = grow(a.Out, T*rb)
+	out, err := a.outBuf.get(T * rb)
+	if err != nil {
+		return err
+	}
+	a.Out = out
 	if a.w.RanksPerDomain >= a.w.Ranks {
 		device.ParallelFor(T, 16, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
-				permute.SumRows(a.dt, a.Out[t*rb:(t+1)*rb], a.terms[a.toff[t]:a.toff[t+1]], nil)
+				permute.SumRows(a.dt, out[t*rb:(t+1)*rb], a.terms[a.toff[t]:a.toff[t+1]], nil)
 			}
 		})
 		return nil
@@ -362,7 +443,7 @@ func (a *A2A) Combine(ctx context.Context, z []byte) error {
 			if len(terms) > 0 {
 				v = a.domainSum(a.dests, terms)
 			}
-			device.StoreFloat32(a.dt, a.Out[t*rb:(t+1)*rb], j, v)
+			device.StoreFloat32(a.dt, out[t*rb:(t+1)*rb], j, v)
 		}
 	}
 	return nil
@@ -371,12 +452,45 @@ func (a *A2A) Combine(ctx context.Context, z []byte) error {
 // UnpermuteCombine folds y ([P, H], the permuted layout of the last
 // Permute) back with the received weights, then combines.
 func (a *A2A) UnpermuteCombine(ctx context.Context, y []byte) error {
-	n := len(a.Rows)
-	a.un = grow(a.un, n*a.rb)
-	permute.Unpermute(a.dt, a.h, a.un, y, a.RecvWeights[:n*a.k], permute.Map{
+	n := a.N
+	un, err := a.unBuf.get(n * a.rb)
+	if err != nil {
+		return err
+	}
+	permute.Unpermute(a.dt, a.h, un, y, a.RecvWeights[:n*a.k], permute.Map{
 		Rows: n, TopK: a.k, Pos: a.pos[:n*a.k], RowCap: n, PermCap: a.P,
 	})
-	return a.Combine(ctx, a.un)
+	return a.Combine(ctx, un)
+}
+
+// Free gives back the buffers of the calls done: the messages (and with
+// them the rows Row returns), the combined output and the unpermuted rows,
+// and unless keepPermuted the permuted rows (X). The counts and slots of
+// the last Dispatch stay, so that Combine and Permute's layout still work.
+func (a *A2A) Free(keepPermuted bool) error {
+	bufs := []*hostBuf{&a.send, &a.recv, &a.outBuf, &a.unBuf, &a.backBuf}
+	if !keepPermuted {
+		bufs = append(bufs, &a.xBuf)
+		a.X = nil
+	}
+	a.Out = nil
+	var err error
+	for _, b := range bufs {
+		err = errors.Join(err, b.free())
+	}
+	return err
+}
+
+// Close gives back every buffer.
+func (a *A2A) Close() error { return a.Free(false) }
+
+// mapped is the bytes of a's buffers mapped now.
+func (a *A2A) mapped() int {
+	n := 0
+	for _, b := range []*hostBuf{&a.send, &a.recv, &a.xBuf, &a.outBuf, &a.unBuf, &a.backBuf} {
+		n += b.size()
+	}
+	return n
 }
 
 // grow returns b resliced to n bytes, reallocated if too small.
@@ -394,28 +508,42 @@ func growN[T any](b []T, n int) []T {
 	return b[:n]
 }
 
-// aligned returns b, or a copy of it if it does not start at a multiple
-// of a bytes (the row loops view rows as uint16 or float32).
-func aligned(b []byte, a int) []byte {
-	if len(b) == 0 || uintptr(unsafe.Pointer(&b[0]))%uintptr(a) == 0 {
-		return b
-	}
-	return append(make([]byte, 0, len(b)), b...)
-}
-
 // runA2A times the a2a baseline of every call, as the calls are timed,
 // and checks its outputs as the calls' are. As goep's, the calls that
 // combine of an fp8 case run on bf16 rows: a second A2A, of the case's
-// bf16 world.
-func (st *rankState) runA2A(ctx context.Context) error {
+// bf16 world. After each call it gives back the buffers no later call
+// reads (A2A.Free), so that what it holds at once is one call's: the
+// messages, the permuted rows, the rows that come back and the sums.
+func (st *rankState) runA2A(ctx context.Context) (err error) {
 	a := NewA2A(st.world, st.a2a, st.cfg.Pad)
 	ca := a // the calls that combine
 	if st.cworld != st.world {
 		ca = NewA2A(st.cworld, st.a2a, st.cfg.Pad)
 	}
+	var z hostBuf // the gathered rows of ca's dispatch: combine's z
+	defer func() {
+		err = errors.Join(err, a.Close(), z.free())
+		if ca != a {
+			err = errors.Join(err, ca.Close())
+		}
+	}()
 	r := st.rank
-	dispatched, permuted := false, false // ca holds a dispatch (z), a permute
-	var z []byte
+	dispatched, permuted := false, false // ca holds a dispatch (z), a permute (X)
+	later := func(i int, calls ...string) bool {
+		for _, c := range st.cfg.Calls[i+1:] {
+			if slices.Contains(calls, c) {
+				return true
+			}
+		}
+		return false
+	}
+	gather := func(a *A2A) ([]byte, error) {
+		b, err := z.get(a.N * a.rb)
+		if err != nil {
+			return nil, err
+		}
+		return a.RecvXInto(b), nil
+	}
 	timed := func(call string, op func() error) (err error) {
 		defer func() {
 			if err != nil && !strings.HasPrefix(err.Error(), "a2a "+call+": ") {
@@ -453,44 +581,64 @@ func (st *rankState) runA2A(ctx context.Context) error {
 		if err := a.Dispatch(ctx); err != nil {
 			return err
 		}
-		a.Permute()
-		return nil
+		return a.Permute()
 	}
-	for _, call := range st.cfg.Calls {
+	for i, call := range st.cfg.Calls {
 		switch call {
 		case CallDispatch:
 			if err := timed(call, func() error { return a.Dispatch(ctx) }); err != nil {
 				return err
 			}
-			rx := a.RecvX()
+			rx, err := gather(a)
+			if err != nil {
+				return err
+			}
 			if a == ca {
-				dispatched, z = true, rx
+				dispatched = true
 			}
 			x, scales := a.Unpack(rx)
-			check(call, st.world.CheckDispatch(r, len(a.Rows), x, scales, a.RecvIdx, a.RecvWeights))
+			check(call, st.world.CheckDispatch(r, a.N, x, scales, a.RecvIdx, a.RecvWeights))
+			if a != ca || !later(i, CallCombine) {
+				if err := z.free(); err != nil {
+					return err
+				}
+				dispatched = false
+			}
 		case CallCombine:
 			if !dispatched {
 				if err := ca.Dispatch(ctx); err != nil {
 					return err
 				}
-				dispatched, z = true, ca.RecvX()
+				if _, err := gather(ca); err != nil {
+					return err
+				}
+				dispatched = true
 			}
-			if err := timed(call, func() error { return ca.Combine(ctx, z) }); err != nil {
+			zb := z.b[:ca.N*ca.rb]
+			if err := ca.Free(permuted); err != nil { // the messages: z has the rows
+				return err
+			}
+			if err := timed(call, func() error { return ca.Combine(ctx, zb) }); err != nil {
 				return err
 			}
 			check(call, st.cworld.CheckCombine(r, ca.Out, false))
+			if err := z.free(); err != nil {
+				return err
+			}
+			dispatched = false
 		case CallDispatchPermute:
 			if err := timed(call, func() error { return dispatchPermute(a) }); err != nil {
 				return err
 			}
-			if a == ca {
-				permuted = true
-			}
-			c := st.world.CheckDispatch(r, len(a.Rows), nil, nil, a.RecvIdx, a.RecvWeights)
+			c := st.world.CheckDispatch(r, a.N, nil, nil, a.RecvIdx, a.RecvWeights)
 			x, scales := a.Unpack(a.X[:a.P*a.rb])
 			pc := st.world.CheckPermute(r, st.cfg.Pad, a.P, x, scales, a.Weights[:a.P])
 			c.Wrong += pc.Wrong
 			check(call, c)
+			permuted = a == ca && later(i, CallUnpermuteCombine)
+			if err := a.Free(permuted); err != nil {
+				return err
+			}
 		case CallDispatchCombine:
 			// Dispatch, gather the received rows into one [N, H] array
 			// (goep's RecvX is one), send them back and sum.
@@ -499,14 +647,21 @@ func (st *rankState) runA2A(ctx context.Context) error {
 				if err := ca.Dispatch(ctx); err != nil {
 					return err
 				}
-				rx = ca.RecvXInto(rx)
+				var err error
+				if rx, err = gather(ca); err != nil {
+					return err
+				}
 				return ca.Combine(ctx, rx)
 			}); err != nil {
 				return err
 			}
-			c := st.cworld.CheckDispatch(r, len(ca.Rows), rx, nil, ca.RecvIdx, ca.RecvWeights)
+			c := st.cworld.CheckDispatch(r, ca.N, rx, nil, ca.RecvIdx, ca.RecvWeights)
 			c.add(st.cworld.CheckCombine(r, ca.Out, false))
 			check(call, c)
+			if err := errors.Join(ca.Free(permuted), z.free()); err != nil {
+				return err
+			}
+			dispatched = false
 		case CallUnpermuteCombine:
 			if !permuted {
 				if err := dispatchPermute(ca); err != nil {
@@ -514,11 +669,18 @@ func (st *rankState) runA2A(ctx context.Context) error {
 				}
 				permuted = true
 			}
-			y := append([]byte(nil), ca.X[:ca.P*ca.rb]...)
+			if err := ca.Free(true); err != nil { // the messages
+				return err
+			}
+			y := ca.X[:ca.P*ca.rb]
 			if err := timed(call, func() error { return ca.UnpermuteCombine(ctx, y) }); err != nil {
 				return err
 			}
 			check(call, st.cworld.CheckCombine(r, ca.Out, true))
+			if err := ca.Free(false); err != nil {
+				return err
+			}
+			permuted = false
 		}
 	}
 	return nil

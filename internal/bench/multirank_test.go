@@ -230,6 +230,7 @@ func compareA2A(ctx context.Context, w *World, g, ag comm.Group, backend *device
 	}
 
 	a := NewA2A(w, ag, pad)
+	defer a.Close()
 	got := map[string][]byte{}
 	if err := a.Dispatch(ctx); err != nil {
 		return err
@@ -248,7 +249,9 @@ func compareA2A(ctx context.Context, w *World, g, ag comm.Group, backend *device
 	if err := a.Dispatch(ctx); err != nil {
 		return err
 	}
-	a.Permute()
+	if err := a.Permute(); err != nil {
+		return err
+	}
 	rb := RowBytes(w.DType, w.Hidden)
 	got["PermutedX"], got["PermutedScales"] = a.Unpack(a.X[:a.P*rb])
 	got["PermutedWeights"] = device.EncodeFloat32(device.FP32, a.Weights[:a.P])

@@ -216,6 +216,14 @@ func (st *rankState) rankMain(ctx context.Context) (err error) {
 	if st.checkOnly {
 		return nil
 	}
+	// The outputs kept for the calls that combine are not needed any more:
+	// the copy baseline can have their memory.
+	// Their frees are stream-ordered: synchronised, they are done.
+	ds.close()
+	cs.close()
+	if err := e.Synchronize(ctx); err != nil {
+		return err
+	}
 	return st.baseline(ctx, e)
 }
 
@@ -231,9 +239,11 @@ type side struct {
 func (s *side) close() {
 	if s.disp != nil {
 		s.disp.Close()
+		s.disp = nil
 	}
 	if s.dperm != nil {
 		s.dperm.Close()
+		s.dperm = nil
 	}
 }
 
@@ -408,11 +418,19 @@ func (st *rankState) runBaseline(ctx context.Context, ctl comm.Group, name strin
 	return nil
 }
 
-// download returns the bytes of each tensor, nil for a nil one.
+// download returns the bytes of each tensor, nil for a nil one. A host
+// backend's tensor is read where it is (Tensor.Bytes), not copied: the
+// checks read it only after the calls that wrote it were synchronised,
+// while it is open, and a copy of every output would double what a check
+// holds.
 func download(ctx context.Context, ts ...*device.Tensor) ([][]byte, error) {
 	bs := make([][]byte, len(ts))
 	for i, t := range ts {
 		if t == nil {
+			continue
+		}
+		if v := t.Bytes(); v != nil {
+			bs[i] = v
 			continue
 		}
 		var err error

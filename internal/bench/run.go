@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -206,7 +207,10 @@ type Options struct {
 	CheckOnly bool
 	// Backend is the backend the engines use, of the config's kind; nil:
 	// Run or RunRank opens one with NewBackend(cfg.Backend) and closes it
-	// at the end.
+	// at the end, except the host backend, which each rank opens for each
+	// case and closes once the case's engine and copy baseline are done:
+	// the regions its pool keeps for reuse then go back to the system
+	// before the a2a baseline and the next case run.
 	Backend device.Backend
 	// Transport names what carries the group's AllToAll in the record;
 	// empty: guessed from the group's type.
@@ -265,13 +269,19 @@ const iterOverheadBytes = 256 << 10
 // backend returns o.Backend or, without one, a backend opened with
 // NewBackend(cfg.Backend); close closes only the one it opened.
 func (o Options) backend(cfg Config) (b device.Backend, close func() error, err error) {
-	if o.Backend != nil {
+	if o.Backend != nil || o.caseBackends(cfg) {
 		return o.Backend, func() error { return nil }, nil
 	}
 	if b, err = NewBackend(cfg.Backend); err != nil {
 		return nil, nil, err
 	}
 	return b, b.Close, nil
+}
+
+// caseBackends reports whether each rank opens a backend of its own for
+// each case (see Options.Backend); backend then returns none.
+func (o Options) caseBackends(cfg Config) bool {
+	return o.Backend == nil && backendKind(cfg) == device.KindHost
 }
 
 // runsA2A reports whether a (non-check) run of cfg has the a2a baseline:
@@ -490,6 +500,14 @@ func (b bounded) AllToAll(ctx context.Context, send [][]byte) (recv [][]byte, er
 	return recv, err
 }
 
+// AllToAllv is comm.AllToAllv on the group itself (its own all-to-all
+// over the caller's buffers, MPI_Ialltoallv under MPI), bounded.
+func (b bounded) AllToAllv(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
+	return b.bound(ctx, func(ctx context.Context) error {
+		return comm.AllToAllv(ctx, b.Group, send, sendCounts, recv, recvCounts)
+	})
+}
+
 func (b bounded) Broadcast(ctx context.Context, root int, data []byte) (out []byte, err error) {
 	err = b.bound(ctx, func(ctx context.Context) (err error) {
 		out, err = b.Group.Broadcast(ctx, root, data)
@@ -632,6 +650,15 @@ func RunRank(ctx context.Context, cfg Config, g comm.Group, opt Options) (_ *Res
 				return res, err
 			}
 			rs.g, rs.a2a, rs.ctl, rs.backend, rs.log, rs.checkOnly = g, bounded{g, hg.d}, ctl, backend, log, opt.CheckOnly
+			rs.closeBackend = func() error { return nil }
+			rs.tidies = !opt.sharedClock || rank == 0
+			if opt.caseBackends(cfg) {
+				b, err := NewBackend(cfg.Backend)
+				if err != nil {
+					return res, err
+				}
+				rs.backend, rs.closeBackend = b, b.Close
+			}
 			report := func(step string) {
 				if rank == 0 && opt.Progress != nil {
 					opt.Progress(Progress{Case: i + 1, Cases: len(cases), Rep: rep, Reps: reps, Step: step,
@@ -711,11 +738,15 @@ type rankState struct {
 	ecfg   executor.Config
 	ran    executor.Config // the engine's, after New (set by rankMain)
 
-	g, ctl    comm.Group // the engine's, the harness's
-	a2a       comm.Group // g, its collectives bounded as the harness's (the a2a baseline's)
-	backend   device.Backend
-	checkOnly bool
-	clock     clock // of the engine's stream, set by rankMain
+	g, ctl  comm.Group // the engine's, the harness's
+	a2a     comm.Group // g, its collectives bounded as the harness's (the a2a baseline's)
+	backend device.Backend
+	tidies  bool // this rank tidies the process's heap (tidy)
+	// closeBackend closes backend when it is the case's own
+	// (Options.caseBackends), once the engine is closed.
+	closeBackend func() error
+	checkOnly    bool
+	clock        clock // of the engine's stream, set by rankMain
 
 	times     map[string]*series // call, "baseline", or "a2a/"+call
 	checks    map[string]*Check  // call
@@ -797,7 +828,11 @@ func (rs *rankState) record(name string, i int, t0, t1 time.Time) {
 // gathered apart, so that a baseline that fails leaves the calls' rows
 // (returned with the error, without their a2a columns).
 func (rs *rankState) run(ctx context.Context, timing string) ([]Row, error) {
-	if err := rs.rankMain(ctx); err != nil {
+	err := rs.rankMain(ctx)
+	if cerr := rs.closeBackend(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return nil, err
 	}
 	reps, err := rs.gather(ctx)
@@ -808,6 +843,7 @@ func (rs *rankState) run(ctx context.Context, timing string) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
+	rs.tidy()
 	// The a2a baseline runs after rankMain has closed the engine and its
 	// outputs, so the two never hold their rows at once (host memory).
 	if rs.checkOnly || !runsA2A(rs.cfg) {
@@ -823,7 +859,20 @@ func (rs *rankState) run(ctx context.Context, timing string) ([]Row, error) {
 	if err := rs.addA2A(rows, reps, timing); err != nil {
 		return rows, fmt.Errorf("a2a baseline: %w", err)
 	}
+	rs.tidy()
 	return rows, nil
+}
+
+// tidy gives the Go heap's free memory back to the system
+// (debug.FreeOSMemory) between the parts of a case, outside every timed
+// loop: what the checks and the setup of one part dropped would otherwise
+// stay resident under the next part's buffers. One rank of a process does
+// it (rank 0 of in-process ranks, which gather has held until every rank
+// finished the part).
+func (rs *rankState) tidy() {
+	if rs.tidies {
+		debug.FreeOSMemory()
+	}
 }
 
 // gather all-gathers every rank's report of what it has measured since the
