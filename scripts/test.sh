@@ -172,6 +172,12 @@ go test -count=1 ./...
 log "go test -tags mpi ./internal/mpi/... ./comm/... (under mpirun)"
 go test -tags mpi -count=1 ./internal/mpi/... ./comm/...
 
+# The hand-written C MPI dispatch that eprun's a2a baseline is measured
+# against (scripts/a2a_mpi.c): built with mpicc, run under mpirun, its own
+# check of every row passing and its routing eprun's.
+log "go test -tags mpi -run CMPIDispatch ./internal/bench (scripts/a2a_mpi.c under mpirun)"
+go test -tags mpi -count=1 -run CMPIDispatch ./internal/bench
+
 # The engine across processes with the MPI bootstrap (the untagged run
 # above bootstraps its mpirun children over TCP).
 log "go test -tags mpi -run MultiProcess ./executor (under mpirun)"
