@@ -3,7 +3,9 @@ package device
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,8 +38,8 @@ const (
 // The pool keeps freed regions for reuse by size class (sizeClass: at most
 // an eighth more than asked for), up to poolLimit bytes: when a freed
 // region does not fit, the regions pooled longest ago are given back
-// first, and a region not reused within poolIdle is given back, so what
-// stays resident follows what the calls use.
+// first, and a region not reused within poolIdle (plus idleScan at most)
+// is given back, so what stays resident follows what the calls use.
 type Host struct {
 	mu sync.Mutex
 	// pool holds the free regions of each size class, oldest first.
@@ -45,6 +47,7 @@ type Host struct {
 	pooled    int
 	poolLimit int // the most pooled may reach
 	limitAt   time.Time
+	scannedAt time.Time // the last look for idle regions (evict)
 	closed    bool
 	live      atomic.Int64 // regions handed out and not yet returned
 	streams   atomic.Int64
@@ -96,6 +99,10 @@ type region struct {
 	// Host.mu).
 	pooledAt time.Time
 }
+
+// idleScan is how often, at most, the pool looks for regions idle for
+// poolIdle: a look visits every size class, too much for every free.
+const idleScan = poolIdle / 10
 
 func (r *region) release() error {
 	err := unix.Munmap(r.mem)
@@ -240,9 +247,16 @@ func (h *Host) put(r *region) {
 }
 
 // evict takes out of the pool, for the caller to release outside the
-// lock, the regions pooled before t - poolIdle, then the regions pooled
-// longest ago until at least need more bytes are out.
+// lock, the regions pooled before t - poolIdle (looking at most every
+// idleScan), then the regions pooled longest ago until at least need more
+// bytes are out.
 func (h *Host) evict(t time.Time, need int) []*region {
+	if need <= 0 {
+		if t.Sub(h.scannedAt) < idleScan {
+			return nil
+		}
+		h.scannedAt = t
+	}
 	var out []*region
 	for {
 		oldest := -1
@@ -287,7 +301,7 @@ func (h *Host) NewStream() (Stream, error) {
 		return nil, fmt.Errorf("device: new stream: %w", ErrClosed)
 	}
 	s := &HostStream{host: h}
-	s.cond = sync.NewCond(&s.mu)
+	s.work = sync.NewCond(&s.mu)
 	h.streams.Add(1)
 	go s.run()
 	return s, nil
@@ -477,14 +491,41 @@ type task struct {
 type HostStream struct {
 	host *Host
 
-	mu       sync.Mutex
-	cond     *sync.Cond
+	mu sync.Mutex
+	// work wakes the worker when a task is queued or the stream closes.
+	work     *sync.Cond
 	queue    []task
 	enqueued uint64 // tasks ever enqueued
 	done     uint64 // tasks completed
 	err      error
 	closed   bool
 	stopped  bool
+	// waiting are the goroutines waiting for done to reach a task: each
+	// is woken once, when it has (or the worker stops), not at every task
+	// that completes before it (a call's output frees, say).
+	waiting []streamWaiter
+}
+
+// streamWaiter waits for the task numbered seq; ch is closed when it
+// completes.
+type streamWaiter struct {
+	seq uint64
+	ch  chan struct{}
+}
+
+// release wakes the waiters whose task has completed (all of them once
+// the worker has stopped). Called with s.mu held.
+func (s *HostStream) release() {
+	kept := s.waiting[:0]
+	for _, w := range s.waiting {
+		if w.seq <= s.done || s.stopped {
+			close(w.ch)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	clear(s.waiting[len(kept):])
+	s.waiting = kept
 }
 
 // Backend implements Stream.
@@ -517,7 +558,7 @@ func (s *HostStream) enqueue(t task) uint64 {
 	}
 	s.queue = append(s.queue, t)
 	s.enqueued++
-	s.cond.Broadcast()
+	s.work.Signal()
 	return s.enqueued
 }
 
@@ -525,11 +566,11 @@ func (s *HostStream) run() {
 	for {
 		s.mu.Lock()
 		for len(s.queue) == 0 && !s.closed {
-			s.cond.Wait()
+			s.work.Wait()
 		}
 		if len(s.queue) == 0 && s.closed {
 			s.stopped = true
-			s.cond.Broadcast()
+			s.release()
 			s.mu.Unlock()
 			s.host.streams.Add(-1)
 			return
@@ -554,7 +595,9 @@ func (s *HostStream) run() {
 			s.err = &TaskError{Task: t.name, Err: err}
 		}
 		s.done++
-		s.cond.Broadcast()
+		if len(s.waiting) > 0 {
+			s.release()
+		}
 		s.mu.Unlock()
 	}
 }
@@ -596,7 +639,12 @@ func (s *HostStream) Free(b *Buffer) {
 	// Checked and queued under one lock: a Free racing Close (a garbage
 	// collector finalizer, say) must neither fail the stream nor lose m.
 	s.mu.Lock()
-	if s.closed { // the stream has drained; nothing can still use b
+	if s.closed || s.done == s.enqueued {
+		// The stream has drained, or is idle (every task enqueued has
+		// completed): no queued work can still use b, and a task
+		// enqueued from now on runs after this free, as it would behind
+		// a free task. This spares an idle stream's worker a wake-up
+		// for every output a caller closes after Synchronize.
 		s.mu.Unlock()
 		s.host.put(m)
 		return
@@ -606,7 +654,7 @@ func (s *HostStream) Free(b *Buffer) {
 		return nil
 	}})
 	s.enqueued++
-	s.cond.Broadcast()
+	s.work.Signal()
 	s.mu.Unlock()
 }
 
@@ -666,21 +714,37 @@ func (s *HostStream) Wait(ev *Event) error {
 }
 
 func (s *HostStream) waitFor(ctx context.Context, seq uint64) error {
-	stop := context.AfterFunc(ctx, func() {
-		s.mu.Lock()
-		s.cond.Broadcast()
+	s.mu.Lock()
+	if s.done >= seq || s.stopped {
 		s.mu.Unlock()
-	})
-	defer stop()
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("device: stream wait: %w", err)
+	}
+	w := streamWaiter{seq: seq, ch: make(chan struct{})}
+	s.waiting = append(s.waiting, w)
+	s.mu.Unlock()
+	select {
+	case <-w.ch:
+		return nil
+	case <-ctx.Done():
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.done < seq && !s.stopped {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("device: stream wait: %w", err)
-		}
-		s.cond.Wait()
+	select {
+	case <-w.ch: // the task completed too
+		return nil
+	default:
 	}
-	return nil
+	for i := range s.waiting {
+		if s.waiting[i].ch == w.ch {
+			s.waiting = slices.Delete(s.waiting, i, i+1)
+			break
+		}
+	}
+	return fmt.Errorf("device: stream wait: %w", ctx.Err())
 }
 
 // Synchronize implements Stream.
@@ -707,10 +771,17 @@ func (s *HostStream) Close() error {
 		return nil
 	}
 	s.closed = true
-	s.cond.Broadcast()
-	for !s.stopped {
-		s.cond.Wait()
+	s.work.Signal()
+	var stopped chan struct{}
+	if !s.stopped {
+		stopped = make(chan struct{})
+		s.waiting = append(s.waiting, streamWaiter{seq: math.MaxUint64, ch: stopped})
 	}
+	s.mu.Unlock()
+	if stopped != nil {
+		<-stopped
+	}
+	s.mu.Lock()
 	err := s.err
 	s.err = nil
 	s.mu.Unlock()

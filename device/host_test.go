@@ -138,6 +138,40 @@ func TestFreeIsStreamOrdered(t *testing.T) {
 	}
 }
 
+// TestFreeOnIdleStream: a free on a stream whose every task has completed
+// returns the memory at once (no queued work can use it), and a free
+// behind a running task waits for it.
+func TestFreeOnIdleStream(t *testing.T) {
+	h, s := newStream(t)
+	b, _ := s.Alloc(1000)
+	s.Go("uses b", func() error { b.Host()[0] = 1; return nil })
+	if err := s.Synchronize(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	b.Free()
+	if n := h.LiveBuffers(); n != 0 {
+		t.Fatalf("%d buffers live after a free on an idle stream, want 0", n)
+	}
+	c, _ := s.Alloc(1000)
+	if &c.region[0] != &b.region[0] {
+		t.Fatal("memory freed on an idle stream was not reused at once")
+	}
+	running, release := make(chan struct{}), make(chan struct{})
+	s.Go("uses c", func() error { close(running); <-release; c.Host()[0] = 1; return nil })
+	<-running
+	c.Free()
+	if n := h.LiveBuffers(); n != 1 {
+		t.Fatalf("%d buffers live after a free behind a running task, want 1", n)
+	}
+	close(release)
+	if err := s.Synchronize(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.LiveBuffers(); n != 0 {
+		t.Fatalf("%d buffers live after the task, want 0", n)
+	}
+}
+
 // TestClosedTensorTransfers: Upload and Download refuse a closed tensor
 // (ErrClosed) instead of writing or reading memory the pool may have
 // handed to another tensor (b below gets a's memory back).
