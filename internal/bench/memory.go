@@ -129,11 +129,12 @@ func (c Config) CheckMemory(inProcess int, checkOnly bool) (warning string, err 
 	return "", nil
 }
 
-// peakError is the most hostBytes' peak has been measured above the memory
-// a run took, as a fraction (22.8 GB estimated against 18.2 resident).
+// peakError is the most hostBytes' peak may be above the memory a run
+// takes, as a fraction, for CheckMemory to refuse the run; between the two
+// it warns.
 const peakError = 0.25
 
-// checkHint suggests eprun check where the a2a baseline's rows dominate.
+// checkHint suggests eprun check, which holds no baseline rows.
 func checkHint(checkOnly bool) string {
 	if checkOnly {
 		return ""
@@ -228,30 +229,30 @@ func expectedRows(cfg Config, c Case) (t, n, p, nOut, pOut float64) {
 //
 //   - goep's calls: 3T + 2N' + 2P' (the input and its device copy and
 //     the combined output; the outputs, of N' and P' rows, the capacities
-//     in capacity mode, and the copies the checks download of them), plus
-//     2N with the baselines (the copy baseline's two buffers).
+//     in capacity mode, and as many freed ones the host backend's pool
+//     keeps for reuse), plus 2N with the baselines (the copy baseline's
+//     two buffers). The checks read the outputs in place.
 //   - with the a2a baseline (not checkOnly), which runs after goep's
-//     engine is closed: 2T + 6N + 2P (inputs and output; the send,
-//     receive, gathered, unpermuted and round-trip buffers; the permuted
-//     rows and their copy), at the peak counted twice for the Go heap's
-//     growth between collections.
+//     engine and the case's host backend are closed: 3T + 2N + P (the
+//     inputs, as the engine's and the baseline's own, and the output; the
+//     messages both ways, or the rows that come back and the unpermuted
+//     ones; the permuted rows). Its buffers are mapped outside the Go heap
+//     and given back after each call (A2A.Free).
+//   - at the peak, the Go heap's growth between collections: its share of
+//     the rows above, the inputs (2T), counted twice.
 //
-// Measured with 8 ranks, hidden 7168, top-8 of 64 experts
-// (docs/PERFORMANCE.md): peak 11.4 GB estimated against 10.0 GB resident
-// at 1000 tokens, 22.8 against 18.2 at 2000; eprun check 3.4 against 3.1.
-// eprun check tiny --tokens 512 --hidden 2048 --pad 20000, its padding
-// rows dominating: 4.0 GB against 3.9; eprun bench of the same, 4.1 live
-// and 8.1 at the peak against 7.0.
+// Measured with 8 ranks, hidden 2048, top-8 of 64 experts, 1024 tokens
+// (the default config, docs/PERFORMANCE.md): 1.4 GiB estimated against
+// 0.94 GB resident.
 func hostBytes(cfg Config, c Case, inProcess int, checkOnly, peak bool) float64 {
 	t, n, p, nOut, pOut := expectedRows(cfg, c)
 	rows := 3*t + 2*nOut + 2*pOut
 	if !checkOnly {
 		rows += 2 * n
-		a2a := 2*t + 6*n + 2*p
-		if peak {
-			a2a *= 2
-		}
-		rows = max(rows, a2a)
+		rows = max(rows, 3*t+2*n+p)
+	}
+	if peak {
+		rows += 2 * 2 * t
 	}
 	rb := 0
 	for _, dt := range c.callDTypes(cfg.Calls) {
@@ -273,7 +274,7 @@ func (c Config) rowTerms(cs Case, checkOnly bool) string {
 		s += fmt.Sprintf(", outputs of capacity %.0f and %.0f rows", nOut, pOut)
 	}
 	if !checkOnly {
-		s += ", the a2a baseline's copies of them"
+		s += ", the baselines' buffers of them"
 	}
 	return s
 }
