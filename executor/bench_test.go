@@ -13,8 +13,14 @@ import (
 // BenchmarkCalls times each collective call on an in-process world (every
 // rank in its own goroutine, one iteration = every rank's call plus its
 // Synchronize). Bytes are the received rows of rank 0 (DESIGN.md section 6).
+// call=copy is eprun bench's copy baseline: every rank copies its received
+// rows' bytes from one buffer to another on its stream, split over the
+// cores in chunks of 64 KiB at least.
 func BenchmarkCalls(b *testing.B) {
-	benchCalls(b, 8, 512, 2048, []string{"dispatch", "combine", "dispatch-permute", "unpermute-combine"})
+	calls := []string{"copy", "dispatch", "combine", "dispatch-permute", "unpermute-combine"}
+	for _, T := range []int{512, 4096} {
+		benchCalls(b, 8, T, 2048, calls)
+	}
 }
 
 // BenchmarkFloor times the per-call floor: one token of hidden 8 per rank,
@@ -76,10 +82,27 @@ func benchCalls(b *testing.B, R, T, H int, calls []string) {
 					}
 					z, _ := e.Unpermute(ctx, h, UnpermuteInput{Y: d.X})
 					y, rw := d.X, d.RecvWeights
+					var src, dst *device.Tensor
+					if call == "copy" {
+						src, _ = e.NewTensor(dt, h.RecvRows(), H)
+						dst, _ = e.NewTensor(dt, h.RecvRows(), H)
+						clear(src.Bytes())
+						clear(dst.Bytes())
+					}
 					setup.Done()
 					for range start[r] {
 						var outs []*device.Tensor
 						switch call {
+						case "copy":
+							hs := e.Stream().(*device.HostStream)
+							rb := H * dt.Size()
+							hs.Go("copy", func() error {
+								sb, db := src.Bytes(), dst.Bytes()
+								device.ParallelFor(len(sb)/rb, max(1, (64<<10)/rb), func(lo, hi int) {
+									copy(db[lo*rb:hi*rb], sb[lo*rb:hi*rb])
+								})
+								return nil
+							})
 						case "dispatch":
 							o, _ := e.Dispatch(ctx, h, DispatchInput{X: xt})
 							outs = append(outs, o.RecvX, o.RecvIdx)

@@ -50,7 +50,7 @@ type crossing interface {
 	// pull runs one round of a dispatch-like call c on the rows of x and
 	// the optional weights w, and calls fn with the source of every valid
 	// received row.
-	pull(lay *plan.Layout, c nvlink.Call, x, w *device.Tensor, fn func(src []recvSrc) error) error
+	pull(lay *plan.Layout, c nvlink.Call, x, w *device.Tensor, fn func(src *sources) error) error
 	// sum runs the collective half of a combine-like call c (see
 	// Path.sum).
 	sum(p *Path, lay *plan.Layout, c nvlink.Call, dt device.DType, out []byte, gwt *device.Tensor, u *unpermuteSpec) error
@@ -164,10 +164,10 @@ func (f *flat) routing(idx *device.Tensor, sig [4]uint64, fn func(routing [][]in
 	})
 }
 
-func (f *flat) pull(lay *plan.Layout, c nvlink.Call, x, w *device.Tensor, fn func(src []recvSrc) error) error {
+func (f *flat) pull(lay *plan.Layout, c nvlink.Call, x, w *device.Tensor, fn func(src *sources) error) error {
 	rb := datapath.RowBytes(x)
 	return f.c.Exchange(c, func(peers [][]*device.Buffer) error {
-		return fn(sources(f.c.env, lay, peers, rb, w != nil, nil))
+		return fn(newSources(f.c.env, lay, peers, rb, w != nil, nil))
 	})
 }
 

@@ -113,7 +113,7 @@ func (p *Path) finishLayout(h *datapath.Handle) error {
 // pull runs one round of the collective half of a dispatch-like call op
 // on the rows of x and the optional weights w, and calls fn with the
 // source of every valid received row.
-func (p *Path) pull(lay *plan.Layout, h *datapath.Handle, op datapath.Op, round uint64, x, w *device.Tensor, fn func(src []recvSrc) error) error {
+func (p *Path) pull(lay *plan.Layout, h *datapath.Handle, op datapath.Op, round uint64, x, w *device.Tensor, fn func(src *sources) error) error {
 	c := nvlink.Call{Op: uint64(op), Sig: datapath.Sig(h, x.DType(), w != nil, round), Buffers: []*device.Buffer{x.Buffer(), datapath.Buf(w)}}
 	return p.cross.pull(lay, c, x, w, fn)
 }
@@ -125,16 +125,16 @@ func (p *Path) Dispatch(h *datapath.Handle, x, w, sx *device.Tensor, out datapat
 		if err != nil {
 			return err
 		}
-		err = p.pull(lay, h, datapath.OpDispatch, datapath.RoundRows, x, w, func(src []recvSrc) error {
-			p.gatherRows(src, out.RecvX.Bytes())
-			writeRecvMeta(lay, src, h.RecvRows, out.RecvIdx, out.RecvWeights)
+		err = p.pull(lay, h, datapath.OpDispatch, datapath.RoundRows, x, w, func(src *sources) error {
+			p.gatherRows(src, out.RecvX.Bytes(), f32(out.RecvWeights))
+			writeRecvIdx(lay, src.n, h.RecvRows, out.RecvIdx)
 			return nil
 		})
 		if err != nil || sx == nil {
 			return err
 		}
-		return p.pull(lay, h, datapath.OpDispatch, datapath.RoundScales, sx, nil, func(src []recvSrc) error {
-			p.gatherRows(src, out.RecvScales.Bytes())
+		return p.pull(lay, h, datapath.OpDispatch, datapath.RoundScales, sx, nil, func(src *sources) error {
+			p.gatherRows(src, out.RecvScales.Bytes(), nil)
 			return nil
 		})
 	})
@@ -149,16 +149,16 @@ func (p *Path) DispatchPermute(h *datapath.Handle, x, w, sx *device.Tensor, out 
 		if err != nil {
 			return err
 		}
-		err = p.pull(lay, h, datapath.OpDispatchPermute, datapath.RoundRows, x, w, func(src []recvSrc) error {
-			writeRecvMeta(lay, src, h.RecvRows, out.RecvIdx, out.RecvWeights)
-			p.gatherPermuted(lay, src, datapath.RowBytes(x), out.X.Bytes(), f32(out.RecvWeights), f32(out.Weights))
+		err = p.pull(lay, h, datapath.OpDispatchPermute, datapath.RoundRows, x, w, func(src *sources) error {
+			writeRecvIdx(lay, src.n, h.RecvRows, out.RecvIdx)
+			p.gatherPermuted(src, out.X.Bytes(), f32(out.RecvWeights), f32(out.Weights))
 			return nil
 		})
 		if err != nil || sx == nil {
 			return err
 		}
-		return p.pull(lay, h, datapath.OpDispatchPermute, datapath.RoundScales, sx, nil, func(src []recvSrc) error {
-			p.gatherPermuted(lay, src, datapath.RowBytes(sx), out.Scales.Bytes(), nil, nil)
+		return p.pull(lay, h, datapath.OpDispatchPermute, datapath.RoundScales, sx, nil, func(src *sources) error {
+			p.gatherPermuted(src, out.Scales.Bytes(), nil, nil)
 			return nil
 		})
 	})

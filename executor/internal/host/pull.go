@@ -9,92 +9,106 @@ import (
 	"github.com/goep/goep/permute"
 )
 
-// recvSrc is where received row i comes from: its source's x row and,
-// when weights are dispatched, the source token's K weights.
-type recvSrc struct {
-	x []byte
-	w []float32
-}
-
 // sources locates every valid received row among the domain's exposed
 // buffers: buffer 0 (x) and 1 (weights) of its source when the source is
 // in this domain, else the source's forwarded copy in buffer 2 of this
 // domain's rank with the source's local index (r, several domains only).
-func sources(env *datapath.Env, lay *plan.Layout, peers [][]*device.Buffer, rb int, weighted bool, r *rail.Rail) []recvSrc {
-	K, D := lay.TopK, lay.RanksPerDomain
-	me := env.Rank / D
-	src := make([]recvSrc, env.ValidRecv(lay, env.Rank))
-	for i := range src {
-		s, t := int(lay.RecvSrcRank[i]), int(lay.RecvSrcToken[i])
-		p := peers[s%D]
-		if s/D == me {
-			src[i].x = p[0].Host()[t*rb : (t+1)*rb]
-			if weighted {
-				src[i].w = view.Float32s(p[1].Host())[t*K : (t+1)*K]
-			}
-			continue
-		}
-		slot := p[2].Host()[s/D*r.Slot:]
-		f := int(lay.RecvFwdRow[i])
-		o := rail.Header + r.Area + f*rb
-		src[i].x = slot[o : o+rb]
-		if weighted {
-			src[i].w = view.Float32s(slot[rail.Header:])[f*K : (f+1)*K]
-		}
-	}
-	return src
+// Rows are located as they are read, so a call allocates nothing per row.
+type sources struct {
+	lay      *plan.Layout
+	peers    [][]*device.Buffer
+	rb       int // row bytes
+	n        int // valid received rows
+	weighted bool
+	r        *rail.Rail
+	me       int // this rank's domain
 }
 
-// gatherRows copies each source row into dst row i and zeroes the rows of
-// dst past len(src).
-func (p *Path) gatherRows(src []recvSrc, dst []byte) {
-	p.par().For(len(src), 16, func(lo, hi int) {
+func newSources(env *datapath.Env, lay *plan.Layout, peers [][]*device.Buffer, rb int, weighted bool, r *rail.Rail) *sources {
+	return &sources{lay: lay, peers: peers, rb: rb, n: env.ValidRecv(lay, env.Rank), weighted: weighted, r: r, me: env.Rank / lay.RanksPerDomain}
+}
+
+// row is received row i's source: its x row and, when weights are
+// dispatched, the source token's K weights (else nil).
+func (s *sources) row(i int) (x []byte, w []float32) {
+	K, D, rb := s.lay.TopK, s.lay.RanksPerDomain, s.rb
+	src, t := int(s.lay.RecvSrcRank[i]), int(s.lay.RecvSrcToken[i])
+	p := s.peers[src%D]
+	if src/D == s.me {
+		x = p[0].Host()[t*rb : (t+1)*rb]
+		if s.weighted {
+			w = view.Float32s(p[1].Host())[t*K : (t+1)*K]
+		}
+		return x, w
+	}
+	slot := p[2].Host()[src/D*s.r.Slot:]
+	f := int(s.lay.RecvFwdRow[i])
+	o := rail.Header + s.r.Area + f*rb
+	x = slot[o : o+rb]
+	if s.weighted {
+		w = view.Float32s(slot[rail.Header:])[f*K : (f+1)*K]
+	}
+	return x, w
+}
+
+// recvWeights writes received row i's slot weights into rw[i*K:]: the
+// source's weight where the slot names an expert of this rank, else 0.
+func recvWeights(lay *plan.Layout, i int, w, rw []float32) {
+	K := lay.TopK
+	for k := range K {
+		if lay.RecvIdx[i*K+k] >= 0 {
+			rw[i*K+k] = w[k]
+		} else {
+			rw[i*K+k] = 0
+		}
+	}
+}
+
+// gatherRows copies each source row into dst row i and, when rw is not
+// nil, its slot weights into rw (recvWeights), in one pass over the rows;
+// it zeroes the rows of dst (and rw) past the valid ones.
+func (p *Path) gatherRows(src *sources, dst []byte, rw []float32) {
+	rb := src.rb
+	p.par().For(src.n, 16, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			rb := len(src[i].x)
-			copy(dst[i*rb:(i+1)*rb], src[i].x)
+			x, w := src.row(i)
+			copy(dst[i*rb:(i+1)*rb], x)
+			if rw != nil {
+				recvWeights(src.lay, i, w, rw)
+			}
 		}
 	})
-	if len(src) > 0 {
-		clear(dst[len(src)*len(src[0].x):])
-	} else {
-		clear(dst)
+	clear(dst[src.n*rb:])
+	if rw != nil {
+		clear(rw[src.n*src.lay.TopK:])
 	}
 }
 
-// writeRecvMeta fills RecvIdx (rows past len(src): -1) and, when weights
-// were dispatched, RecvWeights (0 off this rank's slots and past len(src)).
-func writeRecvMeta(lay *plan.Layout, src []recvSrc, rows int, idx, w *device.Tensor) {
-	K, n := lay.TopK, len(src)
+// writeRecvIdx fills RecvIdx with the layout's local expert ids of the n
+// valid rows, and -1 past them up to rows.
+func writeRecvIdx(lay *plan.Layout, n, rows int, idx *device.Tensor) {
+	K := lay.TopK
 	ri := view.Int32s(idx.Bytes())
 	copy(ri, lay.RecvIdx[:n*K])
 	for i := n * K; i < rows*K; i++ {
 		ri[i] = -1
 	}
-	if w == nil {
-		return
-	}
-	rw := view.Float32s(w.Bytes())
-	for i := range n {
-		for k := range K {
-			if lay.RecvIdx[i*K+k] >= 0 {
-				rw[i*K+k] = src[i].w[k]
-			} else {
-				rw[i*K+k] = 0
-			}
-		}
-	}
-	clear(rw[n*K:])
 }
 
-// gatherPermuted writes each valid received row i (from src, rb bytes) to
-// its permuted positions, with its slot weights from rw, and zeroes the
-// padding.
-func (p *Path) gatherPermuted(lay *plan.Layout, src []recvSrc, rb int, px []byte, rw, pw []float32) {
-	K, n := lay.TopK, len(src)
+// gatherPermuted writes each valid received row i to its permuted
+// positions in px and, when rw is not nil, its slot weights into rw
+// (recvWeights) and pw (at the same positions), in one pass over the
+// rows; it zeroes the padding, and the rows of rw past the valid ones.
+func (p *Path) gatherPermuted(src *sources, px []byte, rw, pw []float32) {
+	lay, rb := src.lay, src.rb
+	K, n := lay.TopK, src.n
 	pcap := plan.PermCap(lay, p.env.P, p.env.Rank)
 	p.par().For(n, 16, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			row := src[i].x
+			row, w := src.row(i)
+			if rw != nil {
+				recvWeights(lay, i, w, rw)
+			}
 			for k := range K {
 				pos := int(lay.Pos[i*K+k])
 				if pos < 0 || pos >= pcap {
@@ -107,6 +121,9 @@ func (p *Path) gatherPermuted(lay *plan.Layout, src []recvSrc, rb int, px []byte
 			}
 		}
 	})
+	if rw != nil {
+		clear(rw[n*K:])
+	}
 	permute.ZeroPadding(px, rb, pw, lay.ExpertOffsets, lay.TokensPerExpert, pcap)
 	permute.ZeroDropped(px, rb, pw, permute.Map{Rows: n, TopK: K, Pos: lay.Pos, PermCap: pcap})
 }

@@ -67,7 +67,7 @@ func (x *tiered) routing(idx *device.Tensor, sg [4]uint64, fn func(routing [][]i
 // pull is the dispatch side: this rank's rows cross the rail once per
 // token and domain, are forwarded, and fn gets the source of every valid
 // received row from the domain exchange.
-func (x *tiered) pull(lay *plan.Layout, c nvlink.Call, xt, w *device.Tensor, fn func(src []recvSrc) error) error {
+func (x *tiered) pull(lay *plan.Layout, c nvlink.Call, xt, w *device.Tensor, fn func(src *sources) error) error {
 	r, env, K := x.r, x.c.env, x.c.env.P.TopK
 	rb := datapath.RowBytes(xt)
 	xs, ws, weighted := xt.Bytes(), f32(w), w != nil // ws is empty when T = 0
@@ -97,7 +97,7 @@ func (x *tiered) pull(lay *plan.Layout, c nvlink.Call, xt, w *device.Tensor, fn 
 	c.Status, c.Relay = rerr, true
 	c.Buffers = append(c.Buffers, r.Fwd)
 	err := x.c.Exchange(c, func(peers [][]*device.Buffer) error {
-		return fn(sources(env, lay, peers, rb, weighted, r))
+		return fn(newSources(env, lay, peers, rb, weighted, r))
 	})
 	if rerr != nil {
 		return rerr
