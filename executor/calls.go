@@ -34,30 +34,36 @@ type outSpec struct {
 	skip  bool
 }
 
-// newOutputs allocates tensors, closing them all if one fails. On the
-// GPU the allocations share one hand-off to the driver thread
-// (datapath.Path.Enqueue): the tensors after the first take the device's
-// lock and make its context current no more.
-func (e *Engine) newOutputs(specs ...outSpec) ([]*device.Tensor, error) {
-	out := make([]*device.Tensor, len(specs))
-	err := e.path.Enqueue(func() error {
+// newOutputs allocates tensors, closing them all if one fails, then runs
+// then (nil: nothing) with them, which enqueues the call's work; all in
+// one hand-off to the data path (datapath.Path.Enqueue): on the GPU the
+// device's lock is taken and its context made current once a call. It
+// returns the outputs and then's error, or an allocation's error (then
+// is not run, and no output is returned).
+func (e *Engine) newOutputs(then func(o []*device.Tensor) error, specs ...outSpec) (out []*device.Tensor, allocErr, err error) {
+	out = make([]*device.Tensor, len(specs))
+	err = e.path.Enqueue(func() error {
 		for i, s := range specs {
 			if s.skip {
 				continue
 			}
 			t, err := e.NewTensor(s.dt, s.shape...)
 			if err != nil {
+				allocErr = err
 				return err
 			}
 			out[i] = t
 		}
-		return nil
+		if then == nil {
+			return nil
+		}
+		return then(out)
 	})
-	if err != nil {
+	if allocErr != nil {
 		closeAll(out...)
-		return nil, err
+		return nil, allocErr, nil
 	}
-	return out, nil
+	return out, nil, err
 }
 
 // run enqueues a call's work on the data path in one hand-off.
@@ -83,18 +89,17 @@ func (e *Engine) dispatchCall(h *Handle, in DispatchInput) (DispatchOutput, erro
 	}
 	x, w, sx := in.X, in.TopkWeights, in.XScales
 	K, H, rows := e.cfg.TopK, e.cfg.Hidden, h.st.RecvRows
-	o, err := e.newOutputs(
+	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error {
+		return e.path.Dispatch(&h.st, x, w, sx, datapath.DispatchOut{RecvX: o[0], RecvIdx: o[1], RecvWeights: o[2], RecvScales: o[3]})
+	},
 		outSpec{dt: x.DType(), shape: []int{rows, H}},
 		outSpec{dt: device.Int32, shape: []int{rows, K}},
 		outSpec{dt: device.FP32, shape: []int{rows, K}, skip: w == nil},
 		outSpec{dt: device.FP32, shape: []int{rows, e.scaleCols()}, skip: sx == nil})
-	if err != nil {
-		return DispatchOutput{}, e.reject(datapath.OpDispatch, err) // the peers must not wait for this rank
+	if aerr != nil {
+		return DispatchOutput{}, e.reject(datapath.OpDispatch, aerr) // the peers must not wait for this rank
 	}
-	out := DispatchOutput{RecvX: o[0], RecvIdx: o[1], RecvWeights: o[2], RecvScales: o[3]}
-	return out, e.run(func() error {
-		return e.path.Dispatch(&h.st, x, w, sx, datapath.DispatchOut{RecvX: out.RecvX, RecvIdx: out.RecvIdx, RecvWeights: out.RecvWeights, RecvScales: out.RecvScales})
-	})
+	return DispatchOutput{RecvX: o[0], RecvIdx: o[1], RecvWeights: o[2], RecvScales: o[3]}, err
 }
 
 func (e *Engine) checkDispatchInput(h *Handle, in DispatchInput) error {
@@ -133,16 +138,15 @@ func (e *Engine) Combine(ctx context.Context, h *Handle, in CombineInput) (*devi
 // (gradients) back to their source when zw is given.
 func (e *Engine) combine(h *Handle, z, zw *device.Tensor) (DispatchBackwardOutput, error) {
 	H, K := e.cfg.Hidden, e.cfg.TopK
-	o, err := e.newOutputs(
+	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error {
+		return e.path.Combine(&h.st, z, zw, datapath.CombineOut{X: o[0], GradTopkWeights: o[1]})
+	},
 		outSpec{dt: z.DType(), shape: []int{h.st.NumTokens, H}},
 		outSpec{dt: device.FP32, shape: []int{h.st.NumTokens, K}, skip: zw == nil})
-	if err != nil {
-		return DispatchBackwardOutput{}, e.reject(datapath.OpCombine, err)
+	if aerr != nil {
+		return DispatchBackwardOutput{}, e.reject(datapath.OpCombine, aerr)
 	}
-	out := DispatchBackwardOutput{GradX: o[0], GradTopkWeights: o[1]}
-	return out, e.run(func() error {
-		return e.path.Combine(&h.st, z, zw, datapath.CombineOut{X: out.GradX, GradTopkWeights: out.GradTopkWeights})
-	})
+	return DispatchBackwardOutput{GradX: o[0], GradTopkWeights: o[1]}, err
 }
 
 // DispatchPermute is Permute(Dispatch(in)) in one pass (collective): each
@@ -161,17 +165,19 @@ func (e *Engine) DispatchPermute(ctx context.Context, h *Handle, in DispatchInpu
 	}
 	x, w, sx := in.X, in.TopkWeights, in.XScales
 	K, H, recv, perm := e.cfg.TopK, e.cfg.Hidden, h.st.RecvRows, h.st.PermRows
-	o, err := e.newOutputs(
+	outOf := func(o []*device.Tensor) DispatchPermuteOutput {
+		return DispatchPermuteOutput{X: o[0], Weights: o[1], RecvIdx: o[2], RecvWeights: o[3], Scales: o[4]}
+	}
+	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error { return e.dispatchPermute(h, x, w, sx, outOf(o)) },
 		outSpec{dt: x.DType(), shape: []int{perm, H}},
 		outSpec{dt: device.FP32, shape: []int{perm}, skip: w == nil},
 		outSpec{dt: device.Int32, shape: []int{recv, K}},
 		outSpec{dt: device.FP32, shape: []int{recv, K}, skip: w == nil},
 		outSpec{dt: device.FP32, shape: []int{perm, e.scaleCols()}, skip: sx == nil})
-	if err != nil {
-		return DispatchPermuteOutput{}, e.reject(datapath.OpDispatchPermute, err)
+	if aerr != nil {
+		return DispatchPermuteOutput{}, e.reject(datapath.OpDispatchPermute, aerr)
 	}
-	out := DispatchPermuteOutput{X: o[0], Weights: o[1], RecvIdx: o[2], RecvWeights: o[3], Scales: o[4]}
-	return out, e.dispatchPermute(h, x, w, sx, out)
+	return outOf(o), err
 }
 
 // DispatchPermuteInto is DispatchPermute writing into outputs the caller
@@ -230,11 +236,12 @@ func (e *Engine) UnpermuteCombine(ctx context.Context, h *Handle, in UnpermuteIn
 	if err := e.checkUnpermuteInput(h, in); err != nil {
 		return nil, e.reject(datapath.OpUnpermuteCombine, err)
 	}
-	out, err := e.NewTensor(in.Y.DType(), h.st.NumTokens, e.cfg.Hidden)
-	if err != nil {
-		return nil, e.reject(datapath.OpUnpermuteCombine, err)
+	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error { return e.unpermuteCombine(h, in.Y, in.RecvWeights, o[0]) },
+		outSpec{dt: in.Y.DType(), shape: []int{h.st.NumTokens, e.cfg.Hidden}})
+	if aerr != nil {
+		return nil, e.reject(datapath.OpUnpermuteCombine, aerr)
 	}
-	return out, e.unpermuteCombine(h, in.Y, in.RecvWeights, out)
+	return o[0], err
 }
 
 // UnpermuteCombineInto is UnpermuteCombine writing into out ([T, Hidden],
@@ -344,17 +351,16 @@ func (e *Engine) Permute(ctx context.Context, h *Handle, in PermuteInput) (Permu
 		return PermuteOutput{}, err
 	}
 	x, w, sx := in.RecvX, in.RecvWeights, in.RecvScales
-	o, err := e.newOutputs(
+	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error {
+		return e.path.Permute(&h.st, x, w, sx, datapath.PermuteOut{X: o[0], Weights: o[1], Scales: o[2]})
+	},
 		outSpec{dt: x.DType(), shape: []int{perm, e.cfg.Hidden}},
 		outSpec{dt: device.FP32, shape: []int{perm}, skip: w == nil},
 		outSpec{dt: device.FP32, shape: []int{perm, e.scaleCols()}, skip: sx == nil})
-	if err != nil {
-		return PermuteOutput{}, err
+	if aerr != nil {
+		return PermuteOutput{}, aerr
 	}
-	out := PermuteOutput{X: o[0], Weights: o[1], Scales: o[2]}
-	return out, e.run(func() error {
-		return e.path.Permute(&h.st, x, w, sx, datapath.PermuteOut{X: out.X, Weights: out.Weights, Scales: out.Scales})
-	})
+	return PermuteOutput{X: o[0], Weights: o[1], Scales: o[2]}, err
 }
 
 // Unpermute folds expert-major rows back to received rows:
@@ -377,11 +383,12 @@ func (e *Engine) Unpermute(ctx context.Context, h *Handle, in UnpermuteInput) (*
 }
 
 func (e *Engine) unpermute(h *Handle, y, w *device.Tensor) (*device.Tensor, error) {
-	out, err := e.NewTensor(y.DType(), h.st.RecvRows, e.cfg.Hidden)
-	if err != nil {
-		return nil, err
+	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error { return e.path.Unpermute(&h.st, y, w, o[0]) },
+		outSpec{dt: y.DType(), shape: []int{h.st.RecvRows, e.cfg.Hidden}})
+	if aerr != nil {
+		return nil, aerr
 	}
-	return out, e.run(func() error { return e.path.Unpermute(&h.st, y, w, out) })
+	return o[0], err
 }
 
 // PermuteBackward is the gradient of Permute: the unweighted Unpermute of
@@ -422,14 +429,13 @@ func (e *Engine) UnpermuteBackward(ctx context.Context, h *Handle, in UnpermuteB
 		return UnpermuteBackwardOutput{}, checkTensor("unpermute backward: Y", in.Y, in.GradOut.DType(), h.st.PermRows, e.cfg.Hidden)
 	}
 	g, y, w := in.GradOut, in.Y, in.RecvWeights
-	o, err := e.newOutputs(
+	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error {
+		return e.path.UnpermuteBackward(&h.st, g, y, w, datapath.UnpermuteBackwardOut{GradY: o[0], GradWeights: o[1]})
+	},
 		outSpec{dt: g.DType(), shape: []int{h.st.PermRows, e.cfg.Hidden}},
 		outSpec{dt: device.FP32, shape: []int{h.st.RecvRows, e.cfg.TopK}, skip: w == nil})
-	if err != nil {
-		return UnpermuteBackwardOutput{}, err
+	if aerr != nil {
+		return UnpermuteBackwardOutput{}, aerr
 	}
-	out := UnpermuteBackwardOutput{GradY: o[0], GradWeights: o[1]}
-	return out, e.run(func() error {
-		return e.path.UnpermuteBackward(&h.st, g, y, w, datapath.UnpermuteBackwardOut{GradY: out.GradY, GradWeights: out.GradWeights})
-	})
+	return UnpermuteBackwardOutput{GradY: o[0], GradWeights: o[1]}, err
 }

@@ -52,7 +52,7 @@ func TestRelayoutInto(t *testing.T) {
 						if h, err = e.Layout(ctx, LayoutInput{TopkIdx: ti}); err != nil {
 							return err
 						}
-						o, err := e.newOutputs(
+						o, err, _ := e.newOutputs(nil,
 							outSpec{dt: dt, shape: []int{h.PermutedRows(), H}},
 							outSpec{dt: device.FP32, shape: []int{h.PermutedRows()}},
 							outSpec{dt: device.Int32, shape: []int{h.RecvRows(), K}},
