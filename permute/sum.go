@@ -54,3 +54,63 @@ func sumRowsGo(dt device.DType, dst []byte, rows [][]byte, c []float32, lo, hi i
 		device.StoreFloat32(dt, dst, j, acc)
 	}
 }
+
+// SumGroups writes into dst the rounded fp32 sum over groups of rows of
+// each group's sum rounded to dt: UnpermuteRow's sum per group (the group
+// of a destination's slots) then SumRows over the rounded group rows, in
+// one pass that keeps the group rows in registers:
+//
+//	for j := range dst {
+//		acc := inner(0, j)
+//		for g := 1; g < len(ends); g++ { acc = add(acc, inner(g, j)) }
+//		dst[j] = round_dt(acc)
+//	}
+//
+// where group g is rows[ends[g-1]:ends[g]] (ends[-1] = 0), inner(g, j) is
+// widen(round_dt(s)) for s the sum of the group's terms from its first, as
+// SumRows sums them (+0 for an empty group), and term(i, j) is x_i[j]
+// (c == nil) or mul(c[i], x_i[j]). With no groups dst is zero. On amd64
+// with AVX2, bf16 rows with weights run in assembly.
+func SumGroups(dt device.DType, dst []byte, rows [][]byte, c []float32, ends []int) {
+	n := len(dst) / dt.Size()
+	done := 0
+	if useAVX2 {
+		done = sumGroupsAVX2(dt, dst, rows, c, ends, n)
+	}
+	sumGroupsGo(dt, dst, rows, c, ends, done, n)
+}
+
+// sumGroupsGo is the reference loop of SumGroups over elements [lo, hi).
+func sumGroupsGo(dt device.DType, dst []byte, rows [][]byte, c []float32, ends []int, lo, hi int) {
+	term := func(i, j int) float32 {
+		x := device.LoadFloat32(dt, rows[i], j)
+		if c == nil {
+			return x
+		}
+		return mul(c[i], x)
+	}
+	for j := lo; j < hi; j++ {
+		var acc float32
+		start := 0
+		for g, end := range ends {
+			var s float32
+			for i := start; i < end; i++ {
+				if i == start {
+					s = term(i, j)
+				} else {
+					s = add(s, term(i, j))
+				}
+			}
+			start = end
+			if dt == device.BF16 {
+				s = bf16(device.Float32ToBF16(s))
+			}
+			if g == 0 {
+				acc = s
+			} else {
+				acc = add(acc, s)
+			}
+		}
+		device.StoreFloat32(dt, dst, j, acc)
+	}
+}

@@ -21,6 +21,12 @@ func sumScaledBF16(dst *uint16, rows *unsafe.Pointer, c *float32, nrows, n int)
 //go:noescape
 func sumF32(dst *float32, rows *unsafe.Pointer, nrows, n int)
 
+// sumGroupsBF16 is SumGroups's loop for bf16 rows and weights c over n
+// elements, n a multiple of 16, ngroups >= 1.
+//
+//go:noescape
+func sumGroupsBF16(dst *uint16, rows *unsafe.Pointer, c *float32, ends *int, ngroups, n int)
+
 //go:noescape
 func sumScaledF32(dst *float32, rows *unsafe.Pointer, c *float32, nrows, n int)
 
@@ -46,6 +52,28 @@ func sumRowsAVX2(dt device.DType, dst []byte, rows [][]byte, c []float32, n int)
 	default:
 		sumScaledF32((*float32)(unsafe.Pointer(&dst[0])), &ptrs[0], &c[:len(rows)][0], len(rows), m)
 	}
+	runtime.KeepAlive(rows)
+	return m
+}
+
+// sumGroupsAVX2 sums the largest multiple of 16 elements of SumGroups in
+// assembly (bf16 rows, weighted) and returns how many it did.
+func sumGroupsAVX2(dt device.DType, dst []byte, rows [][]byte, c []float32, ends []int, n int) int {
+	m := n &^ 15
+	if m == 0 || dt != device.BF16 || c == nil || len(rows) > maxSumRows || len(ends) == 0 {
+		return 0
+	}
+	var ptrs [maxSumRows]unsafe.Pointer
+	for i, r := range rows {
+		_ = r[m*2-1] // every row holds the elements summed
+		ptrs[i] = unsafe.Pointer(&r[0])
+	}
+	var cs *float32
+	if len(rows) > 0 {
+		cs = &c[:len(rows)][0]
+	}
+	_ = ends[len(ends)-1]
+	sumGroupsBF16((*uint16)(unsafe.Pointer(&dst[0])), &ptrs[0], cs, &ends[0], len(ends), m)
 	runtime.KeepAlive(rows)
 	return m
 }

@@ -210,3 +210,93 @@ ssf_store:
 ssf_done:
 	VZEROUPPER
 	RET
+
+// func sumGroupsBF16(dst *uint16, rows *unsafe.Pointer, c *float32, ends *int, ngroups, n int)
+//
+// 16 elements at a time: Y0, Y1 the sum over groups, Y2, Y3 a group's
+// weighted sum (rounded to bf16 and widened back before it is added),
+// Y4, Y5 a term, Y6..Y9 rounding scratch, Y15 the term's weight.
+TEXT ·sumGroupsBF16(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ rows+8(FP), BX
+	MOVQ c+16(FP), AX
+	MOVQ ends+24(FP), R10
+	MOVQ ngroups+32(FP), R11
+	MOVQ n+40(FP), CX
+	BF16CONSTS
+	XORQ DX, DX
+
+sg_chunk:
+	CMPQ  CX, $16
+	JB    sg_done
+	XORQ  R8, R8      // row
+	XORQ  R12, R12    // group
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+
+sg_group:
+	CMPQ  R12, R11
+	JAE   sg_store
+	MOVQ  (R10)(R12*8), R13 // the group's end row
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	CMPQ  R8, R13
+	JAE   sg_round    // an empty group adds +0
+	MOVQ         (BX)(R8*8), SI
+	VBROADCASTSS (AX)(R8*4), Y15
+	VPMOVZXWD    0(SI)(DX*1), Y2
+	VPMOVZXWD    16(SI)(DX*1), Y3
+	VPSLLD       $16, Y2, Y2
+	VPSLLD       $16, Y3, Y3
+	VMULPS       Y2, Y15, Y2
+	VMULPS       Y3, Y15, Y3
+	INCQ         R8
+
+sg_term:
+	CMPQ         R8, R13
+	JAE          sg_round
+	MOVQ         (BX)(R8*8), SI
+	VBROADCASTSS (AX)(R8*4), Y15
+	VPMOVZXWD    0(SI)(DX*1), Y4
+	VPMOVZXWD    16(SI)(DX*1), Y5
+	VPSLLD       $16, Y4, Y4
+	VPSLLD       $16, Y5, Y5
+	VMULPS       Y4, Y15, Y4
+	VMULPS       Y5, Y15, Y5
+	VADDPS       Y4, Y2, Y2
+	VADDPS       Y5, Y3, Y3
+	INCQ         R8
+	JMP          sg_term
+
+sg_round:
+	ROUND8(Y2, Y6, Y7)
+	ROUND8(Y3, Y8, Y9)
+	VPSLLD $16, Y2, Y2
+	VPSLLD $16, Y3, Y3
+	CMPQ   R12, $0
+	JNE    sg_add
+	VMOVAPS Y2, Y0
+	VMOVAPS Y3, Y1
+	INCQ   R12
+	JMP    sg_group
+
+sg_add:
+	VADDPS Y2, Y0, Y0
+	VADDPS Y3, Y1, Y1
+	INCQ   R12
+	JMP    sg_group
+
+sg_store:
+	ROUND8(Y0, Y6, Y7)
+	ROUND8(Y1, Y8, Y9)
+	VPACKUSDW Y1, Y0, Y0
+	VPERMQ    $0xd8, Y0, Y0
+	VMOVDQU   Y0, (DI)
+	ADDQ      $32, DX
+	ADDQ      $32, DI
+	SUBQ      $16, CX
+	JMP       sg_chunk
+
+sg_done:
+	VZEROUPPER
+	RET

@@ -106,3 +106,116 @@ func BenchmarkSumRows(b *testing.B) {
 		}
 	}
 }
+
+// TestSumGroups checks SumGroups (assembly where available) against its
+// reference loop and against what it replaces, SumRows per group into
+// rows of dt then SumRows over those, on random and special values, every
+// tail length, unaligned rows, empty groups and more rows than the
+// assembly takes.
+func TestSumGroups(t *testing.T) {
+	for _, avx := range []bool{true, false} {
+		t.Run(fmt.Sprintf("avx2=%v", avx), func(t *testing.T) {
+			withAVX2(t, avx)
+			r := rand.New(rand.NewPCG(7, 11))
+			for _, dt := range []device.DType{device.BF16, device.FP32} {
+				for _, n := range lengths() {
+					for _, sizes := range [][]int{{}, {0}, {1}, {2, 1}, {0, 3, 1}, {1, 0}, {2, 2, 1, 3, 1}, {3, 0, 0, 2}, {maxSumRows, 4}} {
+						if len(sizes) == 2 && sizes[0] == maxSumRows && n > 200 {
+							continue
+						}
+						checkSumGroups(t, r, dt, n, sizes)
+					}
+				}
+			}
+		})
+	}
+}
+
+func checkSumGroups(t *testing.T, r *rand.Rand, dt device.DType, n int, sizes []int) {
+	t.Helper()
+	var rows [][]byte
+	var c []float32
+	var ends []int
+	for _, s := range sizes {
+		for range s {
+			rows = append(rows, randRow(r, dt, n, r.IntN(5)))
+			c = append(c, scales[r.IntN(len(scales))])
+		}
+		ends = append(ends, len(rows))
+	}
+	sz := dt.Size()
+	for _, weights := range [][]float32{nil, c} {
+		buf := bytes.Repeat([]byte{0xA5}, (n+8)*sz)
+		dst := buf[3*sz : (3+n)*sz]
+		SumGroups(dt, dst, rows, weights, ends)
+		if !bytes.Equal(buf[:3*sz], bytes.Repeat([]byte{0xA5}, 3*sz)) || !bytes.Equal(buf[(3+n)*sz:], bytes.Repeat([]byte{0xA5}, 5*sz)) {
+			t.Fatalf("%v n=%d groups %v: wrote outside dst", dt, n, sizes)
+		}
+		want := make([]byte, n*sz)
+		sumGroupsGo(dt, want, rows, weights, ends, 0, n)
+		if d := diffBytes(dt, dst, want); d != "" {
+			t.Fatalf("%v n=%d groups %v weighted=%v: SumGroups differs from its reference: %s", dt, n, sizes, weights != nil, d)
+		}
+		// Each group summed into a row of dt (as Unpermute writes it),
+		// then the rows summed (as combine sums them): the same bits.
+		inner := make([][]byte, len(ends))
+		start := 0
+		for g, end := range ends {
+			inner[g] = make([]byte, n*sz)
+			var wg []float32
+			if weights != nil {
+				wg = weights[start:end]
+			}
+			SumRows(dt, inner[g], rows[start:end], wg)
+			start = end
+		}
+		twoPass := make([]byte, n*sz)
+		SumRows(dt, twoPass, inner, nil)
+		if d := diffBytes(dt, dst, twoPass); d != "" {
+			t.Fatalf("%v n=%d groups %v weighted=%v: SumGroups differs from SumRows per group then over the groups: %s", dt, n, sizes, weights != nil, d)
+		}
+	}
+}
+
+// BenchmarkSumGroups: one token of the fused UnpermuteCombine, 5
+// destinations holding 2, 1, 2, 1, 2 of its weighted slots, in one pass
+// (SumGroups) against each destination's row unpermuted into a row of
+// its own and then summed (two-pass). Bytes are the 5 rows combined.
+func BenchmarkSumGroups(b *testing.B) {
+	sizes := []int{2, 1, 2, 1, 2}
+	for _, H := range []int{2048, 7168} {
+		for _, impl := range []string{"groups", "two-pass"} {
+			b.Run(fmt.Sprintf("impl=%s/dtype=bf16/hidden=%d", impl, H), func(b *testing.B) {
+				dt := device.BF16
+				var rows [][]byte
+				var c []float32
+				var ends []int
+				for _, s := range sizes {
+					for range s {
+						rows = append(rows, benchRow(dt, H))
+						c = append(c, 0.375)
+					}
+					ends = append(ends, len(rows))
+				}
+				dst := make([]byte, H*2)
+				inner := make([][]byte, len(ends))
+				for g := range inner {
+					inner[g] = make([]byte, H*2)
+				}
+				b.SetBytes(int64(len(ends) * H * 2))
+				for b.Loop() {
+					if impl == "groups" {
+						SumGroups(dt, dst, rows, c, ends)
+						continue
+					}
+					start := 0
+					for g, end := range ends {
+						SumRows(dt, inner[g], rows[start:end], c[start:end])
+						start = end
+					}
+					SumRows(dt, dst, inner, nil)
+				}
+			})
+		}
+	}
+}

@@ -176,8 +176,17 @@ func (f *flat) sum(p *Path, lay *plan.Layout, c nvlink.Call, dt device.DType, ou
 	return f.c.Exchange(c, func(peers [][]*device.Buffer) error {
 		rb := p.env.Hidden * dt.Size()
 		newTermer := func() *termer { return newTermer(p.env, lay, peers, dt, u) }
+		// Weighted bf16 rows (the fused call's common case) are summed in
+		// one pass (permute.SumGroups has assembly for them); otherwise
+		// each destination's unpermuted row is written, then summed.
+		onePass := u != nil && u.weighted && dt == device.BF16
 		device.ForScratch(p.par(), lay.NumTokens, 16, newTermer, func(tm *termer, lo, hi int) {
 			for t := lo; t < hi; t++ {
+				if onePass {
+					rows, w, ends := tm.groups(&lay.SendSide, t, -1)
+					permute.SumGroups(dt, out[t*rb:(t+1)*rb], rows, w, ends)
+					continue
+				}
 				permute.SumRows(dt, out[t*rb:(t+1)*rb], tm.collect(&lay.SendSide, t, -1), nil)
 			}
 		})

@@ -27,6 +27,11 @@ type termer struct {
 	slots permute.Terms
 	tw    []float32
 	tpos  []int32
+	// A token's slot rows, their weights and the end of each
+	// destination's group among them (groups).
+	grows [][]byte
+	gc    []float32
+	gends []int
 }
 
 func newTermer(env *datapath.Env, lay *plan.Layout, peers [][]*device.Buffer, dt device.DType, u *unpermuteSpec) *termer {
@@ -68,6 +73,42 @@ func (c *termer) collect(side *plan.SendSide, t, n int) [][]byte {
 		c.rows = append(c.rows, term)
 	}
 	return c.rows
+}
+
+// groups returns, for the fused UnpermuteCombine, the permuted rows of
+// token t of side's slots on each of its destinations in domain n (every
+// destination when n < 0) in ascending rank order, each destination's in
+// slot order, their weights (nil unweighted) and the end of each
+// destination's group: the terms of permute.SumGroups, which sums them as
+// collect's unpermuted rows would be summed, without writing those rows.
+// Destinations and rows skipped are collect's. The slices stay valid
+// until the next call.
+func (c *termer) groups(side *plan.SendSide, t, n int) (rows [][]byte, w []float32, ends []int) {
+	lay, rb, D := c.lay, c.rb, c.lay.RanksPerDomain
+	c.grows, c.gc, c.gends = c.grows[:0], c.gc[:0], c.gends[:0]
+	for j := side.SendOffsets[t]; j < side.SendOffsets[t+1]; j++ {
+		d, row := int(side.SendDest[j]), int(side.SendRow[j])
+		if (n >= 0 && d/D != n) || row >= c.env.ValidRecv(lay, d) {
+			continue
+		}
+		peer := c.peers[d%D]
+		slotsOn(lay, side, t, d, row, peer, c.u.weighted, c.tpos, c.tw)
+		y, pcap := peer[0].Host(), plan.PermCap(lay, c.env.P, d)
+		for k, p := range c.tpos {
+			if p < 0 || int(p) >= pcap {
+				continue
+			}
+			c.grows = append(c.grows, y[int(p)*rb:(int(p)+1)*rb])
+			if c.u.weighted {
+				c.gc = append(c.gc, c.tw[k])
+			}
+		}
+		c.gends = append(c.gends, len(c.grows))
+	}
+	if !c.u.weighted {
+		return c.grows, nil, c.gends
+	}
+	return c.grows, c.gc, c.gends
 }
 
 // slotsOn fills pos[k] with the position on rank d of slot k of token t of
