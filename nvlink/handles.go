@@ -30,12 +30,23 @@ func decodeHandle(b []byte) handle {
 }
 
 // registry is the in-process handle table: ranks in one process "map" a
-// peer's buffer by looking it up.
+// peer's buffer by looking it up. It is split into shards by id, each with
+// its own lock, so that the ranks of a process exporting and looking up
+// their buffers at every exchange seldom wait for each other.
 var registry struct {
-	mu   sync.Mutex
-	next atomic.Uint64
-	bufs map[uint64]*device.Buffer
+	next   atomic.Uint64
+	shards [registryShards]registryShard
 }
+
+const registryShards = 64
+
+type registryShard struct {
+	mu   sync.Mutex
+	bufs map[uint64]*device.Buffer
+	_    [48]byte // a shard a cache line
+}
+
+func shardOf(id uint64) *registryShard { return &registry.shards[id%registryShards] }
 
 var myPID = os.Getpid()
 
@@ -44,12 +55,13 @@ var myPID = os.Getpid()
 // gets a handle that only ranks of this process can open.
 func export(b *device.Buffer) handle {
 	id := registry.next.Add(1)
-	registry.mu.Lock()
-	if registry.bufs == nil {
-		registry.bufs = map[uint64]*device.Buffer{}
+	sh := shardOf(id)
+	sh.mu.Lock()
+	if sh.bufs == nil {
+		sh.bufs = map[uint64]*device.Buffer{}
 	}
-	registry.bufs[id] = b
-	registry.mu.Unlock()
+	sh.bufs[id] = b
+	sh.mu.Unlock()
 	h := handle{id: id}
 	if sh, err := b.Share(); err == nil {
 		h.share = sh
@@ -61,15 +73,17 @@ func export(b *device.Buffer) handle {
 }
 
 func unexport(h handle) {
-	registry.mu.Lock()
-	delete(registry.bufs, h.id)
-	registry.mu.Unlock()
+	sh := shardOf(h.id)
+	sh.mu.Lock()
+	delete(sh.bufs, h.id)
+	sh.mu.Unlock()
 }
 
 func lookup(id uint64) (*device.Buffer, error) {
-	registry.mu.Lock()
-	b := registry.bufs[id]
-	registry.mu.Unlock()
+	sh := shardOf(id)
+	sh.mu.Lock()
+	b := sh.bufs[id]
+	sh.mu.Unlock()
 	if b == nil {
 		return nil, fmt.Errorf("nvlink: no buffer is exported under handle %d", id)
 	}
