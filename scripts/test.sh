@@ -174,9 +174,10 @@ go test -tags mpi -count=1 ./internal/mpi/... ./comm/...
 
 # The hand-written C MPI dispatch that eprun's a2a baseline is measured
 # against (scripts/a2a_mpi.c): built with mpicc, run under mpirun, its own
-# check of every row passing and its routing eprun's.
-log "go test -tags mpi -run CMPIDispatch ./internal/bench (scripts/a2a_mpi.c under mpirun)"
-go test -tags mpi -count=1 -run CMPIDispatch ./internal/bench
+# check of every row passing and its routing eprun's; and the bench over
+# comm.NewMPI, its a2a baseline on MPI_Ialltoallv, every row checked.
+log "go test -tags mpi -run 'CMPIDispatch|A2AOverMPI' ./internal/bench (scripts/a2a_mpi.c and the bench under mpirun)"
+go test -tags mpi -count=1 -run 'CMPIDispatch|A2AOverMPI' ./internal/bench
 
 # The engine across processes with the MPI bootstrap (the untagged run
 # above bootstraps its mpirun children over TCP).

@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
+	"github.com/goep/goep/internal/ranktest"
 )
 
 // TestCMPIDispatch builds scripts/a2a_mpi.c, the hand-written C MPI
@@ -76,5 +79,40 @@ func TestCMPIDispatch(t *testing.T) {
 	}
 	if out, err := run("--corrupt"); err == nil || !strings.Contains(out, "# check: FAILED") {
 		t.Errorf("a2a_mpi --corrupt: %v, want exit 1 and a failed check:\n%s", err, out)
+	}
+}
+
+// TestA2AOverMPI runs the bench as 4 processes under mpirun on comm.NewMPI:
+// the a2a baseline's exchanges are then MPI_Ialltoallv on its own buffers
+// (comm.AllToAllv), and every row of every call, goep's and the
+// baseline's, must check, with the baseline's transport recorded as mpi.
+func TestA2AOverMPI(t *testing.T) {
+	if !ranktest.UnderMPI(t, 4) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
+	defer cancel()
+	g, err := comm.NewMPI(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	c := Defaults()
+	c.Ranks, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Iters, c.Warmup = 4, 8, Ints{3}, Ints{32}, Ints{0, 24}, 2, 1
+	c.Calls = append(c.Calls, CallDispatchCombine)
+	res, err := RunRank(ctx, c, g, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.A2ATransport != "mpi" {
+		t.Errorf("a2a transport %q, want mpi", res.A2ATransport)
+	}
+	if len(res.Rows) != len(c.Cases())*len(c.Calls) {
+		t.Fatalf("%d rows, want %d", len(res.Rows), len(c.Cases())*len(c.Calls))
+	}
+	for _, r := range res.Rows {
+		if r.A2A == nil || r.A2ACheckedRows == 0 && r.Tokens > 0 || r.A2AWrong != 0 || r.Wrong != 0 {
+			t.Errorf("%s tokens=%d: a2a %v, %d a2a rows checked, %d wrong; %d of goep's wrong", r.Call, r.Tokens, r.A2A, r.A2ACheckedRows, r.A2AWrong, r.Wrong)
+		}
 	}
 }
