@@ -104,8 +104,8 @@ func benchCalls(b *testing.B, R, T, H int, calls []string) {
 								return nil
 							})
 						case "dispatch":
-							o, _ := e.Dispatch(ctx, h, DispatchInput{X: xt})
-							outs = append(outs, o.RecvX, o.RecvIdx)
+							o, _ := e.Dispatch(ctx, h, DispatchInput{X: xt, TopkWeights: wt})
+							outs = append(outs, o.RecvX, o.RecvIdx, o.RecvWeights)
 						case "combine":
 							o, _ := e.Combine(ctx, h, CombineInput{Z: z})
 							outs = append(outs, o)
