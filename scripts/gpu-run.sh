@@ -126,6 +126,10 @@ memcheck() {
 	# IPC-mapped windows), every child checked.
 	sanitize_children memcheck-multiprocess 300 \
 		$bin/executor.test -gpu -test.run 'TestCUDAMultiProcess/ranks=(2|4)/spawn' -test.v
+	# The one-launch kernels' shared memory (the received rows' offsets by
+	# source, the peers heard from) under racecheck, every child checked.
+	SANITIZER_TOOL=racecheck sanitize_children racecheck-multiprocess 300 \
+		$bin/executor.test -gpu -test.run 'TestCUDAMultiProcess/ranks=(2|4)/spawn' -test.v
 	# Several domains as processes (UCX over shared memory), every child
 	# checked. GOEP_LOG_LEVEL=debug: every engine logs its domain's window
 	# addresses ("GPU windows"), to read a report's addresses against.

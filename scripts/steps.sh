@@ -65,7 +65,8 @@ step() {
 
 # sanitize_children NAME SECONDS CMD... is step for a test that spawns its
 # ranks as processes (executor.test's multi-process tests): every child
-# runs under compute-sanitizer memcheck (GOEP_MP_WRAP; the sanitizer's
+# runs under compute-sanitizer's SANITIZER_TOOL (default memcheck;
+# GOEP_MP_WRAP; the sanitizer's
 # --target-processes all does not follow a Go program's children, whose
 # exec bypasses the C library it hooks) and writes its own report,
 # $out/NAME.PID.log. A child whose report has errors exits 99 and fails
@@ -78,7 +79,7 @@ sanitize_children() {
 		return
 	fi
 	GOEP_TIMEOUT=${GOEP_SANITIZER_TIMEOUT:-120s} \
-		GOEP_MP_WRAP="compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit ${PRINT_LIMIT:-20} --show-backtrace device --log-file $out/$name.%p.log" \
+		GOEP_MP_WRAP="compute-sanitizer --tool ${SANITIZER_TOOL:-memcheck} --error-exitcode 99 --print-limit ${PRINT_LIMIT:-20} --show-backtrace device --log-file $out/$name.%p.log" \
 		step "$name" "$secs" "$@"
-	grep -H 'ERROR SUMMARY' "$out/$name".*.log || echo "    $name: no child's report (no child ran under the sanitizer)"
+	grep -H 'SUMMARY' "$out/$name".*.log || echo "    $name: no child's report (no child ran under the sanitizer)"
 }
