@@ -13,8 +13,8 @@ import (
 // (uint64 each, epoch<<8 | op, written only by the peer they are named
 // after), then status (uint64: the first failure of a wait), the rank's
 // epoch counter (uint64), then missing[R] (int32: what a wait found of
-// each peer), then, at the next multiple of 8 bytes, grid[2] (uint32: the
-// block counters of the one-launch kernels, zero between launches), then
+// each peer), then, at the next multiple of 8 bytes, grid[4] (uint32: the
+// counters of the one-launch kernels, zero between launches), then
 // the report: why this rank failed its last failed call, for its peers'
 // hosts (the kernels never read it; see GPUReport).
 
@@ -37,7 +37,7 @@ func statusOff(R int) int  { return 2 * R * 8 }
 func counterOff(R int) int { return (2*R + 1) * 8 }
 func missingOff(R int) int { return (2*R + 2) * 8 }
 func gridOff(R int) int    { return (missingOff(R) + 4*R + 7) / 8 * 8 }
-func reportOff(R int) int  { return gridOff(R) + 8 }
+func reportOff(R int) int  { return gridOff(R) + 16 }
 
 // A report is the failure a rank signalled OpRejected for when it was a
 // timeout, a lost peer or a peer's reported failure, found outside the

@@ -5,7 +5,7 @@
 // 2R flag words: status (the first failure of a wait: 1 timeout, 2
 // operation mismatch), the rank's epoch counter, then missing[R] (int32):
 // what a wait found of each peer (1 timed out, 2 ran another call, 3
-// rejected its input), then, 8-byte aligned, grid[2] (uint32): the block
+// rejected its input), then, 8-byte aligned, grid[4] (uint32): the
 // counters of the kernels that run a whole call in one launch, zero
 // between launches. The host reads status and missing after a
 // synchronize.
@@ -133,7 +133,7 @@ struct flag_words {
 	uint64_t *status;
 	uint64_t *counter;
 	int32_t *missing;  // [ranks]
-	uint32_t *grid;    // [2]
+	uint32_t *grid;    // [4]
 };
 
 __device__ __forceinline__ flag_words flag_words_of(uint64_t *flags, int32_t ranks)

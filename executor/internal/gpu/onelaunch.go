@@ -3,8 +3,11 @@
 package gpu
 
 import (
+	"context"
 	_ "embed"
+	"encoding/binary"
 	"errors"
+	"slices"
 
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor/internal/datapath"
@@ -24,9 +27,22 @@ type oneLaunch struct {
 	// the domain's ranks on this GPU (their grids wait for each other and
 	// must all be resident), capped by Config.SMs.
 	blocks int
+	// probe is where the kernels record their calls' times (Options.Probe
+	// or LinkPace; nil: not recorded), paceFs the pacing of the stores to
+	// peers in femtoseconds a byte (0: none).
+	probe  *device.Buffer
+	paceFs int64
 }
 
-func newOneLaunch(p *Path) (*oneLaunch, error) {
+// The probe's layout (kernels/onelaunch.cu, probeLive and probeSlots):
+// probeLive live words, then probeSlots records of probeLive words.
+const (
+	probeLive  = 8
+	probeSlots = 64
+	probeSize  = 8 * probeLive * (1 + probeSlots)
+)
+
+func newOneLaunch(p *Path, opts Options) (*oneLaunch, error) {
 	o := &oneLaunch{}
 	var err error
 	if o.mod, err = p.b.LoadModule(oneLaunchPTX); err != nil {
@@ -39,14 +55,88 @@ func newOneLaunch(p *Path) (*oneLaunch, error) {
 		return nil, errors.Join(err, o.mod.Close())
 	}
 	o.blocks = oneLaunchBlocks(p.b.Driver().Limits().SMs, p.win.SameGPU, p.env.SMs)
+	if opts.Probe || opts.LinkPace > 0 {
+		o.paceFs = paceFs(opts.LinkPace)
+		if o.probe, err = p.s.Alloc(probeSize); err == nil {
+			err = p.s.Memset(o.probe, 0, probeSize, 0)
+		}
+		if err != nil {
+			if o.probe != nil {
+				p.s.Free(o.probe)
+			}
+			return nil, errors.Join(err, o.mod.Close())
+		}
+	}
 	return o, nil
 }
 
-func (o *oneLaunch) close() error {
+// paceFs is the time a byte takes at gbps GB/s, in femtoseconds (0: no
+// pacing).
+func paceFs(gbps float64) int64 {
+	if gbps <= 0 {
+		return 0
+	}
+	return int64(1e6/gbps + 0.5)
+}
+
+func (o *oneLaunch) close(s *device.CUDAStream) error {
 	if o == nil || o.mod == nil {
 		return nil
 	}
+	if o.probe != nil {
+		s.Free(o.probe)
+	}
 	return o.mod.Close()
+}
+
+// Probe is what the one-launch kernels recorded of one call (Options.Probe
+// or LinkPace): times of the GPU's global timer in nanoseconds, which
+// every rank on one GPU reads alike.
+type Probe struct {
+	Epoch uint64 // the call's epoch in the domain's flag protocol
+	Op    uint32 // its operation word (flagOp)
+	// Start is when the launch's first block started; Sent when its last
+	// store into a peer's window ended (0: none).
+	Start, Sent uint64
+	// First and Last are when the first and the last row from a peer
+	// (dispatch) or sum with a term from a peer (combine) was in its
+	// final place (0: none).
+	First, Last uint64
+	// Bytes is what the launch stored into peers' windows.
+	Bytes uint64
+}
+
+// Probes downloads the records of the last calls (up to 64), oldest
+// first; none unless Options.Probe or LinkPace was set. The stream must
+// be idle (after Synchronize).
+func (p *Path) Probes(ctx context.Context) ([]Probe, error) {
+	if p.one == nil || p.one.probe == nil {
+		return nil, nil
+	}
+	raw, err := p.s.DownloadBuffer(ctx, p.one.probe)
+	if err != nil {
+		return nil, err
+	}
+	var out []Probe
+	for slot := range probeSlots {
+		w := func(i int) uint64 { return binary.LittleEndian.Uint64(raw[8*(probeLive*(1+slot)+i):]) }
+		if w(0) == 0 {
+			continue
+		}
+		out = append(out, Probe{Epoch: w(0) >> 8, Op: uint32(w(0) & 0xff), Start: w(1), Sent: w(2), First: w(3), Last: w(4), Bytes: w(5)})
+	}
+	slices.SortFunc(out, func(a, b Probe) int { return compareU64(a.Epoch, b.Epoch) })
+	return out, nil
+}
+
+func compareU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 // dispatchOne enqueues Dispatch in one domain as one launch of
@@ -73,8 +163,9 @@ func (p *Path) dispatchOne(h *datapath.Handle, x, w, sx *device.Tensor, out data
 		some(t.recvSrc), some(t.recvEnt), some(t.recvIdx), counts, rows, int64(h.RecvRows),
 		some(datapath.Buf(out.RecvX)), some(datapath.Buf(out.RecvWeights)),
 		some(datapath.Buf(out.RecvIdx)), some(datapath.Buf(out.RecvScales)),
-		p.peerTable(regionRecv), win, int64(rb), int64(p.recvWOff), int64(p.scaleOff()), int64(sb),
-		int32(p.K), int32(p.W), unit, f.Peers(), f.Words(), int32(f.Size()), int32(f.Rank()), op, f.TimeoutNs())
+		p.peerTable(regionRecv), win, int64(rb), int64(p.recvWOff), int64(p.scaleOff()), int64(sb), int64(p.recvFOff),
+		int32(p.K), int32(p.W), unit, f.Peers(), f.Words(), int32(f.Size()), int32(f.Rank()), op, f.TimeoutNs(),
+		p.one.probe, p.one.paceFs)
 	if err != nil {
 		// Nothing of the call ran: join it as rejected, so that the
 		// peers fail it at once and the epochs stay in step.
@@ -118,8 +209,9 @@ func (p *Path) combineOne(h *datapath.Handle, z, zw *device.Tensor, out datapath
 		some(datapath.Buf(z)), some(datapath.Buf(zw)), some(t.recvSrc), some(t.recvEnt), int64(h.RecvRows),
 		some(t.entDest), some(t.entRow), some(t.slotEnt), int64(h.NumTokens),
 		some(datapath.Buf(out.X)), some(datapath.Buf(gw)),
-		p.peerTable(regionComb), win, int64(rb), int64(p.combWOff), int64(p.H), int32(p.K), int32(p.W),
-		unit, bf16, vec, p.dnan, f.Peers(), f.Words(), int32(f.Size()), int32(f.Rank()), op, f.TimeoutNs())
+		p.peerTable(regionComb), win, int64(rb), int64(p.combWOff), int64(p.combFOff), int64(p.H), int32(p.K), int32(p.W),
+		unit, bf16, vec, p.dnan, f.Peers(), f.Words(), int32(f.Size()), int32(f.Rank()), op, f.TimeoutNs(),
+		p.one.probe, p.one.paceFs)
 	if err != nil {
 		// Nothing of the call ran (dispatchOne).
 		p.rejectFlags(err)

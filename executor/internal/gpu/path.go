@@ -26,8 +26,8 @@ var epPTX []byte
 // Regions of the GPU windows.
 const (
 	regionFlags = iota // the domain's flags (nvlink.GPUFlags)
-	regionRecv         // dispatch: rows [recvCap, H] at the call's row bytes, then weights [recvCap, K] fp32
-	regionComb         // combine: rows [combRows, H], then weights [combRows, K] fp32
+	regionRecv         // dispatch: rows [recvCap, H] at the call's row bytes, then weights [recvCap, K] fp32, then row flags [recvCap] uint64
+	regionComb         // combine: rows [combRows, H], then weights [combRows, K] fp32, then row flags [combRows] uint64
 	regionRoute        // layout: routing [R*MaxTokensPerRank*K] int32, then token counts [R] int32 (layout.go)
 	numRegions
 )
@@ -65,6 +65,10 @@ type Path struct {
 	K, H, W            int
 	recvCap, combRows  int
 	recvWOff, combWOff int // byte offsets of the weights areas
+	// recvFOff, combFOff are the byte offsets of the row flags: a row's
+	// epoch and op, which the one-launch kernels' senders publish after
+	// the row (kernels/onelaunch.cu).
+	recvFOff, combFOff int
 	dnan               uint32
 	ownStream          bool // s was created here (not WithStream)
 	// pending is an error found on the host for work that was skipped
@@ -90,6 +94,15 @@ type Options struct {
 	// sum, Finish) instead of one launch each (GOEP_GPU_MULTI_KERNEL; for
 	// comparisons).
 	MultiKernel bool
+	// Probe: the one-launch kernels record each call's times in device
+	// memory (Probe; GOEP_GPU_PROBE), a few atomics a row.
+	Probe bool
+	// LinkPace, in GB/s (0: none), paces the one-launch kernels' stores
+	// into peers' windows to that rate per rank, and probes
+	// (GOEP_GPU_LINK_PACE): ranks sharing one GPU then move their rows as
+	// over a link of that rate, which HBM does not limit, so that a
+	// single GPU measures how well a call keeps such a link busy.
+	LinkPace float64
 }
 
 // crossing is how a GPU call crosses the ranks: within one domain
@@ -206,6 +219,8 @@ func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.G
 	}
 	rowMax := p.H * 4 // fp32, the widest dtype
 	p.recvWOff, p.combWOff = p.recvCap*rowMax, p.combRows*rowMax
+	p.recvFOff = roundUp(p.recvWOff+p.recvCap*p.K*4, 8)
+	p.combFOff = roundUp(p.combWOff+p.combRows*p.K*4, 8)
 	// The layout runs on the GPU in one domain, when its buffers stay
 	// within int32 offsets at the largest sizes (else on the host, as
 	// with several domains; the same choice on every rank).
@@ -214,7 +229,7 @@ func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.G
 	if gpuLayout {
 		routeSize = 4 * R * (P.MaxTokensPerRank*p.K + 1)
 	}
-	sizes := []int{nvlink.GPUFlagsSize(R), p.recvWOff + p.recvCap*p.K*4, p.combWOff + p.combRows*p.K*4, routeSize}
+	sizes := []int{nvlink.GPUFlagsSize(R), p.recvFOff + p.recvCap*8, p.combFOff + p.combRows*8, routeSize}
 	var err error
 	p.win, err = nvlink.MapGPU(ctx, group, s, sizes)
 	if err != nil {
@@ -264,8 +279,8 @@ func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.G
 			if f, lerr = newFlat(p, gpuLayout); lerr == nil {
 				p.cross = f
 			}
-			if lerr == nil && !opts.MultiKernel {
-				p.one, lerr = newOneLaunch(p)
+			if lerr == nil && !opts.MultiKernel && oneLaunchFits(P.MaxTokensPerRank, p.H, R, p.recvCap) {
+				p.one, lerr = newOneLaunch(p, opts)
 			}
 		}
 	}
@@ -434,7 +449,7 @@ func (p *Path) close() error {
 	if p.cross != nil {
 		errs = append(errs, p.cross.close())
 	}
-	errs = append(errs, p.one.close())
+	errs = append(errs, p.one.close(p.s))
 	errs = append(errs, p.flags.Close())
 	if p.pk != nil {
 		errs = append(errs, p.pk.Close())

@@ -4,18 +4,25 @@
 // kernel launch, pipelined. go generate ./executor/internal/gpu builds them
 // to onelaunch.ptx (internal/ptxgen).
 //
+// Roles: the lower warps of every block send first (sendWarps), storing
+// rows into the peers' windows; every row stored is announced by its own
+// flag in the window (the call's epoch and op, published with release
+// semantics), so that the receiving warps, which start at once, move each
+// row to its final place as soon as it lands, while later rows are still
+// in flight; senders join the receivers once their sends are done. A
+// rank's own rows never pass through its window.
+//
 // They take part in the domain's flag protocol (package nvlink, GPUFlags;
-// nvlink/kernels/flags.cuh) exactly as the multi-kernel sequence Begin,
-// stores, Arrive, reads, Finish does, so that calls of either kind follow
-// each other on a stream: a block waits for a peer's done of the previous
-// call only before its first store into that peer's window; the last
-// block past its stores signals arrived to every peer; a block reads the
-// rows of source s from its window once s has signalled arrived (rows of
-// other sources are read meanwhile); the last block to end signals done
-// and advances the epoch. Every block reads the epoch at its start, and no
-// block changes it before all have ended, so a captured graph replays with
-// fresh epochs. Waits are clock-bounded and record failures in the status
-// words as nvlink's waits do.
+// nvlink/kernels/flags.cuh) as the multi-kernel sequence Begin, stores,
+// Arrive, reads, Finish does, so that calls of either kind follow each
+// other on a stream: a sender waits for a peer's done of the previous call
+// only before its first store into that peer's window; the last sender
+// signals arrived to every peer; the last block to end waits for every
+// peer's arrived, signals done and advances the epoch. Every block reads
+// the epoch at its start, and no block changes it before all have ended,
+// so a captured graph replays with fresh epochs; row flags carry epochs,
+// which only grow, so they are never reset. Waits are clock-bounded and
+// record failures in the status words as nvlink's waits do.
 //
 // Blocks wait for each other's progress across ranks, so every rank's grid
 // must be resident at once: the host sizes grids so that the grids of all
@@ -149,6 +156,258 @@ __device__ __forceinline__ bool wait_heard(heard h, const uint64_t *word, int32_
 	return __shfl_sync(0xffffffffu, ok, 0) != 0;
 }
 
+// load_acquire reads a flag word with acquire semantics at system scope:
+// reads after it see what its writer stored before releasing it.
+__device__ __forceinline__ uint64_t load_acquire(const uint64_t *p)
+{
+	uint64_t v;
+	asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+	return v;
+}
+
+// publish_row announces a row (with its weights and scales) that a warp's
+// lanes stored into a peer's window: __syncwarp orders the lanes' stores
+// before lane 0's, whose store of value into the row's flag releases them
+// at system scope, so that a reader acquiring the flag sees the row.
+__device__ __forceinline__ void publish_row(uint64_t *flag, uint64_t value, int lane)
+{
+	__syncwarp();
+	if (lane == 0) {
+		asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flag), "l"(value) : "memory");
+	}
+}
+
+// wait_row waits, with a warp, until the flag of a row of this rank's
+// window (written by peer p) holds this call's epoch: lane 0 polls it with
+// acquire loads and meanwhile watches p's arrived word, so that a peer
+// that rejected its input or runs another call fails the wait at once
+// (status 2; missing[p] 3 or 2, as wait_word), and a peer silent past
+// timeoutNs fails it as a timeout (status 1, missing[p] 1). A wait after
+// an earlier failure returns at once. Every lane gets the outcome; after a
+// success, every lane's reads see the row.
+__device__ __forceinline__ bool wait_row(const uint64_t *flag, int32_t p, uint64_t epoch, uint32_t op,
+					 int64_t timeoutNs, const flag_words &fw, int lane)
+{
+	int ok = 1;
+	if (lane == 0) {
+		ok = 0;
+		uint64_t start = 0;
+		for (int spin = 0;; spin++) {
+			uint64_t v = load_acquire(flag);
+			if ((v >> 8) >= epoch) {
+				if ((v >> 8) == epoch && (uint32_t)(v & 0xff) != op) {
+					atomicCAS((unsigned long long *)fw.status, 0ull, 2ull);
+					fw.missing[p] = 2;
+				} else {
+					ok = 1;
+				}
+				break;
+			}
+			if ((spin & 31) == 0) {
+				if (*(volatile const uint64_t *)fw.status != 0) {
+					break;
+				}
+				uint64_t a = *(volatile const uint64_t *)(fw.arrived + p);
+				if ((a >> 8) == epoch && (uint32_t)(a & 0xff) != op) {
+					atomicCAS((unsigned long long *)fw.status, 0ull, 2ull);
+					fw.missing[p] = (a & 0xff) == opRejected ? 3 : 2;
+					break;
+				}
+				uint64_t t = now_ns();
+				if (start == 0) {
+					start = t;
+				} else if ((int64_t)(t - start) > timeoutNs) {
+					atomicCAS((unsigned long long *)fw.status, 0ull, 1ull);
+					fw.missing[p] = 1;
+					break;
+				}
+			}
+			if (spin > 1024) {
+				__nanosleep(64);
+			}
+		}
+	}
+	ok = __shfl_sync(0xffffffffu, ok, 0);
+	__syncwarp();
+	return ok != 0;
+}
+
+// work hands a warp the items [0, total) of a launch in turn (the host
+// keeps every count of items below 2^31: oneLaunchFits). Shared (counter: a grid
+// word, zero between launches): slots of batch
+// consecutive items go to warps in order, the next slot fetched (one
+// atomic by lane 0) while the warp works on the current one, so that
+// items go out in order and a warp that finishes early takes more. Fixed
+// (counter null): warp w takes items w, w + warps, ... (where nothing
+// waits, every warp's share is as long, and no atomic is needed).
+struct work {
+	uint32_t *counter;
+	int32_t total, item, step, left;
+	uint32_t next;  // lane 0's fetch in flight
+	__device__ __forceinline__ work(uint32_t *c, int64_t total_, int32_t batch, int64_t warp, int64_t warps,
+					int lane)
+		: counter(c), total((int32_t)total_), item((int32_t)warp), step((int32_t)warps), left(0), next(0)
+	{
+		if (counter != nullptr) {
+			step = batch;
+			if (lane == 0) {
+				next = atomicAdd(counter, (uint32_t)batch);
+			}
+		}
+	}
+	// take sets k to the warp's next item and reports whether there is one.
+	__device__ __forceinline__ bool take(int64_t &k, int lane)
+	{
+		if (counter == nullptr) {
+			k = item;
+			item += step;
+			return k < total;
+		}
+		if (left == 0) {
+			item = (int32_t)__shfl_sync(0xffffffffu, next, 0);
+			left = step;
+			if (item < total && lane == 0) {
+				next = atomicAdd(counter, (uint32_t)step);
+			}
+		}
+		k = item++;
+		left--;
+		return k < total;
+	}
+};
+
+// The probe (package gpu's Probe; nil when off): a launch's live words,
+// then a ring of the records of finished launches. Times are the GPU's
+// global timer (ns); a word of an earliest time holds its complement, so
+// that atomicMax keeps the earliest and zero means none.
+constexpr int probeStart = 0;  // ~(earliest block start)
+constexpr int probeSent = 1;   // the last store into a peer's window ended
+constexpr int probeFirst = 2;  // ~(the first remote row in its final place)
+constexpr int probeLast = 3;   // the last remote row in its final place
+constexpr int probeBytes = 4;  // bytes stored into peers' windows
+constexpr int probeLive = 8;
+constexpr int probeSlots = 64;  // records, at probeLive + slot*probeLive
+// A record: epoch<<8 | op, start, sent, first, last, bytes (times plain).
+
+// probe_max keeps the largest of v and probe[w] in probe[w]: lane 0, when
+// probing.
+__device__ __forceinline__ void probe_max(uint64_t *probe, int w, uint64_t v, int lane)
+{
+	if (probe != nullptr && lane == 0) {
+		atomicMax((unsigned long long *)probe + w, (unsigned long long)v);
+	}
+}
+
+// landed records, when probing, that a warp put a remote row (dispatch)
+// or a sum (combine) in its final place now.
+__device__ __forceinline__ void landed(uint64_t *probe, int lane)
+{
+	if (probe != nullptr && lane == 0) {
+		uint64_t t = now_ns();
+		atomicMax((unsigned long long *)probe + probeFirst, ~(unsigned long long)t);
+		atomicMax((unsigned long long *)probe + probeLast, (unsigned long long)t);
+	}
+}
+
+// pace_reserve counts bytes a sender warp is about to store into peers'
+// windows in probe[probeBytes] and returns the offset of the first among
+// the launch's such bytes (lane 0's atomic, given to every lane; 0 when
+// not probing). A warp reserves a token's rows at once, so that they go
+// out one after the other.
+__device__ __forceinline__ uint64_t pace_reserve(uint64_t *probe, int64_t bytes, int lane)
+{
+	unsigned long long o = 0;
+	if (probe != nullptr && lane == 0) {
+		o = atomicAdd((unsigned long long *)probe + probeBytes, (unsigned long long)bytes);
+	}
+	return __shfl_sync(0xffffffffu, o, 0);
+}
+
+// pace_wait holds a sender warp, when pacing (paceFs > 0, femtoseconds a
+// byte), until the link it emulates has room for the store that starts at
+// byte o of the launch's stores to peers: until start + o * paceFs (a
+// token bucket without burst). Lane 0 waits; the warp goes on together.
+__device__ __forceinline__ void pace_wait(uint64_t o, int64_t paceFs, uint64_t start, int lane)
+{
+	if (paceFs <= 0) {
+		return;
+	}
+	if (lane == 0) {
+		const uint64_t due = start + o * (uint64_t)paceFs / 1000000ull;
+		while (now_ns() < due) {
+		}
+	}
+	__syncwarp();
+}
+
+// role_sync is a barrier among the warps of one role of the block (named
+// barrier 1, threads of them): the other role goes on meanwhile. With
+// every thread of the block it is __syncthreads.
+__device__ __forceinline__ void role_sync(int threads)
+{
+	if (threads == (int)blockDim.x) {
+		__syncthreads();
+		return;
+	}
+	asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+}
+
+// source_offsets sets off[p] (p <= ranks) to the first of the rows [0,
+// limit) whose source recvSrc is at least p, a row past the valid ones
+// (source -1) counting as past every source, and most to the most rows
+// any source has. Received rows are in receive order (DESIGN.md section
+// 2: by source ascending), so source s's rows are [off[s], off[s+1]).
+// The threads [0, threads) of one role call it (tid: a thread's index
+// among them), reading the rows 8 in flight each, finding where the
+// source changes.
+__device__ __forceinline__ void source_offsets(int32_t *off, int32_t *most, const int32_t *recvSrc, int64_t limit,
+					       int32_t ranks, int tid, int threads)
+{
+	for (int32_t p = tid; p <= ranks; p += threads) {
+		off[p] = (int32_t)limit;
+	}
+	role_sync(threads);
+	for (int64_t base = 0; base < limit; base += 8 * threads) {
+		int32_t key[8], prev[8];
+#pragma unroll
+		for (int u = 0; u < 8; u++) {
+			int64_t i = base + tid + u * threads;
+			key[u] = prev[u] = ranks;
+			if (i < limit) {
+				int32_t s = recvSrc[i];
+				key[u] = s < 0 ? ranks : s;
+				s = i > 0 ? recvSrc[i - 1] : -2;
+				prev[u] = s == -2 ? -1 : s < 0 ? ranks : s;
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < 8; u++) {
+			int64_t i = base + tid + u * threads;
+			for (int32_t q = prev[u] + 1; i < limit && q <= key[u]; q++) {
+				off[q] = (int32_t)i;
+			}
+		}
+	}
+	role_sync(threads);
+	for (int32_t p = tid; p < ranks; p += threads) {
+		atomicMax(most, off[p + 1] - off[p]);
+	}
+	role_sync(threads);
+}
+
+// hand_offsets and take_offsets pass the offsets from the role that
+// found them to the other (named barrier 2 of the whole block): the
+// finders arrive without waiting, the takers wait until they have.
+__device__ __forceinline__ void hand_offsets()
+{
+	asm volatile("bar.arrive 2, %0;" ::"r"(blockDim.x) : "memory");
+}
+
+__device__ __forceinline__ void take_offsets()
+{
+	asm volatile("bar.sync 2, %0;" ::"r"(blockDim.x) : "memory");
+}
+
 // load_terms reads V elements of a row (bf16 when BF16, else fp32) at p
 // as floats: 16 bytes when V is 8 (bf16) or 4 (fp32), else one element.
 // WIN: p is in this rank's window, written by peers during the launch
@@ -200,32 +459,36 @@ constexpr int sumLane = 4;
 constexpr int64_t sumChunk = 32 * sumLane;
 
 // combine_sums is goep_ep_combine's sums (ep.cu's sum_rows, bit for bit):
-// item (token t, chunk ch) of tokens * chunks, a warp each in turn; its
-// terms are entries e = t*width + c for c < width with entRow[e] >= 0, in
-// c order: row entRow[e] of z for this rank's own (entDest[e] == me), else
-// row e of the window once rank entDest[e] has signalled arrived. Units
-// are V elements (V > 1: 16 bytes). With gw, the token's weights as
-// sum_rows sets them, from zw (own) or the window's weights (wOff).
+// items (token t, chunk ch) of tokens * chunks, a token's chunks at a time
+// from the work counter (shared: work), else warp's share of warps; an
+// item's terms are entries e = t*width + c for c
+// < width with entRow[e] >= 0, in c order: row entRow[e] of z for this
+// rank's own (entDest[e] == me), else row e of the window once its flag
+// (flags[e]) holds the call's epoch. Units are V elements (V > 1: 16
+// bytes). With gw, the token's weights as sum_rows sets them, from zw
+// (own) or the window's weights (wOff).
 template <bool BF16, int V>
 __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint8_t *z, const float *zw,
-					     const uint8_t *win, const int32_t *entDest, const int32_t *entRow,
-					     const int32_t *slot, int64_t tokens, int32_t width, int64_t hidden,
-					     int64_t wOff, int32_t topk, uint32_t dnan, heard arrived, uint64_t epoch,
-					     uint32_t op, int64_t timeoutNs, const flag_words &fw, int32_t me, int64_t warp,
-					     int64_t warps, int lane)
+					     const uint8_t *win, const uint64_t *rowFlags, const int32_t *entDest,
+					     const int32_t *entRow, const int32_t *slot, int64_t tokens, int32_t width,
+					     int64_t hidden, int64_t wOff, int32_t topk, uint32_t dnan, uint64_t epoch,
+					     uint32_t op, int64_t timeoutNs, const flag_words &fw, int32_t me,
+					     uint64_t *probe, bool shared, int64_t warp, int64_t warps, int lane)
 {
 	const int64_t es = BF16 ? 2 : 4;
 	const int64_t rowBytes = hidden * es;
 	const int64_t units = hidden / V;
 	const int64_t chunks = (units + sumChunk - 1) / sumChunk;
-	for (int64_t item = warp; item < tokens * chunks; item += warps) {
+	work q(shared ? &fw.grid[2] : nullptr, tokens * chunks, (int32_t)chunks, warp, warps, lane);
+	for (int64_t item; q.take(item, lane);) {
 		const int64_t t = item / chunks, ch = item % chunks;
-		bool ok = true;
+		bool ok = true, remote = false;
 		for (int32_t c = 0; c < width && ok; c++) {
 			int64_t e = t * width + c;
 			int32_t d = entDest[e];
 			if (entRow[e] >= 0 && d != me) {
-				ok = wait_heard(arrived, fw.arrived + d, d, epoch, epoch, op, timeoutNs, fw, lane);
+				ok = wait_row(rowFlags + e, d, epoch, op, timeoutNs, fw, lane);
+				remote = true;
 			}
 		}
 		if (!ok) {
@@ -297,6 +560,9 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 			}
 			gw[s] = v;
 		}
+		if (remote) {
+			landed(probe, lane);
+		}
 	}
 }
 
@@ -304,52 +570,123 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 
 using namespace goep_onelaunch;
 
-// The most ranks of a domain (the host refuses more): the shared bitmaps.
+// The most ranks of a domain (the host refuses more): the shared tables.
 #define GOEP_MAX_RANKS 1024
 
+// sendWarps is how many warps of a block send first (the lower ones); the
+// others receive (dispatch) or sum (combine) from the start, and the
+// senders join them once their sends are done.
+constexpr int sendWarps = 8;
+
 // launch_start is what a one-launch kernel starts from: the call's epoch
-// (the epoch counter's next; finish_launch stores it), the block's records
-// of the peers heard from (free: done for the previous call; arrived: this
-// call's rows), and the warp's place in the grid.
+// (the epoch counter's next; finish_launch stores it), the block's record
+// of the peers heard from (free: done for the previous call), the warp's
+// place in the grid and its role, the launch's start (for pacing), and
+// the received rows' offsets by source (source_offsets: off[ranks+1] and
+// most, in shared memory).
 struct launch_start {
 	uint64_t epoch;
 	int lane;
 	int64_t warp, warps;
-	heard freed, arrived;
+	bool sender;
+	int64_t sendWarpsAll;
+	heard freed;
+	uint64_t start;
+	int32_t *off, *most;
 };
 
-// start_launch reads the epoch and clears the block's records; every
-// thread of the block calls it.
-__device__ __forceinline__ launch_start start_launch(const flag_words &fw)
+// start_launch reads the epoch, clears the block's records and notes the
+// launch's start in the probe; every thread of the block calls it. With
+// one rank, the offsets are all of limit's rows (the valid ones), found
+// at once; else the role that needs them first finds them
+// (find_offsets).
+__device__ __forceinline__ launch_start start_launch(const flag_words &fw, uint64_t *probe, int64_t limit,
+						     int32_t ranks)
 {
-	__shared__ uint64_t epochShared;
-	__shared__ uint32_t freeBits[GOEP_MAX_RANKS / 32], arrivedBits[GOEP_MAX_RANKS / 32];
+	__shared__ uint64_t epochShared, startShared;
+	__shared__ uint32_t freeBits[GOEP_MAX_RANKS / 32];
+	__shared__ int32_t off[GOEP_MAX_RANKS + 1], most;
 	if (threadIdx.x == 0) {
 		epochShared = *(volatile const uint64_t *)fw.counter + 1;
+		startShared = 0;
+		if (probe != nullptr) {
+			atomicMax((unsigned long long *)probe + probeStart, ~(unsigned long long)now_ns());
+			startShared = ~*(volatile const uint64_t *)(probe + probeStart);
+		}
+		most = 0;
+		if (ranks == 1) {
+			off[0] = 0;
+			off[1] = (int32_t)limit;
+			most = (int32_t)limit;
+		}
 	}
 	for (int i = threadIdx.x; i < GOEP_MAX_RANKS / 32; i += blockDim.x) {
 		freeBits[i] = 0;
-		arrivedBits[i] = 0;
 	}
 	__syncthreads();
 	launch_start ls;
 	ls.epoch = epochShared;
+	ls.start = startShared;
 	ls.lane = threadIdx.x & 31;
 	ls.warps = (int64_t)gridDim.x * (blockDim.x / 32);
 	ls.warp = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+	ls.sender = (int)(threadIdx.x / 32) < sendWarps;
+	ls.sendWarpsAll = (int64_t)gridDim.x * sendWarps;
 	ls.freed = heard{freeBits};
-	ls.arrived = heard{arrivedBits};
+	ls.off = off;
+	ls.most = &most;
 	return ls;
+}
+
+// find_offsets finds the received rows' offsets by source among rows [0,
+// limit) (source_offsets) with the receiving warps (receivers), else with
+// every warp of the block; with one rank start_launch did.
+__device__ __forceinline__ void find_offsets(const launch_start &ls, const int32_t *recvSrc, int64_t limit,
+					     int32_t ranks, bool receivers)
+{
+	if (ranks == 1) {
+		return;
+	}
+	const int first = receivers ? sendWarps * 32 : 0;
+	source_offsets(ls.off, ls.most, recvSrc, limit, ranks, (int)threadIdx.x - first, (int)blockDim.x - first);
+}
+
+// senders_done counts a sender warp past its sends (grid[0], of senders
+// warps in all); the last one signals arrived (value) to every peer. Each
+// warp fences its stores system-wide before it counts itself, so the
+// signal announces every sender's stores.
+__device__ __forceinline__ void senders_done(const flag_words &fw, uint64_t *const *peerFlags, int32_t ranks,
+					     int32_t me, uint64_t value, int64_t senders, int lane)
+{
+	int last = 0;
+	__syncwarp();
+	if (lane == 0) {
+		__threadfence_system();
+		last = atomicAdd(&fw.grid[0], 1u) == (uint32_t)senders - 1;
+		if (last) {
+			atomicExch(&fw.grid[0], 0u);
+			__threadfence_system();
+		}
+	}
+	if (__shfl_sync(0xffffffffu, last, 0)) {
+		__syncwarp();
+		for (int32_t p = lane; p < ranks; p += 32) {
+			*(volatile uint64_t *)(peerFlags[p] + me) = value;
+		}
+	}
 }
 
 // finish_launch ends a one-launch call: the grid's last block past this
 // point waits until every peer has signalled arrived with op, those this
 // rank exchanged no rows with included (a peer that rejected the call,
 // ran another, hung or died fails it on every rank, as the flags' Arrive
-// does), then stores the epoch and signals done (the flags' Finish) to
-// every peer, whatever the waits found.
+// does), puts the work counter back to zero, files the probe's record
+// and clears its live words (when probing), then stores the epoch and
+// signals done (the flags' Finish) to every peer, whatever the waits
+// found.
 __device__ __forceinline__ void finish_launch(const flag_words &fw, uint64_t *const *peerFlags, int32_t ranks,
-					      int32_t me, uint64_t epoch, uint32_t op, int64_t timeoutNs)
+					      int32_t me, uint64_t epoch, uint32_t op, int64_t timeoutNs,
+					      uint64_t *probe)
 {
 	if (grid_last(&fw.grid[1], gridDim.x)) {
 		for (int32_t p = threadIdx.x; p < ranks; p += blockDim.x) {
@@ -359,6 +696,23 @@ __device__ __forceinline__ void finish_launch(const flag_words &fw, uint64_t *co
 		}
 		__syncthreads();
 		if (threadIdx.x == 0) {
+			atomicExch(&fw.grid[2], 0u);
+			atomicExch(&fw.grid[3], 0u);
+			if (probe != nullptr) {
+				volatile uint64_t *live = probe;
+				volatile uint64_t *rec = probe + probeLive * (1 + (int64_t)(epoch % probeSlots));
+				uint64_t first = live[probeFirst];
+				rec[1] = ~live[probeStart];
+				rec[2] = live[probeSent];
+				rec[3] = first == 0 ? 0 : ~first;
+				rec[4] = live[probeLast];
+				rec[5] = live[probeBytes];
+				rec[0] = epoch << 8 | op;
+				for (int w = 0; w < probeLive; w++) {
+					live[w] = 0;
+				}
+			}
+			__threadfence();
 			*(volatile uint64_t *)fw.counter = epoch;
 		}
 		signal_words(peerFlags, ranks, ranks + me, epoch << 8 | op);
@@ -373,107 +727,123 @@ __device__ __forceinline__ void finish_launch(const flag_words &fw, uint64_t *co
 
 // goep_ep_dispatch is Dispatch in one domain, in one launch.
 //
-// Sends: entry j < entries (token entTok[j]'s copy for destination
-// entDest[j], at row entRow[j] there; row -1: none) is row entTok[j] of x
-// (rowBytes), its weights w[t*K:(t+1)*K] (w null: none) and its fp8
-// scales (row t of sx, sBytes; sx null: none). A copy for this rank goes
-// straight to its outputs: row entRow[j] of out and of outS. A copy for
-// peer d goes into d's receive window (peerBase[d]): the row at
-// row*rowBytes, the weights at wOff + row*K*4, the scales at sOff +
-// row*sBytes, once d has signalled done for the previous call.
+// Sends (the sender warps, tokens in order from a work counter, a
+// token's entries j in turn; entries = tokens * width): entry j (token
+// entTok[j]'s copy for destination entDest[j], at row entRow[j] there;
+// row -1: none) for a peer d is row entTok[j] of x (rowBytes), its
+// weights w[t*K:(t+1)*K] (w null: none) and its fp8 scales (row t of sx,
+// sBytes; sx null: none), stored into d's receive window (peerBase[d]):
+// the row at row*rowBytes, the weights at wOff + row*K*4, the scales at
+// sOff + row*sBytes, once d has signalled done for the previous call;
+// then the row's flag (fOff + row*8) gets the call's epoch and op. The
+// last sender signals arrived.
 //
-// Receives: with n = min(counts[0], rowCap) when counts is not null, else
-// rows, row i < n of out (and outS) is the window's row i once its source
-// recvSrc[i] has signalled arrived (a row of this rank's own was stored
-// by the sends); rows [n, rowCap) are zero; row i of outIdx is row i of
-// idx; outW[i*K+k] is the row's weight k where idx[i*K+k] >= 0 and i < n
-// (this rank's own: w[t*K+k] with t = recvEnt[i] / width), else 0. out,
-// outW, outIdx and outS may each be null (not written).
+// Receives (every warp; a sender once its sends are done): with n =
+// min(counts[0], rowCap) when counts is not null, else rows, row i < n of
+// out (and outS) is, for a row of this rank's own (recvSrc[i] == me),
+// row t = recvEnt[i] / width of x (sx), else the window's row i once its
+// flag holds the call's epoch. Rows are taken in turn from the work
+// counter, sources interleaved (item k: row k / ranks of source (me + k)
+// % ranks), so that every source's rows are copied out while its later
+// rows are still in flight. Rows [n, rowCap) are zero; row i of outIdx is
+// row i of idx; outW[i*K+k] is the row's weight k where idx[i*K+k] >= 0
+// and i < n (this rank's own: w[t*K+k]), else 0. out, outW, outIdx and
+// outS may each be null (not written).
+//
+// probe (null: off) records the launch's times; paceFs > 0 paces the
+// stores to peers (pace_reserve, pace_wait).
 //
 // This is goep_ep_push, goep_ep_copy_out and the flags' Begin, Arrive and
-// Finish, bit for bit. Warps take entries (then rows) in turn across the
-// grid, one at a time.
+// Finish, bit for bit.
 extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 	const uint8_t *x, const float *w, const uint8_t *sx, const int32_t *entTok, const int32_t *entDest,
 	const int32_t *entRow, int64_t entries, const int32_t *recvSrc, const int32_t *recvEnt, const int32_t *idx,
 	const int32_t *counts, int64_t rows, int64_t rowCap, uint8_t *out, float *outW, int32_t *outIdx, uint8_t *outS,
 	uint8_t *const *peerBase, const uint8_t *win, int64_t rowBytes, int64_t wOff, int64_t sOff, int64_t sBytes,
-	int32_t topk, int32_t width, int32_t unit, uint64_t *const *peerFlags, uint64_t *flags, int32_t ranks,
-	int32_t me, uint32_t op, int64_t timeoutNs)
+	int64_t fOff, int32_t topk, int32_t width, int32_t unit, uint64_t *const *peerFlags, uint64_t *flags,
+	int32_t ranks, int32_t me, uint32_t op, int64_t timeoutNs, uint64_t *probe, int64_t paceFs)
 {
 	flag_words fw = flag_words_of(flags, ranks);
-	const launch_start ls = start_launch(fw);
-	const uint64_t epoch = ls.epoch;
-	const int lane = ls.lane;
-	const int64_t warps = ls.warps, warp = ls.warp;
-	const heard freed = ls.freed, arrived = ls.arrived;
-
-	// Sends.
-	for (int64_t j = warp; j < entries; j += warps) {
-		int32_t row = entRow[j];
-		if (row < 0) {
-			continue;
-		}
-		int32_t d = entDest[j];
-		int64_t t = entTok[j];
-		uint8_t *dst, *dstS = nullptr;
-		if (d == me) {
-			if (out == nullptr) {
-				continue;
-			}
-			dst = out + (int64_t)row * rowBytes;
-			if (sx != nullptr && outS != nullptr) {
-				dstS = outS + (int64_t)row * sBytes;
-			}
-		} else {
-			if (!wait_heard(freed, fw.done + d, d, epoch - 1, epoch, 0, timeoutNs, fw, lane)) {
-				continue;  // the call fails (status); nothing to store
-			}
-			uint8_t *base = peerBase[d];
-			dst = base + (int64_t)row * rowBytes;
-			for (int32_t k = lane; w != nullptr && k < topk; k += 32) {
-				((float *)(base + wOff))[(int64_t)row * topk + k] = w[t * topk + k];
-			}
-			if (sx != nullptr) {
-				dstS = base + sOff + (int64_t)row * sBytes;
-			}
-		}
-		warp_copy<true>(dst, x + t * rowBytes, rowBytes, unit, lane);
-		if (dstS != nullptr) {
-			warp_copy4<true>(dstS, sx + t * sBytes, sBytes, lane);
-		}
-	}
-	if (grid_last(&fw.grid[0], gridDim.x)) {
-		signal_words(peerFlags, ranks, me, epoch << 8 | op);
-	}
-
-	// Receives.
 	int64_t n = rows;
 	if (counts != nullptr) {
 		n = counts[0] < rowCap ? counts[0] : rowCap;
 	}
-	for (int64_t i = warp; i < rowCap; i += warps) {
-		for (int32_t k = lane; outIdx != nullptr && k < topk; k += 32) {
-			outIdx[i * topk + k] = idx[i * topk + k];
+	const launch_start ls = start_launch(fw, probe, n, ranks);
+	const uint64_t epoch = ls.epoch;
+	const int lane = ls.lane;
+	const uint64_t tag = epoch << 8 | op;
+
+	// Sends: rows for peers only (this rank's own go straight to their
+	// place with the receives).
+	if (ls.sender) {
+		work q(&fw.grid[3], ranks > 1 ? entries / width : 0, 1, 0, 0, lane);
+		const int64_t sent = rowBytes + sBytes + (w != nullptr ? 4 * topk : 0);
+		for (int64_t tok; q.take(tok, lane);) {
+			int32_t remote = 0;
+			for (int64_t j = tok * width; j < (tok + 1) * width; j++) {
+				remote += entRow[j] >= 0 && entDest[j] != me;
+			}
+			uint64_t o = pace_reserve(probe, remote * sent, lane);
+			for (int64_t j = tok * width; j < (tok + 1) * width; j++) {
+				int32_t row = entRow[j], d = entDest[j];
+				if (row < 0 || d == me) {
+					continue;
+				}
+				if (!wait_heard(ls.freed, fw.done + d, d, epoch - 1, epoch, 0, timeoutNs, fw, lane)) {
+					continue;  // the call fails (status); nothing to store
+				}
+				int64_t t = entTok[j];
+				uint8_t *base = peerBase[d];
+				pace_wait(o, paceFs, ls.start, lane);
+				o += sent;
+				warp_copy<true>(base + (int64_t)row * rowBytes, x + t * rowBytes, rowBytes, unit, lane);
+				for (int32_t k = lane; w != nullptr && k < topk; k += 32) {
+					((float *)(base + wOff))[(int64_t)row * topk + k] = w[t * topk + k];
+				}
+				if (sx != nullptr) {
+					warp_copy4<true>(base + sOff + (int64_t)row * sBytes, sx + t * sBytes, sBytes, lane);
+				}
+				publish_row((uint64_t *)(base + fOff) + row, tag, lane);
+				probe_max(probe, probeSent, now_ns(), lane);
+			}
 		}
-		if (i >= n) {
-			if (out != nullptr) {
-				warp_zero(out + i * rowBytes, rowBytes, unit, lane);
-			}
-			if (outS != nullptr) {
-				warp_zero(outS + i * sBytes, sBytes, 4, lane);
-			}
-			for (int32_t k = lane; outW != nullptr && k < topk; k += 32) {
-				outW[i * topk + k] = 0.0f;
-			}
+		senders_done(fw, peerFlags, ranks, me, tag, ls.sendWarpsAll, lane);
+		if (ranks > 1) {
+			take_offsets();
+		}
+	} else {
+		find_offsets(ls, recvSrc, n, ranks, true);
+		if (ranks > 1) {
+			hand_offsets();
+		}
+	}
+
+	// Receives.
+	const uint64_t *rowFlags = (const uint64_t *)(win + fOff);
+	const int64_t items = (int64_t)ranks * *ls.most;
+	work q(ranks > 1 ? &fw.grid[2] : nullptr, items, 1, ls.warp, ls.warps, lane);
+	for (int64_t k; q.take(k, lane);) {
+		const int32_t s = (int32_t)((me + k % ranks) % ranks);
+		const int64_t i = ls.off[s] + k / ranks;
+		if (i >= ls.off[s + 1]) {
 			continue;
 		}
-		int32_t s = recvSrc[i];
-		bool own = s == me;
-		if (!own && !wait_heard(arrived, fw.arrived + s, s, epoch, epoch, op, timeoutNs, fw, lane)) {
-			continue;  // the call fails (status)
+		for (int32_t q = lane; outIdx != nullptr && q < topk; q += 32) {
+			outIdx[i * topk + q] = idx[i * topk + q];
 		}
-		if (!own) {
+		const bool own = s == me;
+		const int64_t t = recvEnt[i] / width;
+		if (own) {
+			if (out != nullptr) {
+				warp_copy<true>(out + i * rowBytes, x + t * rowBytes, rowBytes, unit, lane);
+			}
+			if (sx != nullptr && outS != nullptr) {
+				warp_copy4<true>(outS + i * sBytes, sx + t * sBytes, sBytes, lane);
+			}
+		} else {
+			if (!wait_row(rowFlags + i, s, epoch, op, timeoutNs, fw, lane)) {
+				continue;  // the call fails (status)
+			}
 			if (out != nullptr) {
 				warp_copy<false>(out + i * rowBytes, win + i * rowBytes, rowBytes, unit, lane);
 			}
@@ -481,87 +851,125 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 				warp_copy4<false>(outS + i * sBytes, win + sOff + i * sBytes, sBytes, lane);
 			}
 		}
-		for (int32_t k = lane; outW != nullptr && k < topk; k += 32) {
-			int64_t e = i * topk + k;
+		for (int32_t q = lane; outW != nullptr && q < topk; q += 32) {
+			int64_t e = i * topk + q;
 			float v = 0.0f;
 			if (idx[e] >= 0) {
 				if (own) {
-					v = w != nullptr ? w[(int64_t)(recvEnt[i] / width) * topk + k] : 0.0f;
+					v = w != nullptr ? w[t * topk + q] : 0.0f;
 				} else {
 					v = __ldcg((const float *)(win + wOff) + e);
 				}
 			}
 			outW[e] = v;
 		}
+		if (!own) {
+			landed(probe, lane);
+		}
 	}
-	finish_launch(fw, peerFlags, ranks, me, epoch, op, timeoutNs);
+	// Rows past the received ones.
+	for (int64_t i = n + ls.warp; i < rowCap; i += ls.warps) {
+		for (int32_t q = lane; outIdx != nullptr && q < topk; q += 32) {
+			outIdx[i * topk + q] = idx[i * topk + q];
+		}
+		if (out != nullptr) {
+			warp_zero(out + i * rowBytes, rowBytes, unit, lane);
+		}
+		if (outS != nullptr) {
+			warp_zero(outS + i * sBytes, sBytes, 4, lane);
+		}
+		for (int32_t q = lane; outW != nullptr && q < topk; q += 32) {
+			outW[i * topk + q] = 0.0f;
+		}
+	}
+	finish_launch(fw, peerFlags, ranks, me, epoch, op, timeoutNs, probe);
 }
 
 // goep_ep_combine is Combine (and DispatchBackward, with zw) in one domain,
 // in one launch.
 //
-// Sends: received row i < rowCap of z (rowBytes), with recvSrc[i] >= 0
-// and recvEnt[i] >= 0 (-1 past the valid rows), goes back to its source s
-// = recvSrc[i]: into s's combine window (peerBase[s]) at row recvEnt[i],
-// its weights zw[i*K:(i+1)*K] (zw null: none) at wOff + recvEnt[i]*K*4,
-// once s has signalled done for the previous call. A row of this rank's
-// own stays in z: the sums read it there.
+// Sends (the sender warps, items in order from a work counter): received
+// row i < rowCap of z (rowBytes), with
+// recvSrc[i] >= 0 and recvEnt[i] >= 0 (-1 past the valid rows), for a peer
+// s = recvSrc[i] goes back to s: into s's combine window (peerBase[s]) at
+// row recvEnt[i], its weights zw[i*K:(i+1)*K] (zw null: none) at wOff +
+// recvEnt[i]*K*4, once s has signalled done for the previous call; then
+// the row's flag (fOff + recvEnt[i]*8) gets the call's epoch and op.
+// Sources are interleaved, this rank's next first (item k: row k /
+// (ranks-1) of source (me + 1 + k % (ranks-1)) % ranks), so that no rank
+// is every sender's first and every source's tokens fill in at the same
+// pace. A row of this rank's own stays in z: the sums read it there. The
+// last sender signals arrived.
 //
-// Sums: out and gw as goep_ep_sum_bf16/_fp32 write them from the window
-// that goep_ep_scatter filled (combine_sums), the terms of a token summed
-// once every rank they come from has signalled arrived. bf16: rows of
-// bf16, else fp32; vec: units of 16 bytes (rowBytes, z, out and the
-// window 16-byte aligned), else one element.
+// Sums (every warp; a sender once its sends are done): out and gw as
+// goep_ep_sum_bf16/_fp32 write them from the window that goep_ep_scatter
+// filled (combine_sums), a token's terms summed once their rows' flags
+// hold the call's epoch. bf16: rows of bf16, else fp32; vec: units of 16
+// bytes (rowBytes, z, out and the window 16-byte aligned), else one
+// element.
+//
+// probe and paceFs: as goep_ep_dispatch's.
 //
 // This is goep_ep_scatter, goep_ep_sum_* and the flags' Begin, Arrive and
-// Finish, bit for bit. Warps take rows (then sum items) in turn across
-// the grid, one at a time.
+// Finish, bit for bit.
 extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_combine(
 	const uint8_t *z, const float *zw, const int32_t *recvSrc, const int32_t *recvEnt, int64_t rowCap,
 	const int32_t *entDest, const int32_t *entRow, const int32_t *slot, int64_t tokens, uint8_t *out, float *gw,
-	uint8_t *const *peerBase, const uint8_t *win, int64_t rowBytes, int64_t wOff, int64_t hidden, int32_t topk,
-	int32_t width, int32_t unit, int32_t bf16, int32_t vec, uint32_t dnan, uint64_t *const *peerFlags,
-	uint64_t *flags, int32_t ranks, int32_t me, uint32_t op, int64_t timeoutNs)
+	uint8_t *const *peerBase, const uint8_t *win, int64_t rowBytes, int64_t wOff, int64_t fOff, int64_t hidden,
+	int32_t topk, int32_t width, int32_t unit, int32_t bf16, int32_t vec, uint32_t dnan, uint64_t *const *peerFlags,
+	uint64_t *flags, int32_t ranks, int32_t me, uint32_t op, int64_t timeoutNs, uint64_t *probe, int64_t paceFs)
 {
 	flag_words fw = flag_words_of(flags, ranks);
-	const launch_start ls = start_launch(fw);
+	const launch_start ls = start_launch(fw, probe, rowCap, ranks);
 	const uint64_t epoch = ls.epoch;
 	const int lane = ls.lane;
-	const int64_t warps = ls.warps, warp = ls.warp;
-	const heard freed = ls.freed, arrived = ls.arrived;
+	const uint64_t tag = epoch << 8 | op;
+	// The senders' order needs the offsets; the sums cannot start before
+	// rows arrive anyway, so every warp finds them.
+	find_offsets(ls, recvSrc, rowCap, ranks, false);
 
 	// Sends.
-	for (int64_t i = warp; i < rowCap; i += warps) {
-		int32_t s = recvSrc[i], e = recvEnt[i];
-		if (s < 0 || e < 0 || s == me) {
-			continue;
+	if (ls.sender) {
+		work q(&fw.grid[3], ranks > 1 ? (int64_t)(ranks - 1) * *ls.most : 0, 1, 0, 0, lane);
+		for (int64_t k; q.take(k, lane);) {
+			const int32_t s = (int32_t)((me + 1 + k % (ranks - 1)) % ranks);
+			const int64_t i = ls.off[s] + k / (ranks - 1);
+			if (i >= ls.off[s + 1]) {
+				continue;
+			}
+			const int32_t e = recvEnt[i];
+			if (e < 0) {
+				continue;
+			}
+			if (!wait_heard(ls.freed, fw.done + s, s, epoch - 1, epoch, 0, timeoutNs, fw, lane)) {
+				continue;  // the call fails (status); nothing to store
+			}
+			uint8_t *base = peerBase[s];
+			pace_wait(pace_reserve(probe, rowBytes + (zw != nullptr ? 4 * topk : 0), lane), paceFs, ls.start, lane);
+			warp_copy<true>(base + (int64_t)e * rowBytes, z + i * rowBytes, rowBytes, unit, lane);
+			for (int32_t q = lane; zw != nullptr && q < topk; q += 32) {
+				((float *)(base + wOff))[(int64_t)e * topk + q] = zw[i * topk + q];
+			}
+			publish_row((uint64_t *)(base + fOff) + e, tag, lane);
+			probe_max(probe, probeSent, now_ns(), lane);
 		}
-		if (!wait_heard(freed, fw.done + s, s, epoch - 1, epoch, 0, timeoutNs, fw, lane)) {
-			continue;  // the call fails (status); nothing to store
-		}
-		uint8_t *base = peerBase[s];
-		warp_copy<true>(base + (int64_t)e * rowBytes, z + i * rowBytes, rowBytes, unit, lane);
-		for (int32_t k = lane; zw != nullptr && k < topk; k += 32) {
-			((float *)(base + wOff))[(int64_t)e * topk + k] = zw[i * topk + k];
-		}
-	}
-	if (grid_last(&fw.grid[0], gridDim.x)) {
-		signal_words(peerFlags, ranks, me, epoch << 8 | op);
+		senders_done(fw, peerFlags, ranks, me, tag, ls.sendWarpsAll, lane);
 	}
 
 	// Sums.
+	const uint64_t *rowFlags = (const uint64_t *)(win + fOff);
 	if (bf16 && vec) {
-		combine_sums<true, 8>(out, gw, z, zw, win, entDest, entRow, slot, tokens, width, hidden, wOff, topk,
-				      dnan, arrived, epoch, op, timeoutNs, fw, me, warp, warps, lane);
+		combine_sums<true, 8>(out, gw, z, zw, win, rowFlags, entDest, entRow, slot, tokens, width, hidden, wOff,
+				      topk, dnan, epoch, op, timeoutNs, fw, me, probe, ranks > 1, ls.warp, ls.warps, lane);
 	} else if (bf16) {
-		combine_sums<true, 1>(out, gw, z, zw, win, entDest, entRow, slot, tokens, width, hidden, wOff, topk,
-				      dnan, arrived, epoch, op, timeoutNs, fw, me, warp, warps, lane);
+		combine_sums<true, 1>(out, gw, z, zw, win, rowFlags, entDest, entRow, slot, tokens, width, hidden, wOff,
+				      topk, dnan, epoch, op, timeoutNs, fw, me, probe, ranks > 1, ls.warp, ls.warps, lane);
 	} else if (vec) {
-		combine_sums<false, 4>(out, gw, z, zw, win, entDest, entRow, slot, tokens, width, hidden, wOff,
-				       topk, dnan, arrived, epoch, op, timeoutNs, fw, me, warp, warps, lane);
+		combine_sums<false, 4>(out, gw, z, zw, win, rowFlags, entDest, entRow, slot, tokens, width, hidden,
+				       wOff, topk, dnan, epoch, op, timeoutNs, fw, me, probe, ranks > 1, ls.warp, ls.warps, lane);
 	} else {
-		combine_sums<false, 1>(out, gw, z, zw, win, entDest, entRow, slot, tokens, width, hidden, wOff,
-				       topk, dnan, arrived, epoch, op, timeoutNs, fw, me, warp, warps, lane);
+		combine_sums<false, 1>(out, gw, z, zw, win, rowFlags, entDest, entRow, slot, tokens, width, hidden,
+				       wOff, topk, dnan, epoch, op, timeoutNs, fw, me, probe, ranks > 1, ls.warp, ls.warps, lane);
 	}
-	finish_launch(fw, peerFlags, ranks, me, epoch, op, timeoutNs);
+	finish_launch(fw, peerFlags, ranks, me, epoch, op, timeoutNs, probe);
 }
