@@ -50,27 +50,12 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 	const warm, iters = 5, 30
 	var res []map[string]string
 	for _, T := range benchShapes {
-		K, H := cfg.TopK, cfg.Hidden
-		rng := rand.New(rand.NewPCG(uint64(T), uint64(g.Rank())))
-		idx := make([]int32, T*K)
-		for t := range T {
-			for k, x := range rng.Perm(cfg.NumExperts)[:K] {
-				idx[t*K+k] = int32(x)
-			}
-		}
-		xs := make([]float32, T*H)
-		for i := range xs {
-			xs[i] = float32(rng.NormFloat64())
-		}
-		ti, _ := e.NewTensor(device.Int32, T, K)
-		xt, _ := e.NewTensor(device.BF16, T, H)
-		if err := device.Upload(ctx, ti, device.EncodeInt32(idx)); err != nil {
+		H := cfg.Hidden
+		ti, xt, xs, err := benchInputs(ctx, e, cfg, T, g.Rank())
+		if err != nil {
 			return nil, err
 		}
 		xb := device.EncodeFloat32(device.BF16, xs)
-		if err := device.Upload(ctx, xt, xb); err != nil {
-			return nil, err
-		}
 		// The fp8 rows: the first T*H bytes of the bf16 data; their scales.
 		S := H / device.FP8ScaleChannels
 		x8, _ := e.NewTensor(device.FP8E4M3, T, H)
@@ -171,6 +156,38 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 		res = append(res, r)
 	}
 	return res, nil
+}
+
+// benchInputs are the routing (uniform top-K of distinct experts) and
+// the bf16 rows (normal values, xs as float32) of T tokens of rank, the
+// same for the same T and rank in every run.
+func benchInputs(ctx context.Context, e *executor.Engine, cfg executor.Config, T, rank int) (ti, xt *device.Tensor, xs []float32, err error) {
+	K, H := cfg.TopK, cfg.Hidden
+	rng := rand.New(rand.NewPCG(uint64(T), uint64(rank)))
+	idx := make([]int32, T*K)
+	for t := range T {
+		for k, x := range rng.Perm(cfg.NumExperts)[:K] {
+			idx[t*K+k] = int32(x)
+		}
+	}
+	xs = make([]float32, T*H)
+	for i := range xs {
+		xs[i] = float32(rng.NormFloat64())
+	}
+	if ti, err = e.NewTensor(device.Int32, T, K); err != nil {
+		return nil, nil, nil, err
+	}
+	if xt, err = e.NewTensor(device.BF16, T, H); err != nil {
+		ti.Close()
+		return nil, nil, nil, err
+	}
+	err = errors.Join(device.Upload(ctx, ti, device.EncodeInt32(idx)), device.Upload(ctx, xt, device.EncodeFloat32(device.BF16, xs)))
+	if err != nil {
+		ti.Close()
+		xt.Close()
+		return nil, nil, nil, err
+	}
+	return ti, xt, xs, nil
 }
 
 // capture records run's work on s into a graph.

@@ -165,6 +165,14 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	if cerr == nil {
 		cerr = merr
 	}
+	probe, perr := boolEnv("GOEP_GPU_PROBE")
+	if cerr == nil {
+		cerr = perr
+	}
+	pace, aerr := paceEnv("GOEP_GPU_LINK_PACE")
+	if cerr == nil {
+		cerr = aerr
+	}
 	if cerr == nil {
 		cerr = cfg.ValidateFor(R)
 	}
@@ -212,7 +220,8 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 		if !ok {
 			return nil, fmt.Errorf("executor: new: CUDA backend of type %T: %w", b, ErrUnsupported)
 		}
-		e.path, err = newGPUPath(dctx, g, cb, &e.env, o.stream, gpuOptions{SharedMemory: shm, HostStaging: staging, MultiKernel: multiKernel})
+		e.path, err = newGPUPath(dctx, g, cb, &e.env, o.stream, gpuOptions{SharedMemory: shm, HostStaging: staging, MultiKernel: multiKernel,
+			Probe: probe, LinkPace: pace})
 	default:
 		return nil, fmt.Errorf("executor: new: %s backend: %w", b.Kind(), ErrUnsupported)
 	}
@@ -362,6 +371,20 @@ func (e *Engine) Close() error {
 }
 
 // boolEnv reads a boolean GOEP_* variable (unset: false).
+// paceEnv is the link rate in GB/s that GOEP_GPU_LINK_PACE names (0 when
+// unset): a positive number.
+func paceEnv(name string) (float64, error) {
+	v, ok := os.LookupEnv(name)
+	if !ok || v == "" {
+		return 0, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(f > 0) || f > 1e6 {
+		return 0, fmt.Errorf("executor: %s=%q: want a link rate in GB/s, a number above 0", name, v)
+	}
+	return f, nil
+}
+
 func boolEnv(name string) (bool, error) {
 	v, ok := os.LookupEnv(name)
 	if !ok || v == "" {

@@ -325,13 +325,19 @@ func TestDetectedDomain(t *testing.T) {
 	}
 }
 
-// TestBadRailEnv: an invalid GOEP_RDMA_SHARED_MEMORY or
-// GOEP_RAIL_HOST_STAGING is an error of New on every rank, before any
+// TestBadRailEnv: an invalid GOEP_RDMA_SHARED_MEMORY,
+// GOEP_RAIL_HOST_STAGING, GOEP_GPU_MULTI_KERNEL, GOEP_GPU_PROBE or
+// GOEP_GPU_LINK_PACE is an error of New on every rank, before any
 // collective work.
 func TestBadRailEnv(t *testing.T) {
-	for _, name := range []string{"GOEP_RDMA_SHARED_MEMORY", "GOEP_RAIL_HOST_STAGING"} {
-		t.Run(name, func(t *testing.T) {
-			t.Setenv(name, "maybe")
+	for _, c := range []struct{ name, value string }{
+		{"GOEP_RDMA_SHARED_MEMORY", "maybe"}, {"GOEP_RAIL_HOST_STAGING", "maybe"},
+		{"GOEP_GPU_MULTI_KERNEL", "maybe"}, {"GOEP_GPU_PROBE", "maybe"},
+		{"GOEP_GPU_LINK_PACE", "fast"}, {"GOEP_GPU_LINK_PACE", "0"}, {"GOEP_GPU_LINK_PACE", "-50"}, {"GOEP_GPU_LINK_PACE", "NaN"},
+	} {
+		name := c.name
+		t.Run(name+"="+c.value, func(t *testing.T) {
+			t.Setenv(name, c.value)
 			errs := runRanks(t, 4, Config{NumExperts: 4, TopK: 1, Hidden: 4, MaxTokensPerRank: 1, RanksPerDomain: 2}, func(ctx context.Context, e *Engine) error { return nil })
 			for r, err := range errs {
 				if !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), name) {

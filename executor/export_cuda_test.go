@@ -3,6 +3,7 @@
 package executor
 
 import (
+	"context"
 	"time"
 
 	"github.com/goep/goep/executor/internal/gpu"
@@ -17,4 +18,10 @@ func (e *Engine) HoldStream(d time.Duration) error { return e.path.(*gpu.Path).H
 func (e *Engine) RailFed() bool {
 	p, ok := e.path.(*gpu.Path)
 	return ok && p.RailFed()
+}
+
+// Probes are the times the one-launch kernels recorded of the engine's
+// last calls (GOEP_GPU_PROBE or GOEP_GPU_LINK_PACE), oldest first.
+func (e *Engine) Probes(ctx context.Context) ([]gpu.Probe, error) {
+	return e.path.(*gpu.Path).Probes(ctx)
 }

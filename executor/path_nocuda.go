@@ -19,4 +19,7 @@ func newGPUPath(ctx context.Context, g comm.Group, b *device.CUDA, env *datapath
 
 // gpuOptions are package gpu's Options (the environment's choices for the
 // CUDA path), which the engine reads with or without the cuda tag.
-type gpuOptions struct{ SharedMemory, HostStaging, MultiKernel bool }
+type gpuOptions struct {
+	SharedMemory, HostStaging, MultiKernel, Probe bool
+	LinkPace                                      float64
+}
