@@ -128,7 +128,7 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 				if how == "graph" {
 					run = func() error { return graph.Launch(s) }
 				}
-				tc, err := timeCall(ctx, g, e, s, run, warm, iters)
+				tc, err := timeCall(ctx, g, e, s, nil, run, warm, iters)
 				if err != nil {
 					graph.Close()
 					return nil, fmt.Errorf("%s (%s): %w", c.name, how, err)
@@ -216,20 +216,32 @@ type timing struct {
 	med, p90 float64     // µs, the cross-rank maximum per iteration
 	host     float64     // µs in run, median of the cross-rank maximum
 	counts   cuda.Counts // driver tallies in run, the last iteration's
+	times    []float64   // µs, the cross-rank maximum of each iteration after warm-up
 }
 
 // timeCall times run with CUDA events on s, after a barrier each
-// iteration, and returns the median and p90 in microseconds of the
-// cross-rank maximum per iteration, warm-up excluded, the median of the
-// cross-rank maximum of the host's time in run (enqueueing the call: on an
-// idle GPU the events also time that, where it exceeds the GPU's), and the
-// process's driver tallies during run's last iteration.
-func timeCall(ctx context.Context, g comm.Group, e *executor.Engine, s *device.CUDAStream, run func() error, warm, iters int) (timing, error) {
+// iteration (and, with gate, behind the gate: every rank's call starts at
+// one moment of the GPU), and returns the median and p90 in microseconds
+// of the cross-rank maximum per iteration, warm-up excluded, the median of
+// the cross-rank maximum of the host's time in run (enqueueing the call:
+// on an idle GPU the events also time that, where it exceeds the GPU's),
+// and the process's driver tallies during run's last iteration.
+func timeCall(ctx context.Context, g comm.Group, e *executor.Engine, s *device.CUDAStream, gate *startGate, run func() error, warm, iters int) (timing, error) {
 	var times, hosts []float64
 	var tc timing
 	for i := range warm + iters {
+		if gate != nil {
+			if err := gate.open(g.Rank()); err != nil {
+				return tc, err
+			}
+		}
 		if err := g.Barrier(ctx); err != nil {
 			return tc, err
+		}
+		if gate != nil {
+			if err := gate.wait(s); err != nil {
+				return tc, err
+			}
 		}
 		t0, err := s.RecordTimed()
 		if err != nil {
@@ -245,6 +257,13 @@ func timeCall(ctx context.Context, g comm.Group, e *executor.Engine, s *device.C
 		t1, err := s.RecordTimed()
 		if err != nil {
 			return tc, err
+		}
+		if gate != nil {
+			// Every rank has queued its wait before rank 0 queues the
+			// next gate.
+			if err := g.Barrier(ctx); err != nil {
+				return tc, err
+			}
 		}
 		if err := e.Synchronize(ctx); err != nil {
 			return tc, err
@@ -266,6 +285,7 @@ func timeCall(ctx context.Context, g comm.Group, e *executor.Engine, s *device.C
 	if err != nil {
 		return tc, err
 	}
+	tc.times = slices.Clone(maxed)
 	slices.Sort(maxed)
 	slices.Sort(hmax)
 	tc.med, tc.p90, tc.host = maxed[len(maxed)/2], maxed[len(maxed)*9/10], hmax[len(hmax)/2]

@@ -86,7 +86,7 @@ func pacedRank(ctx context.Context, g comm.Group, b device.Backend, gate *startG
 		if err != nil {
 			return nil, fmt.Errorf("%s: capture: %w", c.name, err)
 		}
-		times, err := gate.timeEach(ctx, g, e, s, func() error { return graph.Launch(s) }, warm, iters)
+		tc, err := timeCall(ctx, g, e, s, gate, func() error { return graph.Launch(s) }, warm, iters)
 		graph.Close()
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.name, err)
@@ -98,7 +98,7 @@ func pacedRank(ctx context.Context, g comm.Group, b device.Backend, gate *startG
 		if len(probes) < iters {
 			return nil, fmt.Errorf("%s: %d probe records, want at least %d (GOEP_GPU_LINK_PACE unset, or the call took several launches?)", c.name, len(probes), iters)
 		}
-		res[c.name] = pacedCall{times: times, probes: probes[len(probes)-iters:]}
+		res[c.name] = pacedCall{times: tc.times, probes: probes[len(probes)-iters:]}
 	}
 	return res, nil
 }
@@ -107,68 +107,34 @@ func pacedRank(ctx context.Context, g comm.Group, b device.Backend, gate *startG
 // GPU: launched from several host threads, their kernels would start tens
 // of microseconds apart, and a call that waits for its peers would time
 // their lateness. Each iteration, rank 0 queues a delay kernel and an
-// event on a stream of its own; every rank's stream waits for that event
-// before its timing event and its call, all of which the host has queued
-// well before the delay ends.
+// event on a stream of its own (open); every rank's stream waits for that
+// event (wait) before its timing event and its call, all of which the
+// host has queued well before the delay ends (timeCall).
 type startGate struct {
-	s      *device.CUDAStream
-	events []*device.Event // by iteration, set by rank 0 before the barrier
+	s     *device.CUDAStream
+	event *device.Event // set by rank 0 before the iteration's barrier
 }
 
 // gateDelay is how long the gate holds the ranks: far longer than the
 // host takes to queue every rank's call.
 const gateDelay = 2 * time.Millisecond
 
-// timeEach is timeCall's per-iteration times (µs, the cross-rank maximum
-// of each iteration after warm-up), every iteration started by the gate.
-func (gt *startGate) timeEach(ctx context.Context, g comm.Group, e *executor.Engine, s *device.CUDAStream, run func() error, warm, iters int) ([]float64, error) {
-	var times []float64
-	for i := range warm + iters {
-		if g.Rank() == 0 {
-			if err := gt.s.Delay(gateDelay); err != nil {
-				return nil, err
-			}
-			ev, err := gt.s.Record()
-			if err != nil {
-				return nil, err
-			}
-			gt.events = append(gt.events[:0], ev)
-		}
-		if err := g.Barrier(ctx); err != nil {
-			return nil, err
-		}
-		if err := s.Wait(gt.events[0]); err != nil {
-			return nil, err
-		}
-		t0, err := s.RecordTimed()
-		if err != nil {
-			return nil, err
-		}
-		if err := run(); err != nil {
-			return nil, err
-		}
-		t1, err := s.RecordTimed()
-		if err != nil {
-			return nil, err
-		}
-		// Every rank has queued its wait before rank 0 queues the next
-		// gate.
-		if err := g.Barrier(ctx); err != nil {
-			return nil, err
-		}
-		if err := e.Synchronize(ctx); err != nil {
-			return nil, err
-		}
-		d, err := device.Elapsed(t0, t1)
-		if err != nil {
-			return nil, err
-		}
-		if i >= warm {
-			times = append(times, float64(d)/float64(time.Microsecond))
-		}
+// open queues the iteration's gate: on rank 0 only.
+func (gt *startGate) open(rank int) error {
+	if rank != 0 {
+		return nil
 	}
-	return crossRankMax(ctx, g, times)
+	if err := gt.s.Delay(gateDelay); err != nil {
+		return err
+	}
+	ev, err := gt.s.Record()
+	gt.event = ev
+	return err
 }
+
+// wait makes s's next work wait for the gate (after the barrier that
+// follows open).
+func (gt *startGate) wait(s *device.CUDAStream) error { return s.Wait(gt.event) }
 
 // pacedStats are one iteration's link-paced figures across the ranks.
 type pacedStats struct {
