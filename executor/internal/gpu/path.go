@@ -208,28 +208,15 @@ func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.G
 	}
 	p.s = s
 	P := env.P
-	p.recvCap = env.NumRanks * P.MaxTokensPerRank
-	if P.Capacity {
-		p.recvCap = P.MaxRecvTokens
-	}
-	p.combRows = P.MaxTokensPerRank * p.W
-	if ctl.Rail != nil {
-		// Entries of the forwarded tokens follow this rank's own.
-		p.combRows += ctl.Rail.M * P.MaxTokensPerRank * p.W
-	}
-	rowMax := p.H * 4 // fp32, the widest dtype
-	p.recvWOff, p.combWOff = p.recvCap*rowMax, p.combRows*rowMax
-	p.recvFOff = roundUp(p.recvWOff+p.recvCap*p.K*4, 8)
-	p.combFOff = roundUp(p.combWOff+p.combRows*p.K*4, 8)
-	// The layout runs on the GPU in one domain, when its buffers stay
-	// within int32 offsets at the largest sizes (else on the host, as
-	// with several domains; the same choice on every rank).
-	gpuLayout := ctl.Rail == nil && plan.LayoutDims(P, R, me, P.MaxTokensPerRank, p.recvCap).Check() == nil
-	routeSize := 8
-	if gpuLayout {
-		routeSize = 4 * R * (P.MaxTokensPerRank*p.K + 1)
-	}
-	sizes := []int{nvlink.GPUFlagsSize(R), p.recvFOff + p.recvCap*8, p.combFOff + p.combRows*8, routeSize}
+	// The regions' geometry (plan.NewGPUWindows, which the sizing report
+	// reads too). The layout runs on the GPU in one domain, when its
+	// buffers stay within int32 offsets at the largest sizes (else on the
+	// host, as with several domains; the same choice on every rank).
+	w := plan.NewGPUWindows(P, env.NumRanks, p.H)
+	p.recvCap, p.combRows = w.RecvRows, w.CombRows
+	p.recvWOff, p.combWOff, p.recvFOff, p.combFOff = w.RecvWeightsOff, w.CombWeightsOff, w.RecvFlagsOff, w.CombFlagsOff
+	gpuLayout := w.GPULayout
+	sizes := []int{nvlink.GPUFlagsSize(R), w.Recv, w.Comb, w.Route}
 	var err error
 	p.win, err = nvlink.MapGPU(ctx, group, s, sizes)
 	if err != nil {

@@ -38,6 +38,7 @@ import (
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor/internal/datapath"
+	"github.com/goep/goep/executor/internal/plan"
 	"github.com/goep/goep/nvlink"
 	"github.com/goep/goep/rdma"
 )
@@ -85,7 +86,7 @@ type Rail struct {
 // of ranks a fatal status names and those ranks (int32, up to
 // nvlink.MaxNamed).
 const (
-	Header   = 2048
+	Header   = plan.RailHeader
 	MsgMax   = 448                                       // bytes of a header's message
 	namedOff = 64 + MsgMax                               // the named ranks' count (uint64), then the ranks
 	_        = Header - namedOff - 8 - 4*nvlink.MaxNamed // the names fit (a negative constant fails to compile)
@@ -153,8 +154,7 @@ func GetHead(b []byte) Head {
 func New(ctx context.Context, g comm.Group, s device.Stream, env *datapath.Env, shm bool) (*Rail, error) {
 	R, rank, D := g.Size(), g.Rank(), env.P.RanksPerDomain
 	r := &Rail{env: env, D: D, M: R / D, Domain: rank / D, Local: rank % D, s: s, CombineSlack: nvlink.RelayMargin(env.Timeout)}
-	r.Area = env.P.MaxTokensPerRank * env.P.TopK * 4
-	r.Slot = Header + r.Area + env.P.MaxTokensPerRank*env.Hidden*4
+	r.Slot, r.Area = plan.RailSlot(env.P, env.Hidden)
 	fail := func(err error) (*Rail, error) {
 		return nil, errors.Join(err, r.Close())
 	}
