@@ -464,7 +464,8 @@ constexpr int64_t sumChunk = 32 * sumLane;
 // item's terms are entries e = t*width + c for c
 // < width with entRow[e] >= 0, in c order: row entRow[e] of z for this
 // rank's own (entDest[e] == me), else row e of the window once its flag
-// (flags[e]) holds the call's epoch. Units are V elements (V > 1: 16
+// (flags[e]) holds the call's epoch (waited for once a token by a warp:
+// a shared counter hands out a token's chunks together). Units are V elements (V > 1: 16
 // bytes). With gw, the token's weights as sum_rows sets them, from zw
 // (own) or the window's weights (wOff).
 template <bool BF16, int V>
@@ -480,6 +481,7 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 	const int64_t units = hidden / V;
 	const int64_t chunks = (units + sumChunk - 1) / sumChunk;
 	work q(shared ? &fw.grid[2] : nullptr, tokens * chunks, (int32_t)chunks, warp, warps, lane);
+	int64_t ready = -1;  // the token whose terms this warp has seen land
 	for (int64_t item; q.take(item, lane);) {
 		const int64_t t = item / chunks, ch = item % chunks;
 		bool ok = true, remote = false;
@@ -487,13 +489,16 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 			int64_t e = t * width + c;
 			int32_t d = entDest[e];
 			if (entRow[e] >= 0 && d != me) {
-				ok = wait_row(rowFlags + e, d, epoch, op, timeoutNs, fw, lane);
 				remote = true;
+				if (t != ready) {
+					ok = wait_row(rowFlags + e, d, epoch, op, timeoutNs, fw, lane);
+				}
 			}
 		}
 		if (!ok) {
 			continue;  // the call fails (status)
 		}
+		ready = t;
 		// A lane's units of the chunk are u0 + 32j, j < sumLane: every
 		// term's units are loaded before they are added (sumLane loads in
 		// flight a lane), in c order as sum_rows adds them.
