@@ -201,5 +201,6 @@ func newRoot(stdout, stderr io.Writer) (*cobra.Command, *cpuProfile) {
 	root.AddCommand(newCheck(stdout, stderr))
 	root.AddCommand(newPlot(stdout))
 	root.AddCommand(newTopo(stdout))
+	root.AddCommand(newSize(stdout, stderr))
 	return root, prof
 }

@@ -767,6 +767,26 @@ type rankReport struct {
 	A2AChecks map[string]*Check  `json:"a2a_checks"`
 }
 
+// engineConfig is the engine config of case c: its buffers sized for the
+// sweep's largest tokens, capacity mode's capacities those of the case.
+func (cfg Config) engineConfig(c Case) executor.Config {
+	ecfg := executor.Config{
+		NumExperts:       cfg.Experts,
+		TopK:             c.TopK,
+		Hidden:           c.Hidden,
+		MaxTokensPerRank: slices.Max(cfg.Tokens),
+		RanksPerDomain:   cfg.RanksPerDomain,
+		PadMultiple:      cfg.Pad,
+		SMs:              c.SMs,
+		ChunkRows:        c.ChunkRows,
+	}
+	if c.Mode == ModeCapacity {
+		ecfg.Mode = executor.Capacity
+		ecfg.MaxRecvTokens, ecfg.MaxPermutedTokens = cfg.capacities(c)
+	}
+	return ecfg
+}
+
 func newRankState(cfg Config, c Case, rank int) (*rankState, error) {
 	d, err := cfg.domainSize()
 	if err != nil {
@@ -777,21 +797,7 @@ func newRankState(cfg Config, c Case, rank int) (*rankState, error) {
 	for i := range tokens {
 		tokens[i] = c.Tokens
 	}
-	maxT := slices.Max(cfg.Tokens)
-	ecfg := executor.Config{
-		NumExperts:       cfg.Experts,
-		TopK:             c.TopK,
-		Hidden:           c.Hidden,
-		MaxTokensPerRank: maxT,
-		RanksPerDomain:   cfg.RanksPerDomain,
-		PadMultiple:      cfg.Pad,
-		SMs:              c.SMs,
-		ChunkRows:        c.ChunkRows,
-	}
-	if c.Mode == ModeCapacity {
-		ecfg.Mode = executor.Capacity
-		ecfg.MaxRecvTokens, ecfg.MaxPermutedTokens = cfg.capacities(c)
-	}
+	ecfg := cfg.engineConfig(c)
 	rs := &rankState{
 		cfg:       cfg,
 		c:         c,
