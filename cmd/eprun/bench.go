@@ -51,6 +51,7 @@ type benchFlags struct {
 	quiet             bool
 	wide              bool
 	forceMemory       bool
+	scaleToFit        bool
 }
 
 func newBench(stdout, stderr io.Writer) *cobra.Command {
@@ -178,6 +179,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.jsonOut, "json", "", "write the full record as JSON to FILE (- for stdout; "+jsonHelp+")")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress on stderr (the step running and the time left)")
 	fl.BoolVar(&f.forceMemory, "force-memory", false, "run even when the run is expected not to fit in the host memory available (the refusal is then a warning)")
+	fl.BoolVar(&f.scaleToFit, "scale-to-fit", false, "where the run is expected not to fit in the host memory available, run it scaled down (ranks halved to 8, then tokens halved, every other field kept) and say so, instead of refusing it (default: the config's scale_to_fit, set by gb300-ep64)")
 }
 
 // embeddedNames lists the embedded configs without their .yaml.
@@ -284,6 +286,9 @@ func (f benchFlags) apply(cmd *cobra.Command, c *bench.Config) {
 	if set("zipf-s") {
 		c.ZipfS = f.zipfS
 	}
+	if set("scale-to-fit") {
+		c.ScaleToFit = f.scaleToFit
+	}
 }
 
 func runBench(cmd *cobra.Command, f benchFlags, stdout, stderr io.Writer) error {
@@ -348,37 +353,48 @@ func runWithCSV(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io
 
 // configure loads the config, applies the flags and, under a launcher,
 // sets the ranks to the number of processes.
-func configure(cmd *cobra.Command, name string, f benchFlags, env launcher.Env) (bench.Config, error) {
+func configure(cmd *cobra.Command, name string, f benchFlags, env launcher.Env) (bench.Config, *bench.Scaling, error) {
 	cfg, err := loadConfig(f.config)
 	if err != nil {
-		return cfg, fmt.Errorf("%s: %w", name, err)
+		return cfg, nil, fmt.Errorf("%s: %w", name, err)
 	}
 	f.apply(cmd, &cfg)
 	if env.Kind != launcher.KindSingle {
 		if cmd.Flags().Changed("ranks") && f.ranks != env.Size {
-			return cfg, fmt.Errorf("%s: --ranks %d, but %s started %d processes (under a launcher the ranks are the processes)", name, f.ranks, env.Kind, env.Size)
+			return cfg, nil, fmt.Errorf("%s: --ranks %d, but %s started %d processes (under a launcher the ranks are the processes)", name, f.ranks, env.Kind, env.Size)
 		}
 		cfg.Ranks = env.Size
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, fmt.Errorf("%s: config: %w", name, err)
+		return cfg, nil, fmt.Errorf("%s: config: %w", name, err)
 	}
 	if err := bench.CheckBackend(cfg.Backend); err != nil {
-		return cfg, fmt.Errorf("%s: %w", name, err)
+		return cfg, nil, fmt.Errorf("%s: %w", name, err)
 	}
 	if _, err := bench.HarnessTimeout(); err != nil {
-		return cfg, fmt.Errorf("%s: %w", name, err)
+		return cfg, nil, fmt.Errorf("%s: %w", name, err)
 	}
 	inProcess := cfg.Ranks // in-process ranks, else one rank per process
 	if env.Kind != launcher.KindSingle {
 		inProcess = 1
 	}
-	// Refused here, before anything is printed; the warning of a run that
-	// probably fits comes from the run (rank 0's).
-	if _, err := cfg.CheckMemory(inProcess, name == "check"); err != nil && !f.forceMemory {
-		return cfg, fmt.Errorf("%s: %w (--force-memory runs it anyway)", name, err)
+	// Refused (or scaled down, with ScaleToFit) here, before anything is
+	// printed; the warning of a run that probably fits comes from the run
+	// (rank 0's).
+	if f.forceMemory {
+		return cfg, nil, nil
 	}
-	return cfg, nil
+	if !cfg.ScaleToFit {
+		if _, err := cfg.CheckMemory(inProcess, name == "check"); err != nil {
+			return cfg, nil, fmt.Errorf("%s: %w (--force-memory runs it anyway, --scale-to-fit runs it scaled down)", name, err)
+		}
+		return cfg, nil, nil
+	}
+	scaled, sc, err := cfg.ScaleDown(inProcess, name == "check", env.Kind != launcher.KindSingle)
+	if err != nil {
+		return cfg, nil, fmt.Errorf("%s: %w (--force-memory runs it anyway)", name, err)
+	}
+	return scaled, sc, nil
 }
 
 // execute runs the benchmark (bench) or the checks alone (check), in
@@ -397,9 +413,13 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 			}
 		}()
 	}
-	cfg, err := configure(cmd, name, f, env)
+	cfg, scaled, err := configure(cmd, name, f, env)
 	if err != nil {
 		return err
+	}
+	if scaled != nil && env.Rank == 0 {
+		// Said before the run, on stderr, and in the table and the record.
+		fmt.Fprintf(stderr, "eprun: %s: %s\n", name, scaled)
 	}
 	rank0 := env.Rank == 0
 	if !rank0 {
@@ -468,6 +488,7 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 	}
 	prog.finish()
 	rec := bench.NewRecord(envRec, cfg, res, runErr)
+	rec.Scaled = scaled
 	rec.Launcher, rec.Processes, rec.Group = launch, procs, group
 	if f.jsonOut != "" && rank0 {
 		rec.Topology = topoJSON(cfg.Ranks)

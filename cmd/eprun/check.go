@@ -56,6 +56,9 @@ func writeCheck(w io.Writer, rec bench.Record) error {
 	var b strings.Builder
 	e, c := rec.Env, rec.Config
 	fmt.Fprintf(&b, "# goep %s (%s)  backend %s  %s %s/%s\n", e.GoepVersion, dash(e.ShortCommit()), e.Backend, e.GoVersion, e.GOOS, e.GOARCH)
+	if rec.Scaled != nil {
+		fmt.Fprintf(&b, "# %s\n", rec.Scaled)
+	}
 	if s := e.GPULine(); s != "" {
 		fmt.Fprintf(&b, "# %s\n", s)
 	}

@@ -112,6 +112,11 @@ type Config struct {
 	// exponent ZipfS, e.g. 1.1). See RoutingSpec.
 	Routing string  `yaml:"routing,omitempty" json:"routing,omitempty"`
 	ZipfS   float64 `yaml:"zipf_s,omitempty" json:"zipf_s,omitempty"`
+	// ScaleToFit lets eprun run the config scaled down (fewer ranks and
+	// tokens, every other field kept; ScaleDown) where the memory estimate
+	// says it cannot fit, instead of refusing it. Configs of shapes too
+	// large for one machine, such as the workload of record, set it.
+	ScaleToFit bool `yaml:"scale_to_fit,omitempty" json:"scale_to_fit,omitempty"`
 }
 
 // RoutingSpec is the config's routing generator.

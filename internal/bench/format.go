@@ -50,6 +50,10 @@ type Record struct {
 	// clique, UCX's devices, the launcher, the domain layout); eprun sets
 	// it, other callers may leave it empty.
 	Topology json.RawMessage `json:"topology,omitempty"`
+	// Scaled is set when the configured run could not fit and ran scaled
+	// down (Config.ScaleToFit, Config.ScaleDown); Config is then the run's,
+	// the scaled one.
+	Scaled *Scaling `json:"scaled,omitempty"`
 }
 
 // NewRecord assembles a record from a (possibly partial) result.
@@ -127,6 +131,9 @@ func tableText(rec Record, width int) string {
 	}
 	fmt.Fprintf(&b, "# ranks %d (%s)  experts %d  topk %d  mode %s  pad %d  iters %d (+%d warm-up)%s  seed %d  routing %s%s\n",
 		c.Ranks, domains, c.Experts, c.TopK, c.Mode, c.Pad, c.Iters, c.Warmup, count, c.Seed, c.RoutingSpec(), knobs)
+	if rec.Scaled != nil {
+		fmt.Fprintf(&b, "# %s\n", rec.Scaled)
+	}
 	if rec.Launcher != "" {
 		fmt.Fprintf(&b, "# launcher %s  processes %d  group %s  timing %s  a2a over %s\n", rec.Launcher, rec.Processes, orDash(rec.Group), orDash(rec.Timing), orDash(rec.BaselineA2ATransport))
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/goep/goep/device"
 )
@@ -277,4 +278,110 @@ func (c Config) rowTerms(cs Case, checkOnly bool) string {
 		s += ", the baselines' buffers of them"
 	}
 	return s
+}
+
+// Scaling records how ScaleDown scaled a run down to fit: the ranks and
+// tokens configured and run, and why.
+type Scaling struct {
+	FromRanks  int  `json:"from_ranks"`
+	ToRanks    int  `json:"to_ranks"`
+	FromTokens Ints `json:"from_tokens"`
+	ToTokens   Ints `json:"to_tokens"`
+	// Reason is the memory estimate's refusal of the configured run.
+	Reason string `json:"reason"`
+	// Peak is the scaled run's expected peak of host memory, and
+	// Available the memory available, in bytes.
+	Peak      float64 `json:"peak_bytes"`
+	Available float64 `json:"available_bytes"`
+}
+
+// String says what was scaled and why, in one sentence.
+func (s *Scaling) String() string {
+	ranks := fmt.Sprintf("ranks %d", s.FromRanks)
+	if s.ToRanks != s.FromRanks {
+		ranks = fmt.Sprintf("ranks %d -> %d", s.FromRanks, s.ToRanks)
+	}
+	return fmt.Sprintf("scaled down to fit: %s, tokens %v -> %v a rank, every other field as configured; the scaled run is expected to need up to %s of the %s available. The configured run cannot fit: %s",
+		ranks, []int(s.FromTokens), []int(s.ToTokens), gib(s.Peak), gib(s.Available), s.Reason)
+}
+
+// scaleMinRanks is the fewest ranks ScaleDown goes to before it reduces
+// tokens: a node of eight GPUs, the rank count of eprun's default.
+const scaleMinRanks = 8
+
+// ScaleDown returns c scaled down until the memory estimate (CheckMemory)
+// neither refuses nor warns, with a record of what changed, or c and nil
+// when c fits as it is (or the memory available is unknown). inProcess is
+// the ranks in this process: c.Ranks (in-process ranks, which ScaleDown
+// reduces with the ranks), or 1 under a launcher (fixedRanks: the ranks
+// are the processes, and only tokens are reduced).
+//
+// The steps, each taken until the run fits: the ranks are halved (to the
+// largest divisor of the experts at most half of them, and a multiple of
+// ranks_per_domain if set) down to eight, then every tokens value is
+// halved (at least 1), then the ranks go below eight. Experts, top-k,
+// hidden, dtype, routing, the knobs and every other field stay as
+// configured, so the experts a rank owns grow as the ranks shrink. It
+// fails, wrapping ErrMemory, when even one token on the fewest ranks
+// does not fit.
+func (c Config) ScaleDown(inProcess int, checkOnly, fixedRanks bool) (Config, *Scaling, error) {
+	procs := func(x Config) int {
+		if fixedRanks {
+			return inProcess
+		}
+		return x.Ranks
+	}
+	fits := func(x Config) bool {
+		w, err := x.CheckMemory(procs(x), checkOnly)
+		return err == nil && w == ""
+	}
+	_, first := c.CheckMemory(procs(c), checkOnly)
+	if first == nil {
+		return c, nil, nil
+	}
+	cur := c
+	for !fits(cur) {
+		next, ok := cur.shrink(fixedRanks)
+		if !ok {
+			return c, nil, fmt.Errorf("%w; and scaled down to %d rank(s) of %v token(s) it still does not fit", first, cur.Ranks, []int(cur.Tokens))
+		}
+		cur = next
+	}
+	avail, _ := availableMemory()
+	measure := func(cs Case) float64 { return hostBytes(cur, cs, procs(cur), checkOnly, true) }
+	if cur.Backend == BackendCUDA {
+		measure = func(cs Case) float64 { return minHostBytes(cur, cs, procs(cur)) }
+	}
+	_, peak := cur.largest(measure)
+	reason := strings.TrimPrefix(first.Error(), ErrMemory.Error()+": ")
+	return cur, &Scaling{FromRanks: c.Ranks, ToRanks: cur.Ranks, FromTokens: slices.Clone(c.Tokens), ToTokens: slices.Clone(cur.Tokens),
+		Reason: reason, Peak: peak, Available: avail}, nil
+}
+
+// shrink is ScaleDown's next step from c, false when there is none.
+func (c Config) shrink(fixedRanks bool) (Config, bool) {
+	fewer := func() bool {
+		for r := c.Ranks / 2; r >= 1; r-- {
+			if c.Experts%r == 0 && (c.RanksPerDomain == 0 || r%c.RanksPerDomain == 0) {
+				c.Ranks = r
+				return true
+			}
+		}
+		return false
+	}
+	if !fixedRanks && c.Ranks > scaleMinRanks && fewer() {
+		return c, true
+	}
+	if slices.Max(c.Tokens) > 1 {
+		t := make(Ints, len(c.Tokens))
+		for i, n := range c.Tokens {
+			t[i] = min(n, max(n/2, 1))
+		}
+		c.Tokens = t
+		return c, true
+	}
+	if !fixedRanks && fewer() {
+		return c, true
+	}
+	return c, false
 }
