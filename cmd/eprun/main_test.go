@@ -137,7 +137,7 @@ func TestBadUsage(t *testing.T) {
 		// runs it anyway.
 		{[]string{"check", "tiny", "--tokens", "64", "--hidden", "1048576", "--pad", "1000000"}, "permuted rows a rank"},
 		{[]string{"bench", "tiny", "--hidden", "1048576", "--mode", "capacity", "--max-permuted-tokens", "100000000"}, "outputs of capacity 128 and 100000000 rows"},
-		{[]string{"check", "tiny", "--tokens", "64", "--hidden", "1048576", "--pad", "1000000"}, "(--force-memory runs it anyway)"},
+		{[]string{"check", "tiny", "--tokens", "64", "--hidden", "1048576", "--pad", "1000000"}, "(--force-memory runs it anyway, --scale-to-fit runs it scaled down)"},
 		// Values that cannot work, refused with their reason by bench and
 		// check alike.
 		{[]string{"bench", "tiny", "--max-recv-tokens", "5"}, "max_recv_tokens 5: the capacities size the outputs of capacity mode, and no case runs in it"},
