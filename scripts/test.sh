@@ -6,8 +6,10 @@
 # under mpirun (Open MPI), the ucx-tagged tests (UCX), and go test -race.
 # Before it changes anything it prints what it will install: Debian
 # packages, a Go toolchain (go.mod's version, into the module cache, for
-# its own run), and for the CUDA check contrib and non-free in apt's
-# sources and Debian's CUDA toolkit (about 5 GB). It never asks (CI runs
+# its own run), for the CUDA check contrib and non-free in apt's sources
+# and Debian's CUDA toolkit (about 5 GB), and CUDA 12.4's headers and nvcc
+# from Debian trixie, extracted into a cache folder (scripts/cuda12.sh,
+# about 1 GB; nothing installed into the system). It never asks (CI runs
 # it unattended); on a terminal it waits 10 s after the list, so Ctrl-C
 # stops it before anything is installed.
 #
@@ -17,6 +19,7 @@
 #   GOEP_TEST_RACE=small  race detector over the small packages only
 #   GOEP_TEST_RACE=none   no race run
 #   GOEP_TEST_CUDA=none   skip scripts/cuda-check.sh (and its install)
+#   GOEP_TEST_CUDA12=none skip the build against CUDA 12.4 (and its download)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -97,6 +100,11 @@ if [ "${GOEP_TEST_CUDA:-all}" = all ]; then
 	while IFS= read -r line; do
 		plan+=("$line")
 	done < <(bash scripts/cuda-check.sh --plan)
+fi
+if [ "${GOEP_TEST_CUDA12:-all}" = all ]; then
+	while IFS= read -r line; do
+		plan+=("$line")
+	done < <(bash scripts/cuda12.sh --plan)
 fi
 if [ ${#plan[@]} -gt 0 ]; then
 	log "scripts/test.sh will install (GOEP_TEST_CUDA=none leaves out the CUDA toolkit):"
@@ -211,6 +219,32 @@ all)
 none) ;;
 *)
 	echo "scripts/test.sh: GOEP_TEST_CUDA=$GOEP_TEST_CUDA: want all or none" >&2
+	exit 2
+	;;
+esac
+
+# The cuda build against CUDA 12.4's headers (scripts/cuda12.sh: Debian
+# trixie's packages, extracted into a cache folder), where the code that
+# needs CUDA 12 compiles in (fabric handles, CUDA 12.3): vet, build, the
+# tests that need no GPU, the GPU test binaries. The committed PTX stays
+# nvcc 11.8's, which cuda-check.sh checks.
+case "${GOEP_TEST_CUDA12:-all}" in
+all)
+	log "the cuda build against CUDA 12.4 (scripts/cuda12.sh)"
+	(
+		eval "$(bash scripts/cuda12.sh)"
+		go vet -tags cuda ./...
+		go vet -tags cuda,ucx ./...
+		go build -tags cuda ./...
+		go test -tags cuda -count=1 ./internal/cuda/... ./device ./permute ./nvlink
+		for pkg in ./internal/cuda ./device ./permute ./executor ./executor/internal/gpu; do
+			go test -c -tags cuda -o /dev/null "$pkg"
+		done
+	)
+	;;
+none) ;;
+*)
+	echo "scripts/test.sh: GOEP_TEST_CUDA12=$GOEP_TEST_CUDA12: want all or none" >&2
 	exit 2
 	;;
 esac

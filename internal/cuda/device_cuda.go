@@ -15,6 +15,16 @@ package cuda
 #define GOEP_HAVE_ATTR_FABRIC 0
 #define GOEP_ATTR_FABRIC 0
 #endif
+
+// Attribute 122, 64-bit operations of the v2 stream memory API, is
+// CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V2 in CUDA 11 headers
+// and lost its suffix in CUDA 12.0 (the suffixed name of 11 went to the
+// v1 API's attribute 93).
+#if CUDA_VERSION >= 12000
+#define GOEP_ATTR_STREAM_MEM_OPS_64 CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
+#else
+#define GOEP_ATTR_STREAM_MEM_OPS_64 CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V2
+#endif
 */
 import "C"
 
@@ -252,7 +262,7 @@ func (d *Device) describe() error {
 		{C.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, &d.feat.VMM},
 		{C.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, &d.feat.PosixFD},
 		{C.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, &d.feat.Cooperative},
-		{C.CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V2, &d.feat.StreamMemOps64},
+		{C.GOEP_ATTR_STREAM_MEM_OPS_64, &d.feat.StreamMemOps64},
 	}
 	if C.GOEP_HAVE_ATTR_FABRIC != 0 {
 		flags = append(flags, struct {
