@@ -20,6 +20,8 @@
 #   GOEP_TEST_RACE=none   no race run
 #   GOEP_TEST_CUDA=none   skip scripts/cuda-check.sh (and its install)
 #   GOEP_TEST_CUDA12=none skip the build against CUDA 12.4 (and its download)
+#   GOEP_TEST_ARM64=none  skip the builds without cgo and for arm64, and the
+#                         arm64 tests under qemu-user
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,6 +64,8 @@ command -v mpirun >/dev/null || APT_PACKAGES+=(openmpi-bin)
 command -v pkg-config >/dev/null || APT_PACKAGES+=(pkg-config)
 pkg-config --exists ompi 2>/dev/null || APT_PACKAGES+=(libopenmpi-dev)
 pkg-config --exists ucx 2>/dev/null || APT_PACKAGES+=(libucx-dev)
+# qemu-user runs the arm64 test binaries (GOEP_TEST_ARM64).
+[ "${GOEP_TEST_ARM64:-all}" = none ] || command -v qemu-aarch64-static >/dev/null || APT_PACKAGES+=(qemu-user-static)
 
 # Go: the machine's /usr/local/go, else any go on PATH, else Debian's
 # golang-go. A go of 1.21 or later fetches the toolchain go.mod asks for
@@ -219,6 +223,37 @@ all)
 none) ;;
 *)
 	echo "scripts/test.sh: GOEP_TEST_CUDA=$GOEP_TEST_CUDA: want all or none" >&2
+	exit 2
+	;;
+esac
+
+# The pure-Go build (no cgo: the host backend, in-process and TCP
+# bootstrap, DESIGN.md's build without tags) vetted and its tests
+# compiled, and the same for arm64 (Grace), whose test binaries of the
+# packages that start no second process run under qemu-user: the
+# collectives, the domain's host flags, the row kernels' Go paths (no
+# AVX2 there), the layout, the bench.
+case "${GOEP_TEST_ARM64:-all}" in
+all)
+	log "CGO_ENABLED=0 go vet ./... (amd64, arm64); arm64 tests under qemu-user"
+	CGO_ENABLED=0 go vet ./...
+	CGO_ENABLED=0 go test -count=1 -run '^$' ./... >/dev/null
+	GOARCH=arm64 CGO_ENABLED=0 go vet ./...
+	arm=$(mktemp -d)
+	for pkg in ./comm ./nvlink ./permute ./executor/internal/plan ./internal/bench; do
+		GOARCH=arm64 CGO_ENABLED=0 go test -c -o "$arm/pkg.test" "$pkg"
+		(cd "$pkg" && qemu-aarch64-static "$arm/pkg.test" -test.short -test.count=1 >"$arm/log" 2>&1) || {
+			cat "$arm/log" >&2
+			echo "scripts/test.sh: arm64 tests of $pkg failed under qemu" >&2
+			exit 1
+		}
+		log "arm64 $pkg: $(tail -1 "$arm/log")"
+	done
+	rm -rf "$arm"
+	;;
+none) ;;
+*)
+	echo "scripts/test.sh: GOEP_TEST_ARM64=$GOEP_TEST_ARM64: want all or none" >&2
 	exit 2
 	;;
 esac

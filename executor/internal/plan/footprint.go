@@ -82,9 +82,7 @@ func NewGPUWindows(p Params, numRanks, hidden int) GPUWindows {
 	w.CombFlagsOff = roundUp8(w.CombWeightsOff + w.CombRows*K*4)
 	w.Recv = w.RecvFlagsOff + w.RecvRows*8
 	w.Comb = w.CombFlagsOff + w.CombRows*8
-	// Whether the layout fits the GPU kernels' int32 offsets does not
-	// depend on the rank: rank 0 answers for all.
-	w.GPULayout = M == 1 && LayoutDims(p, D, 0, T, w.RecvRows).Check() == nil
+	w.GPULayout = M == 1 && gpuLayoutFits(p, D, T, w.RecvRows)
 	w.Route = 8
 	if w.GPULayout {
 		w.Route = 4 * D * (T*K + 1)

@@ -27,6 +27,11 @@ func TestNewGPUWindows(t *testing.T) {
 			Recv: 2560, Comb: 3840, Route: 8, Forward: 1152}},
 	} {
 		p.RanksPerDomain = tc.D
+		if !haveLayoutDims && tc.want.GPULayout {
+			// Without cgo the layout's dimensions are not known: the
+			// host layout's 8-byte route region.
+			tc.want.GPULayout, tc.want.Route = false, 8
+		}
 		if got := NewGPUWindows(p, 4, 16); got != tc.want {
 			t.Errorf("%s:\n got %+v\nwant %+v", tc.name, got, tc.want)
 		}

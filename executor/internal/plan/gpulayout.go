@@ -28,6 +28,17 @@ func LayoutDims(p Params, R, me, T, rowCap int) gpulayout.Dims {
 		Pad: max(p.PadMultiple, 1), Chunk: layoutChunk, MaxRecv: maxRecv, T: T, RowCap: rowCap}
 }
 
+// haveLayoutDims reports that this build computes the layout's dimensions
+// (cgo: internal/gpulayout's C).
+const haveLayoutDims = true
+
+// gpuLayoutFits reports whether the layout of a domain of R ranks (T
+// tokens each at most, rowCap receive rows) fits the GPU kernels' int32
+// offsets. It does not depend on the rank: rank 0 answers for all.
+func gpuLayoutFits(p Params, R, T, rowCap int) bool {
+	return LayoutDims(p, R, 0, T, rowCap).Check() == nil
+}
+
 // layoutChunk is the tokens per chunk of the column kernels: each thread
 // walks one chunk of one column.
 const layoutChunk = 32
