@@ -44,7 +44,11 @@ env_lines() {
 
 case "${1:-}" in
 --plan)
-	[ -e "$stamp" ] || echo "CUDA 12.4: download Debian trixie's nvidia-cuda-toolkit, nvidia-cuda-dev, libnvvm4, libcu++-dev (about 1 GB) into $dir and extract them there (nothing installed into the system)"
+	if [ ! -e "$stamp" ]; then
+		extra=""
+		command -v g++-12 >/dev/null || extra=", after apt-get install g++-12 (nvcc 12.4's host compiler)"
+		echo "CUDA 12.4: download Debian trixie's nvidia-cuda-toolkit, nvidia-cuda-dev, libnvvm4, libcu++-dev (about 1 GB) into $dir and extract them there (nothing installed into the system)$extra"
+	fi
 	exit 0
 	;;
 --env)
