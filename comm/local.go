@@ -86,7 +86,14 @@ func (g *localGroup) deposit(ctx context.Context, op string, data []byte, counts
 	select {
 	case <-rd.done:
 	case <-ctx.Done():
-		return nil, nil, g.fail(op, rd, ctx.Err())
+		// A round that completed stands, whatever ended ctx meanwhile:
+		// every other member has its data (select picks at random among
+		// ready cases).
+		select {
+		case <-rd.done:
+		default:
+			return nil, nil, g.fail(op, rd, ctx.Err())
+		}
 	case <-closeCh:
 		select {
 		case <-rd.done:

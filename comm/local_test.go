@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -224,6 +225,43 @@ func TestLocalAllToAllOwnership(t *testing.T) {
 			if want := []byte{byte(10*s + r), byte(10*s + r)}; !slices.Equal(recv[r][s], want) {
 				t.Errorf("rank %d's part from rank %d is %v, want %v", r, s, recv[r][s], want)
 			}
+		}
+	}
+}
+
+// TestLocalCompletedRoundStands: a member whose context has ended by the
+// time it arrives last still gets the round's data, as every other member
+// does: the round is complete, and a completed round wins over the
+// context (before, the wait chose at random between the two).
+func TestLocalCompletedRoundStands(t *testing.T) {
+	for i := range 200 {
+		gs := NewLocal(2)
+		first := make(chan error, 1)
+		go func() {
+			_, err := gs[0].AllGather(t.Context(), []byte{0})
+			first <- err
+		}()
+		// Rank 1 arrives last with an ended context: wait until rank 0 has
+		// deposited, so that rank 1's deposit completes the round.
+		w := gs[0].(*localGroup).w
+		for {
+			w.mu.Lock()
+			rd := w.rounds[0]
+			in := rd != nil && rd.arrived[0]
+			w.mu.Unlock()
+			if in {
+				break
+			}
+			runtime.Gosched()
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		got, err := gs[1].AllGather(ctx, []byte{1})
+		if err != nil || len(got) != 2 || got[0][0] != 0 || got[1][0] != 1 {
+			t.Fatalf("iteration %d: rank 1 arriving last with an ended context: %v, %v; want the round's data", i, got, err)
+		}
+		if err := <-first; err != nil {
+			t.Fatalf("iteration %d: rank 0: %v", i, err)
 		}
 	}
 }
