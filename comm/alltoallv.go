@@ -19,8 +19,11 @@ import (
 // Both buffers belong to the caller, who reuses them from one call to the
 // next: nothing is allocated per call in proportion to the bytes, and once
 // AllToAllv returns without error, no peer reads send or writes recv
-// again (after an error, a deadline say, a peer may still be reading send,
-// and under MPI the buffers stay pinned for good: the group is done). It is for
+// again. In process that holds after an error too (a member that leaves
+// before every member has arrived voids the exchange for all, and one that
+// has seen it complete waits for every peer's copies); under MPI, after an
+// error (a deadline say) a peer may still be reading send, and the buffers
+// stay pinned for good: the group is done. It is for
 // moving data the way a user of the group would, not goep's data path:
 // in process (NewLocal) each rank copies its part of every peer's send
 // buffer into its recv once; under MPI (tag mpi) it is one

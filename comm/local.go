@@ -38,6 +38,10 @@ type round struct {
 	count   int
 	left    int // members that have not yet collected the result
 	done    chan struct{}
+	// void is the member that left before the round completed, where
+	// members lend their buffers (AllToAllv), else -1: the round then
+	// fails on every member, none reading a buffer its owner may free.
+	void int
 	// children holds the sub-worlds a Split creates, by color.
 	children map[int]*localWorld
 }
@@ -54,12 +58,14 @@ func (g *localGroup) Size() int { return g.w.size }
 // exchange is the one primitive: deposit a copy of data in this member's
 // next round and wait for everyone's.
 func (g *localGroup) exchange(ctx context.Context, op string, data []byte) ([][]byte, *round, error) {
-	return g.deposit(ctx, op, append([]byte(nil), data...), nil)
+	return g.deposit(ctx, op, append([]byte(nil), data...), nil, false)
 }
 
 // deposit is exchange of data the caller gives up: no one writes it again,
 // so it is deposited as it is; counts, if any, go beside it (AllToAllv).
-func (g *localGroup) deposit(ctx context.Context, op string, data []byte, counts []int) ([][]byte, *round, error) {
+// lent: data is the caller's buffer, which peers read after the round
+// (AllToAllv): a member that leaves before the round completes voids it.
+func (g *localGroup) deposit(ctx context.Context, op string, data []byte, counts []int, lent bool) ([][]byte, *round, error) {
 	w := g.w
 	seq := g.seq
 	g.seq++
@@ -70,7 +76,7 @@ func (g *localGroup) deposit(ctx context.Context, op string, data []byte, counts
 	}
 	rd := w.rounds[seq]
 	if rd == nil {
-		rd = &round{data: make([][]byte, w.size), counts: make([][]int, w.size), arrived: make([]bool, w.size), left: w.size, done: make(chan struct{})}
+		rd = &round{data: make([][]byte, w.size), counts: make([][]int, w.size), arrived: make([]bool, w.size), left: w.size, done: make(chan struct{}), void: -1}
 		w.rounds[seq] = rd
 	}
 	rd.data[g.rank] = data
@@ -88,10 +94,14 @@ func (g *localGroup) deposit(ctx context.Context, op string, data []byte, counts
 	case <-ctx.Done():
 		// A round that completed stands, whatever ended ctx meanwhile:
 		// every other member has its data (select picks at random among
-		// ready cases).
-		select {
-		case <-rd.done:
-		default:
+		// ready cases). One that did not is left, and voided if lent.
+		w.mu.Lock()
+		complete := rd.count == w.size
+		if !complete && lent && rd.void < 0 {
+			rd.void = g.rank
+		}
+		w.mu.Unlock()
+		if !complete {
 			return nil, nil, g.fail(op, rd, ctx.Err())
 		}
 	case <-closeCh:
@@ -106,7 +116,11 @@ func (g *localGroup) deposit(ctx context.Context, op string, data []byte, counts
 	if rd.left == 0 {
 		delete(w.rounds, seq)
 	}
+	void := rd.void
 	w.mu.Unlock()
+	if void >= 0 {
+		return nil, nil, fmt.Errorf("comm: %s on rank %d: rank %d left the exchange before every rank had arrived (its context ended): %w", op, g.rank, void, ErrPeerLost)
+	}
 	return rd.data, rd, nil
 }
 
@@ -150,7 +164,7 @@ func (g *localGroup) AllToAll(ctx context.Context, send [][]byte) ([][]byte, err
 		enc = binary.LittleEndian.AppendUint64(enc, uint64(len(b)))
 		enc = append(enc, b...)
 	}
-	all, _, err := g.deposit(ctx, "alltoall", enc, nil)
+	all, _, err := g.deposit(ctx, "alltoall", enc, nil, false)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +192,7 @@ func (g *localGroup) AllToAllv(ctx context.Context, send []byte, sendCounts []in
 	if err := checkV(g.rank, g.w.size, send, sendCounts, recv, recvCounts); err != nil {
 		return err
 	}
-	all, rd, err := g.deposit(ctx, "alltoallv", send, sendCounts)
+	all, rd, err := g.deposit(ctx, "alltoallv", send, sendCounts, true)
 	if err != nil {
 		return err
 	}
@@ -199,7 +213,13 @@ func (g *localGroup) AllToAllv(ctx context.Context, send []byte, sendCounts []in
 		}
 		off += n
 	}
-	if _, _, err := g.exchange(ctx, "alltoallv (end)", nil); err != nil {
+	// The end round waits for every member's copies whatever ends ctx
+	// meanwhile: once the first round completed, every member copies
+	// (bounded work, no peer to wait for) and then arrives here, and none
+	// may return, and free or reuse its send buffer, while a peer still
+	// reads it (a buffer outside the Go heap would be unmapped under the
+	// reader).
+	if _, _, err := g.exchange(context.WithoutCancel(ctx), "alltoallv (end)", nil); err != nil {
 		return err
 	}
 	return bad

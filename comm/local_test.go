@@ -8,6 +8,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/goep/goep/internal/ranktest"
@@ -263,5 +264,41 @@ func TestLocalCompletedRoundStands(t *testing.T) {
 		if err := <-first; err != nil {
 			t.Fatalf("iteration %d: rank 0: %v", i, err)
 		}
+	}
+}
+
+// TestLocalAllToAllvLeftVoids: a member that leaves an AllToAllv before
+// every member has arrived (its context ended) voids the round: the member
+// that completes it later gets an error naming the one that left, and
+// reads nothing from its send buffer (which its owner may have freed).
+func TestLocalAllToAllvLeftVoids(t *testing.T) {
+	gs := NewLocal(2)
+	ctx, cancel := context.WithCancel(t.Context())
+	left := make(chan error, 1)
+	go func() {
+		left <- AllToAllv(ctx, gs[0], []byte{1, 2}, []int{1, 1}, make([]byte, 2), []int{1, 1})
+	}()
+	w := gs[0].(*localGroup).w
+	for {
+		w.mu.Lock()
+		rd := w.rounds[0]
+		in := rd != nil && rd.arrived[0]
+		w.mu.Unlock()
+		if in {
+			break
+		}
+		runtime.Gosched()
+	}
+	cancel()
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Fatalf("rank 0 leaving: %v; want context.Canceled", err)
+	}
+	recv := []byte{7, 7}
+	err := AllToAllv(t.Context(), gs[1], []byte{3, 4}, []int{1, 1}, recv, []int{1, 1})
+	if !errors.Is(err, ErrPeerLost) || !strings.Contains(err.Error(), "rank 0 left") {
+		t.Fatalf("rank 1 completing the round: %v; want ErrPeerLost naming rank 0", err)
+	}
+	if recv[0] != 7 || recv[1] != 7 {
+		t.Errorf("rank 1's recv %v: want it untouched", recv)
 	}
 }

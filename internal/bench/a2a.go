@@ -80,6 +80,8 @@ type A2A struct {
 	sendBytes, recvBytes []int
 	sendOff, recvOff     []int // each rank's message in send, recv
 	send, recv           hostBuf
+	// failed: an exchange failed, and a peer may still use its buffers.
+	failed bool
 
 	// Dispatch outputs: N rows, source s's at recvOff[s] (Row, RecvXInto;
 	// packed rows, fp8 with their scales; Unpack splits them).
@@ -302,9 +304,16 @@ func (a *A2A) Dispatch(ctx context.Context) error {
 	return nil
 }
 
-// allToAllv is comm.AllToAllv on the baseline's group.
+// allToAllv is comm.AllToAllv on the baseline's group. After it fails,
+// a peer may still read send or write recv (comm.AllToAllv's contract):
+// the A2A keeps its buffers mapped from then on (Free abandons them), and
+// so must the caller's (failed).
 func (a *A2A) allToAllv(ctx context.Context, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
-	return comm.AllToAllv(ctx, a.g, send, sendCounts, recv, recvCounts)
+	err := comm.AllToAllv(ctx, a.g, send, sendCounts, recv, recvCounts)
+	if err != nil {
+		a.failed = true
+	}
+	return err
 }
 
 // Row is received row i of the last Dispatch (packed), a view of the
@@ -476,6 +485,10 @@ func (a *A2A) Free(keepPermuted bool) error {
 	a.Out = nil
 	var err error
 	for _, b := range bufs {
+		if a.failed {
+			b.abandon()
+			continue
+		}
 		err = errors.Join(err, b.free())
 	}
 	return err
@@ -522,6 +535,9 @@ func (st *rankState) runA2A(ctx context.Context) (err error) {
 	}
 	var z hostBuf // the gathered rows of ca's dispatch: combine's z
 	defer func() {
+		if ca.failed {
+			z.abandon() // combine's send buffer (allToAllv)
+		}
 		err = errors.Join(err, a.Close(), z.free())
 		if ca != a {
 			err = errors.Join(err, ca.Close())

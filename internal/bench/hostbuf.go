@@ -43,5 +43,11 @@ func (h *hostBuf) free() error {
 	return nil
 }
 
+// abandon forgets the buffer without unmapping it: after a failed
+// exchange a peer may still read it (comm.AllToAllv), and an unmapped
+// page under that read would crash the process. The run has failed; the
+// process gives the pages back when it ends.
+func (h *hostBuf) abandon() { h.b = nil }
+
 // size is the bytes mapped.
 func (h *hostBuf) size() int { return cap(h.b) }
