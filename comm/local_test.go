@@ -242,19 +242,9 @@ func TestLocalCompletedRoundStands(t *testing.T) {
 			_, err := gs[0].AllGather(t.Context(), []byte{0})
 			first <- err
 		}()
-		// Rank 1 arrives last with an ended context: wait until rank 0 has
-		// deposited, so that rank 1's deposit completes the round.
-		w := gs[0].(*localGroup).w
-		for {
-			w.mu.Lock()
-			rd := w.rounds[0]
-			in := rd != nil && rd.arrived[0]
-			w.mu.Unlock()
-			if in {
-				break
-			}
-			runtime.Gosched()
-		}
+		// Rank 1 arrives last with an ended context: once rank 0 has
+		// deposited, rank 1's deposit completes the round.
+		waitArrived(gs[0])
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		got, err := gs[1].AllGather(ctx, []byte{1})
@@ -278,17 +268,7 @@ func TestLocalAllToAllvLeftVoids(t *testing.T) {
 	go func() {
 		left <- AllToAllv(ctx, gs[0], []byte{1, 2}, []int{1, 1}, make([]byte, 2), []int{1, 1})
 	}()
-	w := gs[0].(*localGroup).w
-	for {
-		w.mu.Lock()
-		rd := w.rounds[0]
-		in := rd != nil && rd.arrived[0]
-		w.mu.Unlock()
-		if in {
-			break
-		}
-		runtime.Gosched()
-	}
+	waitArrived(gs[0])
 	cancel()
 	if err := <-left; !errors.Is(err, context.Canceled) {
 		t.Fatalf("rank 0 leaving: %v; want context.Canceled", err)
@@ -300,5 +280,21 @@ func TestLocalAllToAllvLeftVoids(t *testing.T) {
 	}
 	if recv[0] != 7 || recv[1] != 7 {
 		t.Errorf("rank 1's recv %v: want it untouched", recv)
+	}
+}
+
+// waitArrived returns once member g of a fresh in-process group has
+// deposited in its first round.
+func waitArrived(g Group) {
+	lg := g.(*localGroup)
+	for {
+		lg.w.mu.Lock()
+		rd := lg.w.rounds[0]
+		in := rd != nil && rd.arrived[lg.rank]
+		lg.w.mu.Unlock()
+		if in {
+			return
+		}
+		runtime.Gosched()
 	}
 }
