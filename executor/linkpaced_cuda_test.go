@@ -69,16 +69,8 @@ func pacedRank(ctx context.Context, g comm.Group, b device.Backend, gate *startG
 		name string
 		run  func() error
 	}{
-		{"dispatch", func() error {
-			o, err := e.Dispatch(ctx, h, executor.DispatchInput{X: xt})
-			o.Close()
-			return err
-		}},
-		{"combine", func() error {
-			o, err := e.Combine(ctx, h, executor.CombineInput{Z: z})
-			o.Close()
-			return err
-		}},
+		{"dispatch", dispatchCall(ctx, e, h, xt)},
+		{"combine", combineCall(ctx, e, h, z)},
 	}
 	res := map[string]pacedCall{}
 	for _, c := range calls {

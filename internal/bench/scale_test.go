@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/goep/goep/configs"
 )
 
 // TestScaleDownWorkloadOfRecord: gb300-ep64 on a machine of 8 GiB (as the
@@ -19,14 +17,7 @@ import (
 func TestScaleDownWorkloadOfRecord(t *testing.T) {
 	old := availableMemory
 	t.Cleanup(func() { availableMemory = old })
-	data, err := configs.FS.ReadFile("gb300-ep64.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := ParseConfig(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := workloadOfRecord(t)
 	availableMemory = func() (float64, bool) { return 8 << 30, true }
 	if _, err := c.CheckMemory(c.Ranks, false); !errors.Is(err, ErrMemory) {
 		t.Fatalf("the full shape on 8 GiB: %v, want a refusal", err)

@@ -135,14 +135,7 @@ func TestExpectedRowsAgainstCounts(t *testing.T) {
 // of record's shape (DESIGN.md), and its full-scale sizing has the
 // window sizes of the GPU path's formula.
 func TestWorkloadOfRecord(t *testing.T) {
-	data, err := configs.FS.ReadFile("gb300-ep64.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := ParseConfig(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := workloadOfRecord(t)
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -179,4 +172,18 @@ func TestWorkloadOfRecord(t *testing.T) {
 	if s.RailRows != 0 || s.DispatchRailBytes != 0 {
 		t.Errorf("one domain: rail rows %v", s.RailRows)
 	}
+}
+
+// workloadOfRecord is the embedded gb300-ep64 config, parsed.
+func workloadOfRecord(t *testing.T) Config {
+	t.Helper()
+	data, err := configs.FS.ReadFile("gb300-ep64.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ParseConfig(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
