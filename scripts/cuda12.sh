@@ -64,6 +64,9 @@ case "${1:-}" in
 esac
 
 if [ ! -e "$stamp" ]; then
+	# What apt-get and dpkg print goes to stderr: stdout is only the
+	# environment lines, which callers eval.
+	exec 3>&1 1>&2
 	# Host tools from Debian 12: dpkg-deb and xz to unpack, g++-12 as
 	# nvcc 12.4's host compiler.
 	need=()
@@ -126,6 +129,7 @@ EOF
 	chmod +x "$root/usr/bin/nvcc"
 	grep -q CU_MEM_HANDLE_TYPE_FABRIC "$root/usr/include/cuda.h" || die "$root/usr/include/cuda.h has no fabric handles"
 	touch "$stamp"
+	exec 1>&3 3>&-
 fi
 echo "scripts/cuda12.sh: CUDA 12.4 in $root ($("$root/usr/bin/nvcc" --version | tail -1)); build against it with:" >&2
 env_lines
