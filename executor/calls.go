@@ -106,6 +106,9 @@ func (e *Engine) checkDispatchInput(h *Handle, in DispatchInput) error {
 	if err := checkMoved("dispatch: X", in.X, h.st.NumTokens, e.cfg.Hidden); err != nil {
 		return err
 	}
+	if err := e.checkRowDType("dispatch: X", in.X); err != nil {
+		return err
+	}
 	if in.TopkWeights != nil {
 		if err := checkTensor("dispatch: TopkWeights", in.TopkWeights, device.FP32, h.st.NumTokens, e.cfg.TopK); err != nil {
 			return err
@@ -127,7 +130,11 @@ func (e *Engine) Combine(ctx context.Context, h *Handle, in CombineInput) (*devi
 	if err := e.checkHandle(h); err != nil {
 		return nil, e.reject(datapath.OpCombine, err)
 	}
-	if err := checkTensor("combine: Z", in.Z, 0, h.st.RecvRows, e.cfg.Hidden); err != nil {
+	err := checkTensor("combine: Z", in.Z, 0, h.st.RecvRows, e.cfg.Hidden)
+	if err == nil {
+		err = e.checkRowDType("combine: Z", in.Z)
+	}
+	if err != nil {
 		return nil, e.reject(datapath.OpCombine, err)
 	}
 	out, err := e.combine(h, in.Z, nil)
@@ -233,7 +240,11 @@ func (e *Engine) UnpermuteCombine(ctx context.Context, h *Handle, in UnpermuteIn
 	if err := e.checkHandle(h); err != nil {
 		return nil, e.reject(datapath.OpUnpermuteCombine, err)
 	}
-	if err := e.checkUnpermuteInput(h, in); err != nil {
+	err := e.checkUnpermuteInput(h, in)
+	if err == nil {
+		err = e.checkRowDType("unpermute-combine: Y", in.Y)
+	}
+	if err != nil {
 		return nil, e.reject(datapath.OpUnpermuteCombine, err)
 	}
 	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error { return e.unpermuteCombine(h, in.Y, in.RecvWeights, o[0]) },
@@ -256,6 +267,9 @@ func (e *Engine) UnpermuteCombineInto(ctx context.Context, h *Handle, in Unpermu
 		return e.reject(datapath.OpUnpermuteCombine, err)
 	}
 	err := e.checkUnpermuteInput(h, in)
+	if err == nil {
+		err = e.checkRowDType("unpermute-combine: Y", in.Y)
+	}
 	if err == nil {
 		err = checkTensor("unpermute-combine: output", out, in.Y.DType(), h.st.NumTokens, e.cfg.Hidden)
 	}
@@ -292,6 +306,9 @@ func (e *Engine) DispatchBackward(ctx context.Context, h *Handle, in DispatchBac
 		return DispatchBackwardOutput{}, e.reject(datapath.OpCombine, err)
 	}
 	err := checkTensor("dispatch backward: GradRecvX", in.GradRecvX, 0, h.st.RecvRows, e.cfg.Hidden)
+	if err == nil {
+		err = e.checkRowDType("dispatch backward: GradRecvX", in.GradRecvX)
+	}
 	if err == nil && in.GradRecvWeights != nil {
 		err = checkTensor("dispatch backward: GradRecvWeights", in.GradRecvWeights, device.FP32, h.st.RecvRows, e.cfg.TopK)
 	}

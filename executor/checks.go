@@ -79,6 +79,17 @@ func (e *Engine) checkScales(name string, x, s *device.Tensor, rows int) error {
 	return checkTensor(name, s, device.FP32, rows, e.scaleCols())
 }
 
+// checkRowDType refuses rows wider than Config.RowDType in a call that
+// moves them between ranks (the GPU windows, allocated once, hold rows of
+// it); t was checked before.
+func (e *Engine) checkRowDType(name string, t *device.Tensor) error {
+	if t.DType().Size() > e.cfg.rowDType().Size() {
+		return fmt.Errorf("executor: %s has %v rows, wider than Config.RowDType %v (the windows between ranks hold %v rows): %w",
+			name, t.DType(), e.cfg.rowDType(), e.cfg.rowDType(), ErrInvalidInput)
+	}
+	return nil
+}
+
 // scaleCols is the number of fp32 scales of an fp8 row.
 func (e *Engine) scaleCols() int { return e.cfg.Hidden / device.FP8ScaleChannels }
 

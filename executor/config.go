@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/goep/goep/comm"
+	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor/internal/plan"
 )
 
@@ -85,6 +86,13 @@ type Config struct {
 	MaxPermutedTokens int
 	// Overflow is the capacity-mode overflow policy.
 	Overflow Overflow
+	// RowDType is the widest dtype of the rows the calls move between
+	// ranks (Dispatch's X, Combine's Z, their fused and backward forms):
+	// the GPU path's windows, allocated once, hold rows of it. 0 or FP32:
+	// any dtype, windows of fp32 rows. BF16: bf16 and fp8 rows only; the
+	// windows take half the memory, and a call with fp32 rows between
+	// ranks is refused (ErrInvalidInput).
+	RowDType device.DType
 	// Timeout bounds every cross-rank wait of a call; 0 means GOEP_TIMEOUT
 	// or 60 s. New's setup waits at least 30 s whatever it says (a GPU's
 	// first module loads JIT-compile goep's kernels).
@@ -139,6 +147,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("executor: config: unknown Mode %d", c.Mode)
 	case c.Overflow != OverflowError && c.Overflow != OverflowDrop:
 		return fmt.Errorf("executor: config: unknown Overflow policy %d", c.Overflow)
+	case c.RowDType != 0 && c.RowDType != device.BF16 && c.RowDType != device.FP32:
+		return fmt.Errorf("executor: config: RowDType is %v; want bf16 or fp32 (0: fp32): combine's rows are bf16 or fp32, and fp8 rows travel in bf16-wide windows", c.RowDType)
 	case c.SMs < 0:
 		return fmt.Errorf("executor: config: SMs is %d; use 0 for no bound", c.SMs)
 	case c.ChunkRows < 0:
@@ -221,5 +231,14 @@ func (c Config) params() plan.Params {
 		NumExperts: c.NumExperts, TopK: c.TopK, MaxTokensPerRank: c.MaxTokensPerRank,
 		RanksPerDomain: c.RanksPerDomain, PadMultiple: max(c.PadMultiple, 1),
 		Capacity: c.Mode == Capacity, MaxRecvTokens: c.MaxRecvTokens, MaxPermutedTokens: c.MaxPermutedTokens,
+		RowElem: c.rowDType().Size(),
 	}
+}
+
+// rowDType is the widest dtype of rows between ranks (RowDType, 0: fp32).
+func (c Config) rowDType() device.DType {
+	if c.RowDType == 0 {
+		return device.FP32
+	}
+	return c.RowDType
 }

@@ -9,8 +9,10 @@ import (
 // New, before any call: its GPU windows (mapped by every rank of its NVLink
 // domain), and with several domains the rail's regions and the forwarding
 // buffer. All are sized for the config's worst case (every rank sending
-// MaxTokensPerRank tokens; rows of Hidden fp32 elements, the widest dtype),
-// not for a routing, and are the same on every rank. Sizes are in bytes.
+// MaxTokensPerRank tokens; window rows of Hidden elements of Config.RowDType,
+// fp32 by default; the rail's rows and the forwarding buffer fp32, which
+// carry fp32 partial sums), not for a routing, and are the same on every
+// rank. Sizes are in bytes.
 // The calls' outputs come on top (blocking mode: sized to each layout's
 // counts).
 type GPUFootprint struct {

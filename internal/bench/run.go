@@ -779,6 +779,12 @@ func (cfg Config) engineConfig(c Case) executor.Config {
 		PadMultiple:      cfg.Pad,
 		SMs:              c.SMs,
 		ChunkRows:        c.ChunkRows,
+		// The widest rows the case's calls move: bf16 and fp8 cases
+		// (whose combines run in bf16) need windows of bf16 rows only.
+		RowDType: device.BF16,
+	}
+	if c.DType == device.FP32 {
+		ecfg.RowDType = device.FP32
 	}
 	if c.Mode == ModeCapacity {
 		ecfg.Mode = executor.Capacity

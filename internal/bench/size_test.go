@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/goep/goep/configs"
+	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
 )
 
@@ -49,9 +50,10 @@ func TestCountRowsByHand(t *testing.T) {
 }
 
 // TestSizeSmall: the sizing of a small shape against its parts: the
-// footprint is the engine's (executor.NewGPUFootprint, whose geometry the
-// GPU path allocates by), the rows those counted from the routing, the
-// bytes rows x row bytes and the times bytes / rate.
+// footprint is the engine's (executor.NewGPUFootprint with windows of
+// the case's bf16 rows: the geometry the GPU path allocates by), the rows
+// those counted from the routing, the bytes rows x row bytes and the times
+// bytes / rate.
 func TestSizeSmall(t *testing.T) {
 	c := Defaults()
 	c.Ranks, c.RanksPerDomain, c.Experts, c.TopK, c.Hidden, c.Tokens, c.Routing = 4, 2, 8, Ints{2}, Ints{16}, Ints{8}, RoutingBalanced
@@ -63,7 +65,7 @@ func TestSizeSmall(t *testing.T) {
 		t.Fatalf("%d sizings, want 1", len(sz))
 	}
 	s := sz[0]
-	fp, err := executor.NewGPUFootprint(executor.Config{NumExperts: 8, TopK: 2, Hidden: 16, MaxTokensPerRank: 8, RanksPerDomain: 2}, 4)
+	fp, err := executor.NewGPUFootprint(executor.Config{NumExperts: 8, TopK: 2, Hidden: 16, MaxTokensPerRank: 8, RanksPerDomain: 2, RowDType: device.BF16}, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,10 +159,11 @@ func TestWorkloadOfRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := sz[0]
-	// Receive: 64 x 32768 rows of 7168 fp32, 16 fp32 weights, a flag.
-	// Combine: 32768 x 16 rows likewise. Route: 64 x (32768 x 16 + 1) int32.
+	// Receive: 64 x 32768 rows of 7168 bf16 (the case's dtype), 16 fp32
+	// weights, a flag. Combine: 32768 x 16 rows likewise. Route:
+	// 64 x (32768 x 16 + 1) int32.
 	const recvRows, combRows = 64 * 32768, 32768 * 16
-	if s.Footprint.Recv != recvRows*(7168*4+16*4+8) || s.Footprint.Combine != combRows*(7168*4+16*4+8) ||
+	if s.Footprint.Recv != recvRows*(7168*2+16*4+8) || s.Footprint.Combine != combRows*(7168*2+16*4+8) ||
 		s.Footprint.Route != 4*64*(32768*16+1) || !s.Footprint.GPULayout {
 		t.Errorf("footprint %+v", s.Footprint)
 	}

@@ -43,7 +43,8 @@ func (p *Path) pushEntries(x, w, sx *device.Buffer, rb, sb int, tok, dest, row *
 
 // scaleOff is where the receive window keeps an fp8 call's scales: after
 // the rows area's first recvCap*H bytes, which its fp8 rows fill (an fp8
-// row and its scales, H + H/32 bytes, fit in the 4H bytes a row has).
+// row and its scales, H + H/32 bytes, fit in the 2H bytes of a bf16 row,
+// the narrowest a window has: Config.RowDType).
 func (p *Path) scaleOff() int { return p.recvCap * p.H }
 
 // copyRecv enqueues goep_ep_copy_out from the receive window's rows at

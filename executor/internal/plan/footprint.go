@@ -22,8 +22,10 @@ func RailSlot(p Params, hidden int) (slot, area int) {
 
 // GPUWindows is the geometry of one rank's GPU windows (the regions other
 // than the flags, whose size is nvlink.GPUFlagsSize of the domain's ranks)
-// and of the forwarding buffer of several domains. Rows are hidden fp32
-// elements wide, the widest dtype, so that one window serves every call.
+// and of the forwarding buffer of several domains. Window rows are hidden
+// elements of Params.RowElem bytes (the widest dtype the calls move), so
+// that one window serves every call; the forwarding buffer holds fp32
+// partial sums whatever the dtype.
 type GPUWindows struct {
 	// DomainRanks is the ranks of this rank's NVLink domain.
 	DomainRanks int
@@ -76,7 +78,11 @@ func NewGPUWindows(p Params, numRanks, hidden int) GPUWindows {
 		// Entries of the forwarded tokens follow this rank's own.
 		w.CombRows += M * T * W
 	}
-	rowMax := hidden * 4 // fp32, the widest dtype
+	elem := p.RowElem
+	if elem <= 0 {
+		elem = 4 // fp32, the widest dtype
+	}
+	rowMax := hidden * elem
 	w.RecvWeightsOff, w.CombWeightsOff = w.RecvRows*rowMax, w.CombRows*rowMax
 	w.RecvFlagsOff = roundUp8(w.RecvWeightsOff + w.RecvRows*K*4)
 	w.CombFlagsOff = roundUp8(w.CombWeightsOff + w.CombRows*K*4)

@@ -41,6 +41,11 @@ func TestNewGPUWindows(t *testing.T) {
 	if w := NewGPUWindows(p, 4, 16); w.RecvRows != 5 || w.Recv != 5*64+5*8+5*8 {
 		t.Errorf("capacity 5: %+v, want 5 receive rows of 80 bytes", w)
 	}
+	// bf16 rows (RowElem 2): 5 rows of 32 bytes, their weights and flags.
+	p.RowElem = 2
+	if w := NewGPUWindows(p, 4, 16); w.Recv != 5*32+5*8+5*8 || w.RecvWeightsOff != 5*32 || w.CombWeightsOff != 16*32 {
+		t.Errorf("bf16 rows, capacity 5: %+v, want 5 receive rows of 32 + 16 bytes, 16 combine rows of 32", w)
+	}
 	// Layout buffers past int32 offsets: the layout runs on the host.
 	big := Params{NumExperts: 1024, TopK: 64, MaxTokensPerRank: 1 << 20, PadMultiple: 1}
 	if w := NewGPUWindows(big, 64, 16); w.GPULayout || w.Route != 8 {

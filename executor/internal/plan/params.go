@@ -29,6 +29,10 @@ type Params struct {
 	// bounded by MaxRecvTokens and MaxPermutedTokens (unbounded otherwise).
 	Capacity                         bool
 	MaxRecvTokens, MaxPermutedTokens int
+	// RowElem is the bytes of an element of the widest rows the calls
+	// move between ranks: 4 (fp32) or 2 (bf16); 0 means 4. The GPU
+	// windows hold rows of it (NewGPUWindows).
+	RowElem int
 }
 
 // ValidRecv is the number of valid received rows of rank d: its count,
