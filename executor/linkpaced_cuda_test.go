@@ -242,8 +242,9 @@ func TestCUDALinkPaced(t *testing.T) {
 }
 
 // logProbes logs each rank's probe of iteration i, in µs from the last
-// rank's start: its start, its last store into a peer's window, and its
-// first and last remote row or sum in its final place.
+// rank's start: its start, when its last block had the offsets by source,
+// its first and last store into a peer's window, and its first and last
+// remote row or sum in its final place.
 func logProbes(t *testing.T, ranks []map[string]pacedCall, call string, i int) {
 	var start uint64
 	for _, r := range ranks {
@@ -257,7 +258,7 @@ func logProbes(t *testing.T, ranks []map[string]pacedCall, call string, i int) {
 	}
 	for q, r := range ranks {
 		p := r[call].probes[i]
-		t.Logf("    iteration %d, rank %d: start %.1f, last store %.1f, first in place %.1f, last in place %.1f us; %.1f MB to peers",
-			i, q, at(p.Start), at(p.Sent), at(p.First), at(p.Last), float64(p.Bytes)/1e6)
+		t.Logf("    iteration %d, rank %d: start %.1f, offsets %.1f, first store %.1f, last store %.1f, first in place %.1f, last in place %.1f us; %.1f MB to peers",
+			i, q, at(p.Start), at(p.Found), at(p.FirstSent), at(p.Sent), at(p.First), at(p.Last), float64(p.Bytes)/1e6)
 	}
 }

@@ -104,6 +104,10 @@ type Probe struct {
 	First, Last uint64
 	// Bytes is what the launch stored into peers' windows.
 	Bytes uint64
+	// Found is when the launch's last block had the received rows'
+	// offsets by source (0: none looked for, one rank); FirstSent when
+	// its first row was published into a peer's window (0: none).
+	Found, FirstSent uint64
 }
 
 // Probes downloads the records of the last calls (up to 64), oldest
@@ -123,7 +127,8 @@ func (p *Path) Probes(ctx context.Context) ([]Probe, error) {
 		if w(0) == 0 {
 			continue
 		}
-		out = append(out, Probe{Epoch: w(0) >> 8, Op: uint32(w(0) & 0xff), Start: w(1), Sent: w(2), First: w(3), Last: w(4), Bytes: w(5)})
+		out = append(out, Probe{Epoch: w(0) >> 8, Op: uint32(w(0) & 0xff), Start: w(1), Sent: w(2), First: w(3), Last: w(4), Bytes: w(5),
+			Found: w(6), FirstSent: w(7)})
 	}
 	slices.SortFunc(out, func(a, b Probe) int { return compareU64(a.Epoch, b.Epoch) })
 	return out, nil

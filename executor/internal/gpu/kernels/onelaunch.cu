@@ -285,9 +285,12 @@ constexpr int probeSent = 1;   // the last store into a peer's window ended
 constexpr int probeFirst = 2;  // ~(the first remote row in its final place)
 constexpr int probeLast = 3;   // the last remote row in its final place
 constexpr int probeBytes = 4;  // bytes stored into peers' windows
+constexpr int probeFound = 5;  // the last block had the received rows' offsets by source
+constexpr int probeFirstSent = 6;  // ~(the first row published into a peer's window)
 constexpr int probeLive = 8;
 constexpr int probeSlots = 64;  // records, at probeLive + slot*probeLive
-// A record: epoch<<8 | op, start, sent, first, last, bytes (times plain).
+// A record: epoch<<8 | op, start, sent, first, last, bytes, found,
+// first sent (times plain).
 
 // probe_max keeps the largest of v and probe[w] in probe[w]: lane 0, when
 // probing.
@@ -295,6 +298,17 @@ __device__ __forceinline__ void probe_max(uint64_t *probe, int w, uint64_t v, in
 {
 	if (probe != nullptr && lane == 0) {
 		atomicMax((unsigned long long *)probe + w, (unsigned long long)v);
+	}
+}
+
+// probe_sent records, when probing, that a warp published a row into a
+// peer's window now.
+__device__ __forceinline__ void probe_sent(uint64_t *probe, int lane)
+{
+	if (probe != nullptr && lane == 0) {
+		uint64_t t = now_ns();
+		atomicMax((unsigned long long *)probe + probeFirstSent, ~(unsigned long long)t);
+		atomicMax((unsigned long long *)probe + probeSent, (unsigned long long)t);
 	}
 }
 
@@ -408,15 +422,31 @@ __device__ __forceinline__ void take_offsets()
 	asm volatile("bar.sync 2, %0;" ::"r"(blockDim.x) : "memory");
 }
 
-// load_terms reads V elements of a row (bf16 when BF16, else fp32) at p
-// as floats: 16 bytes when V is 8 (bf16) or 4 (fp32), else one element.
-// WIN: p is in this rank's window, written by peers during the launch
-// (read from L2), else in a caller's input.
-template <bool BF16, int V, bool WIN>
-__device__ __forceinline__ void load_terms(float *f, const uint8_t *p)
+// load_unit reads one unit of a term (16 bytes when V > 1, else one
+// element, bf16 or fp32, in x) at p: from this rank's window (win: peers
+// wrote it during the launch, so from L2), else from a caller's input.
+template <bool BF16, int V>
+__device__ __forceinline__ uint4 load_unit(const uint8_t *p, bool win)
 {
 	if (V > 1) {
-		uint4 q = load16<!WIN>((const uint4 *)p);
+		return win ? load16_window((const uint4 *)p) : load16_input((const uint4 *)p);
+	}
+	uint4 q = make_uint4(0, 0, 0, 0);
+	if (BF16) {
+		const unsigned short *s = (const unsigned short *)p;
+		q.x = win ? __ldcg(s) : __ldg(s);
+	} else {
+		const unsigned int *s = (const unsigned int *)p;
+		q.x = win ? __ldcg(s) : __ldg(s);
+	}
+	return q;
+}
+
+// unit_floats is a unit that load_unit read as V floats.
+template <bool BF16, int V>
+__device__ __forceinline__ void unit_floats(float *f, uint4 q)
+{
+	if (V > 1) {
 		uint32_t wq[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
 		for (int e = 0; e < 4; e++) {
@@ -427,12 +457,8 @@ __device__ __forceinline__ void load_terms(float *f, const uint8_t *p)
 				f[e] = __uint_as_float(wq[e]);
 			}
 		}
-	} else if (BF16) {
-		const unsigned short *q = (const unsigned short *)p;
-		f[0] = __uint_as_float((uint32_t)(WIN ? __ldcg(q) : __ldg(q)) << 16);
 	} else {
-		const float *q = (const float *)p;
-		f[0] = WIN ? __ldcg(q) : __ldg(q);
+		f[0] = __uint_as_float(BF16 ? q.x << 16 : q.x);
 	}
 }
 
@@ -455,18 +481,25 @@ __device__ __forceinline__ void store_sum(uint8_t *p, const float *acc)
 }
 
 // sumChunk is how many units a warp sums as one item: sumLane a lane.
+// sumTerms is how many of an item's terms a lane loads before it adds
+// them: a warp has sumTerms * sumLane * 512 bytes of loads in flight (16-byte
+// units), which is what keeps a sum from waiting a memory round trip a
+// term.
 constexpr int sumLane = 4;
-constexpr int64_t sumChunk = 32 * sumLane;
+constexpr int32_t sumChunk = 32 * sumLane;
+constexpr int sumTerms = 2;
 
 // combine_sums is goep_ep_combine's sums (ep.cu's sum_rows, bit for bit):
 // items (token t, chunk ch) of tokens * chunks, a token's chunks at a time
 // from the work counter (shared: work), else warp's share of warps; an
-// item's terms are entries e = t*width + c for c
-// < width with entRow[e] >= 0, in c order: row entRow[e] of z for this
-// rank's own (entDest[e] == me), else row e of the window once its flag
-// (flags[e]) holds the call's epoch (waited for once a token by a warp:
-// a shared counter hands out a token's chunks together). Units are V elements (V > 1: 16
-// bytes). With gw, the token's weights as sum_rows sets them, from zw
+// item's terms are entries e = t*width + c for c < width with entRow[e]
+// >= 0, added in c order: row entRow[e] of z for this rank's own
+// (entDest[e] == me), else row e of the window once its flag (flags[e])
+// holds the call's epoch (waited for once a token by a warp: a shared
+// counter hands out a token's chunks together). Lane c of the warp reads
+// the entries of term c (of each 32 in turn) at once, and the terms'
+// units are loaded sumTerms terms at a time. Units are V elements (V > 1:
+// 16 bytes). With gw, the token's weights as sum_rows sets them, from zw
 // (own) or the window's weights (wOff).
 template <bool BF16, int V>
 __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint8_t *z, const float *zw,
@@ -478,20 +511,75 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 {
 	const int64_t es = BF16 ? 2 : 4;
 	const int64_t rowBytes = hidden * es;
-	const int64_t units = hidden / V;
-	const int64_t chunks = (units + sumChunk - 1) / sumChunk;
-	work q(shared ? &fw.grid[2] : nullptr, tokens * chunks, (int32_t)chunks, warp, warps, lane);
+	// Item counts stay below 2^31 (oneLaunchFits): 32-bit arithmetic.
+	const int32_t units = (int32_t)(hidden / V);
+	const int32_t chunks = (units + sumChunk - 1) / sumChunk;
+	work q(shared ? &fw.grid[2] : nullptr, tokens * chunks, chunks, warp, warps, lane);
 	int64_t ready = -1;  // the token whose terms this warp has seen land
 	for (int64_t item; q.take(item, lane);) {
-		const int64_t t = item / chunks, ch = item % chunks;
-		bool ok = true, remote = false;
-		for (int32_t c = 0; c < width && ok; c++) {
-			int64_t e = t * width + c;
-			int32_t d = entDest[e];
-			if (entRow[e] >= 0 && d != me) {
-				remote = true;
-				if (t != ready) {
-					ok = wait_row(rowFlags + e, d, epoch, op, timeoutNs, fw, lane);
+		const int32_t t = (int32_t)item / chunks, ch = (int32_t)item % chunks;
+		// A lane's units of the chunk are u0 + 32j, j < sumLane.
+		const int32_t u0 = ch * sumChunk + lane;
+		const int32_t uEnd = min(units, (ch + 1) * sumChunk);
+		float acc[sumLane][V];
+		bool any = false, remote = false, ok = true;
+		for (int32_t c0 = 0; c0 < width && ok; c0 += 32) {
+			const int32_t c = c0 + lane;
+			const int64_t e = (int64_t)t * width + c;
+			int32_t r = -1, d = me;
+			if (c < width) {
+				r = entRow[e];
+				d = entDest[e];
+			}
+			const uint32_t fromWin = __ballot_sync(0xffffffffu, r >= 0 && d != me);
+			remote = remote || fromWin != 0;
+			for (uint32_t m = t != ready ? fromWin : 0; m != 0 && ok; m &= m - 1) {
+				const int b = __ffs(m) - 1;
+				ok = wait_row(rowFlags + (int64_t)t * width + c0 + b, __shfl_sync(0xffffffffu, d, b), epoch,
+					      op, timeoutNs, fw, lane);
+			}
+			if (!ok) {
+				break;  // the call fails (status)
+			}
+			const uint8_t *src = r < 0 ? nullptr : d == me ? z + (int64_t)r * rowBytes : win + e * rowBytes;
+			// Up to sumTerms live terms at a time, in c order: every
+			// unit of theirs loaded before any is added.
+			for (uint32_t live = __ballot_sync(0xffffffffu, r >= 0); live != 0;) {
+				const uint8_t *s[sumTerms];
+				bool has[sumTerms], w[sumTerms];
+#pragma unroll
+				for (int k = 0; k < sumTerms; k++) {
+					has[k] = live != 0;
+					const int b = has[k] ? __ffs(live) - 1 : 0;
+					live &= live - 1;
+					s[k] = (const uint8_t *)__shfl_sync(0xffffffffu, (unsigned long long)src, b);
+					w[k] = (fromWin >> b) & 1;
+				}
+				uint4 v[sumTerms][sumLane];
+#pragma unroll
+				for (int k = 0; k < sumTerms; k++) {
+#pragma unroll
+					for (int j = 0; j < sumLane; j++) {
+						if (has[k] && u0 + 32 * j < uEnd) {
+							v[k][j] = load_unit<BF16, V>(s[k] + (int64_t)(u0 + 32 * j) * V * es, w[k]);
+						}
+					}
+				}
+#pragma unroll
+				for (int k = 0; k < sumTerms; k++) {
+					if (!has[k]) {
+						continue;
+					}
+#pragma unroll
+					for (int j = 0; j < sumLane; j++) {
+						float f[V];
+						unit_floats<BF16, V>(f, v[k][j]);
+#pragma unroll
+						for (int i = 0; i < V; i++) {
+							acc[j][i] = any ? add(acc[j][i], f[i], dnan) : f[i];
+						}
+					}
+					any = true;
 				}
 			}
 		}
@@ -499,46 +587,6 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 			continue;  // the call fails (status)
 		}
 		ready = t;
-		// A lane's units of the chunk are u0 + 32j, j < sumLane: every
-		// term's units are loaded before they are added (sumLane loads in
-		// flight a lane), in c order as sum_rows adds them.
-		const int64_t u0 = ch * sumChunk + lane;
-		const int64_t uEnd = min(units, (ch + 1) * sumChunk);
-		float acc[sumLane][V];
-		bool any = false;
-		for (int32_t c = 0; c < width; c++) {
-			int64_t e = t * width + c;
-			int32_t r = entRow[e];
-			if (r < 0) {
-				continue;
-			}
-			float f[sumLane][V];
-			if (entDest[e] == me) {
-				const uint8_t *src = z + (int64_t)r * rowBytes;
-#pragma unroll
-				for (int j = 0; j < sumLane; j++) {
-					if (u0 + 32 * j < uEnd) {
-						load_terms<BF16, V, false>(f[j], src + (u0 + 32 * j) * V * es);
-					}
-				}
-			} else {
-				const uint8_t *src = win + e * rowBytes;
-#pragma unroll
-				for (int j = 0; j < sumLane; j++) {
-					if (u0 + 32 * j < uEnd) {
-						load_terms<BF16, V, true>(f[j], src + (u0 + 32 * j) * V * es);
-					}
-				}
-			}
-#pragma unroll
-			for (int j = 0; j < sumLane; j++) {
-#pragma unroll
-				for (int i = 0; i < V; i++) {
-					acc[j][i] = any ? add(acc[j][i], f[j][i], dnan) : f[j][i];
-				}
-			}
-			any = true;
-		}
 #pragma unroll
 		for (int j = 0; j < sumLane; j++) {
 			if (u0 + 32 * j >= uEnd) {
@@ -550,10 +598,10 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 					acc[j][i] = 0.0f;
 				}
 			}
-			store_sum<BF16, V>(out + t * rowBytes + (u0 + 32 * j) * V * es, acc[j]);
+			store_sum<BF16, V>(out + (int64_t)t * rowBytes + (int64_t)(u0 + 32 * j) * V * es, acc[j]);
 		}
 		for (int32_t k = lane; gw != nullptr && ch == 0 && k < topk; k += 32) {
-			int64_t s = t * topk + k;
+			int64_t s = (int64_t)t * topk + k;
 			int32_t e = slot[s];
 			float v = 0.0f;
 			if (e >= 0) {
@@ -597,6 +645,7 @@ struct launch_start {
 	int64_t sendWarpsAll;
 	heard freed;
 	uint64_t start;
+	uint64_t *probe;
 	int32_t *off, *most;
 };
 
@@ -640,6 +689,7 @@ __device__ __forceinline__ launch_start start_launch(const flag_words &fw, uint6
 	ls.freed = heard{freeBits};
 	ls.off = off;
 	ls.most = &most;
+	ls.probe = probe;
 	return ls;
 }
 
@@ -654,6 +704,7 @@ __device__ __forceinline__ void find_offsets(const launch_start &ls, const int32
 	}
 	const int first = receivers ? sendWarps * 32 : 0;
 	source_offsets(ls.off, ls.most, recvSrc, limit, ranks, (int)threadIdx.x - first, (int)blockDim.x - first);
+	probe_max(ls.probe, probeFound, now_ns(), (int)threadIdx.x - first);
 }
 
 // senders_done counts a sender warp past its sends (grid[0], of senders
@@ -712,6 +763,9 @@ __device__ __forceinline__ void finish_launch(const flag_words &fw, uint64_t *co
 				rec[3] = first == 0 ? 0 : ~first;
 				rec[4] = live[probeLast];
 				rec[5] = live[probeBytes];
+				rec[6] = live[probeFound];
+				first = live[probeFirstSent];
+				rec[7] = first == 0 ? 0 : ~first;
 				rec[0] = epoch << 8 | op;
 				for (int w = 0; w < probeLive; w++) {
 					live[w] = 0;
@@ -809,7 +863,7 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 					warp_copy4<true>(base + sOff + (int64_t)row * sBytes, sx + t * sBytes, sBytes, lane);
 				}
 				publish_row((uint64_t *)(base + fOff) + row, tag, lane);
-				probe_max(probe, probeSent, now_ns(), lane);
+				probe_sent(probe, lane);
 			}
 		}
 		senders_done(fw, peerFlags, ranks, me, tag, ls.sendWarpsAll, lane);
@@ -828,16 +882,16 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 	const int64_t items = (int64_t)ranks * *ls.most;
 	work q(ranks > 1 ? &fw.grid[2] : nullptr, items, 1, ls.warp, ls.warps, lane);
 	for (int64_t k; q.take(k, lane);) {
-		const int32_t s = (int32_t)((me + k % ranks) % ranks);
-		const int64_t i = ls.off[s] + k / ranks;
+		// Item counts stay below 2^31 (oneLaunchFits): 32-bit arithmetic.
+		const int32_t s = (me + (int32_t)k % ranks) % ranks;
+		const int64_t i = ls.off[s] + (int32_t)k / ranks;
 		if (i >= ls.off[s + 1]) {
 			continue;
 		}
-		for (int32_t q = lane; outIdx != nullptr && q < topk; q += 32) {
-			outIdx[i * topk + q] = idx[i * topk + q];
-		}
+		// The row first, its index and weights after: their loads do
+		// not wait behind the stores of outIdx.
 		const bool own = s == me;
-		const int64_t t = recvEnt[i] / width;
+		const int64_t t = own ? recvEnt[i] / width : 0;
 		if (own) {
 			if (out != nullptr) {
 				warp_copy<true>(out + i * rowBytes, x + t * rowBytes, rowBytes, unit, lane);
@@ -856,17 +910,23 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 				warp_copy4<false>(outS + i * sBytes, win + sOff + i * sBytes, sBytes, lane);
 			}
 		}
-		for (int32_t q = lane; outW != nullptr && q < topk; q += 32) {
-			int64_t e = i * topk + q;
-			float v = 0.0f;
-			if (idx[e] >= 0) {
-				if (own) {
-					v = w != nullptr ? w[t * topk + q] : 0.0f;
-				} else {
-					v = __ldcg((const float *)(win + wOff) + e);
-				}
+		for (int32_t q = lane; (outIdx != nullptr || outW != nullptr) && q < topk; q += 32) {
+			const int64_t e = i * topk + q;
+			const int32_t ix = idx[e];
+			if (outIdx != nullptr) {
+				outIdx[e] = ix;
 			}
-			outW[e] = v;
+			if (outW != nullptr) {
+				float v = 0.0f;
+				if (ix >= 0) {
+					if (own) {
+						v = w != nullptr ? w[t * topk + q] : 0.0f;
+					} else {
+						v = __ldcg((const float *)(win + wOff) + e);
+					}
+				}
+				outW[e] = v;
+			}
 		}
 		if (!own) {
 			landed(probe, lane);
@@ -956,7 +1016,7 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_combine(
 				((float *)(base + wOff))[(int64_t)e * topk + q] = zw[i * topk + q];
 			}
 			publish_row((uint64_t *)(base + fOff) + e, tag, lane);
-			probe_max(probe, probeSent, now_ns(), lane);
+			probe_sent(probe, lane);
 		}
 		senders_done(fw, peerFlags, ranks, me, tag, ls.sendWarpsAll, lane);
 	}
