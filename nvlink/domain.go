@@ -197,6 +197,9 @@ type Domain struct {
 	// process (a store wakes it there), else nil.
 	box   *inbox
 	boxes []*inbox
+	// allLocal: every member is in this process (boxes has no nil), so
+	// an exchange exports nothing into the handle registry.
+	allLocal bool
 	// Scratch reused by every exchange: what it exports, the peers'
 	// buffers it hands its work, the peers a wait still waits for.
 	exported []handle
@@ -305,6 +308,7 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 		d.pids = append(d.pids, ph.share.PID)
 		d.boxes = append(d.boxes, box)
 	}
+	d.allLocal = d.box != nil && !slices.Contains(d.boxes, nil)
 	// Nobody may unexport before everyone has mapped.
 	if err := g.Barrier(ctx); err != nil {
 		return fail(fmt.Errorf("nvlink: barrier after mapping control blocks: %w", err))
@@ -388,8 +392,11 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	d.exported = d.exported[:0]
 	for i, b := range c.Buffers {
 		h.handles[i] = [handleSize]byte{}
-		if b == nil {
-			continue
+		if d.box != nil {
+			d.box.exposed[i].Store(b)
+		}
+		if b == nil || d.allLocal {
+			continue // a peer in this process reads d.box.exposed
 		}
 		eh := export(b)
 		eh.encode(h.handles[i][:])
@@ -438,6 +445,10 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 			ph := hdr(d.peers[p])
 			peers[p] = peers[p][:min(ph.nbufs, MaxBuffers)]
 			for i := range peers[p] {
+				if box := d.boxes[p]; box != nil {
+					peers[p][i] = box.exposed[i].Load()
+					continue
+				}
 				peers[p][i] = nil
 				if ph.handles[i] == ([handleSize]byte{}) {
 					continue

@@ -415,3 +415,59 @@ func TestExchangeWakeups(t *testing.T) {
 		t.Errorf("%d futex calls among in-process ranks, want none", c)
 	}
 }
+
+// registered counts the buffers in the handle registry.
+func registered() int {
+	n := 0
+	for i := range registry.shards {
+		sh := &registry.shards[i]
+		sh.mu.Lock()
+		n += len(sh.bufs)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// TestExchangeInProcessRegistersNothing: in a domain whose members are
+// all in this process, an exchange hands every peer the very buffers each
+// rank exposed (nil where it exposed none) without registering them.
+func TestExchangeInProcessRegistersNothing(t *testing.T) {
+	const n = 4
+	ds, ss := domains(t, n, 5*time.Second)
+	exposed := make([][]*device.Buffer, n)
+	for r := range n {
+		for i := range 3 {
+			var b *device.Buffer
+			if i != 1 || r%2 == 0 { // odd ranks expose no buffer 1
+				var err error
+				if b, err = ss[r].Alloc(8); err != nil {
+					t.Fatal(err)
+				}
+				defer b.Free()
+			}
+			exposed[r] = append(exposed[r], b)
+		}
+	}
+	errs := onEach(n, func(r int) error {
+		for epoch := range 20 {
+			err := ds[r].Exchange(Call{Op: 3, Buffers: exposed[r]}, func(peers [][]*device.Buffer) error {
+				if k := registered(); k != 0 {
+					return fmt.Errorf("rank %d epoch %d: %d buffers registered during the exchange", r, epoch, k)
+				}
+				for p := range peers {
+					if !slices.Equal(peers[p], exposed[p]) {
+						return fmt.Errorf("rank %d epoch %d: rank %d's buffers %v, it exposed %v", r, epoch, p, peers[p], exposed[p])
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}

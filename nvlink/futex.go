@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/goep/goep/device"
 )
 
 // Futex operations (linux/futex.h); golang.org/x/sys does not name them.
@@ -65,6 +67,17 @@ func processAlive(pid int) bool {
 type inbox struct {
 	ch     chan struct{} // one pending wake-up at most
 	asleep atomic.Bool
+	// exposed are the buffers the owner exposes in its current exchange
+	// (Call.Buffers), for its peers in this process: stored before the
+	// owner's epoch store that publishes its header, loaded by a peer after
+	// its load that sees it, and stored again only in the owner's next
+	// exchange, which begins after every peer's done of this one. A peer
+	// in this process takes them from here instead of through the handle
+	// registry (no lock, no map). Atomic, so that the Go memory model (and
+	// the race detector, which does not see the control blocks' atomics
+	// outside the Go heap) orders the owner's writes of a buffer before a
+	// peer's reads of it.
+	exposed [MaxBuffers]atomic.Pointer[device.Buffer]
 	// peerWakes counts the wake-ups peers sent (tests).
 	peerWakes atomic.Int64
 }

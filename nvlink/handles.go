@@ -30,7 +30,10 @@ func decodeHandle(b []byte) handle {
 }
 
 // registry is the in-process handle table: ranks in one process "map" a
-// peer's buffer by looking it up. It is split into shards by id, each with
+// peer's buffer by looking it up (a control block at New, and in a
+// domain with members in other processes an exchange's buffers; in a
+// domain all in one process, an exchange's buffers reach the peers
+// through their owner's inbox, inbox.exposed, and are not registered). It is split into shards by id, each with
 // its own lock, so that the ranks of a process exporting and looking up
 // their buffers at every exchange seldom wait for each other.
 var registry struct {
