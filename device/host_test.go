@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -507,5 +508,52 @@ func TestHostPoolLimitFollowsMemory(t *testing.T) {
 	allocFree(t, s, 2*mib) // reuses the pooled region (the pool is empty as it goes back)
 	if h.poolLimit != 20*mib {
 		t.Fatalf("pool limit %d, want 20 MiB: an eighth of what is available now", h.poolLimit)
+	}
+}
+
+// TestHostTensorCleanup: a tensor dropped without Close is freed by its
+// cleanup once collected; a closed one is freed at once, its cleanup
+// stopped (Close, then the collector: nothing is freed twice, and the
+// pool's count of live buffers never goes below what is live).
+func TestHostTensorCleanup(t *testing.T) {
+	h := NewHost()
+	defer h.Close()
+	s, err := h.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	keep, err := NewTensor(s, FP32, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 64 {
+		c, err := NewTensor(s, FP32, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		if _, err := NewTensor(s, FP32, 16); err != nil { // dropped
+			t.Fatal(err)
+		}
+	}
+	// Cleanups run on their own goroutine after a collection: collect
+	// until they have (each round waits for the stream's frees too).
+	for i := 0; h.LiveBuffers() > 1; i++ {
+		if i == 1000 {
+			t.Fatalf("%d buffers live after 1000 collections, want 1 (the kept tensor)", h.LiveBuffers())
+		}
+		runtime.GC()
+		if err := s.Synchronize(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		runtime.Gosched()
+	}
+	if got := h.LiveBuffers(); got != 1 {
+		t.Fatalf("%d buffers live, want 1", got)
+	}
+	keep.Close()
+	if got := h.LiveBuffers(); got != 0 {
+		t.Fatalf("%d buffers live after closing the last, want 0", got)
 	}
 }

@@ -18,6 +18,11 @@ type Tensor struct {
 	buf   *Buffer
 	shape []int
 	dtype DType
+	// cleanup frees the memory of a tensor dropped without Close; Close
+	// stops it, so that a closed tensor leaves nothing for the garbage
+	// collector to run (and a span's cleanups stay few: adding one walks
+	// the span's list of them).
+	cleanup runtime.Cleanup
 }
 
 // NewTensor allocates an uninitialised tensor on s.
@@ -34,7 +39,7 @@ func NewTensor(s Stream, dt DType, shape ...int) (*Tensor, error) {
 		return nil, err
 	}
 	t := &Tensor{buf: buf, shape: append([]int(nil), shape...), dtype: dt}
-	runtime.AddCleanup(buf, freeByCleanup, buf.bufMem)
+	t.cleanup = runtime.AddCleanup(buf, freeByCleanup, buf.bufMem)
 	return t, nil
 }
 
@@ -136,6 +141,8 @@ func (t *Tensor) Closed() bool { return t != nil && t.buf.Freed() }
 func (t *Tensor) Close() error {
 	if t != nil {
 		t.buf.Free()
+		t.cleanup.Stop()
+		runtime.KeepAlive(t.buf) // Stop needs the buffer reachable
 	}
 	return nil
 }
