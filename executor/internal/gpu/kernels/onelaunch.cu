@@ -366,40 +366,57 @@ __device__ __forceinline__ void role_sync(int threads)
 	asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
 }
 
+// row_source is the source of received row i as source_offsets orders
+// the rows: a row past the valid ones (source -1) comes after every source.
+__device__ __forceinline__ int32_t row_source(const int32_t *recvSrc, int64_t i, int32_t ranks)
+{
+	const int32_t s = recvSrc[i];
+	return s < 0 ? ranks : s;
+}
+
+// first_row_of finds, with a warp, the first of the rows [0, limit) whose
+// source (row_source) is at least p, else limit: a 32-ary search, each
+// step one load a lane, so that a few memory round trips find it however
+// many rows there are. Every lane gets the answer.
+__device__ __forceinline__ int64_t first_row_of(const int32_t *recvSrc, int64_t limit, int32_t ranks, int32_t p,
+						int lane)
+{
+	// The answer lies in [lo, hi].
+	int64_t lo = 0, hi = limit;
+	while (hi - lo > 32) {
+		// Lane l looks at the last row of the l-th of 32 strides.
+		const int64_t stride = (hi - lo + 31) / 32;
+		const int64_t i = min(lo + (lane + 1) * stride - 1, hi - 1);
+		const uint32_t at = __ballot_sync(0xffffffffu, row_source(recvSrc, i, ranks) >= p);
+		if (at == 0) {
+			return hi;  // no row of [lo, hi) is p's or later
+		}
+		const int f = __ffs(at) - 1;
+		const int64_t next = lo + (int64_t)f * stride;
+		hi = min(lo + (int64_t)(f + 1) * stride - 1, hi - 1);
+		lo = next;
+	}
+	const int64_t i = lo + lane;
+	const uint32_t at = __ballot_sync(0xffffffffu, i < hi && row_source(recvSrc, i, ranks) >= p);
+	return at == 0 ? hi : lo + __ffs(at) - 1;
+}
+
 // source_offsets sets off[p] (p <= ranks) to the first of the rows [0,
 // limit) whose source recvSrc is at least p, a row past the valid ones
 // (source -1) counting as past every source, and most to the most rows
 // any source has. Received rows are in receive order (DESIGN.md section
 // 2: by source ascending), so source s's rows are [off[s], off[s+1]).
 // The threads [0, threads) of one role call it (tid: a thread's index
-// among them), reading the rows 8 in flight each, finding where the
-// source changes.
+// among them; threads a multiple of 32), each warp searching for the
+// offsets of sources warp, warp + warps, ... (first_row_of).
 __device__ __forceinline__ void source_offsets(int32_t *off, int32_t *most, const int32_t *recvSrc, int64_t limit,
 					       int32_t ranks, int tid, int threads)
 {
-	for (int32_t p = tid; p <= ranks; p += threads) {
-		off[p] = (int32_t)limit;
-	}
-	role_sync(threads);
-	for (int64_t base = 0; base < limit; base += 8 * threads) {
-		int32_t key[8], prev[8];
-#pragma unroll
-		for (int u = 0; u < 8; u++) {
-			int64_t i = base + tid + u * threads;
-			key[u] = prev[u] = ranks;
-			if (i < limit) {
-				int32_t s = recvSrc[i];
-				key[u] = s < 0 ? ranks : s;
-				s = i > 0 ? recvSrc[i - 1] : -2;
-				prev[u] = s == -2 ? -1 : s < 0 ? ranks : s;
-			}
-		}
-#pragma unroll
-		for (int u = 0; u < 8; u++) {
-			int64_t i = base + tid + u * threads;
-			for (int32_t q = prev[u] + 1; i < limit && q <= key[u]; q++) {
-				off[q] = (int32_t)i;
-			}
+	const int lane = tid & 31, warps = threads / 32;
+	for (int32_t p = tid / 32; p <= ranks; p += warps) {
+		const int64_t o = first_row_of(recvSrc, limit, ranks, p, lane);
+		if (lane == 0) {
+			off[p] = (int32_t)o;
 		}
 	}
 	role_sync(threads);
@@ -490,16 +507,17 @@ constexpr int32_t sumChunk = 32 * sumLane;
 constexpr int sumTerms = 2;
 
 // combine_sums is goep_ep_combine's sums (ep.cu's sum_rows, bit for bit):
-// items (token t, chunk ch) of tokens * chunks, a token's chunks at a time
-// from the work counter (shared: work), else warp's share of warps; an
-// item's terms are entries e = t*width + c for c < width with entRow[e]
-// >= 0, added in c order: row entRow[e] of z for this rank's own
-// (entDest[e] == me), else row e of the window once its flag (flags[e])
-// holds the call's epoch (waited for once a token by a warp: a shared
-// counter hands out a token's chunks together). Lane c of the warp reads
-// the entries of term c (of each 32 in turn) at once, and the terms'
-// units are loaded sumTerms terms at a time. Units are V elements (V > 1:
-// 16 bytes). With gw, the token's weights as sum_rows sets them, from zw
+// items (token t, chunk ch) of tokens * chunks, one at a time from the
+// work counter (shared: work), else warp's share of warps, so that the
+// chunks of the last tokens to be complete are summed by as many warps at
+// once; an item's terms are entries e = t*width + c for c < width with
+// entRow[e] >= 0, added in c order: row entRow[e] of z for this rank's
+// own (entDest[e] == me), else row e of the window once its flag
+// (flags[e]) holds the call's epoch. Lane c of the warp reads the entries
+// and the flag of term c (of each 32 in turn) at once, waits only for the
+// terms not yet in (not again for a token whose terms it saw land), and
+// the terms' units are loaded sumTerms terms at a time. Units are V
+// elements (V > 1: 16 bytes). With gw, the token's weights as sum_rows sets them, from zw
 // (own) or the window's weights (wOff).
 template <bool BF16, int V>
 __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint8_t *z, const float *zw,
@@ -514,7 +532,7 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 	// Item counts stay below 2^31 (oneLaunchFits): 32-bit arithmetic.
 	const int32_t units = (int32_t)(hidden / V);
 	const int32_t chunks = (units + sumChunk - 1) / sumChunk;
-	work q(shared ? &fw.grid[2] : nullptr, tokens * chunks, chunks, warp, warps, lane);
+	work q(shared ? &fw.grid[2] : nullptr, tokens * chunks, 1, warp, warps, lane);
 	int64_t ready = -1;  // the token whose terms this warp has seen land
 	for (int64_t item; q.take(item, lane);) {
 		const int32_t t = (int32_t)item / chunks, ch = (int32_t)item % chunks;
@@ -531,9 +549,18 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 				r = entRow[e];
 				d = entDest[e];
 			}
-			const uint32_t fromWin = __ballot_sync(0xffffffffu, r >= 0 && d != me);
+			const bool mine = r >= 0 && d != me;
+			const uint32_t fromWin = __ballot_sync(0xffffffffu, mine);
 			remote = remote || fromWin != 0;
-			for (uint32_t m = t != ready ? fromWin : 0; m != 0 && ok; m &= m - 1) {
+			// Each lane looks at its term's flag once; only the terms
+			// not yet in (or that fail) are waited for, one by one.
+			bool in = true;
+			if (t != ready && mine) {
+				const uint64_t v = load_acquire(rowFlags + e);
+				in = (v >> 8) > epoch || ((v >> 8) == epoch && (uint32_t)(v & 0xff) == op);
+			}
+			__syncwarp();
+			for (uint32_t m = __ballot_sync(0xffffffffu, !in); m != 0 && ok; m &= m - 1) {
 				const int b = __ffs(m) - 1;
 				ok = wait_row(rowFlags + (int64_t)t * width + c0 + b, __shfl_sync(0xffffffffu, d, b), epoch,
 					      op, timeoutNs, fw, lane);
