@@ -18,9 +18,10 @@
 // the next exchange may overwrite both. Every wait has a deadline and names
 // the ranks not heard from.
 //
-// On the host backend the domain's memory is host memory and a handle names a
-// buffer in a process-wide registry (in-process ranks); the CUDA backend uses
-// IPC or fabric handles instead.
+// On the host backend the domain's memory is host memory: peers in this
+// process take the buffers an exchange exposes from their owner's inbox,
+// peers in other processes map them by a handle (a memfd); the CUDA backend
+// uses IPC or fabric handles instead.
 //
 // On the GPU the same protocol runs as stream work (GPUFlags, tag cuda):
 // every rank's windows are mapped by its peers (MapGPU), and epoch flags in
