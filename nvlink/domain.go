@@ -197,14 +197,10 @@ type Domain struct {
 	// process (a store wakes it there), else nil.
 	box   *inbox
 	boxes []*inbox
-	// allLocal: every member is in this process (boxes has no nil), so
-	// an exchange exports nothing into the handle registry.
-	allLocal bool
-	// Scratch reused by every exchange: what it exports, the peers'
-	// buffers it hands its work, the peers a wait still waits for.
-	exported []handle
-	bufs     [][]*device.Buffer
-	pending  []int
+	// Scratch reused by every exchange: the peers' buffers it hands its
+	// work, the peers a wait still waits for.
+	bufs    [][]*device.Buffer
+	pending []int
 	// Words, when set by the domain's user, words an exchange's mismatch
 	// (else the message gives the operations and signatures as numbers).
 	Words MismatchWords
@@ -308,7 +304,6 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 		d.pids = append(d.pids, ph.share.PID)
 		d.boxes = append(d.boxes, box)
 	}
-	d.allLocal = d.box != nil && !slices.Contains(d.boxes, nil)
 	// Nobody may unexport before everyone has mapped.
 	if err := g.Barrier(ctx); err != nil {
 		return fail(fmt.Errorf("nvlink: barrier after mapping control blocks: %w", err))
@@ -389,24 +384,15 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 		}
 	}
 	d.trimMappings()
-	d.exported = d.exported[:0]
+	// Peers in this process take the buffers from the inbox, those in
+	// other processes map them by their handles.
 	for i, b := range c.Buffers {
+		d.box.exposed[i].Store(b)
 		h.handles[i] = [handleSize]byte{}
-		if d.box != nil {
-			d.box.exposed[i].Store(b)
+		if b != nil {
+			shareOf(b).encode(h.handles[i][:])
 		}
-		if b == nil || d.allLocal {
-			continue // a peer in this process reads d.box.exposed
-		}
-		eh := export(b)
-		eh.encode(h.handles[i][:])
-		d.exported = append(d.exported, eh)
 	}
-	defer func() {
-		for _, eh := range d.exported {
-			unexport(eh)
-		}
-	}()
 	h.nbufs = uint64(len(c.Buffers))
 	h.epoch.Store(e)
 	for p := range d.peers {
@@ -445,7 +431,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 			ph := hdr(d.peers[p])
 			peers[p] = peers[p][:min(ph.nbufs, MaxBuffers)]
 			for i := range peers[p] {
-				if box := d.boxes[p]; box != nil {
+				if box := d.boxes[p]; box != nil { // p is in this process
 					peers[p][i] = box.exposed[i].Load()
 					continue
 				}

@@ -29,13 +29,11 @@ func decodeHandle(b []byte) handle {
 	return handle{id: binary.LittleEndian.Uint64(b), share: device.DecodeShareHandle(b[8:])}
 }
 
-// registry is the in-process handle table: ranks in one process "map" a
-// peer's buffer by looking it up (a control block at New, and in a
-// domain with members in other processes an exchange's buffers; in a
-// domain all in one process, an exchange's buffers reach the peers
-// through their owner's inbox, inbox.exposed, and are not registered). It is split into shards by id, each with
-// its own lock, so that the ranks of a process exporting and looking up
-// their buffers at every exchange seldom wait for each other.
+// registry is the in-process handle table: ranks in one process find a
+// peer's control block by looking it up at New (an exchange's buffers
+// reach them through their owner's inbox, inbox.exposed). It is split into
+// shards by id, each with its own lock, so that ranks starting at once
+// seldom wait for each other.
 var registry struct {
 	next   atomic.Uint64
 	shards [registryShards]registryShard
@@ -53,9 +51,8 @@ func shardOf(id uint64) *registryShard { return &registry.shards[id%registryShar
 
 var myPID = os.Getpid()
 
-// export registers b for the duration of an exchange and returns its
-// handle. A buffer that cannot be shared across processes (private memory)
-// gets a handle that only ranks of this process can open.
+// export registers b (a control block, while New runs) and returns its
+// handle, which ranks of this process look up and others map.
 func export(b *device.Buffer) handle {
 	id := registry.next.Add(1)
 	sh := shardOf(id)
@@ -65,14 +62,20 @@ func export(b *device.Buffer) handle {
 	}
 	sh.bufs[id] = b
 	sh.mu.Unlock()
-	h := handle{id: id}
-	if sh, err := b.Share(); err == nil {
-		h.share = sh
-	} else {
-		h.share.PID = myPID
-		h.share.FD = -1
-	}
+	h := shareOf(b)
+	h.id = id
 	return h
+}
+
+// shareOf is the handle by which ranks of other processes map b (an
+// exchange's buffer; not registered). A buffer that cannot be shared
+// across processes (private memory) gets a handle that names this process
+// and no file, which open refuses.
+func shareOf(b *device.Buffer) handle {
+	if sh, err := b.Share(); err == nil {
+		return handle{share: sh}
+	}
+	return handle{share: device.ShareHandle{PID: myPID, FD: -1}}
 }
 
 func unexport(h handle) {
@@ -103,13 +106,9 @@ type mapKey struct {
 // cache is emptied between two exchanges (when no view is in use).
 const maxMappings = 512
 
-// open returns the buffer a peer exposed: from the registry if the peer is
-// in this process, else a view of its region mapped into this one (cached
-// by region).
+// open returns the buffer a peer in another process exposed in an
+// exchange: a view of its region mapped into this one (cached by region).
 func (d *Domain) open(h handle) (*device.Buffer, error) {
-	if h.share.PID == myPID {
-		return lookup(h.id)
-	}
 	if h.share.FD < 0 {
 		return nil, fmt.Errorf("nvlink: buffer of process %d is private memory and cannot be mapped by process %d", h.share.PID, myPID)
 	}
