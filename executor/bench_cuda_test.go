@@ -35,8 +35,10 @@ var benchShapes = []int{128, 4096}
 // dispatch's received bytes, then dispatch and dispatch-permute of the
 // same rows as fp8 with their scales beside a copy of the fp8 rows' bytes.
 // Each is timed with CUDA events on the engine's stream after warm-up,
-// launched from the host (eager) and as a CUDA graph of the call (one
-// launch between the events); every iteration's time is the maximum over
+// launched from the host (eager), as a CUDA graph of the call (one
+// launch between the events) and, where the world is in this process,
+// queued behind a start gate (the GPU's time alone); every iteration's
+// time is the maximum over
 // ranks (all-gathered). It returns, per shape, the medians and p90s in
 // microseconds and the bytes moved.
 func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
@@ -48,6 +50,26 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 	defer e.Close()
 	s := e.Stream().(*device.CUDAStream)
 	const warm, iters = 5, 30
+	// queued times the calls behind a start gate: where every rank of
+	// the world is in this process (goroutine ranks share benchGate, a
+	// lone rank makes its own), each iteration's call and events are
+	// queued while the GPU still runs the gate's delay, so the events
+	// time the GPU's work alone, without the host's enqueueing that an
+	// eager call on an idle GPU adds (the way calls run when the host
+	// keeps ahead of the GPU, as in a training step).
+	gate := benchGate
+	if gate == nil && g.Size() == 1 {
+		gs, err := b.(*device.CUDA).NewCUDAStream()
+		if err != nil {
+			return nil, err
+		}
+		defer gs.Close()
+		gate = &startGate{s: gs}
+	}
+	hows := []string{"eager", "graph"}
+	if gate != nil {
+		hows = append(hows, "queued")
+	}
 	var res []map[string]string
 	for _, T := range benchShapes {
 		H := cfg.Hidden
@@ -115,12 +137,15 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 			if err != nil {
 				return nil, fmt.Errorf("%s: capture: %w", c.name, err)
 			}
-			for _, how := range []string{"eager", "graph"} {
-				run := c.run
-				if how == "graph" {
+			for _, how := range hows {
+				run, gt := c.run, (*startGate)(nil)
+				switch how {
+				case "graph":
 					run = func() error { return graph.Launch(s) }
+				case "queued":
+					gt = gate
 				}
-				tc, err := timeCall(ctx, g, e, s, nil, run, warm, iters)
+				tc, err := timeCall(ctx, g, e, s, gt, run, warm, iters)
 				if err != nil {
 					graph.Close()
 					return nil, fmt.Errorf("%s (%s): %w", c.name, how, err)
@@ -220,6 +245,10 @@ func capture(s *device.CUDAStream, run func() error) (*device.Graph, error) {
 // process: the driver tallies (cuda.ReadCounts) are one rank's only when
 // it is 1.
 var benchRanksInProcess = 1
+
+// benchGate is the start gate the goroutine ranks of TestCUDABenchmark
+// share (nil: none; a lone rank makes its own).
+var benchGate *startGate
 
 // timing is what timeCall measured of one call.
 type timing struct {
@@ -368,6 +397,13 @@ func TestCUDABenchmark(t *testing.T) {
 		defer b.Close()
 		benchRanksInProcess = n
 		defer func() { benchRanksInProcess = 1 }()
+		gateS, err := b.NewCUDAStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer gateS.Close()
+		benchGate = &startGate{s: gateS}
+		defer func() { benchGate = nil }()
 		gs := comm.NewLocal(n)
 		res := make([][]map[string]string, n)
 		// A rank that fails leaves the others in a collective: bound them.
@@ -390,7 +426,10 @@ func logBench(t *testing.T, n int, where string, rows []map[string]string) {
 		bytes, _ := strconv.Atoi(r["nvl_bytes"])
 		bytes8, _ := strconv.Atoi(r["nvl_bytes_fp8"])
 		t.Logf("tokens %s per rank, %s rows received by rank 0, %.1f MB (fp8 with scales: %.1f MB)", r["tokens"], r["recv_rows"], float64(bytes)/1e6, float64(bytes8)/1e6)
-		for _, how := range []string{"eager", "graph"} {
+		for _, how := range []string{"eager", "graph", "queued"} {
+			if _, ok := r["copy_"+how+"_us"]; !ok {
+				continue
+			}
 			for _, set := range []struct {
 				copy  string
 				bytes int
@@ -410,5 +449,109 @@ func logBench(t *testing.T, n int, where string, rows []map[string]string) {
 				}
 			}
 		}
+	}
+}
+
+// BenchmarkCUDAEager times eager calls on one rank, DeepSeek-V3 shape:
+// each iteration one Dispatch (or Combine) with its outputs closed, or a
+// device-to-device copy of the received rows' bytes (the baseline), the
+// stream synchronized every 64 calls. At 128 tokens the GPU is faster
+// than the enqueueing, so ns/op is the host's time a call (plus a 64th of
+// a Synchronize); at 4096 it is the GPU's. driver-calls/op and
+// launches/op are internal/cuda's tallies. Run the test binary with -gpu
+// -test.bench CUDAEager (with -test.cpuprofile to see where the host's
+// time goes; -test.benchtime Nx makes the launches countable for ncu:
+// 8 warm-up calls, then N).
+func BenchmarkCUDAEager(b *testing.B) {
+	if !*gpuFlag {
+		b.Skip("run the test binary with -gpu on a GPU host")
+	}
+	be, err := device.NewCUDA(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	ctx := context.Background()
+	for _, T := range benchShapes {
+		cfg := executor.Config{NumExperts: 256, TopK: 8, Hidden: 7168, MaxTokensPerRank: T}
+		e, err := executor.New(ctx, comm.NewLocal(1)[0], be, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchEager(b, e, cfg, T)
+		if err := e.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchEager is BenchmarkCUDAEager's calls on e at T tokens.
+func benchEager(b *testing.B, e *executor.Engine, cfg executor.Config, T int) {
+	ctx := context.Background()
+	ti, xt, _, err := benchInputs(ctx, e, cfg, T, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer xt.Close()
+	defer ti.Close()
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	if h.RecvRows() == 0 {
+		b.Fatal("no rows received")
+	}
+	z, err := e.NewTensor(device.BF16, h.RecvRows(), cfg.Hidden)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer z.Close()
+	cp, err := e.NewTensor(device.BF16, h.RecvRows(), cfg.Hidden)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cp.Close()
+	s := e.Stream().(*device.CUDAStream)
+	bytes := h.RecvRows() * cfg.Hidden * 2
+	for _, c := range []struct {
+		name string
+		run  func() error
+	}{
+		// The baseline: a device-to-device copy of the received rows'
+		// bytes (DESIGN.md section 6).
+		{"copy", func() error { return s.Copy(cp.Buffer(), 0, z.Buffer(), 0, bytes) }},
+		{"dispatch", dispatchCall(ctx, e, h, xt)},
+		{"combine", combineCall(ctx, e, h, z)},
+	} {
+		b.Run(fmt.Sprintf("call=%s/tokens=%d/hidden=%d/topk=%d", c.name, T, cfg.Hidden, cfg.TopK), func(b *testing.B) {
+			for range 8 { // warm-up: modules loaded, pools grown
+				if err := c.run(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := e.Synchronize(ctx); err != nil {
+				b.Fatal(err)
+			}
+			before := cuda.ReadCounts()
+			n := 0
+			for b.Loop() {
+				if err := c.run(); err != nil {
+					b.Fatal(err)
+				}
+				if n++; n%64 == 0 {
+					if err := e.Synchronize(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			if err := e.Synchronize(ctx); err != nil {
+				b.Fatal(err)
+			}
+			d := cuda.ReadCounts().Sub(before)
+			b.SetBytes(int64(bytes))
+			b.ReportMetric(float64(d.Launches)/float64(n), "launches/op")
+			b.ReportMetric(float64(d.Calls)/float64(n), "driver-calls/op")
+		})
 	}
 }
