@@ -10,7 +10,8 @@ type Counts struct {
 	// Calls are driver calls whose status this package read: all but
 	// the releases, the error-name lookups and the restoring of another
 	// context after a batch. Each batch of calls (Device.Do) begins with
-	// two, cuCtxGetCurrent and cuCtxSetCurrent, that are counted.
+	// cuCtxGetCurrent, then cuCtxSetCurrent unless the thread's last Do of
+	// the device left its context current; both are counted.
 	Calls uint64
 	// Launches are kernels enqueued (cuLaunchKernel and
 	// cuLaunchCooperativeKernel), counted when the driver accepted them.

@@ -25,6 +25,65 @@ package cuda
 #else
 #define GOEP_ATTR_STREAM_MEM_OPS_64 CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V2
 #endif
+
+// The calling thread's state for Device.Do, kept in C so that a Do reads
+// it without a system call: the keys of the devices whose Do the thread
+// is inside (innermost last), and the key of the device whose own
+// cuCtxSetCurrent made the current context (0: another device's, another
+// library's or unknown).
+#define GOEP_MAX_HELD 64
+static __thread unsigned long long goep_held[GOEP_MAX_HELD];
+static __thread int goep_nheld;
+static __thread unsigned long long goep_set_by;
+
+static int goep_holds(unsigned long long key) {
+	for (int i = 0; i < goep_nheld; i++) {
+		if (goep_held[i] == key) {
+			return 1;
+		}
+	}
+	return 0;
+}
+
+// goep_enter notes that the thread is inside the Do of device key and
+// makes ctx current, setting it unless this device's own set left it
+// current (a primary context released and retained again by a later Open
+// may come back at the same address, so a context that merely compares
+// equal is set again). *prev is the context current before, *calls the
+// driver calls made (0: the thread has too many devices nested, refused
+// with CUDA_ERROR_NOT_SUPPORTED).
+static CUresult goep_enter(unsigned long long key, CUcontext ctx, CUcontext *prev, int *calls) {
+	*calls = 0;
+	if (goep_nheld == GOEP_MAX_HELD) {
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	*calls = 1;
+	CUresult r = cuCtxGetCurrent(prev);
+	if (r != CUDA_SUCCESS) {
+		return r;
+	}
+	if (*prev != ctx || goep_set_by != key) {
+		*calls = 2;
+		r = cuCtxSetCurrent(ctx);
+		if (r != CUDA_SUCCESS) {
+			return r;
+		}
+		goep_set_by = key;
+	}
+	goep_held[goep_nheld++] = key;
+	return CUDA_SUCCESS;
+}
+
+// goep_leave undoes a successful goep_enter: the device is no longer
+// held, and prev, where it is another context, is made current again
+// (the caller goes on with it: another device's Do, or another library).
+static void goep_leave(CUcontext ctx, CUcontext prev) {
+	goep_nheld--;
+	if (prev != NULL && prev != ctx) {
+		cuCtxSetCurrent(prev);
+		goep_set_by = 0;
+	}
+}
 */
 import "C"
 
@@ -35,8 +94,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 // result is the one conversion from a CUresult to a Go error: nil for
@@ -156,9 +213,9 @@ type Device struct {
 	feat    Features
 	limits  Limits
 
-	mu     sync.Mutex   // held by the Do in progress: calls are serialised
-	owner  atomic.Int64 // OS thread of the Do in progress, else 0
-	closed atomic.Bool  // set by Close, under mu
+	mu     sync.Mutex  // held by the Do in progress: calls are serialised
+	key    uint64      // unique in the process: the thread state's name for this Open (goep_enter)
+	closed atomic.Bool // set by Close, under mu
 
 	// deferred frees of the cuMemAlloc fallback (no memory pools), each
 	// behind an event recorded on the freeing stream. Inside Do only.
@@ -178,13 +235,11 @@ func Open(ordinal int) (*Device, error) {
 	if ordinal < 0 {
 		return nil, fmt.Errorf("cuda: open device %d: negative ordinal", ordinal)
 	}
-	d := &Device{ordinal: ordinal}
+	d := &Device{ordinal: ordinal, key: deviceKeys.Add(1)}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.owner.Store(int64(unix.Gettid()))
-	defer d.owner.Store(0)
 	if err := d.init(); err != nil {
 		return nil, fmt.Errorf("cuda: open device %d: %w", ordinal, err)
 	}
@@ -331,51 +386,60 @@ func (d *Device) Limits() Limits { return d.limits }
 func (d *Device) Do(f func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	tid := int64(unix.Gettid())
-	if d.owner.Load() == tid {
+	if d.held() {
 		// Inside f already (the thread is locked to its goroutine).
 		return f()
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	restore, err := d.openCurrent()
+	leave, err := d.openCurrent()
 	if err != nil {
 		return err
 	}
-	defer restore()
-	d.owner.Store(tid)
-	defer d.owner.Store(0)
+	defer leave()
 	return f()
 }
 
+// deviceKeys numbers the Opens of the process (Device.key).
+var deviceKeys atomic.Uint64
+
+// held reports whether the calling thread, which must be locked, is
+// inside d's Do. It makes no system call: the thread's state is C's
+// (goep_holds).
+func (d *Device) held() bool { return C.goep_holds(C.ulonglong(d.key)) != 0 }
+
 // openCurrent is makeCurrent for a device not closed.
-func (d *Device) openCurrent() (restore func(), err error) {
+func (d *Device) openCurrent() (leave func(), err error) {
 	if d.closed.Load() {
 		return nil, fmt.Errorf("cuda: device %d: %w", d.ordinal, ErrClosed)
 	}
 	return d.makeCurrent()
 }
 
-// makeCurrent makes the device's context current on the calling thread,
-// which must be locked, and returns the function that puts back the
-// context current before: another device's, when this Do runs inside that
-// device's (the caller's f goes on using its own device after this
-// returns), or another library's.
-func (d *Device) makeCurrent() (restore func(), err error) {
+// makeCurrent notes the calling thread, which must be locked, as inside
+// d's Do and makes the device's context current (goep_enter), and returns
+// the function that undoes both: it puts back the context current
+// before, another device's when this Do runs inside that device's (the
+// caller's f goes on using its own device after this returns), or
+// another library's.
+func (d *Device) makeCurrent() (leave func(), err error) {
 	var prev C.CUcontext
-	if err := result("cuCtxGetCurrent", C.cuCtxGetCurrent(&prev)); err != nil {
+	var calls C.int
+	r := C.goep_enter(C.ulonglong(d.key), d.ctx, &prev, &calls)
+	switch calls {
+	case 0:
+		return nil, fmt.Errorf("cuda: device %d: more than %d devices' Do nested on one thread: %w", d.ordinal, C.GOEP_MAX_HELD, ErrUnsupported)
+	case 1:
+		err = result("cuCtxGetCurrent", r)
+	default:
+		counts.calls.Add(1) // the cuCtxGetCurrent before
+		err = result("cuCtxSetCurrent", r)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("cuda: device %d: %w", d.ordinal, err)
 	}
-	// Set even when prev is d.ctx: a thread keeps a released primary
-	// context current, and a new Open may retain it again at the same
-	// address.
-	if err := result("cuCtxSetCurrent", C.cuCtxSetCurrent(d.ctx)); err != nil {
-		return nil, fmt.Errorf("cuda: device %d: %w", d.ordinal, err)
-	}
-	if prev == nil || prev == d.ctx {
-		return func() {}, nil
-	}
-	return func() { C.cuCtxSetCurrent(prev) }, nil
+	ctx := d.ctx
+	return func() { C.goep_leave(ctx, prev) }, nil
 }
 
 // current reports whether the device's context is current on the calling
@@ -393,8 +457,7 @@ func (d *Device) current() bool {
 func (d *Device) Close() error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	tid := int64(unix.Gettid())
-	if d.owner.Load() == tid {
+	if d.held() {
 		return fmt.Errorf("cuda: close device %d: called from inside Do", d.ordinal)
 	}
 	d.mu.Lock()
@@ -402,13 +465,11 @@ func (d *Device) Close() error {
 	if !d.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	restore, err := d.makeCurrent()
+	leave, err := d.makeCurrent()
 	if err != nil {
 		return fmt.Errorf("cuda: close: %w", err)
 	}
-	defer restore()
-	d.owner.Store(tid)
-	defer d.owner.Store(0)
+	defer leave()
 	return d.shutdown()
 }
 

@@ -9,11 +9,11 @@ import (
 )
 
 // The host cost of Device.Do, which every driver call of goep goes
-// through: from outside (the lock, the context made current and put
-// back) and nested inside another Do (goep's launches inside
-// CUDAStream.Enqueue), beside the thread-id syscall the nested check
-// makes. On a GPU host: .gpu/internal-cuda.test -gpu -test.run '^$'
-// -test.bench Do
+// through: from outside (the lock, the thread's state, the context made
+// current and put back) and nested inside another Do (goep's launches
+// inside CUDAStream.Enqueue), beside a thread-id system call, which is
+// what the nested check cost when it compared thread ids. On a GPU host:
+// .gpu/internal-cuda.test -gpu -test.run '^$' -test.bench 'Do|Gettid'
 
 func BenchmarkGettid(b *testing.B) {
 	for b.Loop() {

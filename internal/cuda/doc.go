@@ -12,7 +12,11 @@
 // made through Device.Do, which locks the calling goroutine to its OS
 // thread for the call and makes that context current there. Calls from
 // many goroutines are serialised (a mutex, no hand-off to another thread);
-// Do may be nested. Waits never hold the device: Stream and
+// Do may be nested. A thread's own record in C thread-local storage says
+// which devices' Do it is inside (a nested Do runs its function at once)
+// and which device last set its context, so that a Do makes no system
+// call and sets the context only where it is not already this device's
+// own. Waits never hold the device: Stream and
 // Event Synchronize poll cuStreamQuery / cuEventQuery from the caller's
 // goroutine with short sleeps, bounded by a context.
 //

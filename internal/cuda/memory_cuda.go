@@ -42,8 +42,6 @@ import (
 	"fmt"
 	"runtime"
 	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 // deferredFree is a cuMemAlloc'd block whose free waits for an event.
@@ -425,14 +423,14 @@ func (d *Device) TrimPool(keep int) error {
 func (d *Device) syncUnlocked() error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if d.owner.Load() == int64(unix.Gettid()) {
+	if d.held() {
 		return result("cuCtxSynchronize", C.cuCtxSynchronize())
 	}
-	restore, err := d.openCurrent()
+	leave, err := d.openCurrent()
 	if err != nil {
 		return err
 	}
-	defer restore()
+	defer leave()
 	return result("cuCtxSynchronize", C.cuCtxSynchronize())
 }
 
