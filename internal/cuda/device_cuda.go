@@ -392,11 +392,11 @@ func (d *Device) Do(f func() error) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	leave, err := d.openCurrent()
+	prev, err := d.openCurrent()
 	if err != nil {
 		return err
 	}
-	defer leave()
+	defer d.leave(prev)
 	return f()
 }
 
@@ -409,26 +409,22 @@ var deviceKeys atomic.Uint64
 func (d *Device) held() bool { return C.goep_holds(C.ulonglong(d.key)) != 0 }
 
 // openCurrent is makeCurrent for a device not closed.
-func (d *Device) openCurrent() (leave func(), err error) {
+func (d *Device) openCurrent() (prev C.CUcontext, err error) {
 	if d.closed.Load() {
-		return nil, fmt.Errorf("cuda: device %d: %w", d.ordinal, ErrClosed)
+		return prev, fmt.Errorf("cuda: device %d: %w", d.ordinal, ErrClosed)
 	}
 	return d.makeCurrent()
 }
 
 // makeCurrent notes the calling thread, which must be locked, as inside
 // d's Do and makes the device's context current (goep_enter), and returns
-// the function that undoes both: it puts back the context current
-// before, another device's when this Do runs inside that device's (the
-// caller's f goes on using its own device after this returns), or
-// another library's.
-func (d *Device) makeCurrent() (leave func(), err error) {
-	var prev C.CUcontext
+// the context current before, for leave.
+func (d *Device) makeCurrent() (prev C.CUcontext, err error) {
 	var calls C.int
 	r := C.goep_enter(C.ulonglong(d.key), d.ctx, &prev, &calls)
 	switch calls {
 	case 0:
-		return nil, fmt.Errorf("cuda: device %d: more than %d devices' Do nested on one thread: %w", d.ordinal, C.GOEP_MAX_HELD, ErrUnsupported)
+		return prev, fmt.Errorf("cuda: device %d: more than %d devices' Do nested on one thread: %w", d.ordinal, C.GOEP_MAX_HELD, ErrUnsupported)
 	case 1:
 		err = result("cuCtxGetCurrent", r)
 	default:
@@ -436,11 +432,17 @@ func (d *Device) makeCurrent() (leave func(), err error) {
 		err = result("cuCtxSetCurrent", r)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("cuda: device %d: %w", d.ordinal, err)
+		return prev, fmt.Errorf("cuda: device %d: %w", d.ordinal, err)
 	}
-	ctx := d.ctx
-	return func() { C.goep_leave(ctx, prev) }, nil
+	return prev, nil
 }
+
+// leave undoes a successful makeCurrent (goep_leave): the thread is no
+// longer inside d's Do, and prev, the context current before, is current
+// again where it was another: another device's, when this Do ran inside
+// that device's (the caller's f goes on using its own device), or another
+// library's.
+func (d *Device) leave(prev C.CUcontext) { C.goep_leave(d.ctx, prev) }
 
 // current reports whether the device's context is current on the calling
 // thread (tests, inside Do).
@@ -465,11 +467,11 @@ func (d *Device) Close() error {
 	if !d.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	leave, err := d.makeCurrent()
+	prev, err := d.makeCurrent()
 	if err != nil {
 		return fmt.Errorf("cuda: close: %w", err)
 	}
-	defer leave()
+	defer d.leave(prev)
 	return d.shutdown()
 }
 

@@ -426,11 +426,11 @@ func (d *Device) syncUnlocked() error {
 	if d.held() {
 		return result("cuCtxSynchronize", C.cuCtxSynchronize())
 	}
-	leave, err := d.openCurrent()
+	prev, err := d.openCurrent()
 	if err != nil {
 		return err
 	}
-	defer leave()
+	defer d.leave(prev)
 	return result("cuCtxSynchronize", C.cuCtxSynchronize())
 }
 
