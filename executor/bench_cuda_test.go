@@ -59,12 +59,10 @@ func benchRank(ctx context.Context, g comm.Group, b device.Backend) ([]map[strin
 	// keeps ahead of the GPU, as in a training step).
 	gate := benchGate
 	if gate == nil && g.Size() == 1 {
-		gs, err := b.(*device.CUDA).NewCUDAStream()
-		if err != nil {
+		if gate, err = newStartGate(b.(*device.CUDA)); err != nil {
 			return nil, err
 		}
-		defer gs.Close()
-		gate = &startGate{s: gs}
+		defer gate.Close()
 	}
 	hows := []string{"eager", "graph"}
 	if gate != nil {
@@ -397,13 +395,10 @@ func TestCUDABenchmark(t *testing.T) {
 		defer b.Close()
 		benchRanksInProcess = n
 		defer func() { benchRanksInProcess = 1 }()
-		gateS, err := b.NewCUDAStream()
-		if err != nil {
+		if benchGate, err = newStartGate(b); err != nil {
 			t.Fatal(err)
 		}
-		defer gateS.Close()
-		benchGate = &startGate{s: gateS}
-		defer func() { benchGate = nil }()
+		defer func() { benchGate.Close(); benchGate = nil }()
 		gs := comm.NewLocal(n)
 		res := make([][]map[string]string, n)
 		// A rank that fails leaves the others in a collective: bound them.

@@ -107,6 +107,19 @@ type startGate struct {
 	event *device.Event // set by rank 0 before the iteration's barrier
 }
 
+// newStartGate is a start gate on a stream of its own on b (Close stops
+// the stream).
+func newStartGate(b *device.CUDA) (*startGate, error) {
+	s, err := b.NewCUDAStream()
+	if err != nil {
+		return nil, err
+	}
+	return &startGate{s: s}, nil
+}
+
+// Close stops the gate's stream.
+func (gt *startGate) Close() error { return gt.s.Close() }
+
 // gateDelay is how long the gate holds the ranks: far longer than the
 // host takes to queue every rank's call.
 const gateDelay = 2 * time.Millisecond
@@ -186,12 +199,11 @@ func TestCUDALinkPaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	gs, err := b.NewCUDAStream()
+	gate, err := newStartGate(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer gs.Close()
-	gate := &startGate{s: gs}
+	defer gate.Close()
 	for _, rate := range pacedRates {
 		for _, T := range []int{128, 4096} {
 			t.Run(fmt.Sprintf("pace=%gGBps/tokens=%d", rate, T), func(t *testing.T) {
