@@ -15,7 +15,9 @@
 # nvcc again; the PTX must not change): internal/cuda/testdata/kernels.ptx
 # permute/kernels/permute.ptx, nvlink/kernels/flags.ptx,
 # executor/internal/gpu/kernels/ep.ptx and
-# executor/internal/gpu/kernels/layout.ptx at least.
+# executor/internal/gpu/kernels/layout.ptx at least; and that ptxas places
+# the one-launch kernels (executor/internal/gpu/kernels/onelaunch.ptx) for
+# sm_90 without spills.
 #
 # The tests skip, with the reason, when cuInit fails or no GPU is present.
 # Linking uses the driver stub (libcuda.so in Debian's stubs directory); on a
@@ -201,5 +203,27 @@ for f in "${ptx[@]}"; do
 	fi
 done
 [ "$stale" = 0 ] || exit 1
+
+# The one-launch kernels' register budget (executor/internal/gpu/kernels/
+# onelaunch.cu, GOEP_ONE_LAUNCH_BOUNDS): one block of 512 threads an SM
+# leaves them 128 registers a thread, and a kernel that spills its loads
+# in flight to local memory loses what its pipelining buys. ptxas must
+# place both for sm_90 without a spill (the driver's JIT compiles the PTX
+# on the GPU host and may differ; Nsight Compute shows what it chose).
+log "one-launch kernels without spills (ptxas -arch=sm_90 -v)"
+ptxas -arch=sm_90 -v -o "$tmp/onelaunch.cubin" executor/internal/gpu/kernels/onelaunch.ptx 2>"$tmp/ptxas.log"
+if ! awk '
+	/Compiling entry function/ { fn = $7; gsub(/\047/, "", fn) }
+	/bytes spill stores/ && fn != "" {
+		if ($5 != 0 || $9 != 0) { printf "%s: %s bytes spill stores, %s bytes spill loads\n", fn, $5, $9; bad = 1 }
+		seen[fn] = 1
+	}
+	END { if (!seen["goep_ep_dispatch"] || !seen["goep_ep_combine"]) { print "ptxas -v did not report both one-launch kernels"; bad = 1 }; exit bad }
+' "$tmp/ptxas.log" >&2; then
+	cat "$tmp/ptxas.log" >&2
+	echo "scripts/cuda-check.sh: a one-launch kernel spills registers (see above)" >&2
+	exit 1
+fi
+grep -E "Compiling entry|Used [0-9]+ registers" "$tmp/ptxas.log" | sed 's/^ptxas info *: /  /' >&2
 
 log "cuda check passed"
