@@ -721,7 +721,7 @@ func TestCUDASharedAlias(t *testing.T) {
 	// A handle that does not match the live allocation at its address (a
 	// stale one, the address reused) is refused.
 	stale := h
-	stale.IPC[0] ^= 0xff
+	stale.Raw[0] ^= 0xff
 	if _, err := c.OpenShared(stale); err == nil {
 		t.Fatal("OpenShared of a handle that does not match the allocation at its address succeeded")
 	}
@@ -747,6 +747,91 @@ func TestCUDASharedAlias(t *testing.T) {
 	}
 	if _, err := c.OpenShared(h); err == nil {
 		t.Fatal("OpenShared of freed memory of this process succeeded")
+	}
+}
+
+// TestCUDAShareVMM: memory of AllocSharedAs with a VMM kind is one
+// allocation seen at three addresses: the owner's, an alias (a goroutine
+// rank of this process), and an import of its exported handle (the path a
+// peer process takes; pidfd_getfd of this process's own descriptor for
+// ShareFD). Fabric handles, which need a multi-node NVLink fabric and an
+// IMEX channel, may be refused: then with an error, and nothing left
+// allocated.
+func TestCUDAShareVMM(t *testing.T) {
+	c := newCUDA(t)
+	s := newCUDAStream(t, c)
+	for _, kind := range []ShareKind{ShareFD, ShareFabric} {
+		t.Run(kind.String(), func(t *testing.T) {
+			f := c.Driver().Features()
+			if kind == ShareFD && (!f.VMM || !f.PosixFD) {
+				t.Skip("GPU without VMM file descriptor handles")
+			}
+			const n = 5000 // not a multiple of any granularity
+			own, h, err := c.AllocSharedAs(n, kind)
+			if err != nil {
+				if kind == ShareFabric {
+					t.Logf("fabric handles refused: %v", err)
+					if perr := c.ProbeShare(kind); perr == nil {
+						t.Fatalf("ProbeShare(fabric) succeeded where AllocSharedAs failed: %v", err)
+					}
+					if live := c.LiveBuffers(); live != 0 {
+						t.Fatalf("%d live buffers after a refused allocation", live)
+					}
+					return
+				}
+				t.Fatal(err)
+			}
+			if h.Kind != kind || h.Size != n || h.Mapped < n || h.Addr != own.DevicePtr() {
+				t.Fatalf("handle %+v for a buffer of %d bytes at %#x", h, n, own.DevicePtr())
+			}
+			if kind == ShareFD && h.FD < 0 {
+				t.Fatalf("ShareFD handle without a descriptor: %+v", h)
+			}
+			alias, err := c.OpenShared(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := c.importVMM(h)
+			if err != nil {
+				t.Fatalf("import of this process's own %v handle: %v", kind, err)
+			}
+			imp := &Buffer{bufMem: &bufMem{size: n, dev: uint64(v.va), shared: sharedVMMOpened}}
+			sharedRefs.mu.Lock()
+			sharedRefs.opened[uint64(v.va)] = v
+			sharedRefs.mu.Unlock()
+			if imp.DevicePtr() == own.DevicePtr() {
+				t.Fatalf("import mapped at the owner's address %#x", own.DevicePtr())
+			}
+			want := pattern(n, 7)
+			if err := s.UploadBuffer(t.Context(), own, want); err != nil {
+				t.Fatal(err)
+			}
+			for name, b := range map[string]*Buffer{"alias": alias, "import": imp} {
+				got, err := s.DownloadBuffer(t.Context(), b)
+				if err != nil || !bytes.Equal(got, want) {
+					t.Fatalf("download through the %s: %v, equal %v", name, err, bytes.Equal(got, want))
+				}
+			}
+			// Writes through the import reach the owner's mapping.
+			want = pattern(n, 11)
+			if err := s.UploadBuffer(t.Context(), imp, want); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := s.DownloadBuffer(t.Context(), own); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("download through the owner after a write through the import: %v, equal %v", err, bytes.Equal(got, want))
+			}
+			for _, b := range []*Buffer{imp, own, alias} {
+				if err := c.FreeShared(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if live := c.LiveBuffers(); live != 0 {
+				t.Fatalf("%d live buffers after every use was freed", live)
+			}
+			if _, err := c.OpenShared(h); err == nil {
+				t.Fatal("OpenShared of freed VMM memory of this process succeeded")
+			}
+		})
 	}
 }
 

@@ -333,7 +333,7 @@ type bufMem struct {
 	dev    uint64  // device address (CUDA backend), else 0
 	stream Stream
 	freed  atomic.Bool
-	shared int8 // CUDA shared memory: sharedOwn, sharedOpened, sharedAlias; else 0
+	shared int8 // CUDA shared memory: sharedOwn, sharedOpened, sharedAlias, sharedVMMOpened; else 0
 	graph  bool // CUDA: allocated during a stream capture (a graph allocation)
 	// CUDA graph allocations, guarded by Device.Do. gended: the capture
 	// ended (or was discarded) without freeing the memory, which the
@@ -409,9 +409,10 @@ func (m *bufMem) graphClosed() bool {
 
 // Kinds of CUDA shared buffers (AllocShared, OpenShared).
 const (
-	sharedOwn    = 1 // exported by this process (cuMemAlloc)
-	sharedOpened = 2 // a peer's, mapped by cuIpcOpenMemHandle
-	sharedAlias  = 3 // a peer's in this process, used at its address
+	sharedOwn       = 1 // exported by this process (cuMemAlloc, or a VMM allocation)
+	sharedOpened    = 2 // a peer's, mapped by cuIpcOpenMemHandle
+	sharedAlias     = 3 // a peer's in this process, used at its address
+	sharedVMMOpened = 4 // a peer's VMM allocation, imported and mapped here
 )
 
 // DevicePtr is the buffer's device address on the CUDA backend (0 on the

@@ -108,3 +108,40 @@ func (m *Mapping) Unmap() error {
 	m.mem = nil
 	return err
 }
+
+// ShareKind is how the CUDA backend shares device memory with peer
+// processes (CUDA.AllocSharedAs).
+type ShareKind uint8
+
+const (
+	// ShareIPC is cuMemAlloc memory with a legacy CUDA IPC handle: peers
+	// on the same host only.
+	ShareIPC ShareKind = iota
+	// ShareFD is a VMM allocation (cuMemCreate) exported as a POSIX file
+	// descriptor, which a peer process on the same host takes with
+	// pidfd_getfd(2).
+	ShareFD
+	// ShareFabric is a VMM allocation exported as a fabric handle, which
+	// a process on any host of the GPU's multi-node NVLink fabric (an
+	// NVML fabric clique, IMEX channels) imports.
+	ShareFabric
+)
+
+var shareKindNames = [...]string{ShareIPC: "ipc", ShareFD: "fd", ShareFabric: "fabric"}
+
+func (k ShareKind) String() string {
+	if int(k) < len(shareKindNames) {
+		return shareKindNames[k]
+	}
+	return fmt.Sprintf("ShareKind(%d)", uint8(k))
+}
+
+// ParseShareKind reads a ShareKind by its name (ipc, fd, fabric).
+func ParseShareKind(s string) (ShareKind, error) {
+	for k, n := range shareKindNames {
+		if s == n {
+			return ShareKind(k), nil
+		}
+	}
+	return 0, fmt.Errorf("device: share kind %q: want ipc, fd or fabric", s)
+}

@@ -106,3 +106,19 @@ func shareChild() {
 	}
 	os.Exit(0)
 }
+
+func TestParseShareKind(t *testing.T) {
+	for _, k := range []ShareKind{ShareIPC, ShareFD, ShareFabric} {
+		if got, err := ParseShareKind(k.String()); err != nil || got != k {
+			t.Errorf("ParseShareKind(%q) = %v, %v", k.String(), got, err)
+		}
+	}
+	for _, s := range []string{"", "IPC", "posix", "fabric "} {
+		if k, err := ParseShareKind(s); err == nil {
+			t.Errorf("ParseShareKind(%q) = %v, want an error", s, k)
+		}
+	}
+	if s := ShareKind(9).String(); s != "ShareKind(9)" {
+		t.Errorf("ShareKind(9).String() = %q", s)
+	}
+}

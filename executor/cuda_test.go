@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -84,6 +85,40 @@ func TestCUDAMultiProcess(t *testing.T) {
 				compareDigests(t, want, reportedDigests(t, got, lerr, log), "on CUDA", "on the host")
 			})
 		}
+	}
+}
+
+// TestCUDAShareKinds runs the multi-process cases with the domain's GPU
+// windows shared as VMM allocations: exported as file descriptors (which
+// every Linux GPU host has), and asked as fabric handles, which a GPU
+// without a multi-node NVLink fabric refuses (the domain then falls back to
+// CUDA IPC and says why). Outputs must be the host backend's, bit for bit.
+func TestCUDAShareKinds(t *testing.T) {
+	needGPU(t)
+	want := inProcessDigestsN(t, 2)
+	for _, kind := range []string{"fd", "fabric"} {
+		t.Run(kind, func(t *testing.T) {
+			got, lerr, log := runWorldN(t, "spawn", "cases", 2, 4*time.Minute,
+				"GOEP_MP_BACKEND=cuda", "GOEP_DEBUG_POINTERS=1", "GOEP_GPU_SHARE="+kind, "GOEP_LOG_LEVEL=debug")
+			compareDigests(t, want, reportedDigests(t, got, lerr, log), "on CUDA ("+kind+")", "on the host")
+			used := regexp.MustCompile(`"share": "(\w+)"`).FindAllStringSubmatch(log, -1)
+			if len(used) == 0 {
+				t.Fatalf("no GPU windows logged at debug level:\n%s", log)
+			}
+			for _, u := range used {
+				switch {
+				case u[1] == kind:
+				case kind == "fabric" && u[1] == "ipc" && strings.Contains(log, "fabric handles refused on rank"):
+				default:
+					t.Fatalf("GOEP_GPU_SHARE=%s: windows shared as %s", kind, u[1])
+				}
+			}
+			if kind == "fabric" {
+				if i := strings.Index(log, "fabric handles refused on rank"); i >= 0 {
+					t.Logf("fallback: %s", log[i:i+strings.IndexByte(log[i:], '\n')])
+				}
+			}
+		})
 	}
 }
 

@@ -173,6 +173,10 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	if cerr == nil {
 		cerr = aerr
 	}
+	share, herr := shareEnv("GOEP_GPU_SHARE")
+	if cerr == nil {
+		cerr = herr
+	}
 	if cerr == nil {
 		cerr = cfg.ValidateFor(R)
 	}
@@ -221,7 +225,7 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 			return nil, fmt.Errorf("executor: new: CUDA backend of type %T: %w", b, ErrUnsupported)
 		}
 		e.path, err = newGPUPath(dctx, g, cb, &e.env, o.stream, gpuOptions{SharedMemory: shm, HostStaging: staging, MultiKernel: multiKernel,
-			Probe: probe, LinkPace: pace})
+			Probe: probe, LinkPace: pace, Share: share})
 	default:
 		return nil, fmt.Errorf("executor: new: %s backend: %w", b.Kind(), ErrUnsupported)
 	}
@@ -383,6 +387,20 @@ func paceEnv(name string) (float64, error) {
 		return 0, fmt.Errorf("executor: %s=%q: want a link rate in GB/s, a number above 0", name, v)
 	}
 	return f, nil
+}
+
+// shareEnv reads how GPU windows are shared (device.ParseShareKind; unset
+// or empty: CUDA IPC).
+func shareEnv(name string) (device.ShareKind, error) {
+	v, ok := os.LookupEnv(name)
+	if !ok || v == "" {
+		return device.ShareIPC, nil
+	}
+	k, err := device.ParseShareKind(v)
+	if err != nil {
+		return 0, fmt.Errorf("executor: %s=%q: want ipc, fd or fabric", name, v)
+	}
+	return k, nil
 }
 
 func boolEnv(name string) (bool, error) {

@@ -326,14 +326,15 @@ func TestDetectedDomain(t *testing.T) {
 }
 
 // TestBadRailEnv: an invalid GOEP_RDMA_SHARED_MEMORY,
-// GOEP_RAIL_HOST_STAGING, GOEP_GPU_MULTI_KERNEL, GOEP_GPU_PROBE or
-// GOEP_GPU_LINK_PACE is an error of New on every rank, before any
-// collective work.
+// GOEP_RAIL_HOST_STAGING, GOEP_GPU_MULTI_KERNEL, GOEP_GPU_PROBE,
+// GOEP_GPU_LINK_PACE or GOEP_GPU_SHARE is an error of New on every rank,
+// before any collective work.
 func TestBadRailEnv(t *testing.T) {
 	for _, c := range []struct{ name, value string }{
 		{"GOEP_RDMA_SHARED_MEMORY", "maybe"}, {"GOEP_RAIL_HOST_STAGING", "maybe"},
 		{"GOEP_GPU_MULTI_KERNEL", "maybe"}, {"GOEP_GPU_PROBE", "maybe"},
 		{"GOEP_GPU_LINK_PACE", "fast"}, {"GOEP_GPU_LINK_PACE", "0"}, {"GOEP_GPU_LINK_PACE", "-50"}, {"GOEP_GPU_LINK_PACE", "NaN"},
+		{"GOEP_GPU_SHARE", "nvlink"}, {"GOEP_GPU_SHARE", "IPC"},
 	} {
 		name := c.name
 		t.Run(name+"="+c.value, func(t *testing.T) {

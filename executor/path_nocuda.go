@@ -22,4 +22,5 @@ func newGPUPath(ctx context.Context, g comm.Group, b *device.CUDA, env *datapath
 type gpuOptions struct {
 	SharedMemory, HostStaging, MultiKernel, Probe bool
 	LinkPace                                      float64
+	Share                                         device.ShareKind
 }

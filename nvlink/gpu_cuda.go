@@ -13,11 +13,12 @@ import (
 )
 
 // GPUWindows are a domain's GPU memory windows: every rank allocates one
-// buffer per region (sizes equal on all ranks), exports it with CUDA IPC,
-// all-gathers the handles through the group and maps every peer's. Kernels
-// then store straight into peers' buffers (NVLink between GPUs, or the one
-// GPU's memory when processes share it). Ranks of one process use each
-// other's addresses directly; they must then share one GPU.
+// buffer per region (sizes equal on all ranks), exports it (CUDA IPC, or a
+// VMM allocation's file descriptor or fabric handle: Share), all-gathers
+// the handles through the group and maps every peer's. Kernels then store
+// straight into peers' buffers (NVLink between GPUs, or the one GPU's
+// memory when processes share it). Ranks of one process use each other's
+// addresses directly; they must then share one GPU.
 type GPUWindows struct {
 	b *device.CUDA
 	// Own[i] is this rank's buffer of region i (zeroed at creation).
@@ -32,42 +33,88 @@ type GPUWindows struct {
 	// PIDs[p] is rank p's process: a peer a GPU wait timed out on is lost,
 	// not late, when its process has exited.
 	PIDs []int
+	// Share is how the windows are shared; Fallback, where it is not the
+	// kind asked for, says why (the first rank whose driver refused it).
+	Share    device.ShareKind
+	Fallback string
 }
 
-// gpuHandleSize is the encoded size of one region's device.GPUShareHandle.
-const gpuHandleSize = 8 + 8 + 8 + 64
+// gpuHandleSize is the encoded size of one region's device.GPUShareHandle:
+// kind, process, address, size, mapped size, descriptor, raw handle.
+const gpuHandleSize = 6*8 + 64
 
 func encodeGPUHandle(b []byte, h device.GPUShareHandle) {
-	binary.LittleEndian.PutUint64(b[0:], uint64(h.PID))
-	binary.LittleEndian.PutUint64(b[8:], h.Addr)
-	binary.LittleEndian.PutUint64(b[16:], uint64(h.Size))
-	copy(b[24:], h.IPC[:])
+	binary.LittleEndian.PutUint64(b[0:], uint64(h.Kind))
+	binary.LittleEndian.PutUint64(b[8:], uint64(h.PID))
+	binary.LittleEndian.PutUint64(b[16:], h.Addr)
+	binary.LittleEndian.PutUint64(b[24:], uint64(h.Size))
+	binary.LittleEndian.PutUint64(b[32:], uint64(h.Mapped))
+	binary.LittleEndian.PutUint64(b[40:], uint64(int64(h.FD)))
+	copy(b[48:], h.Raw[:])
 }
 
 func decodeGPUHandle(b []byte) device.GPUShareHandle {
 	h := device.GPUShareHandle{
-		PID:  int(binary.LittleEndian.Uint64(b[0:])),
-		Addr: binary.LittleEndian.Uint64(b[8:]),
-		Size: int(binary.LittleEndian.Uint64(b[16:])),
+		Kind:   device.ShareKind(binary.LittleEndian.Uint64(b[0:])),
+		PID:    int(binary.LittleEndian.Uint64(b[8:])),
+		Addr:   binary.LittleEndian.Uint64(b[16:]),
+		Size:   int(binary.LittleEndian.Uint64(b[24:])),
+		Mapped: int(binary.LittleEndian.Uint64(b[32:])),
+		FD:     int(int64(binary.LittleEndian.Uint64(b[40:]))),
 	}
-	copy(h.IPC[:], b[24:])
+	copy(h.Raw[:], b[48:])
 	return h
 }
 
+// chooseShare is the kind every rank shares its windows with (collective
+// over g). ShareFabric is probed first on every rank (an allocation
+// exported and freed): where any rank's driver refuses it (no fabric
+// handles, no IMEX channel), the domain uses CUDA IPC instead, and the
+// returned note names the rank and its driver's reason. The other kinds
+// are used as asked.
+func chooseShare(ctx context.Context, g comm.Group, b *device.CUDA, want device.ShareKind) (device.ShareKind, string, error) {
+	if want != device.ShareFabric {
+		return want, "", nil
+	}
+	status := []byte{0}
+	if err := b.ProbeShare(device.ShareFabric); err != nil {
+		status = append([]byte{1}, err.Error()...)
+	}
+	all, err := g.AllGather(ctx, status)
+	if err != nil {
+		return 0, "", fmt.Errorf("nvlink: exchange fabric probes: %w", err)
+	}
+	for p, s := range all {
+		if len(s) == 0 || s[0] != 0 {
+			why := "no reply"
+			if len(s) > 0 {
+				why = string(s[1:])
+			}
+			return device.ShareIPC, fmt.Sprintf("fabric handles refused on rank %d (%s): the windows are shared with CUDA IPC", p, why), nil
+		}
+	}
+	return device.ShareFabric, "", nil
+}
+
 // MapGPU creates the windows (collective over g): it allocates and zeroes
-// this rank's regions on s, exchanges the handles and opens every peer's.
-// A rank that fails still joins both exchanges (handles, then open
-// results), so every rank returns an error naming the rank that failed.
-func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int) (*GPUWindows, error) {
+// this rank's regions on s, shared as share says (chooseShare), exchanges
+// the handles and opens every peer's. A rank that fails still joins both
+// exchanges (handles, then open results), so every rank returns an error
+// naming the rank that failed.
+func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int, share device.ShareKind) (*GPUWindows, error) {
 	w := &GPUWindows{b: s.CUDA()}
 	me, R := g.Rank(), g.Size()
+	var err error
+	if w.Share, w.Fallback, err = chooseShare(ctx, g, w.b, share); err != nil {
+		return nil, err
+	}
 	// The payload: a status byte, every region's handle, the GPU's UUID.
 	payload := make([]byte, 1+len(sizes)*gpuHandleSize+16)
 	uuid := w.b.Driver().UUID()
 	copy(payload[1+len(sizes)*gpuHandleSize:], uuid[:])
 	lerr := func() error {
 		for i, n := range sizes {
-			buf, h, err := w.b.AllocShared(n)
+			buf, h, err := w.b.AllocSharedAs(n, w.Share)
 			if err != nil {
 				return fmt.Errorf("region %d (%d bytes): %w", i, n, err)
 			}

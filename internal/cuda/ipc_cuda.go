@@ -296,8 +296,16 @@ func (d *Device) ImportFabric(fh FabricHandle, size int) (*Allocation, error) {
 // Release drops this handle to the physical memory (cuMemRelease); the
 // memory is freed when it is also unmapped everywhere. A second Release
 // returns nil.
-func (a *Allocation) Release() error {
-	return release(a.d, &a.h, "cuMemRelease", func(h C.CUmemGenericAllocationHandle) C.CUresult { return C.cuMemRelease(h) })
+func (a *Allocation) Release() error { return a.ReleaseOn(a.d) }
+
+// ReleaseOn is Release through d, another Device of the same GPU (the one
+// that created or imported a may be closed by now: goroutine ranks of one
+// process each open the GPU's primary context).
+func (a *Allocation) ReleaseOn(d *Device) error {
+	if d.ordinal != a.d.ordinal {
+		return fmt.Errorf("cuda: release: allocation of device %d through device %d", a.d.ordinal, d.ordinal)
+	}
+	return release(d, &a.h, "cuMemRelease", func(h C.CUmemGenericAllocationHandle) C.CUresult { return C.cuMemRelease(h) })
 }
 
 // AddressReserve reserves size bytes of virtual address space, aligned to

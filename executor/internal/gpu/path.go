@@ -103,6 +103,12 @@ type Options struct {
 	// over a link of that rate, which HBM does not limit, so that a
 	// single GPU measures how well a call keeps such a link busy.
 	LinkPace float64
+	// Share is how the domain's GPU windows are shared between ranks'
+	// processes (GOEP_GPU_SHARE; nvlink.MapGPU): CUDA IPC (the default),
+	// VMM allocations exported as file descriptors, or as fabric handles
+	// (where any rank's driver refuses those, CUDA IPC, with the reason
+	// logged).
+	Share device.ShareKind
 }
 
 // crossing is how a GPU call crosses the ranks: within one domain
@@ -218,12 +224,15 @@ func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.G
 	gpuLayout := w.GPULayout
 	sizes := []int{nvlink.GPUFlagsSize(R), w.Recv, w.Comb, w.Route}
 	var err error
-	p.win, err = nvlink.MapGPU(ctx, group, s, sizes)
+	p.win, err = nvlink.MapGPU(ctx, group, s, sizes, opts.Share)
 	if err != nil {
 		if p.ownStream {
 			err = errors.Join(err, s.Close())
 		}
 		return nil, fmt.Errorf("executor: CUDA path: %w", err)
+	}
+	if p.win.Fallback != "" && me == 0 {
+		env.Log.Warn("GPU windows: "+p.win.Fallback, zap.Stringer("asked", opts.Share), zap.Stringer("share", p.win.Share))
 	}
 	if ce := env.Log.Check(zap.DebugLevel, "GPU windows"); ce != nil {
 		// Every region's address on every rank of the domain, as this rank
@@ -234,7 +243,7 @@ func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.G
 				addrs[i] = append(addrs[i], fmt.Sprintf("%#x", p.win.Peers[i][q].DevicePtr()))
 			}
 		}
-		ce.Write(zap.Int("rank", env.Rank), zap.Int("local", me), zap.Ints("bytes", sizes),
+		ce.Write(zap.Int("rank", env.Rank), zap.Int("local", me), zap.Stringer("share", p.win.Share), zap.Ints("bytes", sizes),
 			zap.Any("flags", addrs[regionFlags]), zap.Any("recv", addrs[regionRecv]), zap.Any("comb", addrs[regionComb]),
 			zap.Any("route", addrs[regionRoute]))
 	}
