@@ -22,6 +22,10 @@ type Resources struct {
 	// Skipped counts the UCX components and memory domains that did not
 	// answer (their driver or hardware is absent).
 	Skipped int
+	// MemoryTypes is the memory a UCX context can access (ucx.MemoryHost,
+	// and ucx.MemoryCUDA where UCX was built with CUDA and found a GPU);
+	// 0 if no context could be made.
+	MemoryTypes ucx.MemoryTypes
 }
 
 // RDMADevices names the devices that have an RDMA transport, each once, in

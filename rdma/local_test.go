@@ -481,3 +481,14 @@ func TestLocalOtherProcess(t *testing.T) {
 		t.Fatalf("New with RingSize 3: %v, want ErrInvalidConfig", err)
 	}
 }
+
+// TestLocalGPUMemory: the in-process transport moves host memory only,
+// and says so.
+func TestLocalGPUMemory(t *testing.T) {
+	runLocal(t, 2, Config{SendBytes: 64, RecvBytes: 64}, NewInProcess, func(ctx context.Context, g comm.Group, tr Transport) error {
+		if ok, why := GPUMemory(tr); ok || !strings.Contains(why, "in-process") {
+			return fmt.Errorf("rank %d: GPUMemory = %v, %q", g.Rank(), ok, why)
+		}
+		return nil
+	})
+}

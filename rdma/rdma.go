@@ -167,3 +167,13 @@ func checkPeers(rank, size int, peers []int) error {
 // transports) between a look at the signals that left peers pending and
 // the check for lost peers.
 var testHookWaitLooked func()
+
+// GPUMemory reports whether t's transports can put from and into CUDA
+// device memory (UCX built with CUDA: GPUDirect RDMA on the network), and
+// says what it found. The in-process transport moves host memory only.
+func GPUMemory(t Transport) (bool, string) {
+	if g, ok := t.(interface{ gpuMemory() (bool, string) }); ok {
+		return g.gpuMemory()
+	}
+	return false, fmt.Sprintf("the rail's in-process transport (%T) moves host memory only", t)
+}

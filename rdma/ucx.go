@@ -58,6 +58,7 @@ type ucxTransport struct {
 	me         process
 
 	uctx                     *ucx.Context
+	mem                      ucx.MemoryTypes // what uctx's transports can access
 	w                        *ucx.Worker
 	send, recv, sig          []byte // mmap'd
 	sendMem, recvMem, sigMem *ucx.MemHandle
@@ -81,15 +82,21 @@ type flushReq struct {
 
 // Devices lists the transport resources UCX can use on this machine, as
 // `ucx_info -d` does, with UCX's version; Resources.RDMADevices names the
-// RDMA-capable ones. It asks UCX's components only: no group, no context
-// of a transport.
+// RDMA-capable ones, and the memory types a context of this UCX can
+// access. It asks UCX's components and one throwaway context: no group, no
+// transport.
 func Devices() (Resources, error) {
 	devs, skipped, err := ucx.Devices()
 	if err != nil {
 		return Resources{}, fmt.Errorf("rdma: devices: %w", err)
 	}
 	v, _ := ucx.Version() // empty if it fails: the devices are the answer
-	return Resources{UCXVersion: v, Devices: devs, Skipped: skipped}, nil
+	res := Resources{UCXVersion: v, Devices: devs, Skipped: skipped}
+	if c, err := ucx.NewContext(ucx.ContextConfig{Features: ucx.FeatureRMA | ucx.FeatureAMO64}); err == nil {
+		res.MemoryTypes, _ = c.MemoryTypes() // none if it fails, as above
+		_ = c.Close()
+	}
+	return res, nil
 }
 
 // NewUCX creates the UCX transport of g's rank: collective over g. It maps
@@ -119,6 +126,11 @@ func (t *ucxTransport) setup(ctx context.Context) error {
 	var err error
 	if t.uctx, err = ucx.NewContext(ucx.ContextConfig{Features: ucx.FeatureRMA | ucx.FeatureAMO64,
 		Options: t.cfg.UCXOptions, EstimatedEndpoints: t.size}); err != nil {
+		return err
+	}
+	// What the transports can access decides whether the rail could put
+	// straight from and into GPU memory (GPUMemory).
+	if t.mem, err = t.uctx.MemoryTypes(); err != nil {
 		return err
 	}
 	if t.w, err = t.uctx.NewWorker(); err != nil {
@@ -211,6 +223,14 @@ func (t *ucxTransport) setup(ctx context.Context) error {
 		return fmt.Errorf("barrier after connecting: %w", err)
 	}
 	return nil
+}
+
+// gpuMemory: see GPUMemory.
+func (t *ucxTransport) gpuMemory() (bool, string) {
+	if t.mem.CUDA() {
+		return true, fmt.Sprintf("UCX can access CUDA memory (memory types: %s)", t.mem)
+	}
+	return false, fmt.Sprintf("this UCX cannot access CUDA memory (memory types: %s; a UCX built with CUDA, such as HPC-X's, can)", t.mem)
 }
 
 func (t *ucxTransport) Rank() int          { return t.rank }

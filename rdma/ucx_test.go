@@ -22,6 +22,7 @@ import (
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/internal/ranktest"
+	"github.com/goep/goep/internal/ucx"
 	"github.com/goep/goep/launcher"
 	"github.com/goep/goep/rdma"
 )
@@ -196,6 +197,17 @@ func TestClosed(t *testing.T) {
 	tr, err := rdma.NewUCX(t.Context(), g, transportConfig(t, "sm", 64, 64))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Whether the rail could use GPU memory is what this UCX says: the
+	// memory types of its context (CUDA where UCX was built with it).
+	gpu, why := rdma.GPUMemory(tr)
+	t.Logf("GPUMemory: %v, %s", gpu, why)
+	res, err := rdma.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(why, "memory types: "+res.MemoryTypes.String()) || gpu != res.MemoryTypes.CUDA() {
+		t.Errorf("GPUMemory = %v, %q; UCX's memory types are %v", gpu, why, res.MemoryTypes)
 	}
 	if err := tr.Close(); err != nil {
 		t.Fatal(err)
@@ -534,6 +546,9 @@ func TestDevices(t *testing.T) {
 	}
 	if res.UCXVersion == "" {
 		t.Error("no UCX version")
+	}
+	if res.MemoryTypes&ucx.MemoryHost == 0 {
+		t.Errorf("memory types %v: want host memory at least", res.MemoryTypes)
 	}
 	tcpLo := false
 	for _, d := range res.Devices {

@@ -91,6 +91,9 @@ type rdmaReport struct {
 	// GPUTransports are the transports that move GPU memory (cuda_copy,
 	// cuda_ipc, gdr_copy, ...), each once.
 	GPUTransports []string `json:"gpu_transports"`
+	// MemoryTypes is what a UCX context can access ("host", "host,
+	// cuda", ...): CUDA memory means GPUDirect RDMA could feed the rail.
+	MemoryTypes string `json:"memory_types,omitempty"`
 	// Skipped counts the UCX components and memory domains that did not
 	// answer (their driver or hardware is absent).
 	Skipped int    `json:"skipped_memory_domains,omitempty"`
@@ -113,6 +116,9 @@ func rdmaFrom(res rdma.Resources) rdmaReport {
 		devs = []rdma.Device{} // "devices": [] in the JSON
 	}
 	rep := rdmaReport{UCXVersion: res.UCXVersion, Devices: devs, RDMADevices: res.RDMADevices(), GPUTransports: []string{}, Skipped: res.Skipped}
+	if res.MemoryTypes != 0 {
+		rep.MemoryTypes = res.MemoryTypes.String()
+	}
 	for _, d := range devs {
 		if d.GPU() && !slices.Contains(rep.GPUTransports, d.Transport) {
 			rep.GPUTransports = append(rep.GPUTransports, d.Transport)
@@ -351,6 +357,9 @@ func writeRDMA(b *strings.Builder, r rdmaReport) {
 		fmt.Fprintf(b, "  %-24s %s\n", "rdma devices", strings.Join(r.RDMADevices, ", "))
 	} else {
 		fmt.Fprintf(b, "  %-24s none (no InfiniBand/RoCE verbs transport): the rail between hosts would run over TCP\n", "rdma devices")
+	}
+	if r.MemoryTypes != "" {
+		fmt.Fprintf(b, "  %-24s %s\n", "memory types", r.MemoryTypes)
 	}
 	if len(r.GPUTransports) > 0 {
 		fmt.Fprintf(b, "  %-24s %s (UCX can move GPU memory; goep still stages the rail's rows through pinned host memory)\n", "gpu memory", strings.Join(r.GPUTransports, ", "))

@@ -1,5 +1,10 @@
 package ucx
 
+import (
+	"fmt"
+	"strings"
+)
+
 // Feature is a ucp_feature bit (ucp_params_t.features).
 type Feature uint64
 
@@ -53,3 +58,45 @@ const (
 	// caller's own means (process checks, deadlines).
 	ErrorModeNone ErrorMode = 0
 )
+
+// MemoryTypes is a set of ucs_memory_type_t bits: the memory a context's
+// transports can read and write (ucp_context_attr_t.memory_types).
+type MemoryTypes uint64
+
+// The memory types; the bit numbers are UCX's (ucs_memory_type_t).
+const (
+	MemoryHost        MemoryTypes = 1 << 0 // UCS_MEMORY_TYPE_HOST
+	MemoryCUDA        MemoryTypes = 1 << 1 // UCS_MEMORY_TYPE_CUDA
+	MemoryCUDAManaged MemoryTypes = 1 << 2 // UCS_MEMORY_TYPE_CUDA_MANAGED
+	MemoryROCm        MemoryTypes = 1 << 3 // UCS_MEMORY_TYPE_ROCM
+	MemoryROCmManaged MemoryTypes = 1 << 4 // UCS_MEMORY_TYPE_ROCM_MANAGED
+)
+
+var memoryTypeNames = []struct {
+	t    MemoryTypes
+	name string
+}{{MemoryHost, "host"}, {MemoryCUDA, "cuda"}, {MemoryCUDAManaged, "cuda-managed"}, {MemoryROCm, "rocm"}, {MemoryROCmManaged, "rocm-managed"}}
+
+// CUDA reports whether the transports can access CUDA device memory (a UCX
+// built with CUDA support, whose cuda_copy or cuda_ipc transport, with
+// GPUDirect RDMA on the network, moves it).
+func (m MemoryTypes) CUDA() bool { return m&MemoryCUDA != 0 }
+
+// String names the types, comma separated ("host, cuda"); unknown bits
+// as a hexadecimal remainder; "none" for the empty set.
+func (m MemoryTypes) String() string {
+	var names []string
+	for _, n := range memoryTypeNames {
+		if m&n.t != 0 {
+			names = append(names, n.name)
+			m &^= n.t
+		}
+	}
+	if m != 0 {
+		names = append(names, fmt.Sprintf("%#x", uint64(m)))
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}

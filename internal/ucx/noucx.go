@@ -20,6 +20,11 @@ func NewContext(cfg ContextConfig) (*Context, error) {
 // Close does nothing.
 func (c *Context) Close() error { return nil }
 
+// MemoryTypes fails with an error wrapping ErrNotCompiled.
+func (c *Context) MemoryTypes() (MemoryTypes, error) {
+	return 0, fmt.Errorf("ucx: memory types: %w", ErrNotCompiled)
+}
+
 // Version fails with an error wrapping ErrNotCompiled.
 func Version() (string, error) {
 	return "", fmt.Errorf("ucx: version: %w", ErrNotCompiled)

@@ -27,6 +27,19 @@ static ucs_status_t goep_init(ucp_config_t *cfg, uint64_t features, size_t neps,
 	return ucp_init(&p, cfg, out);
 }
 
+static ucs_status_t goep_memory_types(ucp_context_h c, uint64_t *out) {
+	ucp_context_attr_t a;
+	memset(&a, 0, sizeof a);
+	a.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+	ucs_status_t st = ucp_context_query(c, &a);
+	*out = a.memory_types;
+	return st;
+}
+
+// The Go constants' bit numbers are UCX's.
+_Static_assert(UCS_MEMORY_TYPE_HOST == 0 && UCS_MEMORY_TYPE_CUDA == 1 && UCS_MEMORY_TYPE_CUDA_MANAGED == 2 &&
+	UCS_MEMORY_TYPE_ROCM == 3 && UCS_MEMORY_TYPE_ROCM_MANAGED == 4, "ucs_memory_type_t numbering");
+
 static ucs_status_t goep_worker_create(ucp_context_h c, int mode, ucp_worker_h *out) {
 	ucp_worker_params_t p;
 	memset(&p, 0, sizeof p);
@@ -358,6 +371,23 @@ func (c *Context) handle(op string) (C.ucp_context_h, error) {
 		return nil, fmt.Errorf("ucx: %s: context %w", op, ErrClosed)
 	}
 	return c.h, nil
+}
+
+// MemoryTypes is the memory the context's transports can access
+// (ucp_context_query): MemoryHost always; MemoryCUDA where UCX was built
+// with CUDA and found a GPU.
+func (c *Context) MemoryTypes() (MemoryTypes, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, err := c.handle("memory types")
+	if err != nil {
+		return 0, err
+	}
+	var m C.uint64_t
+	if err := status("ucp_context_query", C.goep_memory_types(h, &m)); err != nil {
+		return 0, err
+	}
+	return MemoryTypes(m), nil
 }
 
 // NewWorker creates a worker (ucp_worker_create) in ThreadSerialized mode:

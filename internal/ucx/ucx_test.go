@@ -395,6 +395,30 @@ func TestMemAlloc(t *testing.T) {
 	}
 }
 
+// TestMemoryTypes: every context can access host memory; CUDA memory only
+// where UCX was built with CUDA (and then whether a GPU is there), which
+// the test logs.
+func TestMemoryTypes(t *testing.T) {
+	c, err := NewContext(ContextConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.MemoryTypes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("memory types: %v (cuda %v)", m, m.CUDA())
+	if m&MemoryHost == 0 {
+		t.Errorf("memory types %v: no host memory", m)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.MemoryTypes(); !errors.Is(err, ErrClosed) {
+		t.Errorf("MemoryTypes after Close: %v, want ErrClosed", err)
+	}
+}
+
 // TestDevices lists the machine's UCX resources: every machine has the
 // loop-back transport and shared memory; the tests' TCP transport runs on
 // lo, which is a network device but not an RDMA one.

@@ -16,6 +16,7 @@ import (
 	"github.com/goep/goep/internal/view"
 	"github.com/goep/goep/nvlink"
 	"github.com/goep/goep/rdma"
+	"go.uber.org/zap"
 )
 
 // The hierarchical algorithm on the CUDA backend (D < R). Within the domain
@@ -171,6 +172,14 @@ func newTiered(ctx context.Context, g *Path, staging bool) (*tiered, error) {
 	}
 	if err != nil {
 		return nil, errors.Join(err, x.close())
+	}
+	if g.env.Rank == 0 {
+		// The rail's send and receive regions are the transport's host
+		// memory, mapped for the GPU (or staged through pinned copies),
+		// whether or not UCX could read and write device memory itself.
+		_, why := rdma.GPUMemory(hr.Transport)
+		g.env.Log.Info("rail: rows cross domains through host memory, not GPUDirect RDMA", zap.String("ucx", why),
+			zap.Bool("gpu_fed", x.feed != nil))
 	}
 	return x, nil
 }
