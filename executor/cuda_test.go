@@ -122,6 +122,45 @@ func TestCUDAShareKinds(t *testing.T) {
 	}
 }
 
+// TestCUDAFabricDomain emulates two trays of an NVL72 rack on one GPU
+// host: four processes on two fake hosts, every GPU in one fake NVLink
+// fabric clique. They form one domain across the hosts: no host exchange
+// (every call and the layout on the GPU's flags), windows shared as VMM
+// allocations. Fabric handles, which a GPU without a multi-node fabric
+// refuses, fail the engine with the driver's reason on every rank; file
+// descriptors (valid here, the "hosts" being one) run every data call,
+// bit for bit against the host backend.
+func TestCUDAFabricDomain(t *testing.T) {
+	needGPU(t)
+	env := []string{"GOEP_MP_BACKEND=cuda", "GOEP_MP_FAKE_TRAYS=2", "GOEP_LOG_LEVEL=debug"}
+	t.Run("fd", func(t *testing.T) {
+		want := inProcessDigestsN(t, 4)
+		got, lerr, log := runWorldN(t, "spawn", "cases", 4, 4*time.Minute, append(env, "GOEP_GPU_SHARE=fd", "GOEP_DEBUG_POINTERS=1")...)
+		compareDigests(t, want, reportedDigests(t, got, lerr, log), "on one CUDA domain across fake hosts", "on the host")
+		for _, s := range []string{`"across_hosts": "domain 0 (ranks 0-3) holds ranks of fake-tray0 and fake-tray1"`, `"share": "fd"`} {
+			if !strings.Contains(log, s) {
+				t.Errorf("the log does not say %s:\n%s", s, log)
+			}
+		}
+	})
+	t.Run("fabric", func(t *testing.T) {
+		got, _, log := runWorldN(t, "spawn", "cases", 4, 4*time.Minute, env...)
+		if len(got) != 4 {
+			t.Fatalf("%d ranks reported, want 4:\n%s", len(got), log)
+		}
+		for _, r := range got {
+			switch {
+			case r.Err == "":
+				t.Logf("rank %d: fabric handles worked (a GPU in a real NVLink fabric)", r.Rank)
+			case !strings.Contains(r.Err, "the domain spans hosts, and fabric handles were refused on rank"):
+				t.Errorf("rank %d: %s; want the fabric refusal", r.Rank, r.Err)
+			default:
+				t.Logf("rank %d: %s", r.Rank, r.Err)
+			}
+		}
+	})
+}
+
 // TestCUDALifetimePoison is the failure HybridEP's users reported (kernels
 // reading a pinned host tensor the allocator had already recycled) as a
 // test of DESIGN.md invariant 2: a long kernel holds the stream, the caller queues dispatch, permute,

@@ -145,13 +145,26 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	gctx, gcancel := context.WithTimeout(ctx, max(cfg.Timeout, setupTimeout))
 	defer gcancel()
 	// Every rank joins the detection's all-gather, whether it needs the
-	// answer or not, so that the collectives below stay paired.
-	detected, derr := nvlink.DetectRanksPerDomain(gctx, g, nvlink.HostKey())
+	// answer or not, so that the collectives below stay paired. A domain
+	// is a host, or a multi-node NVLink fabric clique that spans hosts
+	// where every rank's GPU is in one and shares memory by fabric handles.
+	hostKey, fabric, fwhy := nvlink.HostKey(), "", "the host backend shares memory within one host"
+	if cb, ok := b.(*device.CUDA); ok {
+		fabric, fwhy = fabricKey(cb)
+	}
+	if testHookDomainKeys != nil {
+		hostKey, fabric, fwhy = testHookDomainKeys(g.Rank(), hostKey, fabric, fwhy)
+	}
+	detected, choice, derr := nvlink.DetectDomains(gctx, g, hostKey, fabric, fwhy)
 	if derr != nil && !errors.Is(derr, nvlink.ErrTopology) {
 		return nil, fmt.Errorf("executor: new: %w", derr)
 	}
 	if cerr == nil && cfg.RanksPerDomain == 0 {
 		cfg.RanksPerDomain, cerr = detected, derr
+	}
+	crossHost := ""
+	if cerr == nil {
+		crossHost, cerr = domainAcrossHosts(choice, cfg.RanksPerDomain, b.Kind())
 	}
 	shm, serr := boolEnv("GOEP_RDMA_SHARED_MEMORY")
 	if cerr == nil {
@@ -202,6 +215,10 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 		}
 	}
 	e := &Engine{cfg: cfg, rank: g.Rank(), size: R, local: cfg.NumExperts / R, group: g, log: o.log.Named("executor")}
+	if e.rank == 0 {
+		e.log.Info("NVLink domains", zap.Int("ranks_per_domain", cfg.RanksPerDomain), zap.String("detected", choice.Why),
+			zap.String("across_hosts", crossHost))
+	}
 	e.env = datapath.Env{
 		P: cfg.params(), Rank: e.rank, NumRanks: R, Hidden: cfg.Hidden, Drop: cfg.Overflow == OverflowDrop,
 		Timeout: cfg.Timeout, SMs: cfg.SMs, ChunkRows: cfg.ChunkRows,
@@ -225,7 +242,7 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 			return nil, fmt.Errorf("executor: new: CUDA backend of type %T: %w", b, ErrUnsupported)
 		}
 		e.path, err = newGPUPath(dctx, g, cb, &e.env, o.stream, gpuOptions{SharedMemory: shm, HostStaging: staging, MultiKernel: multiKernel,
-			Probe: probe, LinkPace: pace, Share: share})
+			Probe: probe, LinkPace: pace, Share: share, CrossHost: crossHost})
 	default:
 		return nil, fmt.Errorf("executor: new: %s backend: %w", b.Kind(), ErrUnsupported)
 	}
@@ -387,6 +404,29 @@ func paceEnv(name string) (float64, error) {
 		return 0, fmt.Errorf("executor: %s=%q: want a link rate in GB/s, a number above 0", name, v)
 	}
 	return f, nil
+}
+
+// testHookDomainKeys, when a test sets it, replaces a rank's host key,
+// fabric key and reason before the domains are detected (to emulate the
+// hosts of an NVLink fabric on one machine).
+var testHookDomainKeys func(rank int, host, fabric, why string) (string, string, string)
+
+// domainAcrossHosts checks a split into domains of D ranks against the
+// ranks' hosts (choice.Hosts): a domain that holds ranks of several hosts
+// needs the CUDA backend and every rank in a fabric clique whose memory it
+// can share (choice.Fabric). It returns the description of the first such
+// domain ("" where every domain is within a host).
+func domainAcrossHosts(choice nvlink.DomainChoice, D int, kind device.Kind) (string, error) {
+	spans, why := choice.SpansHosts(D)
+	switch {
+	case !spans:
+		return "", nil
+	case kind != device.KindCUDA:
+		return "", fmt.Errorf("executor: new: %s, but the %s backend's domains lie within one host (set GOEP_RANKS_PER_DOMAIN to the ranks of a host)", why, kind)
+	case !choice.Fabric:
+		return "", fmt.Errorf("executor: new: %s, and those ranks cannot share GPU memory across hosts: %s (set GOEP_RANKS_PER_DOMAIN to the ranks of a host)", why, choice.Why)
+	}
+	return why, nil
 }
 
 // shareEnv reads how GPU windows are shared (device.ParseShareKind; unset

@@ -20,6 +20,7 @@ import (
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/internal/ranktest"
+	"github.com/goep/goep/nvlink"
 )
 
 // runRanks creates an in-process world of R engines on one host backend and
@@ -831,5 +832,82 @@ func TestCloseAfterTimeoutLatePeer(t *testing.T) {
 				t.Fatalf("tensor %d, byte %d is %#x: written by the late peer into the closed rank's control block", n, i, v)
 			}
 		}
+	}
+}
+
+// setDomainKeys makes rank r's host key hosts[r] and fabric key
+// fabrics[r] (why, where it is empty) for the test.
+func setDomainKeys(t *testing.T, hosts, fabrics []string, why string) {
+	testHookDomainKeys = func(rank int, host, fabric, w string) (string, string, string) {
+		if fabrics[rank] == "" {
+			return "host:" + hosts[rank], "", why
+		}
+		return "host:" + hosts[rank], fabrics[rank], ""
+	}
+	t.Cleanup(func() { testHookDomainKeys = nil })
+}
+
+// TestDomainsAcrossHosts: the ranks of two emulated hosts form one domain
+// each, unless every rank is in one NVLink fabric clique; a domain that
+// then spans the hosts needs the CUDA backend, so the host backend refuses
+// it on every rank, naming the hosts; so does a domain size forced across
+// hosts without a fabric.
+func TestDomainsAcrossHosts(t *testing.T) {
+	hosts := []string{"tray1", "tray1", "tray2", "tray2"}
+	cfg := Config{NumExperts: 8, TopK: 2, Hidden: 8, MaxTokensPerRank: 4}
+
+	setDomainKeys(t, hosts, []string{"", "", "", ""}, "no NVML")
+	errs := runRanks(t, 4, cfg, func(ctx context.Context, e *Engine) error {
+		if d := e.Config().RanksPerDomain; d != 2 {
+			return fmt.Errorf("rank %d: %d ranks per domain, want 2 (one domain a host)", e.Rank(), d)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("per-host domains, rank %d: %v", r, err)
+		}
+	}
+
+	for _, c := range []struct {
+		name    string
+		fabrics []string
+		D       int
+		want    string
+	}{
+		{"one clique", []string{"fabric:x/1", "fabric:x/1", "fabric:x/1", "fabric:x/1"}, 0,
+			"domain 0 (ranks 0-3) holds ranks of tray1 and tray2, but the host backend's domains lie within one host"},
+		{"forced without fabric", []string{"", "", "", ""}, 4,
+			"domain 0 (ranks 0-3) holds ranks of tray1 and tray2, but the host backend's domains lie within one host"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			setDomainKeys(t, hosts, c.fabrics, "no NVML")
+			cfg := cfg
+			cfg.RanksPerDomain = c.D
+			errs := runRanks(t, 4, cfg, func(ctx context.Context, e *Engine) error { return nil })
+			for r, err := range errs {
+				if !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), c.want) {
+					t.Errorf("rank %d: %v, want ErrInvalidInput containing %q", r, err, c.want)
+				}
+			}
+		})
+	}
+}
+
+// TestDomainAcrossHostsCUDA: on the CUDA backend a domain across hosts is
+// taken where every rank shares GPU memory over a fabric clique, and
+// refused, with the detection's reason, where not.
+func TestDomainAcrossHostsCUDA(t *testing.T) {
+	hosts := []string{"host:tray1", "host:tray1", "host:tray2", "host:tray2"}
+	fab := nvlink.ChooseDomains(hosts, []string{"fabric:x/1", "fabric:x/1", "fabric:x/1", "fabric:x/1"}, make([]string, 4))
+	if why, err := domainAcrossHosts(fab, 4, device.KindCUDA); err != nil || why != "domain 0 (ranks 0-3) holds ranks of tray1 and tray2" {
+		t.Errorf("fabric clique, D 4: %q, %v", why, err)
+	}
+	if why, err := domainAcrossHosts(fab, 2, device.KindCUDA); err != nil || why != "" {
+		t.Errorf("fabric clique, D 2 (per host): %q, %v", why, err)
+	}
+	none := nvlink.ChooseDomains(hosts, make([]string, 4), []string{"nvml: init: not found", "", "", ""})
+	if _, err := domainAcrossHosts(none, 4, device.KindCUDA); err == nil || !strings.Contains(err.Error(), "rank 0 is in no usable NVLink fabric clique (nvml: init: not found)") {
+		t.Errorf("no fabric, D 4: %v", err)
 	}
 }

@@ -350,6 +350,11 @@ func TestMultiProcessChild(t *testing.T) {
 		defer cb.Close()
 		b = cb
 	}
+	// GOEP_MP_FAKE_TRAYS=n: the ranks look as if on hosts of n ranks
+	// each, in one NVLink fabric clique.
+	if n, err := strconv.Atoi(os.Getenv("GOEP_MP_FAKE_TRAYS")); err == nil && n > 0 {
+		executor.SetFakeFabric(n)
+	}
 	switch mode {
 	case "cases":
 		for _, seed := range seeds() {

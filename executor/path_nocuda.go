@@ -23,4 +23,10 @@ type gpuOptions struct {
 	SharedMemory, HostStaging, MultiKernel, Probe bool
 	LinkPace                                      float64
 	Share                                         device.ShareKind
+	CrossHost                                     string
+}
+
+// fabricKey: without CUDA no GPU memory is shared.
+func fabricKey(b *device.CUDA) (key, why string) {
+	return "", "the CUDA path is not compiled in"
 }

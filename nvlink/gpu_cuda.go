@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
@@ -31,7 +32,8 @@ type GPUWindows struct {
 	// size their grids so that every such rank's grid is resident at once.
 	SameGPU int
 	// PIDs[p] is rank p's process: a peer a GPU wait timed out on is lost,
-	// not late, when its process has exited.
+	// not late, when its process has exited. 0 for a peer on another host
+	// (whose process this one cannot see).
 	PIDs []int
 	// Share is how the windows are shared; Fallback, where it is not the
 	// kind asked for, says why (the first rank whose driver refused it).
@@ -71,8 +73,12 @@ func decodeGPUHandle(b []byte) device.GPUShareHandle {
 // exported and freed): where any rank's driver refuses it (no fabric
 // handles, no IMEX channel), the domain uses CUDA IPC instead, and the
 // returned note names the rank and its driver's reason. The other kinds
-// are used as asked.
-func chooseShare(ctx context.Context, g comm.Group, b *device.CUDA, want device.ShareKind) (device.ShareKind, string, error) {
+// are used as asked. A domain that spans hosts (crossHost) shares by
+// fabric handles where CUDA IPC is asked, and has no fallback.
+func chooseShare(ctx context.Context, g comm.Group, b *device.CUDA, want device.ShareKind, crossHost bool) (device.ShareKind, string, error) {
+	if crossHost && want == device.ShareIPC {
+		want = device.ShareFabric
+	}
 	if want != device.ShareFabric {
 		return want, "", nil
 	}
@@ -90,28 +96,41 @@ func chooseShare(ctx context.Context, g comm.Group, b *device.CUDA, want device.
 			if len(s) > 0 {
 				why = string(s[1:])
 			}
+			if crossHost {
+				return 0, "", fmt.Errorf("nvlink: the domain spans hosts, and fabric handles were refused on rank %d: %s", p, why)
+			}
 			return device.ShareIPC, fmt.Sprintf("fabric handles refused on rank %d (%s): the windows are shared with CUDA IPC", p, why), nil
 		}
 	}
 	return device.ShareFabric, "", nil
 }
 
+// hostNameSize is the room for a rank's host key in the handles'
+// exchange (a longer key is cut: the keys only need to tell hosts apart).
+const hostNameSize = 64
+
 // MapGPU creates the windows (collective over g): it allocates and zeroes
-// this rank's regions on s, shared as share says (chooseShare), exchanges
-// the handles and opens every peer's. A rank that fails still joins both
-// exchanges (handles, then open results), so every rank returns an error
-// naming the rank that failed.
-func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int, share device.ShareKind) (*GPUWindows, error) {
+// this rank's regions on s, shared as share says (chooseShare; crossHost:
+// the domain spans hosts), exchanges the handles and opens every peer's.
+// A handle of a kind valid within one host (CUDA IPC, file descriptors)
+// from a peer on another host is refused. A rank that fails still joins
+// both exchanges (handles, then open results), so every rank returns an
+// error naming the rank that failed.
+func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int, share device.ShareKind, crossHost bool) (*GPUWindows, error) {
 	w := &GPUWindows{b: s.CUDA()}
 	me, R := g.Rank(), g.Size()
 	var err error
-	if w.Share, w.Fallback, err = chooseShare(ctx, g, w.b, share); err != nil {
+	if w.Share, w.Fallback, err = chooseShare(ctx, g, w.b, share, crossHost); err != nil {
 		return nil, err
 	}
-	// The payload: a status byte, every region's handle, the GPU's UUID.
-	payload := make([]byte, 1+len(sizes)*gpuHandleSize+16)
+	// The payload: a status byte, every region's handle, the GPU's UUID,
+	// the host's key.
+	tail := 1 + len(sizes)*gpuHandleSize
+	payload := make([]byte, tail+16+hostNameSize)
 	uuid := w.b.Driver().UUID()
-	copy(payload[1+len(sizes)*gpuHandleSize:], uuid[:])
+	copy(payload[tail:], uuid[:])
+	copy(payload[tail+16:], HostKey())
+	myHost := string(payload[tail+16:])
 	lerr := func() error {
 		for i, n := range sizes {
 			buf, h, err := w.b.AllocSharedAs(n, w.Share)
@@ -140,12 +159,15 @@ func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int
 		if len(b) != len(payload) {
 			return nil, errors.Join(fmt.Errorf("nvlink: exchange GPU handles: rank %d sent %d bytes, want %d (another number of regions)", p, len(b), len(payload)), w.Close())
 		}
-		if string(b[1+len(sizes)*gpuHandleSize:]) == string(uuid[:]) {
+		if string(b[tail:tail+16]) == string(uuid[:]) {
 			w.SameGPU++
 		}
 		pid := myPID
 		if p != me && len(sizes) > 0 {
 			pid = decodeGPUHandle(b[1:]).PID
+		}
+		if string(b[tail+16:]) != myHost {
+			pid = 0
 		}
 		w.PIDs = append(w.PIDs, pid)
 	}
@@ -159,7 +181,12 @@ func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int
 					continue
 				}
 				raw := all[p][1+i*gpuHandleSize : 1+(i+1)*gpuHandleSize]
-				b, err := w.b.OpenShared(decodeGPUHandle(raw))
+				h := decodeGPUHandle(raw)
+				if w.PIDs[p] == 0 && h.Kind != device.ShareFabric {
+					return fmt.Errorf("region %d of rank %d: rank %d is on host %s, and %v handles are valid within one host only",
+						i, p, p, strings.TrimRight(string(all[p][tail+16:]), "\x00"), h.Kind)
+				}
+				b, err := w.b.OpenShared(h)
 				if err != nil {
 					return fmt.Errorf("open region %d of rank %d: %w", i, p, err)
 				}

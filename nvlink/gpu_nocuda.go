@@ -20,7 +20,7 @@ type GPUWindows struct {
 }
 
 // MapGPU fails: the package was built without the cuda tag (or cgo).
-func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int, share device.ShareKind) (*GPUWindows, error) {
+func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int, share device.ShareKind, crossHost bool) (*GPUWindows, error) {
 	return nil, fmt.Errorf("nvlink: GPU windows: %w: not compiled in (build with -tags cuda)", device.ErrUnsupported)
 }
 

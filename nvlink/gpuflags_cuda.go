@@ -297,7 +297,7 @@ func (f *GPUFlags) explain(ctx context.Context, codes []byte, e uint64) error {
 	}
 	var dead []int
 	for _, p := range late {
-		if p < len(f.pids) && f.pids[p] != myPID && !processAlive(f.pids[p]) {
+		if p < len(f.pids) && f.pids[p] > 0 && f.pids[p] != myPID && !processAlive(f.pids[p]) {
 			dead = append(dead, f.base+p)
 		}
 	}

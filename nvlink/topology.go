@@ -1,46 +1,26 @@
 package nvlink
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
-
-	"github.com/goep/goep/comm"
 )
 
 // ErrTopology is wrapped by the errors of RanksPerDomain: the ranks are not
 // placed so that domains can be detected.
 var ErrTopology = errors.New("nvlink: ranks not placed in equal consecutive domains")
 
-// HostKey names the NVLink domain this process can map today: its host.
-// Ranks on one host share memory (the host backend's shm, CUDA IPC) and
-// form one domain. Multi-node NVLink (GB200/GB300 NVL72, one NVML fabric
-// clique across hosts) needs fabric handles in the GPU mapping, which
-// MapGPU does not use yet, so a clique is not a domain here; `eprun topo`
-// reports it.
+// HostKey names this process's host, the NVLink domain its ranks form
+// unless they are in a multi-node NVLink fabric clique (Fabric,
+// ChooseDomains): ranks on one host share memory (the host backend's shm,
+// CUDA IPC).
 func HostKey() string {
 	h, err := os.Hostname()
 	if err != nil || h == "" {
 		h = "unknown-host"
 	}
 	return "host:" + h
-}
-
-// DetectRanksPerDomain all-gathers every rank's key (HostKey) over g and
-// returns D, the ranks per domain (collective; every rank gets the same
-// answer or the same error).
-func DetectRanksPerDomain(ctx context.Context, g comm.Group, key string) (int, error) {
-	all, err := g.AllGather(ctx, []byte(key))
-	if err != nil {
-		return 0, fmt.Errorf("nvlink: detect domains: %w", err)
-	}
-	keys := make([]string, len(all))
-	for r, k := range all {
-		keys[r] = string(k)
-	}
-	return RanksPerDomain(keys)
 }
 
 // RanksPerDomain returns D from every rank's domain key (keys[r] of rank
@@ -74,7 +54,7 @@ func RanksPerDomain(keys []string) (int, error) {
 			end = starts[i+1]
 		}
 		if end-s != D || len(keys)%len(starts) != 0 {
-			return 0, fmt.Errorf("nvlink: detect domains: %d ranks on %d hosts, %s holding ranks [%d, %d): "+
+			return 0, fmt.Errorf("nvlink: detect domains: %d ranks in %d domains, %s holding ranks [%d, %d): "+
 				"every domain must hold the same number of ranks; set GOEP_RANKS_PER_DOMAIN: %w",
 				len(keys), len(starts), strings.TrimPrefix(keys[s], "host:"), s, end, ErrTopology)
 		}

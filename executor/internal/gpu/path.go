@@ -109,6 +109,11 @@ type Options struct {
 	// (where any rank's driver refuses those, CUDA IPC, with the reason
 	// logged).
 	Share device.ShareKind
+	// CrossHost, where not empty, says that the one domain spans hosts (an
+	// NVLink fabric clique): the ranks share no host memory, so the control
+	// plane has no exchange (host.NewStreamOnly), every call and the layout
+	// run on the GPU's flags, and the windows are shared by fabric handles.
+	CrossHost string
 }
 
 // crossing is how a GPU call crosses the ranks: within one domain
@@ -178,7 +183,13 @@ func tbl(h *datapath.Handle) *tables {
 // (executor.WithStream); opts are the environment's choices.
 func New(ctx context.Context, g comm.Group, b *device.CUDA, env *datapath.Env, caller device.Stream, opts Options) (*Path, error) {
 	cb := device.NewHost()
-	ctl, err := host.NewControl(ctx, g, cb, env, opts.SharedMemory)
+	var ctl *host.Control
+	var err error
+	if opts.CrossHost != "" {
+		ctl, err = host.NewStreamOnly(cb, env, opts.CrossHost)
+	} else {
+		ctl, err = host.NewControl(ctx, g, cb, env, opts.SharedMemory)
+	}
 	if err != nil {
 		return nil, errors.Join(err, cb.Close())
 	}
@@ -222,9 +233,17 @@ func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.G
 	p.recvCap, p.combRows = w.RecvRows, w.CombRows
 	p.recvWOff, p.combWOff, p.recvFOff, p.combFOff = w.RecvWeightsOff, w.CombWeightsOff, w.RecvFlagsOff, w.CombFlagsOff
 	gpuLayout := w.GPULayout
+	if opts.CrossHost != "" && (!gpuLayout || ctl.Rail != nil) {
+		err := fmt.Errorf("executor: CUDA path: %s: a domain across hosts needs every call on the GPU, as the only domain, with the layout's buffers within int32 offsets (MaxTokensPerRank x TopK x ranks): %w",
+			opts.CrossHost, datapath.ErrUnsupported)
+		if p.ownStream {
+			err = errors.Join(err, s.Close())
+		}
+		return nil, err
+	}
 	sizes := []int{nvlink.GPUFlagsSize(R), w.Recv, w.Comb, w.Route}
 	var err error
-	p.win, err = nvlink.MapGPU(ctx, group, s, sizes, opts.Share)
+	p.win, err = nvlink.MapGPU(ctx, group, s, sizes, opts.Share, opts.CrossHost != "")
 	if err != nil {
 		if p.ownStream {
 			err = errors.Join(err, s.Close())

@@ -69,6 +69,7 @@ func NewControl(ctx context.Context, g comm.Group, b *device.Host, env *datapath
 	}
 	c := &Control{env: env, Stream: s.(*device.HostStream)}
 	R := g.Size()
+
 	if env.P.RanksPerDomain == R {
 		global := make([]int, R)
 		for i := range global {
@@ -89,6 +90,19 @@ func NewControl(ctx context.Context, g comm.Group, b *device.Host, env *datapath
 	return c, nil
 }
 
+// NewStreamOnly is the control plane of one domain whose ranks share no
+// host memory (a domain that spans hosts over an NVLink fabric; why says
+// so): the stream alone, no domain exchange. Its collective calls fail
+// with why: the GPU path then runs every call, the layout included, on
+// the GPU's flags.
+func NewStreamOnly(b *device.Host, env *datapath.Env, why string) (*Control, error) {
+	s, err := b.NewStream()
+	if err != nil {
+		return nil, err
+	}
+	return &Control{env: env, Stream: s.(*device.HostStream), cross: noExchange{why}}, nil
+}
+
 // Close leaves the domain (and closes the rail, collective over it: after
 // the engine's closing barrier) and closes the stream.
 func (c *Control) Close() error {
@@ -97,7 +111,7 @@ func (c *Control) Close() error {
 		if err := c.Rail.Close(); err != nil && c.env.Fate.Err() == nil {
 			errs = append(errs, fmt.Errorf("executor: close: %w", err))
 		}
-	} else {
+	} else if c.Dom != nil {
 		c.Dom.Close()
 	}
 	if err := c.Stream.Close(); err != nil && c.env.Fate.Err() == nil {
@@ -205,3 +219,24 @@ func (f *flat) sum(p *Path, lay *plan.Layout, c nvlink.Call, dt device.DType, ou
 func (f *flat) join(op datapath.Op, cause error) {
 	_ = f.c.Dom.Exchange(nvlink.Call{Op: uint64(op), Status: cause}, nil)
 }
+
+// noExchange is the crossing of a control plane without a domain exchange
+// (NewStreamOnly): the collective calls fail, saying why; joins do nothing
+// (the GPU's flags carry rejections).
+type noExchange struct{ why string }
+
+func (n noExchange) err() error {
+	return fmt.Errorf("executor: no host exchange between the domain's ranks (%s): %w", n.why, datapath.ErrUnsupported)
+}
+
+func (n noExchange) routing(*device.Tensor, [4]uint64, func([][]int32) error) error { return n.err() }
+
+func (n noExchange) pull(*plan.Layout, nvlink.Call, *device.Tensor, *device.Tensor, func(*sources) error) error {
+	return n.err()
+}
+
+func (n noExchange) sum(*Path, *plan.Layout, nvlink.Call, device.DType, []byte, *device.Tensor, *unpermuteSpec) error {
+	return n.err()
+}
+
+func (n noExchange) join(datapath.Op, error) {}
