@@ -254,10 +254,10 @@ func collectTopo(ranks int) (topoReport, error) {
 			break
 		}
 		l.RanksPerDomain = env.LocalSize
-		l.Why = fmt.Sprintf("GOEP_RANKS_PER_DOMAIN is unset: the engine makes the ranks of each host one NVLink domain (detected by executor.New from host names; they must be consecutive); the launcher puts %d ranks on this host", env.LocalSize)
+		l.Why = fmt.Sprintf("GOEP_RANKS_PER_DOMAIN is unset: the engine makes the ranks of each host one NVLink domain (detected by executor.New from host names and NVLink fabric cliques; they must be consecutive); the launcher puts %d ranks on this host", env.LocalSize)
 	case !set:
 		l.RanksPerDomain = r
-		l.Why = "GOEP_RANKS_PER_DOMAIN is unset: the engine makes the ranks of each host one NVLink domain (detected by executor.New from host names), and all of them are on this host"
+		l.Why = "GOEP_RANKS_PER_DOMAIN is unset: the engine makes the ranks of each host one NVLink domain (detected by executor.New from host names and NVLink fabric cliques), and all of them are on this host"
 	case perr != nil || d <= 0:
 		l.Error = fmt.Sprintf("GOEP_RANKS_PER_DOMAIN=%q: want a positive integer; the engine would refuse to start", v)
 	case r%d != 0:
@@ -283,12 +283,44 @@ func collectTopo(ranks int) (topoReport, error) {
 		l.Notes = append(l.Notes, "several domains: tokens cross domains over the rail transport between ranks of the same local index (rdma.New: in-process for goroutine ranks, UCX across processes, which needs a binary built with -tags ucx); on the CUDA backend the rail's rows are staged through pinned host memory")
 	}
 	if err == nil && env.Kind != launcher.KindSingle && d > env.LocalSize {
-		l.Notes = append(l.Notes, fmt.Sprintf("a domain of %d ranks spans nodes (%d ranks per node): it needs a multi-node NVLink fabric, every GPU in one fabric clique", d, env.LocalSize))
+		l.Notes = append(l.Notes, fmt.Sprintf("a domain of %d ranks spans nodes (%d ranks per node): it needs a multi-node NVLink fabric, every GPU in one fabric clique, and the CUDA backend", d, env.LocalSize))
+	}
+	if note := fabricNote(rep.GPUs); note != "" {
+		l.Notes = append(l.Notes, note)
 	}
 	if n := len(rep.GPUs.Devices); n > 0 && err == nil && env.LocalSize > n {
 		l.Notes = append(l.Notes, fmt.Sprintf("%d ranks on this node but NVML sees %d GPUs", env.LocalSize, n))
 	}
 	return rep, errors.Join(problems...)
+}
+
+// fabricNote says what this host's GPUs' NVLink fabric means for the
+// domains executor.New detects: the ranks of a fabric clique that spans
+// hosts form one domain where every rank's GPU shares memory by fabric
+// handles (nvlink.ChooseDomains); otherwise one domain a host.
+func fabricNote(g gpuReport) string {
+	if len(g.Devices) == 0 {
+		return ""
+	}
+	var cliques, states []string
+	for _, d := range g.Devices {
+		if d.FabricCluster != "" && d.FabricState == "completed" {
+			if c := fmt.Sprintf("%s/%d", d.FabricCluster, d.FabricClique); !slices.Contains(cliques, c) {
+				cliques = append(cliques, c)
+			}
+			continue
+		}
+		if s := dash(d.FabricState); !slices.Contains(states, s) {
+			states = append(states, s)
+		}
+	}
+	switch {
+	case len(states) > 0:
+		return fmt.Sprintf("no multi-node NVLink fabric (NVML fabric state %s): executor.New makes the ranks of each host one domain",
+			strings.Join(states, ", "))
+	}
+	return fmt.Sprintf("this host's GPUs are in NVLink fabric clique %s (cluster/clique): on the CUDA backend executor.New makes the ranks of a clique that spans hosts one domain, "+
+		"where every rank's driver shares memory by fabric handles (an IMEX channel; else one domain per host, and the log says why)", strings.Join(cliques, ", "))
 }
 
 func rankRange(lo, hi int) string {

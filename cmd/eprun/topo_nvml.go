@@ -9,25 +9,29 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
+// topoNVML is the NVML topo asks (a fake in tests).
+var topoNVML nvml.Interface = nvml.New()
+
 // nvmlGPUs asks NVML, loaded at run time, for the GPUs, their NVLinks and
 // fabric; without libnvidia-ml or a GPU the report says why.
 func nvmlGPUs() gpuReport {
+	lib := topoNVML
 	var rep gpuReport
-	if ret := nvml.Init(); ret != nvml.SUCCESS {
-		rep.Error = fmt.Sprintf("nvml: init: %v", nvml.ErrorString(ret))
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		rep.Error = fmt.Sprintf("nvml: init: %v", lib.ErrorString(ret))
 		return rep
 	}
-	defer nvml.Shutdown()
-	rep.Driver, _ = nvml.SystemGetDriverVersion()
-	n, ret := nvml.DeviceGetCount()
+	defer lib.Shutdown()
+	rep.Driver, _ = lib.SystemGetDriverVersion()
+	n, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		rep.Error = fmt.Sprintf("nvml: device count: %v", nvml.ErrorString(ret))
+		rep.Error = fmt.Sprintf("nvml: device count: %v", lib.ErrorString(ret))
 		return rep
 	}
 	for i := range n {
-		d, ret := nvml.DeviceGetHandleByIndex(i)
+		d, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
-			rep.Devices = append(rep.Devices, gpuDev{Index: i, Name: "(" + nvml.ErrorString(ret) + ")"})
+			rep.Devices = append(rep.Devices, gpuDev{Index: i, Name: "(" + lib.ErrorString(ret) + ")"})
 			continue
 		}
 		g := gpuDev{Index: i}
@@ -57,6 +61,8 @@ func nvmlGPUs() gpuReport {
 			}
 			g.FabricClique = f.CliqueId
 			g.FabricState = fabricState(f.State)
+		} else {
+			g.FabricState = "not reported (" + lib.ErrorString(ret) + ")"
 		}
 		rep.Devices = append(rep.Devices, g)
 	}
@@ -66,11 +72,12 @@ func nvmlGPUs() gpuReport {
 // nvmlDriver is the driver version NVML reports ("580.159.04"), or ""
 // when NVML cannot be loaded.
 func nvmlDriver() string {
-	if ret := nvml.Init(); ret != nvml.SUCCESS {
+	lib := topoNVML
+	if ret := lib.Init(); ret != nvml.SUCCESS {
 		return ""
 	}
-	defer nvml.Shutdown()
-	v, ret := nvml.SystemGetDriverVersion()
+	defer lib.Shutdown()
+	v, ret := lib.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
 		return ""
 	}
