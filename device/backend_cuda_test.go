@@ -721,7 +721,7 @@ func TestCUDASharedAlias(t *testing.T) {
 	// A handle that does not match the live allocation at its address (a
 	// stale one, the address reused) is refused.
 	stale := h
-	stale.Raw[0] ^= 0xff
+	stale.Gen++
 	if _, err := c.OpenShared(stale); err == nil {
 		t.Fatal("OpenShared of a handle that does not match the allocation at its address succeeded")
 	}

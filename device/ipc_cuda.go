@@ -5,8 +5,10 @@ package device
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -22,8 +24,13 @@ import (
 type GPUShareHandle struct {
 	Kind ShareKind
 	PID  int
-	Addr uint64
-	Size int // usable bytes
+	// Proc is a random number of the exporting process (PIDs repeat
+	// across hosts and containers): a handle with this process's own is
+	// used at its address. Gen numbers the process's allocations, so that
+	// a stale handle of a reused address is refused.
+	Proc, Gen uint64
+	Addr      uint64
+	Size      int // usable bytes
 	// Mapped is the VMM allocation's size (Size rounded up to the
 	// granularity); 0 for ShareIPC.
 	Mapped int
@@ -47,6 +54,13 @@ var sharedRefs = struct {
 	m      map[uint64]*sharedRef
 	opened map[uint64]*vmmRegion
 }{m: map[uint64]*sharedRef{}, opened: map[uint64]*vmmRegion{}}
+
+// thisProc is this process's GPUShareHandle.Proc; allocGen counts its
+// shared allocations (GPUShareHandle.Gen).
+var (
+	thisProc = rand.Uint64() | 1
+	allocGen atomic.Uint64
+)
 
 type sharedRef struct {
 	c    *CUDA          // the owner's backend, which frees it while open
@@ -113,7 +127,7 @@ func (c *CUDA) AllocShared(n int) (*Buffer, GPUShareHandle, error) {
 // FreeShared once no queued work (here or at a peer) uses it; a peer in
 // this process holds it until it frees its alias too.
 func (c *CUDA) AllocSharedAs(n int, kind ShareKind) (*Buffer, GPUShareHandle, error) {
-	h := GPUShareHandle{Kind: kind, PID: os.Getpid(), Size: n, FD: -1}
+	h := GPUShareHandle{Kind: kind, PID: os.Getpid(), Proc: thisProc, Gen: allocGen.Add(1), Size: n, FD: -1}
 	var v *vmmRegion
 	switch kind {
 	case ShareIPC:
@@ -162,7 +176,11 @@ func (c *CUDA) allocVMM(n int, kind ShareKind, h *GPUShareHandle) (*vmmRegion, e
 		return nil, err
 	}
 	if kind == ShareFD {
-		v.fd, err = a.ExportFD()
+		// Not inherited by the children the process starts, which would
+		// keep the memory alive after it is freed.
+		if v.fd, err = a.ExportFD(); err == nil {
+			unix.CloseOnExec(v.fd)
+		}
 	} else {
 		var fh cuda.FabricHandle
 		fh, err = a.ExportFabric()
@@ -192,7 +210,7 @@ func (c *CUDA) ProbeShare(kind ShareKind) error {
 // handle of this process, returns a buffer at its address, which keeps the
 // allocation alive until it is freed). Close the buffer with FreeShared.
 func (c *CUDA) OpenShared(h GPUShareHandle) (*Buffer, error) {
-	if h.PID == os.Getpid() {
+	if h.Proc == thisProc {
 		sharedRefs.mu.Lock()
 		defer sharedRefs.mu.Unlock()
 		r := sharedRefs.m[h.Addr]

@@ -95,6 +95,7 @@ func TestCUDAMultiProcess(t *testing.T) {
 // CUDA IPC and says why). Outputs must be the host backend's, bit for bit.
 func TestCUDAShareKinds(t *testing.T) {
 	needGPU(t)
+	needPidfdGetfd(t)
 	want := inProcessDigestsN(t, 2)
 	for _, kind := range []string{"fd", "fabric"} {
 		t.Run(kind, func(t *testing.T) {
@@ -134,6 +135,7 @@ func TestCUDAFabricDomain(t *testing.T) {
 	needGPU(t)
 	env := []string{"GOEP_MP_BACKEND=cuda", "GOEP_MP_FAKE_TRAYS=2", "GOEP_LOG_LEVEL=debug"}
 	t.Run("fd", func(t *testing.T) {
+		needPidfdGetfd(t)
 		want := inProcessDigestsN(t, 4)
 		got, lerr, log := runWorldN(t, "spawn", "cases", 4, 4*time.Minute, append(env, "GOEP_GPU_SHARE=fd", "GOEP_DEBUG_POINTERS=1")...)
 		compareDigests(t, want, reportedDigests(t, got, lerr, log), "on one CUDA domain across fake hosts", "on the host")
@@ -159,6 +161,22 @@ func TestCUDAFabricDomain(t *testing.T) {
 			}
 		}
 	})
+}
+
+// needPidfdGetfd skips a test whose processes take each other's file
+// descriptors (GPU windows shared as VMM file descriptors) where the
+// kernel does not let them: pidfd_getfd needs ptrace access, which Yama
+// (kernel.yama.ptrace_scope above 0) gives sibling processes of a user
+// only with CAP_SYS_PTRACE (root here).
+func needPidfdGetfd(t *testing.T) {
+	t.Helper()
+	scope, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope")
+	if err != nil || strings.TrimSpace(string(scope)) == "0" {
+		return
+	}
+	if s := strings.TrimSpace(string(scope)); s == "3" || os.Geteuid() != 0 {
+		t.Skipf("kernel.yama.ptrace_scope %s: processes cannot take each other's descriptors (pidfd_getfd)", s)
+	}
 }
 
 // TestCUDALifetimePoison is the failure HybridEP's users reported (kernels

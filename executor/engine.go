@@ -17,6 +17,7 @@ import (
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor/internal/datapath"
 	"github.com/goep/goep/executor/internal/host"
+	"github.com/goep/goep/executor/internal/plan"
 	"github.com/goep/goep/nvlink"
 )
 
@@ -158,6 +159,13 @@ func New(ctx context.Context, g comm.Group, b device.Backend, cfg Config, opts .
 	detected, choice, derr := nvlink.DetectDomains(gctx, g, hostKey, fabric, fwhy)
 	if derr != nil && !errors.Is(derr, nvlink.ErrTopology) {
 		return nil, fmt.Errorf("executor: new: %w", derr)
+	}
+	if choice.Fabric && cerr == nil && cfg.RanksPerDomain == 0 {
+		// The same answer on every rank: the choice and cfg are.
+		if why := fabricDomainUnfit(cfg, R, detected, derr); why != "" {
+			choice = choice.PerHost(why)
+			detected, derr = nvlink.RanksPerDomain(choice.Keys)
+		}
 	}
 	if cerr == nil && cfg.RanksPerDomain == 0 {
 		cfg.RanksPerDomain, cerr = detected, derr
@@ -410,6 +418,24 @@ func paceEnv(name string) (float64, error) {
 // fabric key and reason before the domains are detected (to emulate the
 // hosts of an NVLink fabric on one machine).
 var testHookDomainKeys func(rank int, host, fabric, why string) (string, string, string)
+
+// fabricDomainUnfit says why the fabric cliques' split into domains
+// (detected, derr) cannot run here, or "": a domain across hosts has no
+// host exchange, so it must be the only domain and run its layout on the
+// GPU (int32 offsets at the configured sizes).
+func fabricDomainUnfit(cfg Config, R, detected int, derr error) string {
+	switch {
+	case derr != nil:
+		return fmt.Sprintf("the cliques do not split the ranks into equal consecutive domains (%v)", derr)
+	case detected != R:
+		return fmt.Sprintf("the cliques make %d domains, and a domain across hosts must be the only one", R/detected)
+	}
+	cfg.RanksPerDomain = R
+	if !plan.NewGPUWindows(cfg.params(), R, cfg.Hidden).GPULayout {
+		return "a domain across hosts runs its layout on the GPU, whose buffers would pass int32 offsets at this MaxTokensPerRank x TopK x ranks"
+	}
+	return ""
+}
 
 // domainAcrossHosts checks a split into domains of D ranks against the
 // ranks' hosts (choice.Hosts): a domain that holds ranks of several hosts

@@ -869,6 +869,22 @@ func TestDomainsAcrossHosts(t *testing.T) {
 		}
 	}
 
+	// Two racks of two trays: the cliques would make two domains, and a
+	// domain across hosts must be the only one: one domain a host.
+	hosts8 := []string{"t1", "t1", "t2", "t2", "t3", "t3", "t4", "t4"}
+	setDomainKeys(t, hosts8, []string{"fabric:x/1", "fabric:x/1", "fabric:x/1", "fabric:x/1", "fabric:x/2", "fabric:x/2", "fabric:x/2", "fabric:x/2"}, "")
+	errs = runRanks(t, 8, cfg, func(ctx context.Context, e *Engine) error {
+		if d := e.Config().RanksPerDomain; d != 2 {
+			return fmt.Errorf("rank %d: %d ranks per domain, want 2 (one domain a host)", e.Rank(), d)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("two racks, rank %d: %v", r, err)
+		}
+	}
+
 	for _, c := range []struct {
 		name    string
 		fabrics []string
@@ -891,6 +907,26 @@ func TestDomainsAcrossHosts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFabricDomainUnfit: a fabric clique's domain is kept only as the
+// one domain, and where the layout fits the GPU.
+func TestFabricDomainUnfit(t *testing.T) {
+	cfg := Config{NumExperts: 8, TopK: 2, Hidden: 8, MaxTokensPerRank: 4}
+	if why := fabricDomainUnfit(cfg, 4, 4, nil); why != "" {
+		t.Errorf("one small domain: %q", why)
+	}
+	if why := fabricDomainUnfit(cfg, 8, 4, nil); !strings.Contains(why, "the cliques make 2 domains") {
+		t.Errorf("two cliques: %q", why)
+	}
+	if why := fabricDomainUnfit(cfg, 8, 0, nvlink.ErrTopology); !strings.Contains(why, "equal consecutive domains") {
+		t.Errorf("uneven cliques: %q", why)
+	}
+	big := cfg
+	big.NumExperts, big.TopK, big.MaxTokensPerRank = 1024, 16, 1<<22
+	if why := fabricDomainUnfit(big, 64, 64, nil); !strings.Contains(why, "int32 offsets") {
+		t.Errorf("64 ranks x 4M tokens x top-16: %q", why)
 	}
 }
 

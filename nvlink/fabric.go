@@ -139,3 +139,11 @@ func DetectDomains(ctx context.Context, g comm.Group, host, fabric, why string) 
 	D, err := RanksPerDomain(c.Keys)
 	return D, c, err
 }
+
+// PerHost is c with the ranks of each host as the domains instead of the
+// fabric cliques, for why.
+func (c DomainChoice) PerHost(why string) DomainChoice {
+	c.Keys, c.Fabric = c.Hosts, false
+	c.Why = "per-host domains: " + why + " (" + c.Why + ")"
+	return c
+}

@@ -18,6 +18,11 @@ func queryFabric(lib nvml.Interface, uuid [16]byte) Fabric {
 		return Fabric{Err: fmt.Sprintf("nvml: init: %v", lib.ErrorString(ret))}
 	}
 	defer lib.Shutdown()
+	// go-nvml binds symbols lazily: calling one an older libnvidia-ml
+	// lacks would end the process.
+	if err := lib.Extensions().LookupSymbol("nvmlDeviceGetGpuFabricInfo"); err != nil {
+		return Fabric{State: "not supported", Err: "nvml: no fabric query in this driver's NVML (" + err.Error() + ")"}
+	}
 	id := NVMLUUID(uuid)
 	d, ret := lib.DeviceGetHandleByUUID(id)
 	if ret != nvml.SUCCESS {

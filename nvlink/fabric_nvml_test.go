@@ -3,6 +3,7 @@
 package nvlink
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -18,6 +19,9 @@ func fakeNVML(gpus map[string]*nvml.GpuFabricInfo) *mock.Interface {
 		ShutdownFunc: func() nvml.Return { return nvml.SUCCESS },
 		ErrorStringFunc: func(r nvml.Return) string {
 			return map[nvml.Return]string{nvml.ERROR_NOT_FOUND: "Not Found", nvml.ERROR_NOT_SUPPORTED: "Not Supported"}[r]
+		},
+		ExtensionsFunc: func() nvml.ExtendedInterface {
+			return &mock.ExtendedInterface{LookupSymbolFunc: func(string) error { return nil }}
 		},
 		DeviceGetHandleByUUIDFunc: func(id string) (nvml.Device, nvml.Return) {
 			info, ok := gpus[id]
@@ -80,6 +84,14 @@ func TestQueryFabricFakes(t *testing.T) {
 	f = queryFabric(fakeNVML(nil), uuids[1])
 	if k, why := f.Key(); k != "" || !strings.Contains(why, "Not Found") || !strings.Contains(why, NVMLUUID(uuids[1])) {
 		t.Errorf("unknown GPU: key %q, %q", k, why)
+	}
+	// An NVML older than the fabric query is not called into.
+	old := fakeNVML(rack)
+	old.ExtensionsFunc = func() nvml.ExtendedInterface {
+		return &mock.ExtendedInterface{LookupSymbolFunc: func(s string) error { return errors.New(s + ": undefined symbol") }}
+	}
+	if k, why := queryFabric(old, uuids[0]).Key(); k != "" || !strings.Contains(why, "no fabric query") {
+		t.Errorf("NVML without the fabric query: key %q, %q", k, why)
 	}
 }
 

@@ -4,10 +4,10 @@ package nvlink
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
@@ -42,72 +42,71 @@ type GPUWindows struct {
 }
 
 // gpuHandleSize is the encoded size of one region's device.GPUShareHandle:
-// kind, process, address, size, mapped size, descriptor, raw handle.
-const gpuHandleSize = 6*8 + 64
+// kind, process id and number, generation, address, size, mapped size,
+// descriptor, raw handle.
+const gpuHandleSize = 8*8 + 64
 
 func encodeGPUHandle(b []byte, h device.GPUShareHandle) {
-	binary.LittleEndian.PutUint64(b[0:], uint64(h.Kind))
-	binary.LittleEndian.PutUint64(b[8:], uint64(h.PID))
-	binary.LittleEndian.PutUint64(b[16:], h.Addr)
-	binary.LittleEndian.PutUint64(b[24:], uint64(h.Size))
-	binary.LittleEndian.PutUint64(b[32:], uint64(h.Mapped))
-	binary.LittleEndian.PutUint64(b[40:], uint64(int64(h.FD)))
-	copy(b[48:], h.Raw[:])
+	for i, v := range [8]uint64{uint64(h.Kind), uint64(h.PID), h.Proc, h.Gen, h.Addr, uint64(h.Size), uint64(h.Mapped), uint64(int64(h.FD))} {
+		binary.LittleEndian.PutUint64(b[8*i:], v)
+	}
+	copy(b[64:], h.Raw[:])
 }
 
 func decodeGPUHandle(b []byte) device.GPUShareHandle {
-	h := device.GPUShareHandle{
-		Kind:   device.ShareKind(binary.LittleEndian.Uint64(b[0:])),
-		PID:    int(binary.LittleEndian.Uint64(b[8:])),
-		Addr:   binary.LittleEndian.Uint64(b[16:]),
-		Size:   int(binary.LittleEndian.Uint64(b[24:])),
-		Mapped: int(binary.LittleEndian.Uint64(b[32:])),
-		FD:     int(int64(binary.LittleEndian.Uint64(b[40:]))),
-	}
-	copy(h.Raw[:], b[48:])
+	u := func(i int) uint64 { return binary.LittleEndian.Uint64(b[8*i:]) }
+	h := device.GPUShareHandle{Kind: device.ShareKind(u(0)), PID: int(u(1)), Proc: u(2), Gen: u(3), Addr: u(4),
+		Size: int(u(5)), Mapped: int(u(6)), FD: int(int64(u(7)))}
+	copy(h.Raw[:], b[64:])
 	return h
 }
 
 // chooseShare is the kind every rank shares its windows with (collective
-// over g). ShareFabric is probed first on every rank (an allocation
-// exported and freed): where any rank's driver refuses it (no fabric
-// handles, no IMEX channel), the domain uses CUDA IPC instead, and the
-// returned note names the rank and its driver's reason. The other kinds
-// are used as asked. A domain that spans hosts (crossHost) shares by
-// fabric handles where CUDA IPC is asked, and has no fallback.
+// over g): the one every rank asks for (ranks that ask for different kinds
+// fail, naming two). ShareFabric is probed on every rank first (an
+// allocation exported and freed): where any rank's driver refuses it (no
+// fabric handles, no IMEX channel), the domain uses CUDA IPC instead, and
+// the returned note names the rank and its driver's reason. A domain that
+// spans hosts (crossHost) shares by fabric handles where CUDA IPC is
+// asked, and has no fallback.
 func chooseShare(ctx context.Context, g comm.Group, b *device.CUDA, want device.ShareKind, crossHost bool) (device.ShareKind, string, error) {
 	if crossHost && want == device.ShareIPC {
 		want = device.ShareFabric
 	}
-	if want != device.ShareFabric {
-		return want, "", nil
-	}
-	status := []byte{0}
-	if err := b.ProbeShare(device.ShareFabric); err != nil {
-		status = append([]byte{1}, err.Error()...)
+	status := []byte{byte(want), 0}
+	if want == device.ShareFabric {
+		if err := b.ProbeShare(device.ShareFabric); err != nil {
+			status = append([]byte{byte(want), 1}, err.Error()...)
+		}
 	}
 	all, err := g.AllGather(ctx, status)
 	if err != nil {
-		return 0, "", fmt.Errorf("nvlink: exchange fabric probes: %w", err)
+		return 0, "", fmt.Errorf("nvlink: exchange how GPU windows are shared: %w", err)
 	}
 	for p, s := range all {
-		if len(s) == 0 || s[0] != 0 {
-			why := "no reply"
-			if len(s) > 0 {
-				why = string(s[1:])
-			}
-			if crossHost {
-				return 0, "", fmt.Errorf("nvlink: the domain spans hosts, and fabric handles were refused on rank %d: %s", p, why)
-			}
-			return device.ShareIPC, fmt.Sprintf("fabric handles refused on rank %d (%s): the windows are shared with CUDA IPC", p, why), nil
+		if len(s) < 2 {
+			return 0, "", fmt.Errorf("nvlink: exchange how GPU windows are shared: %d bytes from rank %d", len(s), p)
+		}
+		if k := device.ShareKind(s[0]); k != want {
+			return 0, "", fmt.Errorf("nvlink: GPU windows: rank %d shares them as %v, rank %d as %v (GOEP_GPU_SHARE must be the same on every rank)",
+				p, k, g.Rank(), want)
 		}
 	}
-	return device.ShareFabric, "", nil
+	for p, s := range all {
+		if s[1] == 0 {
+			continue
+		}
+		if crossHost {
+			return 0, "", fmt.Errorf("nvlink: the domain spans hosts, and fabric handles were refused on rank %d: %s", p, s[2:])
+		}
+		return device.ShareIPC, fmt.Sprintf("fabric handles refused on rank %d (%s): the windows are shared with CUDA IPC", p, s[2:]), nil
+	}
+	return want, "", nil
 }
 
-// hostNameSize is the room for a rank's host key in the handles'
-// exchange (a longer key is cut: the keys only need to tell hosts apart).
-const hostNameSize = 64
+// hostHashSize is the size of a rank's host in the handles' exchange: a
+// hash of its key, which only needs to tell hosts apart.
+const hostHashSize = 16
 
 // MapGPU creates the windows (collective over g): it allocates and zeroes
 // this rank's regions on s, shared as share says (chooseShare; crossHost:
@@ -126,10 +125,11 @@ func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int
 	// The payload: a status byte, every region's handle, the GPU's UUID,
 	// the host's key.
 	tail := 1 + len(sizes)*gpuHandleSize
-	payload := make([]byte, tail+16+hostNameSize)
+	payload := make([]byte, tail+16+hostHashSize)
 	uuid := w.b.Driver().UUID()
 	copy(payload[tail:], uuid[:])
-	copy(payload[tail+16:], HostKey())
+	host := sha256.Sum256([]byte(HostKey()))
+	copy(payload[tail+16:], host[:])
 	myHost := string(payload[tail+16:])
 	lerr := func() error {
 		for i, n := range sizes {
@@ -183,8 +183,8 @@ func MapGPU(ctx context.Context, g comm.Group, s *device.CUDAStream, sizes []int
 				raw := all[p][1+i*gpuHandleSize : 1+(i+1)*gpuHandleSize]
 				h := decodeGPUHandle(raw)
 				if w.PIDs[p] == 0 && h.Kind != device.ShareFabric {
-					return fmt.Errorf("region %d of rank %d: rank %d is on host %s, and %v handles are valid within one host only",
-						i, p, p, strings.TrimRight(string(all[p][tail+16:]), "\x00"), h.Kind)
+					return fmt.Errorf("region %d of rank %d: rank %d is on another host, and %v handles are valid within one host only",
+						i, p, p, h.Kind)
 				}
 				b, err := w.b.OpenShared(h)
 				if err != nil {

@@ -12,7 +12,7 @@ import (
 // exchange's encoding, for every kind (a descriptor of -1 included).
 func TestGPUHandleEncoding(t *testing.T) {
 	for _, h := range []device.GPUShareHandle{
-		{Kind: device.ShareIPC, PID: 4242, Addr: 0x7f0000200000, Size: 12345, FD: -1, Raw: [64]byte{1, 2, 63: 9}},
+		{Kind: device.ShareIPC, PID: 4242, Proc: 1<<63 | 5, Gen: 12, Addr: 0x7f0000200000, Size: 12345, FD: -1, Raw: [64]byte{1, 2, 63: 9}},
 		{Kind: device.ShareFD, PID: 1 << 22, Addr: 0x7f0000400000, Size: 5000, Mapped: 2 << 20, FD: 37},
 		{Kind: device.ShareFabric, PID: 7, Addr: 0x7f0000600000, Size: 1 << 30, Mapped: 1 << 30, FD: -1, Raw: [64]byte{0: 0xff, 32: 0x80}},
 	} {

@@ -304,23 +304,30 @@ func fabricNote(g gpuReport) string {
 	}
 	var cliques, states []string
 	for _, d := range g.Devices {
-		if d.FabricCluster != "" && d.FabricState == "completed" {
+		if d.FabricCluster != "" && strings.Trim(d.FabricCluster, "0") != "" && d.FabricState == "completed" {
 			if c := fmt.Sprintf("%s/%d", d.FabricCluster, d.FabricClique); !slices.Contains(cliques, c) {
 				cliques = append(cliques, c)
 			}
 			continue
 		}
-		if s := dash(d.FabricState); !slices.Contains(states, s) {
+		s := dash(d.FabricState)
+		if d.FabricState == "completed" {
+			s = "completed without a cluster"
+		}
+		if !slices.Contains(states, s) {
 			states = append(states, s)
 		}
 	}
-	switch {
-	case len(states) > 0:
+	if len(cliques) == 0 {
 		return fmt.Sprintf("no multi-node NVLink fabric (NVML fabric state %s): executor.New makes the ranks of each host one domain",
 			strings.Join(states, ", "))
 	}
-	return fmt.Sprintf("this host's GPUs are in NVLink fabric clique %s (cluster/clique): on the CUDA backend executor.New makes the ranks of a clique that spans hosts one domain, "+
-		"where every rank's driver shares memory by fabric handles (an IMEX channel; else one domain per host, and the log says why)", strings.Join(cliques, ", "))
+	note := fmt.Sprintf("this host's GPUs are in NVLink fabric clique %s (cluster/clique): on the CUDA backend executor.New makes the ranks of a clique that spans hosts one domain, "+
+		"where every rank's driver shares memory by fabric handles (an IMEX channel) and that domain is the only one; else one domain per host, and the log says why", strings.Join(cliques, ", "))
+	if len(states) > 0 {
+		note += fmt.Sprintf("; some GPUs are in no clique (fabric state %s), and a rank on one keeps every rank on per-host domains", strings.Join(states, ", "))
+	}
+	return note
 }
 
 func rankRange(lo, hi int) string {

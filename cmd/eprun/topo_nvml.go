@@ -55,7 +55,11 @@ func nvmlGPUs() gpuReport {
 				}
 			}
 		}
-		if f, ret := d.GetGpuFabricInfo(); ret == nvml.SUCCESS {
+		// go-nvml binds symbols lazily: an older libnvidia-ml without
+		// the fabric query would end the process when it is called.
+		if err := lib.Extensions().LookupSymbol("nvmlDeviceGetGpuFabricInfo"); err != nil {
+			g.FabricState = "not reported (no fabric query in this NVML)"
+		} else if f, ret := d.GetGpuFabricInfo(); ret == nvml.SUCCESS {
 			if f.ClusterUuid != [16]uint8{} {
 				g.FabricCluster = fmt.Sprintf("%x", f.ClusterUuid[:])
 			}

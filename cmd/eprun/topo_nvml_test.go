@@ -34,6 +34,9 @@ func fakeGPUs(n int, info *nvml.GpuFabricInfo) nvml.Interface {
 		ErrorStringFunc:            func(nvml.Return) string { return "fake" },
 		SystemGetDriverVersionFunc: func() (string, nvml.Return) { return "580.00", nvml.SUCCESS },
 		DeviceGetCountFunc:         func() (int, nvml.Return) { return n, nvml.SUCCESS },
+		ExtensionsFunc: func() nvml.ExtendedInterface {
+			return &mock.ExtendedInterface{LookupSymbolFunc: func(string) error { return nil }}
+		},
 		DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) { return dev(i), nvml.SUCCESS },
 	}
 }

@@ -233,7 +233,9 @@ func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.G
 	p.recvCap, p.combRows = w.RecvRows, w.CombRows
 	p.recvWOff, p.combWOff, p.recvFOff, p.combFOff = w.RecvWeightsOff, w.CombWeightsOff, w.RecvFlagsOff, w.CombFlagsOff
 	gpuLayout := w.GPULayout
-	if opts.CrossHost != "" && (!gpuLayout || ctl.Rail != nil) {
+	if opts.CrossHost != "" && !gpuLayout {
+		// executor.New chose such a domain only where it fits; a domain
+		// size set by the caller may not.
 		err := fmt.Errorf("executor: CUDA path: %s: a domain across hosts needs every call on the GPU, as the only domain, with the layout's buffers within int32 offsets (MaxTokensPerRank x TopK x ranks): %w",
 			opts.CrossHost, datapath.ErrUnsupported)
 		if p.ownStream {
