@@ -142,6 +142,10 @@ memcheck() {
 	# queued results must be unchanged) and the GPU layout of one rank run
 	# in the test process itself.
 	sanitize_children memcheck-graph 300 $bin/executor.test -gpu -test.run 'TestCUDAGraph' -test.v
+	# GPU windows as VMM allocations shared by file descriptor, in one
+	# domain and in one domain across two emulated hosts (no host
+	# exchange), every child checked.
+	sanitize_children memcheck-share-vmm 300 $bin/executor.test -gpu -test.run 'TestCUDA(ShareKinds|FabricDomain)/fd' -test.v
 	sanitize memcheck-lifetime 300 memcheck $bin/executor.test -gpu -test.run 'TestCUDALifetimePoison' -test.v
 	sanitize memcheck-layout 300 memcheck $bin/gpu.test -gpu -test.run 'TestCUDALayoutKernels/R=1/' -test.v
 	# TestCUDAInterop hands the engine a host address on purpose: the
