@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/goep/goep/nvlink"
 )
 
 // topoNVML is the NVML topo asks (a fake in tests).
@@ -64,7 +66,7 @@ func nvmlGPUs() gpuReport {
 				g.FabricCluster = fmt.Sprintf("%x", f.ClusterUuid[:])
 			}
 			g.FabricClique = f.CliqueId
-			g.FabricState = fabricState(f.State)
+			g.FabricState = nvlink.FabricState(f.State)
 		} else {
 			g.FabricState = "not reported (" + lib.ErrorString(ret) + ")"
 		}
@@ -97,18 +99,4 @@ func busID(p nvml.PciInfo) string {
 		b = append(b, byte(c))
 	}
 	return string(b)
-}
-
-func fabricState(s uint8) string {
-	switch s {
-	case nvml.GPU_FABRIC_STATE_NOT_SUPPORTED:
-		return "not supported"
-	case nvml.GPU_FABRIC_STATE_NOT_STARTED:
-		return "not started"
-	case nvml.GPU_FABRIC_STATE_IN_PROGRESS:
-		return "in progress"
-	case nvml.GPU_FABRIC_STATE_COMPLETED:
-		return "completed"
-	}
-	return fmt.Sprintf("state %d", s)
 }

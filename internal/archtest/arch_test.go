@@ -26,7 +26,7 @@ const module = "github.com/goep/goep/"
 // missing here fails the test: add it, with its arrow, to
 // docs/ARCHITECTURE.md first.
 var allowed = map[string][]string{
-	"cmd/eprun":      {"launcher", "executor", "configs", "comm", "device", "rdma", "internal/bench"},
+	"cmd/eprun":      {"launcher", "executor", "configs", "comm", "device", "nvlink", "rdma", "internal/bench"},
 	"internal/bench": {"executor", "comm", "device", "permute", "internal/reference"},
 	"launcher":       {"comm"},
 	"executor":       {"comm", "nvlink", "device", "executor/internal/datapath", "executor/internal/plan", "executor/internal/host", "executor/internal/gpu"},
