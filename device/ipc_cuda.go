@@ -72,10 +72,9 @@ type sharedRef struct {
 // vmmRegion is a VMM allocation mapped at va: this process's own
 // (exported) or a peer's (imported).
 type vmmRegion struct {
-	a    *cuda.Allocation
-	va   cuda.DevicePtr
-	size int // mapped bytes, a multiple of the granularity
-	fd   int // ShareFD, own allocation: the exported descriptor; else -1
+	a  *cuda.Allocation // its Size is the mapped bytes, a multiple of the granularity
+	va cuda.DevicePtr
+	fd int // ShareFD, own allocation: the exported descriptor; else -1
 }
 
 // free unmaps the region, returns its address range and releases the
@@ -83,7 +82,7 @@ type vmmRegion struct {
 func (v *vmmRegion) free(d *cuda.Device) error {
 	var errs []error
 	if v.va != 0 {
-		errs = append(errs, d.Unmap(v.va, v.size), d.AddressFree(v.va, v.size))
+		errs = append(errs, d.Unmap(v.va, v.a.Size()), d.AddressFree(v.va, v.a.Size()))
 	}
 	errs = append(errs, v.a.ReleaseOn(d))
 	if v.fd >= 0 {
@@ -95,16 +94,14 @@ func (v *vmmRegion) free(d *cuda.Device) error {
 // mapVMM maps all of a at a fresh address range of this GPU; on failure
 // it releases a.
 func (c *CUDA) mapVMM(a *cuda.Allocation) (*vmmRegion, error) {
-	v := &vmmRegion{a: a, size: a.Size(), fd: -1}
-	va, err := c.dev.AddressReserve(v.size, 0)
+	va, err := c.dev.AddressReserve(a.Size(), 0)
 	if err != nil {
 		return nil, errors.Join(err, a.Release())
 	}
 	if err := c.dev.Map(va, a); err != nil {
-		return nil, errors.Join(err, c.dev.AddressFree(va, v.size), a.Release())
+		return nil, errors.Join(err, c.dev.AddressFree(va, a.Size()), a.Release())
 	}
-	v.va = va
-	return v, nil
+	return &vmmRegion{a: a, va: va, fd: -1}, nil
 }
 
 func vmmHandleType(k ShareKind) cuda.HandleType {
@@ -186,8 +183,7 @@ func (c *CUDA) allocVMM(n int, kind ShareKind, h *GPUShareHandle) (*vmmRegion, e
 		fh, err = a.ExportFabric()
 		h.Raw = fh
 	}
-	if err != nil {
-		v.fd = -1
+	if err != nil { // v.fd is -1: nothing was exported
 		return nil, errors.Join(err, v.free(c.dev))
 	}
 	h.Addr, h.Mapped, h.FD = uint64(v.va), size, v.fd
@@ -251,10 +247,9 @@ func (c *CUDA) importVMM(h GPUShareHandle) (*vmmRegion, error) {
 		if err != nil {
 			return nil, err
 		}
+		// The import holds the memory: this copy of the descriptor is done.
 		a, err = c.dev.ImportFD(fd, h.Mapped)
-		if cerr := unix.Close(fd); err == nil && cerr != nil {
-			err = errors.Join(cerr, a.Release())
-		}
+		unix.Close(fd)
 		if err != nil {
 			return nil, err
 		}

@@ -18,22 +18,32 @@ func queryFabric(lib nvml.Interface, uuid [16]byte) Fabric {
 		return Fabric{Err: fmt.Sprintf("nvml: init: %v", lib.ErrorString(ret))}
 	}
 	defer lib.Shutdown()
-	// go-nvml binds symbols lazily: calling one an older libnvidia-ml
-	// lacks would end the process.
-	if err := lib.Extensions().LookupSymbol("nvmlDeviceGetGpuFabricInfo"); err != nil {
-		return Fabric{State: "not supported", Err: "nvml: no fabric query in this driver's NVML (" + err.Error() + ")"}
-	}
 	id := NVMLUUID(uuid)
 	d, ret := lib.DeviceGetHandleByUUID(id)
 	if ret != nvml.SUCCESS {
 		return Fabric{Err: fmt.Sprintf("nvml: device %s: %v", id, lib.ErrorString(ret))}
 	}
+	f := DeviceFabric(lib, d)
+	if f.Err != "" {
+		f.Err = fmt.Sprintf("nvml: fabric info of %s: %s", id, f.Err)
+	}
+	return f
+}
+
+// DeviceFabric is NVML's fabric answer for device d of lib (initialized);
+// where NVML cannot say, Err says why (GPUs and drivers without the query
+// answer NOT_SUPPORTED).
+func DeviceFabric(lib nvml.Interface, d nvml.Device) Fabric {
+	// go-nvml binds symbols lazily: calling one an older libnvidia-ml
+	// lacks would end the process.
+	if err := lib.Extensions().LookupSymbol("nvmlDeviceGetGpuFabricInfo"); err != nil {
+		return Fabric{Err: "no fabric query in this driver's NVML (" + err.Error() + ")"}
+	}
 	f, ret := d.GetGpuFabricInfo()
 	if ret != nvml.SUCCESS {
-		// Drivers and GPUs without the query answer NOT_SUPPORTED.
-		return Fabric{State: "not supported", Err: fmt.Sprintf("nvml: fabric info of %s: %v", id, lib.ErrorString(ret))}
+		return Fabric{Err: lib.ErrorString(ret)}
 	}
-	out := Fabric{Clique: f.CliqueId, State: FabricState(f.State)}
+	out := Fabric{Clique: f.CliqueId, State: fabricState(f.State)}
 	if f.ClusterUuid != [16]uint8{} {
 		out.Cluster = fmt.Sprintf("%x", f.ClusterUuid[:])
 	}
@@ -46,8 +56,8 @@ func NVMLUUID(u [16]byte) string {
 	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
 
-// FabricState names an NVML GPU_FABRIC_STATE value.
-func FabricState(s uint8) string {
+// fabricState names an NVML GPU_FABRIC_STATE value.
+func fabricState(s uint8) string {
 	switch s {
 	case nvml.GPU_FABRIC_STATE_NOT_SUPPORTED:
 		return "not supported"

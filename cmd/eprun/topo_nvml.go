@@ -57,18 +57,10 @@ func nvmlGPUs() gpuReport {
 				}
 			}
 		}
-		// go-nvml binds symbols lazily: an older libnvidia-ml without
-		// the fabric query would end the process when it is called.
-		if err := lib.Extensions().LookupSymbol("nvmlDeviceGetGpuFabricInfo"); err != nil {
-			g.FabricState = "not reported (no fabric query in this NVML)"
-		} else if f, ret := d.GetGpuFabricInfo(); ret == nvml.SUCCESS {
-			if f.ClusterUuid != [16]uint8{} {
-				g.FabricCluster = fmt.Sprintf("%x", f.ClusterUuid[:])
-			}
-			g.FabricClique = f.CliqueId
-			g.FabricState = nvlink.FabricState(f.State)
+		if f := nvlink.DeviceFabric(lib, d); f.Err != "" {
+			g.FabricState = "not reported (" + f.Err + ")"
 		} else {
-			g.FabricState = "not reported (" + lib.ErrorString(ret) + ")"
+			g.FabricCluster, g.FabricClique, g.FabricState = f.Cluster, f.Clique, f.State
 		}
 		rep.Devices = append(rep.Devices, g)
 	}
