@@ -521,7 +521,8 @@ func TestVMMPosixFD(t *testing.T) {
 
 // TestFabricHandle: where fabric handles exist (CUDA 12.3+ headers, a
 // multi-node NVLink system) export and import work; elsewhere the error
-// wraps ErrUnsupported.
+// wraps ErrUnsupported, or the driver refuses the allocation
+// (CUDA_ERROR_NOT_PERMITTED) and the test is skipped.
 func TestFabricHandle(t *testing.T) {
 	d := openDevice(t)
 	if !d.Features().VMM {
@@ -537,6 +538,13 @@ func TestFabricHandle(t *testing.T) {
 	}
 	must(t, err)
 	a, err := d.MemCreate(g, HandleFabric)
+	if IsCode(err, CodeNotPermitted) {
+		// The device offers fabric handles but this process may not
+		// create them: no IMEX channel is open to it (a GPU outside a
+		// multi-node NVLink system, or a container without the channel's
+		// device file). The engine falls back to CUDA IPC there.
+		t.Skipf("fabric handles offered but not permitted here: %v", err)
+	}
 	must(t, err)
 	defer func() { must(t, a.Release()) }()
 	fh, err := a.ExportFabric()

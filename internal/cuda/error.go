@@ -30,6 +30,7 @@ const (
 	CodeInvalidHandle  = 400 // CUDA_ERROR_INVALID_HANDLE
 	CodeNotFound       = 500 // CUDA_ERROR_NOT_FOUND
 	CodeNotReady       = 600 // CUDA_ERROR_NOT_READY
+	CodeNotPermitted   = 800 // CUDA_ERROR_NOT_PERMITTED
 	CodeNotSupported   = 801 // CUDA_ERROR_NOT_SUPPORTED
 )
 
