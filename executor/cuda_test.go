@@ -333,6 +333,23 @@ var graphSeeds = []uint64{11, 12, 13, 14}
 // CUDA graph once and the graph is replayed; on the host backend they are
 // called directly. It returns digests of every output for each routing.
 func graphPipeline(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
+	return graphPipelineWith(ctx, g, b, false)
+}
+
+func init() { extraModes["graph-relayout"] = graphRelayoutPipeline }
+
+// graphRelayoutPipeline is graphPipeline with the Relayout captured into
+// the graph too (on the CUDA backend), so that each replay lays out the
+// routing uploaded into the handle's TopkIdx tensor. After the seeds'
+// routings, a routing with an expert out of range on the last rank: the
+// replay's error (the eager Relayout's on the host backend) is recorded
+// as "routing", and a replay of graphSeeds' first routing must give its
+// results again (recorded as one more entry).
+func graphRelayoutPipeline(ctx context.Context, g comm.Group, b device.Backend) ([]map[string]string, error) {
+	return graphPipelineWith(ctx, g, b, true)
+}
+
+func graphPipelineWith(ctx context.Context, g comm.Group, b device.Backend, relayoutInGraph bool) ([]map[string]string, error) {
 	R := g.Size()
 	cfg := executor.Config{NumExperts: 4 * R, TopK: 4, Hidden: 1152, MaxTokensPerRank: 64, PadMultiple: 8,
 		Mode: executor.Capacity, Overflow: executor.OverflowDrop, MaxRecvTokens: 100, MaxPermutedTokens: 300}
@@ -358,8 +375,16 @@ func graphPipeline(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 	var graph *device.Graph
 	cs, _ := e.Stream().(*device.CUDAStream)
 	var digests []map[string]string
-	for i, seed := range graphSeeds {
-		idx, x, w := graphInputs(seed, g.Rank(), cfg, T)
+	seeds := graphSeeds
+	const badSeed = 0 // graphSeeds' routings, then an expert out of range on the last rank
+	if relayoutInGraph {
+		seeds = append(append(slices.Clone(graphSeeds), badSeed), graphSeeds[0])
+	}
+	for i, seed := range seeds {
+		idx, x, w := graphInputs(max(seed, graphSeeds[0]), g.Rank(), cfg, T)
+		if seed == badSeed && g.Rank() == R-1 {
+			idx[5] = int32(cfg.NumExperts + 3)
+		}
 		scales := make([]float32, T*S)
 		for j := range scales {
 			scales[j] = float32(j%13+1) * float32(seed)
@@ -387,10 +412,27 @@ func graphPipeline(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 			dp = executor.DispatchPermuteOutput{X: ts[0], Weights: ts[1], RecvIdx: ts[2], RecvWeights: ts[3]}
 			out = ts[4]
 			dp8 = executor.DispatchPermuteOutput{X: ts[5], RecvIdx: ts[6], Scales: ts[7]}
-		} else if err := e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: ti}); err != nil {
-			return nil, err
+		} else if cs == nil || !relayoutInGraph {
+			err := e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: ti})
+			if seed == badSeed {
+				// In capacity mode the error may come with the
+				// Relayout or at the Synchronize after it.
+				if err == nil {
+					err = e.Synchronize(ctx)
+				}
+				digests = append(digests, map[string]string{"routing": routingFailure(err)})
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
 		}
 		calls := func() error {
+			if relayoutInGraph && cs != nil {
+				if err := e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: ti}); err != nil {
+					return err
+				}
+			}
 			if err := e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: xt, TopkWeights: wt}, dp); err != nil {
 				return err
 			}
@@ -419,7 +461,10 @@ func graphPipeline(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 		if err != nil {
 			return nil, err
 		}
-		if err := e.Synchronize(ctx); err != nil {
+		if err := e.Synchronize(ctx); seed == badSeed {
+			digests = append(digests, map[string]string{"routing": routingFailure(err)})
+			continue
+		} else if err != nil {
 			return nil, fmt.Errorf("seed %d: %w", seed, err)
 		}
 		d := map[string]string{}
@@ -437,6 +482,20 @@ func graphPipeline(ctx context.Context, g comm.Group, b device.Backend) ([]map[s
 	return digests, nil
 }
 
+// routingFailure describes a layout's failure for comparison across
+// backends: whether it is ErrInvalidInput, and the routing error's text
+// (without what wraps it).
+func routingFailure(err error) string {
+	if err == nil {
+		return "no error"
+	}
+	msg := err.Error()
+	if i := strings.Index(msg, "executor: routing of"); i >= 0 {
+		msg = msg[i:]
+	}
+	return fmt.Sprintf("invalid input %v: %s", errors.Is(err, executor.ErrInvalidInput), msg)
+}
+
 // graphInputs builds rank r's routing (up to K distinct experts a token,
 // some slots empty), bf16 tokens and weights for T tokens.
 func graphInputs(seed uint64, r int, cfg executor.Config, T int) (idx []int32, x []byte, w []float32) {
@@ -450,20 +509,29 @@ func graphInputs(seed uint64, r int, cfg executor.Config, T int) (idx []int32, x
 // sharing the GPU), replays it after Relayout with new routing and new
 // data, and checks every output bit for bit against the host backend's
 // direct calls.
-func TestCUDAGraph(t *testing.T) {
+func TestCUDAGraph(t *testing.T) { testGraph(t, "graph", graphPipeline) }
+
+// TestCUDAGraphRelayout is TestCUDAGraph with the Relayout in the graph
+// (graphRelayoutPipeline): the replays follow the routing in TopkIdx's
+// memory, bit for bit the host backend's eager Relayouts and calls; a
+// replay of an invalid routing reports the eager Relayout's error at
+// Synchronize, and the next replay is right again.
+func TestCUDAGraphRelayout(t *testing.T) { testGraph(t, "graph-relayout", graphRelayoutPipeline) }
+
+func testGraph(t *testing.T, mode string, pipeline func(context.Context, comm.Group, device.Backend) ([]map[string]string, error)) {
 	needGPU(t)
 	for _, n := range []int{1, 2} {
 		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
 			gs := comm.NewLocal(n)
 			want := make([][]map[string]string, n)
 			errs := ranktest.Run(n, func(r int) (err error) {
-				want[r], err = graphPipeline(t.Context(), gs[r], device.NewHost())
+				want[r], err = pipeline(t.Context(), gs[r], device.NewHost())
 				return err
 			})
 			if err := ranktest.Err(errs); err != nil {
 				t.Fatal(err)
 			}
-			got, lerr, log := runWorldN(t, "spawn", "graph", n, 3*time.Minute, "GOEP_MP_BACKEND=cuda", "GOEP_DEBUG_POINTERS=1")
+			got, lerr, log := runWorldN(t, "spawn", mode, n, 3*time.Minute, "GOEP_MP_BACKEND=cuda", "GOEP_DEBUG_POINTERS=1")
 			if lerr != nil {
 				t.Fatalf("launcher: %v\n%s", lerr, log)
 			}
@@ -471,10 +539,13 @@ func TestCUDAGraph(t *testing.T) {
 				if got[r].Err != "" {
 					t.Fatalf("rank %d: %s\n%s", r, got[r].Err, log)
 				}
-				for i, seed := range graphSeeds {
+				if len(got[r].Digests) != len(want[r]) {
+					t.Fatalf("rank %d: %d replays recorded, want %d", r, len(got[r].Digests), len(want[r]))
+				}
+				for i := range want[r] {
 					for name, w := range want[r][i] {
 						if g := got[r].Digests[i][name]; g != w {
-							t.Errorf("seed %d rank %d %s: %s from the replayed graph, %s on the host", seed, r, name, g, w)
+							t.Errorf("replay %d rank %d %s: %s from the replayed graph, %s on the host", i, r, name, g, w)
 						}
 					}
 				}

@@ -84,6 +84,18 @@ func (e *Engine) Layout(ctx context.Context, in LayoutInput) (*Handle, error) {
 // token count. Errors come as with Layout in capacity mode. Queued work
 // that uses the handle runs with the routing it was queued with (stream
 // order).
+//
+// On the CUDA backend with the layout on the GPU (one NVLink domain),
+// Relayout itself can be captured into a CUDA graph with the calls that
+// follow it, so that a decode step (layout, dispatch, experts, combine)
+// is one graph: each replay lays out whatever routing TopkIdx's memory
+// holds, with no host in between. A replay's routing error, or under
+// OverflowError its capacity overflow, is then reported by the next
+// Synchronize (the error the eager Relayout would have returned); after a
+// routing error the replay's calls move no row and the device counts are
+// zero. Counts and DeviceCounts follow the replays; the host's own view
+// of the handle (its capacity check before eager calls) is the last eager
+// layout's.
 func (e *Engine) Relayout(ctx context.Context, h *Handle, in LayoutInput) error {
 	if err := e.enter("relayout"); err != nil {
 		return err

@@ -44,6 +44,12 @@ static void run_tables(struct layout_dims d, const int32_t *rt, const int32_t *n
 	}
 }
 
+static void run_finish(struct layout_dims d, const int32_t *ws, int32_t *counts, int32_t *report, int64_t maxPerm,
+		       int32_t capErr)
+{
+	layout_finish(&d, ws, counts, report, maxPerm, capErr);
+}
+
 static int64_t d_ws_size(struct layout_dims d) { return ws_size(&d); }
 static int64_t d_ws_summary(struct layout_dims d) { return ws_summary(&d); }
 static int64_t d_ws_summaryLen(struct layout_dims d) { return ws_summaryLen(&d); }
@@ -129,9 +135,10 @@ const (
 
 // EmulateLayout runs the layout kernels on the host for rank d.Me, with
 // routing[s] rank s's [T_s*K] routing (d.T must be this rank's T), and a
-// scan block of scanThreads threads. It returns the summary and, when the
-// summary holds no error, the tables (else nil), as the CUDA path would
-// download them.
+// scan block of scanThreads threads. It returns the summary and the
+// tables, the column kernels run whatever the summary holds (as in a
+// layout captured into a CUDA graph: after a routing error they write
+// nothing, and every entry is -1).
 func EmulateLayout(d Dims, routing [][]int32, scanThreads int) (summary, tables []int32, err error) {
 	if err := d.Check(); err != nil {
 		return nil, nil, err
@@ -161,13 +168,35 @@ func EmulateLayout(d Dims, routing [][]int32, scanThreads int) (summary, tables 
 	C.run_scan(cd, prt, pws, (*C.uint64_t)(unsafe.Pointer(&errKey)), C.int64_t(scanThreads))
 	off, n := d.Summary()
 	summary = append([]int32(nil), ws[off:off+n]...)
-	if summary[SumErr] != 0 {
-		return summary, nil, nil
-	}
 	tables = make([]int32, max(d.TableInts(), 1))
 	for i := range tables {
 		tables[i] = -1
 	}
 	C.run_tables(cd, prt, pnt, pws, (*C.int32_t)(unsafe.Pointer(&tables[0])))
 	return summary, tables[:d.TableInts()], nil
+}
+
+// EmulateFinish runs the finish kernel of a layout captured into a CUDA
+// graph on the host, for rank d.Me with the given summary (the scan's, as
+// EmulateLayout returns it), report the report as the previous finish
+// left it (1 + the summary's length words). It returns the handle's
+// counts (4 + L words) and updates report.
+func EmulateFinish(d Dims, summary, report []int32, maxPerm int, capErr bool) ([]int32, error) {
+	off, n := d.Summary()
+	if err := d.Check(); err != nil {
+		return nil, err
+	}
+	if len(summary) != n || len(report) != 1+n {
+		return nil, fmt.Errorf("gpulayout: emulate finish: summary of %d words, report of %d, want %d and %d", len(summary), len(report), n, 1+n)
+	}
+	ws := make([]int32, d.WorkspaceInts())
+	copy(ws[off:], summary)
+	counts := make([]int32, 4+d.L)
+	ce := C.int32_t(0)
+	if capErr {
+		ce = 1
+	}
+	C.run_finish(d.c(), (*C.int32_t)(unsafe.Pointer(&ws[0])), (*C.int32_t)(unsafe.Pointer(&counts[0])),
+		(*C.int32_t)(unsafe.Pointer(&report[0])), C.int64_t(maxPerm), ce)
+	return counts, nil
 }

@@ -26,6 +26,14 @@
 //	colscan   threads C               exclusive prefix over the chunks
 //	colwrite  threads C*chunks        the tables
 //
+// A layout captured into a CUDA graph (a capacity-mode Relayout) has no
+// host between scan and the tables: finish (one thread, after scan)
+// writes the handle's counts and, on a routing error or (under the
+// capacity error policy) a rank over capacity, a copy of the summary into
+// a report the host reads at its next synchronize; the column kernels see
+// the summary's error and write nothing, so the tables stay -1 (no row
+// moves).
+//
 // Columns: c < R is the send column of destination c over this rank's
 // tokens; c = R + s*(1+L) + j is, over source s's tokens, the receive
 // column (j = 0: the token goes to this rank) or the column of this rank's
@@ -330,12 +338,47 @@ LFN int col_flag(const struct layout_dims *d, const int32_t *row, int64_t c, int
 	return has_expert(d, row, d->me * d->L + kind - 1) >= 0;
 }
 
+// layout_finish is finish's one thread: the handle's device counts
+// (executor's plan.Counts: RecvCount, PermutedCount, the overflow flag of
+// this rank, 0, TokensPerExpert[L]; all 0 after a routing error) from the
+// summary, and the report: report[0] = 1 and the summary copied after it
+// when the summary holds a routing error or, with capErr set, some rank
+// is over capacity (maxRecv rows, maxPerm permuted rows), unless report[0]
+// already holds an earlier report.
+LFN void layout_finish(const struct layout_dims *d, const int32_t *ws, int32_t *counts, int32_t *report,
+		       int64_t maxPerm, int32_t capErr)
+{
+	const int32_t *sum = ws + ws_summary(d);
+	int64_t R = d->R, L = d->L;
+	int bad = sum[sumErr] != 0, over = 0;
+	for (int64_t r = 0; r < R; r++) {
+		over |= sum[sumHeader + r] > d->maxRecv || sum[sumHeader + R + r] > maxPerm;
+	}
+	counts[0] = bad ? 0 : sum[sumRecv];
+	counts[1] = bad ? 0 : sum[sumPermuted];
+	counts[2] = !bad && (sum[sumRecv] > d->maxRecv || sum[sumPermuted] > maxPerm);
+	counts[3] = 0;
+	for (int64_t l = 0; l < L; l++) {
+		counts[4 + l] = bad ? 0 : sum[sumHeader + 2 * R + l];
+	}
+	if (report[0] == 0 && (bad || (capErr && over))) {
+		for (int64_t i = 0; i < ws_summaryLen(d); i++) {
+			report[1 + i] = sum[i];
+		}
+		report[0] = 1;
+	}
+}
+
+// layout_failed reports whether the summary holds a routing error: the
+// column kernels then write nothing.
+LFN int layout_failed(const struct layout_dims *d, const int32_t *ws) { return ws[ws_summary(d) + sumErr] != 0; }
+
 // layout_colcount is thread i = c*chunks + chunk of colcount: the tokens
 // of the chunk whose flag of column c is set.
 LFN void layout_colcount(const struct layout_dims *d, const int32_t *rt, const int32_t *nt, int32_t *ws, int64_t i)
 {
 	int64_t nch = layout_chunks(d), c = i / nch, ch = i % nch, kind;
-	if (c >= layout_cols(d)) {
+	if (c >= layout_cols(d) || layout_failed(d, ws)) {
 		return;
 	}
 	int64_t s = layout_col(d, c, &kind), end = ntok(d, nt, s), n = 0;
@@ -381,7 +424,7 @@ LFN void layout_colwrite(const struct layout_dims *d, const int32_t *rt, const i
 			 int32_t *tb, int64_t i)
 {
 	int64_t nch = layout_chunks(d), c = i / nch, ch = i % nch, kind;
-	if (c >= layout_cols(d)) {
+	if (c >= layout_cols(d) || layout_failed(d, ws)) {
 		return;
 	}
 	int64_t R = d->R, L = d->L, K = d->K, W = layout_W(d), me = d->me;

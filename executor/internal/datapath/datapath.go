@@ -184,6 +184,11 @@ type Handle struct {
 	RecvRows, PermRows int
 	// Tables are the path's own tables (nil when it keeps none).
 	Tables interface{ Close() }
+	// DeviceRouted: a Relayout captured into a CUDA graph owns the
+	// handle's tables and counts, which then follow the graph's last
+	// replay; Lay stays the last eager layout's, and the capacity is
+	// checked on the device (the GPU path's Synchronize reports it).
+	DeviceRouted bool
 }
 
 // UseCounts sets the handle's output rows for lay.

@@ -34,6 +34,14 @@ import (
 //  4. the column kernels write the handle's tables in device memory (in
 //     place for a Relayout), then done is signalled.
 //
+// A Relayout captured into a CUDA graph (capacity mode; captureLayout)
+// runs the same kernels with no host in between: after the scan,
+// goep_layout_finish writes the handle's counts and, when the layout
+// fails (a routing error, or a rank over capacity under OverflowError),
+// a report that the next Synchronize reads back and turns into the error
+// the layout would have returned; after a routing error the tables stay
+// empty, so the graph's calls move no row.
+//
 // The tables and counts are exactly those of plan.ComputeLayout (the host
 // layout, which runs instead with several domains, or when a domain's
 // buffers would pass int32 offsets: gpulayout.Dims.Check): package plan's
@@ -45,9 +53,15 @@ var layoutPTX []byte
 
 // gpuLayout are the layout kernels and their workspace.
 type gpuLayout struct {
-	mod                                           *device.Module
-	put, count, scan, colcount, colscan, colwrite *device.Kernel
-	ws, errKey                                    *device.Buffer
+	mod                                                   *device.Module
+	put, count, scan, finish, colcount, colscan, colwrite *device.Kernel
+	ws, errKey                                            *device.Buffer
+	// report is where captured layouts report a failure (layout.h,
+	// layout_finish: int32 1 + the summary's words, zeroed); captured is
+	// set once a layout was captured, and Synchronize reads it from then
+	// on.
+	report   *device.Buffer
+	captured bool
 	// back is what a layout reads back, in one download: the summary,
 	// then the flags region's status, epoch counter and missing words as
 	// the layout found them (prior), then as its waits left them.
@@ -68,7 +82,7 @@ func newGPULayout(p *Path) (*gpuLayout, error) {
 		dst  **device.Kernel
 		name string
 	}{
-		{&lk.put, "goep_layout_put"}, {&lk.count, "goep_layout_count"}, {&lk.scan, "goep_layout_scan"},
+		{&lk.put, "goep_layout_put"}, {&lk.count, "goep_layout_count"}, {&lk.scan, "goep_layout_scan"}, {&lk.finish, "goep_layout_finish"},
 		{&lk.colcount, "goep_layout_colcount"}, {&lk.colscan, "goep_layout_colscan"}, {&lk.colwrite, "goep_layout_colwrite"},
 	} {
 		if *k.dst, err = lk.mod.Kernel(k.name); err != nil {
@@ -86,6 +100,12 @@ func newGPULayout(p *Path) (*gpuLayout, error) {
 	if lk.back, err = p.s.Alloc(4*n + 2*p.flags.StatusBytes()); err != nil {
 		return nil, errors.Join(err, lk.close(p))
 	}
+	if lk.report, err = p.s.Alloc(4 * (1 + n)); err == nil {
+		err = p.s.Memset(lk.report, 0, lk.report.Size(), 0)
+	}
+	if err != nil {
+		return nil, errors.Join(err, lk.close(p))
+	}
 	return lk, nil
 }
 
@@ -96,6 +116,7 @@ func (lk *gpuLayout) close(p *Path) error {
 	p.s.Free(lk.ws)
 	p.s.Free(lk.errKey)
 	p.s.Free(lk.back)
+	p.s.Free(lk.report)
 	if lk.mod != nil {
 		return lk.mod.Close()
 	}
@@ -262,17 +283,31 @@ func (p *Path) countsFromSummary(counts, sum *device.Buffer, overflow bool) erro
 // ones, or a Relayout's in place) for lay: its receive rows are the
 // handle's (RecvCount, or MaxRecvTokens in capacity mode).
 func (p *Path) deviceTables(lk *gpuLayout, h *datapath.Handle, lay *plan.Layout, base gpulayout.Dims) error {
+	t, err := p.writeTables(lk, h, lay.NumTokens, lay.RecvCount, base)
+	if err != nil {
+		return err
+	}
+	t.n = p.env.ValidRecv(lay, p.env.Rank)
+	h.Tables = t
+	return nil
+}
+
+// writeTables enqueues the column kernels that write the tables of a
+// layout of T tokens (recv rows received: the tables' rows in blocking
+// mode; capacity mode has MaxRecvTokens) into h's (in place) or new ones,
+// which it returns.
+func (p *Path) writeTables(lk *gpuLayout, h *datapath.Handle, T, recv int, base gpulayout.Dims) (*tables, error) {
 	d := base
-	d.T, d.RowCap = lay.NumTokens, lay.RecvCount
+	d.T, d.RowCap = T, recv
 	if p.env.P.Capacity {
 		d.RowCap = p.env.P.MaxRecvTokens
 	}
 	if err := d.Check(); err != nil { // not at these sizes: New checked the largest
-		return fmt.Errorf("executor: GPU layout: %w", err)
+		return nil, fmt.Errorf("executor: GPU layout: %w", err)
 	}
 	t, err := p.tablesFor(tbl(h), plan.TableSizes(d.T, p.K, p.W, d.RowCap))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	route, nt := p.routeWindow()
 	cells := d.Columns() * d.Chunks()
@@ -284,9 +319,111 @@ func (p *Path) deviceTables(lk *gpuLayout, h *datapath.Handle, lay *plan.Layout,
 		if tbl(h) == nil {
 			t.Close()
 		}
+		return nil, err
+	}
+	return t, nil
+}
+
+// captureLayout records the Relayout of idx into h in the CUDA graph the
+// stream is capturing: deviceLayout's steps with no host read (see the
+// comment at the top of this file). Only a capacity-mode Relayout on the
+// GPU layout can be captured: a new layout sizes host objects, and the
+// host layout of several domains reads the routing on the host.
+func (p *Path) captureLayout(h *datapath.Handle, idx *device.Tensor) error {
+	f, ok := p.cross.(*flat)
+	var err error
+	switch {
+	case !ok || !f.layoutOnGPU():
+		err = fmt.Errorf("executor: layout in a CUDA graph: this world's layout runs on the host (several NVLink domains, or sizes past the GPU layout's); run Relayout before launching the graph: %w", datapath.ErrUnsupported)
+	case !p.env.P.Capacity || tbl(h) == nil:
+		err = fmt.Errorf("executor: layout in a CUDA graph: only a capacity-mode Relayout of an existing handle can be captured: %w", plan.ErrInvalidInput)
+	}
+	if err != nil {
+		p.cross.reject(datapath.OpLayout, err)
 		return err
 	}
-	t.n = p.env.ValidRecv(lay, p.env.Rank)
-	h.Tables = t
-	return nil
+	lk, P := f.lk, p.env.P
+	T, K := idx.Rows(), p.K
+	d := plan.LayoutDims(P, p.R, p.me, T, 0)
+	route, nt := p.routeWindow()
+	grid, block, err := threadShape(p.R * max(T*K, 1))
+	if err != nil {
+		p.rejectFlags(err)
+		return err
+	}
+	// As in deviceLayout, once Begin is enqueued every step of the
+	// protocol is, whatever fails. An earlier failure is not moved aside
+	// (no host reads it back before the graph's calls): it ends this
+	// layout's waits at once and the next Synchronize reports it, as it
+	// does for the captured calls.
+	if err := p.flags.Begin(); err != nil {
+		return err
+	}
+	if err := p.s.Launch(lk.put, grid, block, 0, idx, p.peerTable(regionRoute),
+		int64(p.R), int64(p.me), int64(P.MaxTokensPerRank), int64(K), int64(T)); err != nil {
+		return p.abandon(datapath.OpLayout, err)
+	}
+	err = p.flags.Arrive(uint32(datapath.OpLayout))
+	if err == nil {
+		capErr := int32(0)
+		if !p.env.Drop {
+			capErr = 1
+		}
+		scanThreads := min(1024, roundUp(p.R*d.L, 32))
+		err = errors.Join(p.s.Memset(lk.ws, 0, lk.ws.Size(), 0), p.s.Memset(lk.errKey, 0, 8, 0xff),
+			p.launchN(lk.count, p.R*P.MaxTokensPerRank, d, route, nt, lk.ws, lk.errKey),
+			p.s.Launch(lk.scan, [3]uint32{1, 1, 1}, [3]uint32{uint32(scanThreads), 1, 1}, 0,
+				append([]any{route, lk.ws, lk.errKey}, d.Args()...)...),
+			p.s.Launch(lk.finish, [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0,
+				append([]any{lk.ws, h.Counts, lk.report, int64(P.MaxPermutedTokens), capErr}, d.Args()...)...))
+	}
+	if err == nil {
+		// The tables in place; their valid-row count (blocking mode's)
+		// is not used in capacity mode.
+		_, err = p.writeTables(lk, h, T, 0, d)
+	}
+	if err == nil {
+		lk.captured = true
+		// The host's layout of h stays the last eager one; the device
+		// counts and tables are the graph's (ready no longer checks the
+		// capacity on the host: the report does).
+		h.DeviceRouted = true
+	}
+	if ferr := p.flags.Finish(uint32(datapath.OpLayout)); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+// capturedReport reads what the layouts of launched graphs reported since
+// the last look (the stream is idle): nil, or the error the first failing
+// one would have returned as an eager Relayout (its routing error, or the
+// CapacityError), the report then cleared.
+func (p *Path) capturedReport(ctx context.Context, lk *gpuLayout) error {
+	if lk == nil || !lk.captured {
+		return nil
+	}
+	raw, err := p.s.DownloadBuffer(ctx, lk.report)
+	if err != nil {
+		return err
+	}
+	words := make([]int32, len(raw)/4)
+	for i := range words {
+		words[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
+	}
+	if words[0] == 0 {
+		return nil
+	}
+	if err := p.s.Memset(lk.report, 0, 4, 0); err != nil {
+		return err
+	}
+	d := plan.LayoutDims(p.env.P, p.R, p.me, 0, 0)
+	lay, err := plan.SummaryLayout(words[1:], d)
+	if err == nil {
+		err = plan.CheckCapacity(lay, p.env.P)
+	}
+	if err == nil {
+		err = fmt.Errorf("executor: a captured layout reported a failure its summary does not hold")
+	}
+	return fmt.Errorf("executor: relayout in a CUDA graph: %w", err)
 }

@@ -372,8 +372,12 @@ func (p *Path) Stream() device.Stream { return p.s }
 func (p *Path) Enqueue(f func() error) error { return p.cross.enqueue(f) }
 
 // Layout runs the layout of idx into h (the crossing's: on the GPU in one
-// domain, else on the host).
+// domain, else on the host). While the stream captures a CUDA graph, only
+// a capacity-mode Relayout on the GPU layout is recorded (captureLayout).
 func (p *Path) Layout(ctx context.Context, h *datapath.Handle, idx *device.Tensor, sig [4]uint64) error {
+	if p.s.Capturing() {
+		return p.captureLayout(h, idx)
+	}
 	return p.cross.layout(ctx, h, idx, sig)
 }
 
@@ -435,7 +439,11 @@ func (p *Path) synchronizeGPU(ctx context.Context) error {
 	if err := p.flags.Check(ctx); err != nil {
 		return datapath.PeerInput(err)
 	}
-	err := p.pending
+	var err error
+	if f, ok := p.cross.(*flat); ok {
+		err = p.capturedReport(ctx, f.lk)
+	}
+	err = errors.Join(err, p.pending)
 	p.pending = nil
 	return err
 }

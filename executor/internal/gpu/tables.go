@@ -77,7 +77,7 @@ func (p *Path) useLayout(ctx context.Context, h *datapath.Handle, lay *plan.Layo
 	} else if err := p.s.UploadBuffer(ctx, h.Counts.Buffer(), device.EncodeInt32(plan.Counts(lay, P))); err != nil {
 		return p.env.Fate.Note(err)
 	}
-	h.Lay = lay
+	h.Lay, h.DeviceRouted = lay, false
 	h.UseCounts(lay, P)
 	if !p.env.Drop {
 		if err := plan.CheckCapacity(lay, P); err != nil && p.pending == nil {
@@ -166,7 +166,7 @@ func (p *Path) ready(h *datapath.Handle) bool {
 		}
 		return false
 	}
-	if !p.env.Drop {
+	if !p.env.Drop && !h.DeviceRouted {
 		if err := plan.CheckCapacity(h.Lay, p.env.P); err != nil {
 			if p.pending == nil {
 				p.pending = err

@@ -5,6 +5,7 @@ package plan
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -61,6 +62,7 @@ func genLayoutCase(seed uint64) *layoutCase {
 		c.cfg.Capacity = true
 		// Often below a rank's rows, so that rows are dropped.
 		c.cfg.MaxRecvTokens = rng.IntN(2*maxT + 1)
+		c.cfg.MaxPermutedTokens = rng.IntN(4*maxT + 1)
 	}
 	hot := rng.Perm(E)[:1+rng.IntN(E)]
 	for range R {
@@ -103,13 +105,18 @@ func (c *layoutCase) check(me int) error {
 		return err
 	}
 	got, gerr := SummaryLayout(sum, d)
+	if err := c.checkFinish(d, sum, want, werr); err != nil {
+		return fmt.Errorf("finish: %w", err)
+	}
 	if werr != nil || gerr != nil {
 		var re *RoutingError
 		if werr == nil || gerr == nil || !errors.As(gerr, &re) || werr.Error() != gerr.Error() {
 			return fmt.Errorf("error %v, want %v", gerr, werr)
 		}
-		if tables != nil {
-			return errors.New("tables written after a routing error")
+		for i, v := range tables {
+			if v != -1 {
+				return fmt.Errorf("table entry %d written after a routing error: %d", i, v)
+			}
 		}
 		return nil
 	}
@@ -130,6 +137,62 @@ func (c *layoutCase) check(me int) error {
 			o += n
 		}
 		return fmt.Errorf("tables differ (%d and %d entries)", len(tables), len(wt))
+	}
+	return nil
+}
+
+// checkFinish runs the finish kernel of a captured layout on the summary
+// sum of the layout want (or of the routing error werr), under both
+// capacity policies, and checks the device counts against Counts (zeros
+// after a routing error) and the report: written exactly when the
+// layout fails (a routing error, or under the error policy a rank over
+// capacity), with the summary from which the host rebuilds the same
+// error; an earlier report is kept.
+func (c *layoutCase) checkFinish(d gpulayout.Dims, sum []int32, want *Layout, werr error) error {
+	maxPerm := math.MaxInt32 // blocking mode: no capacity
+	if c.cfg.Capacity {
+		maxPerm = c.cfg.MaxPermutedTokens
+	}
+	for _, capErr := range []bool{false, true} {
+		report := make([]int32, 1+len(sum))
+		counts, err := gpulayout.EmulateFinish(d, sum, report, maxPerm, capErr)
+		if err != nil {
+			return err
+		}
+		wantCounts := make([]int32, CountsHeader+d.L)
+		var wantErr error = werr
+		if werr == nil {
+			wantCounts = Counts(want, c.cfg)
+			if capErr {
+				if ce := CheckCapacity(want, c.cfg); ce != nil {
+					wantErr = ce
+				}
+			}
+		}
+		if !slices.Equal(counts, wantCounts) {
+			return fmt.Errorf("capacity error policy %v: counts %v, want %v", capErr, counts, wantCounts)
+		}
+		if (report[0] != 0) != (wantErr != nil) {
+			return fmt.Errorf("capacity error policy %v: report %d, want an error %v", capErr, report[0], wantErr)
+		}
+		if wantErr != nil {
+			lay, gerr := SummaryLayout(report[1:], d)
+			if gerr == nil {
+				gerr = CheckCapacity(lay, c.cfg)
+			}
+			if gerr == nil || gerr.Error() != wantErr.Error() {
+				return fmt.Errorf("capacity error policy %v: the report's error %v, want %v", capErr, gerr, wantErr)
+			}
+			// A second failing layout keeps the first report.
+			again := slices.Clone(report)
+			again[1] = 77
+			if _, err := gpulayout.EmulateFinish(d, sum, again, maxPerm, capErr); err != nil {
+				return err
+			}
+			if again[1] != 77 {
+				return errors.New("a later layout overwrote the report")
+			}
+		}
 	}
 	return nil
 }

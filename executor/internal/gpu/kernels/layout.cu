@@ -43,6 +43,17 @@ extern "C" __global__ void goep_layout_scan(const int32_t *rt, int32_t *ws, cons
 	}
 }
 
+// goep_layout_finish: one thread (layout_finish), after scan, in a layout
+// captured into a CUDA graph: the handle's counts and the report.
+extern "C" __global__ void goep_layout_finish(const int32_t *ws, int32_t *counts, int32_t *report, int64_t maxPerm,
+					      int32_t capErr, DIM_PARAMS)
+{
+	struct layout_dims d = DIMS;
+	if (blockIdx.x == 0 && threadIdx.x == 0) {
+		layout_finish(&d, ws, counts, report, maxPerm, capErr);
+	}
+}
+
 // goep_layout_colcount: threads cols*chunks (layout_colcount).
 extern "C" __global__ void goep_layout_colcount(const int32_t *rt, const int32_t *nt, int32_t *ws, DIM_PARAMS)
 {
