@@ -497,6 +497,27 @@ __device__ __forceinline__ void store_sum(uint8_t *p, const float *acc)
 	}
 }
 
+// one_term is the sum of a token's one term over a 16-byte unit q, as
+// store_sum would store it (unit_floats, then rounded once): fp32 keeps
+// its bits; a bf16 widened and rounded back is itself, but for a NaN,
+// which to_bf16 quiets (bit 6 of the half set): a few bit operations a
+// word instead of unit_floats' widening and store_sum's rounding.
+template <bool BF16>
+__device__ __forceinline__ uint4 one_term(uint4 q)
+{
+	if (!BF16) {
+		return q;
+	}
+	uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+	for (int e = 0; e < 4; e++) {
+		// A half is a NaN where its magnitude is above infinity's.
+		const uint32_t nan = __vcmpgtu2(w[e] & 0x7fff7fffu, 0x7f807f80u);
+		w[e] |= nan & 0x00400040u;
+	}
+	return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // sumChunk is how many units a warp sums as one item: sumLane a lane.
 // sumTerms is how many of an item's terms a lane loads before it adds
 // them: a warp has sumTerms * sumLane * 512 bytes of loads in flight (16-byte
@@ -540,7 +561,8 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 		const int32_t u0 = ch * sumChunk + lane;
 		const int32_t uEnd = min(units, (ch + 1) * sumChunk);
 		float acc[sumLane][V];
-		bool any = false, remote = false, ok = true;
+		// stored: the item had one term, already in out.
+		bool any = false, remote = false, ok = true, stored = false;
 		for (int32_t c0 = 0; c0 < width && ok; c0 += 32) {
 			const int32_t c = c0 + lane;
 			const int64_t e = (int64_t)t * width + c;
@@ -569,9 +591,13 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 				break;  // the call fails (status)
 			}
 			const uint8_t *src = r < 0 ? nullptr : d == me ? z + (int64_t)r * rowBytes : win + e * rowBytes;
+			const uint32_t terms = __ballot_sync(0xffffffffu, r >= 0);
+			// A token's one term goes to out as it is (one_term),
+			// without the sums' float arithmetic.
+			const bool single = V > 1 && !any && c0 + 32 >= width && __popc(terms) == 1;
 			// Up to sumTerms live terms at a time, in c order: every
 			// unit of theirs loaded before any is added.
-			for (uint32_t live = __ballot_sync(0xffffffffu, r >= 0); live != 0;) {
+			for (uint32_t live = terms; live != 0;) {
 				const uint8_t *s[sumTerms];
 				bool has[sumTerms], w[sumTerms];
 #pragma unroll
@@ -591,6 +617,17 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 							v[k][j] = load_unit<BF16, V>(s[k] + (int64_t)(u0 + 32 * j) * V * es, w[k]);
 						}
 					}
+				}
+				if (single) {
+#pragma unroll
+					for (int j = 0; j < sumLane; j++) {
+						if (u0 + 32 * j < uEnd) {
+							*(uint4 *)(out + (int64_t)t * rowBytes + (int64_t)(u0 + 32 * j) * 16) =
+								one_term<BF16>(v[0][j]);
+						}
+					}
+					stored = true;
+					break;
 				}
 #pragma unroll
 				for (int k = 0; k < sumTerms; k++) {
@@ -615,7 +652,7 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 		}
 		ready = t;
 #pragma unroll
-		for (int j = 0; j < sumLane; j++) {
+		for (int j = 0; j < sumLane && !stored; j++) {
 			if (u0 + 32 * j >= uEnd) {
 				continue;
 			}
