@@ -41,16 +41,21 @@ __device__ __forceinline__ float host_nan(float a, float b, float r, uint32_t dn
 	return is_nan(r) ? __uint_as_float(dnan) : r;
 }
 
-// add is permute's add: a + b rounded to fp32, NaNs as on the host.
+// add is permute's add: a + b rounded to fp32, NaNs as on the host. A
+// NaN operand makes the IEEE result a NaN, so only a NaN result needs
+// host_nan's look at the operands: one check on the common path.
 __device__ __forceinline__ float add(float a, float b, uint32_t dnan)
 {
-	return host_nan(a, b, __fadd_rn(a, b), dnan);
+	const float r = __fadd_rn(a, b);
+	return is_nan(r) ? host_nan(a, b, r, dnan) : r;
 }
 
-// mul is permute's mul: a * b rounded to fp32, NaNs as on the host.
+// mul is permute's mul: a * b rounded to fp32, NaNs as on the host (one
+// check on the common path, as add).
 __device__ __forceinline__ float mul(float a, float b, uint32_t dnan)
 {
-	return host_nan(a, b, __fmul_rn(a, b), dnan);
+	const float r = __fmul_rn(a, b);
+	return is_nan(r) ? host_nan(a, b, r, dnan) : r;
 }
 
 // to_bf16 is device.Float32ToBF16: round to nearest even; a NaN keeps its
