@@ -479,15 +479,38 @@ __device__ __forceinline__ void unit_floats(float *f, uint4 q)
 	}
 }
 
+// cvt_bf16x2 is lo and hi rounded to bf16 and packed, lo in the low half,
+// by the hardware (cvt.rn.bf16x2.f32): to_bf16's round to nearest even,
+// but NaNs come out canonical, so not for NaNs.
+__device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi)
+{
+	uint32_t r;
+	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+	return r;
+}
+
 // store_sum writes V sums at p: rounded once to bf16 (BF16), else fp32.
 template <bool BF16, int V>
 __device__ __forceinline__ void store_sum(uint8_t *p, const float *acc)
 {
 	if (V > 1) {
+		// bf16: the hardware rounds a unit without a NaN (cvt_bf16x2);
+		// a unit with one takes to_bf16, element by element.
+		bool nan = false;
+#pragma unroll
+		for (int i = 0; BF16 && i < V; i++) {
+			nan = nan || is_nan(acc[i]);
+		}
 		uint32_t wq[4];
 #pragma unroll
 		for (int e = 0; e < 4; e++) {
-			wq[e] = BF16 ? (to_bf16(acc[2 * e]) | (to_bf16(acc[2 * e + 1]) << 16)) : __float_as_uint(acc[e]);
+			if (!BF16) {
+				wq[e] = __float_as_uint(acc[e]);
+			} else if (nan) {
+				wq[e] = to_bf16(acc[2 * e]) | (to_bf16(acc[2 * e + 1]) << 16);
+			} else {
+				wq[e] = cvt_bf16x2(acc[2 * e], acc[2 * e + 1]);
+			}
 		}
 		*(uint4 *)p = make_uint4(wq[0], wq[1], wq[2], wq[3]);
 	} else if (BF16) {
