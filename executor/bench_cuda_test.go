@@ -550,3 +550,113 @@ func benchEager(b *testing.B, e *executor.Engine, cfg executor.Config, T int) {
 		})
 	}
 }
+
+// BenchmarkCUDADecodeStep times a decode step on one rank, DeepSeek-V3's
+// shape at 128 tokens in capacity mode: the Relayout of the step's
+// routing, DispatchPermuteInto and UnpermuteCombineInto (the experts'
+// output stood in for by the permuted rows themselves), run eagerly
+// (step=eager: the Relayout waits for the GPU layout's summary) and as
+// one CUDA graph that holds the Relayout too (step=graph), the stream
+// synchronized every 64 steps. ns/op is a step's time; driver-calls/op
+// and launches/op are internal/cuda's tallies. Run the test binary with
+// -gpu -test.bench CUDADecodeStep.
+func BenchmarkCUDADecodeStep(b *testing.B) {
+	if !*gpuFlag {
+		b.Skip("run the test binary with -gpu on a GPU host")
+	}
+	be, err := device.NewCUDA(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	ctx := context.Background()
+	const T = 128
+	cfg := executor.Config{NumExperts: 256, TopK: 8, Hidden: 7168, MaxTokensPerRank: T, PadMultiple: 1,
+		Mode: executor.Capacity, Overflow: executor.OverflowDrop, MaxRecvTokens: T, MaxPermutedTokens: T * 8}
+	e, err := executor.New(ctx, comm.NewLocal(1)[0], be, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	ti, xt, _, err := benchInputs(ctx, e, cfg, T, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer xt.Close()
+	defer ti.Close()
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	px, err1 := e.NewTensor(device.BF16, h.PermutedRows(), cfg.Hidden)
+	ri, err2 := e.NewTensor(device.Int32, h.RecvRows(), cfg.TopK)
+	out, err3 := e.NewTensor(device.BF16, T, cfg.Hidden)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		b.Fatal(err)
+	}
+	defer closeTensors(px, ri, out)
+	step := func() error {
+		if err := e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: ti}); err != nil {
+			return err
+		}
+		if err := e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: xt}, executor.DispatchPermuteOutput{X: px, RecvIdx: ri}); err != nil {
+			return err
+		}
+		return e.UnpermuteCombineInto(ctx, h, executor.UnpermuteInput{Y: px}, out)
+	}
+	s := e.Stream().(*device.CUDAStream)
+	if err := s.BeginCapture(); err != nil {
+		b.Fatal(err)
+	}
+	cerr := step()
+	graph, err := s.EndCapture()
+	if err := errors.Join(cerr, err); err != nil {
+		b.Fatal(err)
+	}
+	defer graph.Close()
+	for _, c := range []struct {
+		name string
+		run  func() error
+	}{
+		{"eager", step},
+		{"graph", func() error { return graph.Launch(s) }},
+	} {
+		b.Run(fmt.Sprintf("step=%s/tokens=%d/hidden=%d/topk=%d", c.name, T, cfg.Hidden, cfg.TopK), func(b *testing.B) {
+			for range 8 {
+				if err := c.run(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := e.Synchronize(ctx); err != nil {
+				b.Fatal(err)
+			}
+			before := cuda.ReadCounts()
+			n := 0
+			for b.Loop() {
+				if err := c.run(); err != nil {
+					b.Fatal(err)
+				}
+				if n++; n%64 == 0 {
+					if err := e.Synchronize(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			if err := e.Synchronize(ctx); err != nil {
+				b.Fatal(err)
+			}
+			d := cuda.ReadCounts().Sub(before)
+			b.ReportMetric(float64(d.Launches)/float64(n), "launches/op")
+			b.ReportMetric(float64(d.Calls)/float64(n), "driver-calls/op")
+		})
+	}
+}
+
+func closeTensors(ts ...*device.Tensor) {
+	for _, t := range ts {
+		if t != nil {
+			t.Close()
+		}
+	}
+}
