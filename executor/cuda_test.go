@@ -1135,3 +1135,101 @@ func TestCUDACaptureOverCapacity(t *testing.T) {
 		t.Error("the replay of a call captured over capacity differs from the eager call after the same layout")
 	}
 }
+
+// TestCUDACapturedRelayoutOverCapacity: capacity mode under OverflowError,
+// a Relayout captured into a graph with a DispatchPermuteInto: a replay
+// whose routing passes the capacity makes the next Synchronize return the
+// CapacityError (the device counts say how many rows and set the overflow
+// flag); a replay whose routing fits is right again (the eager call's
+// output after the same layout), and Synchronize returns nil.
+func TestCUDACapturedRelayoutOverCapacity(t *testing.T) {
+	b := needGPU(t)
+	ctx := t.Context()
+	const T, H, K = 32, 128, 2
+	cfg := executor.Config{NumExperts: 4, TopK: K, Hidden: H, MaxTokensPerRank: T, Mode: executor.Capacity,
+		Overflow: executor.OverflowError, MaxRecvTokens: 16, MaxPermutedTokens: 32}
+	e, err := executor.New(ctx, comm.NewLocal(1)[0], b, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	routing := func(tokens int) []byte { // the first tokens to experts 0 and 1, the rest nowhere
+		idx := make([]int32, T*K)
+		for i := range idx {
+			idx[i] = -1
+			if i/K < tokens {
+				idx[i] = int32(i % K)
+			}
+		}
+		return device.EncodeInt32(idx)
+	}
+	x := make([]byte, T*H*2)
+	for i := range x {
+		x[i] = byte(i*7 + i/(H*2))
+	}
+	ti, _ := e.NewTensor(device.Int32, T, K)
+	xt, _ := e.NewTensor(device.BF16, T, H)
+	if err := errors.Join(device.Upload(ctx, ti, routing(8)), device.Upload(ctx, xt, x)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti}) // 8 rows: fits
+	if err != nil {
+		t.Fatal(err)
+	}
+	px, _ := e.NewTensor(device.BF16, h.PermutedRows(), H)
+	idx, _ := e.NewTensor(device.Int32, h.RecvRows(), K)
+	dp := executor.DispatchPermuteOutput{X: px, RecvIdx: idx}
+	cs := e.Stream().(*device.CUDAStream)
+	if err := cs.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	cerr := errors.Join(e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: ti}), e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: xt}, dp))
+	graph, err := cs.EndCapture()
+	if err = errors.Join(cerr, err); err != nil {
+		t.Fatal(err)
+	}
+	defer graph.Close()
+	if err := e.Synchronize(ctx); err != nil {
+		t.Fatalf("synchronize after the capture: %v", err)
+	}
+	if err := device.Upload(ctx, ti, routing(T)); err != nil { // 32 rows for a capacity of 16
+		t.Fatal(err)
+	}
+	err = errors.Join(graph.Launch(cs), e.Synchronize(ctx))
+	var ce *executor.CapacityError
+	if !errors.Is(err, executor.ErrCapacityExceeded) || !errors.As(err, &ce) || len(ce.RecvCounts) != 1 || ce.RecvCounts[0] != T {
+		t.Fatalf("replay over capacity: %v, want ErrCapacityExceeded with 32 rows received", err)
+	}
+	counts, err := h.Counts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts.RecvCount != T || !counts.Overflow {
+		t.Errorf("counts after the replay over capacity: %+v, want 32 received and the overflow flag", counts)
+	}
+	if err := device.Upload(ctx, ti, routing(6)); err != nil { // 6 rows: fits
+		t.Fatal(err)
+	}
+	if err := errors.Join(graph.Launch(cs), e.Synchronize(ctx)); err != nil {
+		t.Fatalf("replay of a routing that fits: %v", err)
+	}
+	got, err := device.Download(ctx, px)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := e.DispatchPermute(ctx, h2, executor.DispatchInput{X: xt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := device.Download(ctx, ref.X)
+	if err = errors.Join(err, e.Synchronize(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("the replay after a Relayout in the graph differs from the eager call after the same layout")
+	}
+}
