@@ -501,6 +501,10 @@ type HostStream struct {
 	err      error
 	closed   bool
 	stopped  bool
+	// running: a task is being run, by the worker or by a goroutine
+	// waiting for it (waitFor runs the queued tasks itself while the
+	// worker is idle, which spares two goroutine hand-offs a call).
+	running bool
 	// waiting are the goroutines waiting for done to reach a task: each
 	// is woken once, when it has (or the worker stops), not at every task
 	// that completes before it (a call's output frees, say).
@@ -564,42 +568,53 @@ func (s *HostStream) enqueue(t task) uint64 {
 }
 
 func (s *HostStream) run() {
+	s.mu.Lock()
 	for {
-		s.mu.Lock()
-		for len(s.queue) == 0 && !s.closed {
+		for !s.closed && (len(s.queue) == 0 || s.running) {
 			s.work.Wait()
 		}
-		if len(s.queue) == 0 && s.closed {
+		if s.running { // closing while a waiter runs a task: it wakes us
+			s.work.Wait()
+			continue
+		}
+		if len(s.queue) == 0 { // closed and drained
 			s.stopped = true
 			s.release()
 			s.mu.Unlock()
 			s.host.streams.Add(-1)
 			return
 		}
-		t := s.queue[0]
-		s.queue[0] = task{}
-		s.queue = s.queue[1:]
-		skip := s.err != nil && !t.always
-		held := s.err
-		s.mu.Unlock()
+		s.runNext()
+	}
+}
 
-		var err error
-		if !skip {
-			if t.prior != nil {
-				t.fn = func() error { return t.prior(held) }
-			}
-			err = runTask(t)
-		}
+// runNext runs the first queued task, with s.mu held (it is released
+// while the task runs) and no task running.
+func (s *HostStream) runNext() {
+	t := s.queue[0]
+	s.queue[0] = task{}
+	s.queue = s.queue[1:]
+	skip := s.err != nil && !t.always
+	held := s.err
+	s.running = true
+	s.mu.Unlock()
 
-		s.mu.Lock()
-		if err != nil && s.err == nil {
-			s.err = &TaskError{Task: t.name, Err: err}
+	var err error
+	if !skip {
+		if t.prior != nil {
+			t.fn = func() error { return t.prior(held) }
 		}
-		s.done++
-		if len(s.waiting) > 0 {
-			s.release()
-		}
-		s.mu.Unlock()
+		err = runTask(t)
+	}
+
+	s.mu.Lock()
+	s.running = false
+	if err != nil && s.err == nil {
+		s.err = &TaskError{Task: t.name, Err: err}
+	}
+	s.done++
+	if len(s.waiting) > 0 {
+		s.release()
 	}
 }
 
@@ -716,6 +731,18 @@ func (s *HostStream) Wait(ev *Event) error {
 
 func (s *HostStream) waitFor(ctx context.Context, seq uint64) error {
 	s.mu.Lock()
+	// While the worker is idle, a wait that cannot be cancelled runs the
+	// tasks up to seq itself: it would otherwise wake the worker and
+	// sleep until the worker wakes it back (two hand-offs, most of a
+	// small call's time when many ranks share few cores). The worker
+	// takes over what is left. A wait whose context can end leaves the
+	// tasks to the worker, so that it returns when the context ends.
+	for ctx.Done() == nil && s.done < seq && !s.running && len(s.queue) > 0 && !s.stopped {
+		s.runNext()
+		if len(s.queue) > 0 || s.closed {
+			s.work.Broadcast()
+		}
+	}
 	if s.done >= seq || s.stopped {
 		s.mu.Unlock()
 		return nil

@@ -105,6 +105,91 @@ func TestSynchronizeHonoursContext(t *testing.T) {
 	}
 }
 
+// TestSynchronizeRunsTasksInOrder: a Synchronize whose context cannot
+// end may run the queued tasks on its own goroutine (the worker idle):
+// they run in order, one at a time, a failed task skips the later plain
+// ones, a collective task gets the error held, the first error is
+// returned; a task enqueued meanwhile is left to the worker.
+func TestSynchronizeRunsTasksInOrder(t *testing.T) {
+	_, s := newStream(t)
+	var mu sync.Mutex
+	var ran []string
+	note := func(v string) {
+		mu.Lock()
+		ran = append(ran, v)
+		mu.Unlock()
+	}
+	var running atomic.Int32
+	step := func(v string, err error) func() error {
+		return func() error {
+			if running.Add(1) != 1 {
+				t.Error("two tasks ran at once")
+			}
+			defer running.Add(-1)
+			note(v)
+			return err
+		}
+	}
+	bad := errors.New("bad")
+	later := make(chan struct{})
+	for round := range 50 {
+		ran = nil
+		s.Go("a", step("a", nil))
+		s.Go("b", step("b", bad))
+		s.Go("skipped", step("skipped", nil))
+		s.GoCollective("c", func(held error) error {
+			if !errors.Is(held, bad) {
+				t.Errorf("round %d: the collective task got %v, want the held error", round, held)
+			}
+			note("c")
+			// Enqueued during the wait: left to the worker (a
+			// collective task, which the error held does not skip).
+			s.GoCollective("d", func(error) error { note("d"); later <- struct{}{}; return nil })
+			return nil
+		})
+		if err := s.Synchronize(context.Background()); !errors.Is(err, bad) {
+			t.Fatalf("round %d: Synchronize: %v, want the failed task's error", round, err)
+		}
+		<-later
+		if err := s.Synchronize(context.Background()); err != nil {
+			t.Fatalf("round %d: second Synchronize: %v", round, err)
+		}
+		if want := []string{"a", "b", "c", "d"}; !slices.Equal(ran, want) {
+			t.Fatalf("round %d: tasks ran %v, want %v", round, ran, want)
+		}
+	}
+}
+
+// TestCloseWhileSynchronizeRunsATask: Close during a task that a
+// Synchronize runs waits for it, then stops the worker.
+func TestCloseWhileSynchronizeRunsATask(t *testing.T) {
+	h := NewHost()
+	defer h.Close()
+	st, err := h.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := st.(*HostStream)
+	started, release := make(chan struct{}), make(chan struct{})
+	s.Go("blocked", func() error { close(started); <-release; return nil })
+	synced := make(chan error, 1)
+	go func() { synced <- s.Synchronize(context.Background()) }()
+	<-started
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	close(release)
+	if err := <-synced; err != nil {
+		t.Fatalf("Synchronize: %v", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	s.Go("after close", func() error { t.Error("a task ran after Close"); return nil })
+	if err := s.Synchronize(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Synchronize after Close: %v, want ErrClosed", err)
+	}
+}
+
 func TestFreeIsStreamOrdered(t *testing.T) {
 	h, s := newStream(t)
 	b, err := s.Alloc(1000)
