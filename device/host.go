@@ -486,7 +486,8 @@ type task struct {
 }
 
 // HostStream is a Stream of the host backend: a FIFO of Go functions run by
-// one worker goroutine. The first error a task returns is kept; later tasks
+// one worker goroutine (or, while it is idle, by a Synchronize whose
+// context cannot end: waitFor). The first error a task returns is kept; later tasks
 // are skipped (except frees) until Synchronize reports and clears it, as a
 // GPU stream's error would be.
 type HostStream struct {
