@@ -520,35 +520,44 @@ func benchEager(b *testing.B, e *executor.Engine, cfg executor.Config, T int) {
 		{"combine", combineCall(ctx, e, h, z)},
 	} {
 		b.Run(fmt.Sprintf("call=%s/tokens=%d/hidden=%d/topk=%d", c.name, T, cfg.Hidden, cfg.TopK), func(b *testing.B) {
-			for range 8 { // warm-up: modules loaded, pools grown
-				if err := c.run(); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := e.Synchronize(ctx); err != nil {
-				b.Fatal(err)
-			}
-			before := cuda.ReadCounts()
-			n := 0
-			for b.Loop() {
-				if err := c.run(); err != nil {
-					b.Fatal(err)
-				}
-				if n++; n%64 == 0 {
-					if err := e.Synchronize(ctx); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-			if err := e.Synchronize(ctx); err != nil {
-				b.Fatal(err)
-			}
-			d := cuda.ReadCounts().Sub(before)
+			backToBack(b, e, c.run)
 			b.SetBytes(int64(bytes))
-			b.ReportMetric(float64(d.Launches)/float64(n), "launches/op")
-			b.ReportMetric(float64(d.Calls)/float64(n), "driver-calls/op")
 		})
 	}
+}
+
+// backToBack is the loop of BenchmarkCUDAEager and BenchmarkCUDADecodeStep:
+// 8 runs of warm-up (modules loaded, pools grown), then run back to back,
+// e's stream synchronized every 64 runs; it reports internal/cuda's
+// tallies a run.
+func backToBack(b *testing.B, e *executor.Engine, run func() error) {
+	ctx := context.Background()
+	for range 8 {
+		if err := run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := e.Synchronize(ctx); err != nil {
+		b.Fatal(err)
+	}
+	before := cuda.ReadCounts()
+	n := 0
+	for b.Loop() {
+		if err := run(); err != nil {
+			b.Fatal(err)
+		}
+		if n++; n%64 == 0 {
+			if err := e.Synchronize(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := e.Synchronize(ctx); err != nil {
+		b.Fatal(err)
+	}
+	d := cuda.ReadCounts().Sub(before)
+	b.ReportMetric(float64(d.Launches)/float64(n), "launches/op")
+	b.ReportMetric(float64(d.Calls)/float64(n), "driver-calls/op")
 }
 
 // BenchmarkCUDADecodeStep times a decode step on one rank, DeepSeek-V3's
@@ -623,32 +632,7 @@ func BenchmarkCUDADecodeStep(b *testing.B) {
 		{"graph", func() error { return graph.Launch(s) }},
 	} {
 		b.Run(fmt.Sprintf("step=%s/tokens=%d/hidden=%d/topk=%d", c.name, T, cfg.Hidden, cfg.TopK), func(b *testing.B) {
-			for range 8 {
-				if err := c.run(); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := e.Synchronize(ctx); err != nil {
-				b.Fatal(err)
-			}
-			before := cuda.ReadCounts()
-			n := 0
-			for b.Loop() {
-				if err := c.run(); err != nil {
-					b.Fatal(err)
-				}
-				if n++; n%64 == 0 {
-					if err := e.Synchronize(ctx); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-			if err := e.Synchronize(ctx); err != nil {
-				b.Fatal(err)
-			}
-			d := cuda.ReadCounts().Sub(before)
-			b.ReportMetric(float64(d.Launches)/float64(n), "launches/op")
-			b.ReportMetric(float64(d.Calls)/float64(n), "driver-calls/op")
+			backToBack(b, e, c.run)
 		})
 	}
 }

@@ -1054,50 +1054,24 @@ func TestCUDAUnaligned(t *testing.T) {
 // eager call's results. (The capture once recorded nothing, and the
 // replays left the outputs as they were.)
 func TestCUDACaptureOverCapacity(t *testing.T) {
-	b := needGPU(t)
-	ctx := t.Context()
-	const T, H, K = 32, 128, 2
-	cfg := executor.Config{NumExperts: 4, TopK: K, Hidden: H, MaxTokensPerRank: T, Mode: executor.Capacity,
-		Overflow: executor.OverflowError, MaxRecvTokens: 16, MaxPermutedTokens: 32}
-	e, err := executor.New(ctx, comm.NewLocal(1)[0], b, cfg)
-	if err != nil {
+	w := newCapacityWorld(t, 5)
+	ctx, e := t.Context(), w.e
+	if err := device.Upload(ctx, w.ti, capacityRouting(capT)); err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
-	routing := func(tokens int) []byte { // the first tokens to experts 0 and 1, the rest nowhere
-		idx := make([]int32, T*K)
-		for i := range idx {
-			idx[i] = -1
-			if i/K < tokens {
-				idx[i] = int32(i % K)
-			}
-		}
-		return device.EncodeInt32(idx)
-	}
-	x := make([]byte, T*H*2)
-	for i := range x {
-		x[i] = byte(i*5 + i/(H*2))
-	}
-	ti, _ := e.NewTensor(device.Int32, T, K)
-	xt, _ := e.NewTensor(device.BF16, T, H)
-	if err := errors.Join(device.Upload(ctx, ti, routing(T)), device.Upload(ctx, xt, x)); err != nil {
-		t.Fatal(err)
-	}
-	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti}) // 32 rows for a capacity of 16
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: w.ti}) // 32 rows for a capacity of 16
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Synchronize(ctx); !errors.Is(err, executor.ErrCapacityExceeded) {
 		t.Fatalf("layout over capacity: %v, want ErrCapacityExceeded", err)
 	}
-	px, _ := e.NewTensor(device.BF16, h.PermutedRows(), H)
-	idx, _ := e.NewTensor(device.Int32, h.RecvRows(), K)
-	dp := executor.DispatchPermuteOutput{X: px, RecvIdx: idx}
+	px, dp := w.outputs(h)
 	cs := e.Stream().(*device.CUDAStream)
 	if err := cs.BeginCapture(); err != nil {
 		t.Fatal(err)
 	}
-	cerr := e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: xt}, dp)
+	cerr := e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: w.xt}, dp)
 	graph, err := cs.EndCapture()
 	if err = errors.Join(cerr, err); err != nil {
 		t.Fatal(err)
@@ -1106,24 +1080,85 @@ func TestCUDACaptureOverCapacity(t *testing.T) {
 	if err := e.Synchronize(ctx); !errors.Is(err, executor.ErrCapacityExceeded) {
 		t.Fatalf("capture over capacity: %v, want ErrCapacityExceeded", err)
 	}
-	if err := device.Upload(ctx, ti, routing(8)); err != nil { // 8 rows: fits
+	if err := device.Upload(ctx, w.ti, capacityRouting(8)); err != nil { // 8 rows: fits
 		t.Fatal(err)
 	}
-	if err := e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: ti}); err != nil {
+	if err := e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: w.ti}); err != nil {
 		t.Fatal(err)
 	}
 	if err := errors.Join(graph.Launch(cs), e.Synchronize(ctx)); err != nil {
 		t.Fatalf("replay after a layout that fits: %v", err)
 	}
+	w.checkEager(t, px, "the replay of a call captured over capacity")
+}
+
+// capT, capH, capK are the capacity worlds' tokens, hidden size and top-k.
+const capT, capH, capK = 32, 128, 2
+
+// capacityWorld is the one-rank world of the capture-over-capacity tests:
+// capacity mode under OverflowError (16 rows, 32 permuted rows), capT
+// tokens of capH bf16 channels, top-2 of 4 experts; ti is the routing,
+// xt the rows (byte i: i*mul plus its row).
+type capacityWorld struct {
+	e      *executor.Engine
+	ti, xt *device.Tensor
+}
+
+func newCapacityWorld(t *testing.T, mul int) *capacityWorld {
+	b := needGPU(t)
+	ctx := t.Context()
+	cfg := executor.Config{NumExperts: 4, TopK: capK, Hidden: capH, MaxTokensPerRank: capT, Mode: executor.Capacity,
+		Overflow: executor.OverflowError, MaxRecvTokens: 16, MaxPermutedTokens: 32}
+	e, err := executor.New(ctx, comm.NewLocal(1)[0], b, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	x := make([]byte, capT*capH*2)
+	for i := range x {
+		x[i] = byte(i*mul + i/(capH*2))
+	}
+	ti, _ := e.NewTensor(device.Int32, capT, capK)
+	xt, _ := e.NewTensor(device.BF16, capT, capH)
+	if err := device.Upload(ctx, xt, x); err != nil {
+		t.Fatal(err)
+	}
+	return &capacityWorld{e: e, ti: ti, xt: xt}
+}
+
+// capacityRouting sends the first tokens to experts 0 and 1, the rest
+// nowhere.
+func capacityRouting(tokens int) []byte {
+	idx := make([]int32, capT*capK)
+	for i := range idx {
+		idx[i] = -1
+		if i/capK < tokens {
+			idx[i] = int32(i % capK)
+		}
+	}
+	return device.EncodeInt32(idx)
+}
+
+// outputs are a DispatchPermuteInto's outputs for h, and its X.
+func (w *capacityWorld) outputs(h *executor.Handle) (*device.Tensor, executor.DispatchPermuteOutput) {
+	px, _ := w.e.NewTensor(device.BF16, h.PermutedRows(), capH)
+	idx, _ := w.e.NewTensor(device.Int32, h.RecvRows(), capK)
+	return px, executor.DispatchPermuteOutput{X: px, RecvIdx: idx}
+}
+
+// checkEager checks px against an eager DispatchPermute after a new
+// layout of ti's routing.
+func (w *capacityWorld) checkEager(t *testing.T, px *device.Tensor, what string) {
+	ctx, e := t.Context(), w.e
 	got, err := device.Download(ctx, px)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h2, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: w.ti})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, err := e.DispatchPermute(ctx, h2, executor.DispatchInput{X: xt})
+	ref, err := e.DispatchPermute(ctx, h, executor.DispatchInput{X: w.xt})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1132,7 +1167,7 @@ func TestCUDACaptureOverCapacity(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Error("the replay of a call captured over capacity differs from the eager call after the same layout")
+		t.Errorf("%s differs from the eager call after the same layout", what)
 	}
 }
 
@@ -1143,47 +1178,21 @@ func TestCUDACaptureOverCapacity(t *testing.T) {
 // flag); a replay whose routing fits is right again (the eager call's
 // output after the same layout), and Synchronize returns nil.
 func TestCUDACapturedRelayoutOverCapacity(t *testing.T) {
-	b := needGPU(t)
-	ctx := t.Context()
-	const T, H, K = 32, 128, 2
-	cfg := executor.Config{NumExperts: 4, TopK: K, Hidden: H, MaxTokensPerRank: T, Mode: executor.Capacity,
-		Overflow: executor.OverflowError, MaxRecvTokens: 16, MaxPermutedTokens: 32}
-	e, err := executor.New(ctx, comm.NewLocal(1)[0], b, cfg)
+	w := newCapacityWorld(t, 7)
+	ctx, e := t.Context(), w.e
+	if err := device.Upload(ctx, w.ti, capacityRouting(8)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: w.ti}) // 8 rows: fits
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
-	routing := func(tokens int) []byte { // the first tokens to experts 0 and 1, the rest nowhere
-		idx := make([]int32, T*K)
-		for i := range idx {
-			idx[i] = -1
-			if i/K < tokens {
-				idx[i] = int32(i % K)
-			}
-		}
-		return device.EncodeInt32(idx)
-	}
-	x := make([]byte, T*H*2)
-	for i := range x {
-		x[i] = byte(i*7 + i/(H*2))
-	}
-	ti, _ := e.NewTensor(device.Int32, T, K)
-	xt, _ := e.NewTensor(device.BF16, T, H)
-	if err := errors.Join(device.Upload(ctx, ti, routing(8)), device.Upload(ctx, xt, x)); err != nil {
-		t.Fatal(err)
-	}
-	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti}) // 8 rows: fits
-	if err != nil {
-		t.Fatal(err)
-	}
-	px, _ := e.NewTensor(device.BF16, h.PermutedRows(), H)
-	idx, _ := e.NewTensor(device.Int32, h.RecvRows(), K)
-	dp := executor.DispatchPermuteOutput{X: px, RecvIdx: idx}
+	px, dp := w.outputs(h)
 	cs := e.Stream().(*device.CUDAStream)
 	if err := cs.BeginCapture(); err != nil {
 		t.Fatal(err)
 	}
-	cerr := errors.Join(e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: ti}), e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: xt}, dp))
+	cerr := errors.Join(e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: w.ti}), e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: w.xt}, dp))
 	graph, err := cs.EndCapture()
 	if err = errors.Join(cerr, err); err != nil {
 		t.Fatal(err)
@@ -1192,44 +1201,26 @@ func TestCUDACapturedRelayoutOverCapacity(t *testing.T) {
 	if err := e.Synchronize(ctx); err != nil {
 		t.Fatalf("synchronize after the capture: %v", err)
 	}
-	if err := device.Upload(ctx, ti, routing(T)); err != nil { // 32 rows for a capacity of 16
+	if err := device.Upload(ctx, w.ti, capacityRouting(capT)); err != nil { // 32 rows for a capacity of 16
 		t.Fatal(err)
 	}
 	err = errors.Join(graph.Launch(cs), e.Synchronize(ctx))
 	var ce *executor.CapacityError
-	if !errors.Is(err, executor.ErrCapacityExceeded) || !errors.As(err, &ce) || len(ce.RecvCounts) != 1 || ce.RecvCounts[0] != T {
+	if !errors.Is(err, executor.ErrCapacityExceeded) || !errors.As(err, &ce) || len(ce.RecvCounts) != 1 || ce.RecvCounts[0] != capT {
 		t.Fatalf("replay over capacity: %v, want ErrCapacityExceeded with 32 rows received", err)
 	}
 	counts, err := h.Counts(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if counts.RecvCount != T || !counts.Overflow {
+	if counts.RecvCount != capT || !counts.Overflow {
 		t.Errorf("counts after the replay over capacity: %+v, want 32 received and the overflow flag", counts)
 	}
-	if err := device.Upload(ctx, ti, routing(6)); err != nil { // 6 rows: fits
+	if err := device.Upload(ctx, w.ti, capacityRouting(6)); err != nil { // 6 rows: fits
 		t.Fatal(err)
 	}
 	if err := errors.Join(graph.Launch(cs), e.Synchronize(ctx)); err != nil {
 		t.Fatalf("replay of a routing that fits: %v", err)
 	}
-	got, err := device.Download(ctx, px)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h2, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref, err := e.DispatchPermute(ctx, h2, executor.DispatchInput{X: xt})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := device.Download(ctx, ref.X)
-	if err = errors.Join(err, e.Synchronize(ctx)); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Error("the replay after a Relayout in the graph differs from the eager call after the same layout")
-	}
+	w.checkEager(t, px, "the replay after a Relayout in the graph")
 }

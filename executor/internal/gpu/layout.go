@@ -146,14 +146,7 @@ func (p *Path) deviceLayout(ctx context.Context, lk *gpuLayout, h *datapath.Hand
 	P := p.env.P
 	start := time.Now()
 	lk.phases = [4]time.Duration{}
-	T, K := idx.Rows(), p.K
-	d := plan.LayoutDims(P, p.R, p.me, T, 0)
-	route, nt := p.routeWindow()
-	grid, block, err := threadShape(p.R * max(T*K, 1))
-	if err != nil {
-		p.rejectFlags(err)
-		return err
-	}
+	d := plan.LayoutDims(P, p.R, p.me, idx.Rows(), 0)
 	// A failure of earlier work that no Synchronize has reported yet (a
 	// peer's rejected dispatch, say) would end this layout's waits at once
 	// on this rank only: its status moves aside first (a device copy, then
@@ -167,29 +160,14 @@ func (p *Path) deviceLayout(ctx context.Context, lk *gpuLayout, h *datapath.Hand
 		p.rejectFlags(err)
 		return err
 	}
-	// 1-2: the routing exchange. Once the first wait is enqueued, every
-	// step of the protocol is enqueued whatever fails, so that the peers'
-	// epochs stay in step with this rank's.
-	if err := p.flags.Begin(); err != nil {
+	// 1-3: the routing exchange, counts and summary.
+	abandoned, err := p.exchangeAndCount(lk, idx, d)
+	if abandoned {
 		return err
 	}
-	if err := p.s.Launch(lk.put, grid, block, 0, idx, p.peerTable(regionRoute),
-		int64(p.R), int64(p.me), int64(P.MaxTokensPerRank), int64(K), int64(T)); err != nil {
-		// This rank's routing is not in the peers' windows: they must
-		// not count what an earlier layout left there, so they see the
-		// call rejected (abandon signals done too).
-		return p.abandon(datapath.OpLayout, err)
-	}
-	err = p.flags.Arrive(uint32(datapath.OpLayout))
-	// 3: counts and summary.
 	if err == nil {
-		scanThreads := min(1024, roundUp(p.R*d.L, 32))
-		err = errors.Join(p.s.Memset(lk.ws, 0, lk.ws.Size(), 0), p.s.Memset(lk.errKey, 0, 8, 0xff),
-			p.launchN(lk.count, p.R*P.MaxTokensPerRank, d, route, nt, lk.ws, lk.errKey),
-			p.s.Launch(lk.scan, [3]uint32{1, 1, 1}, [3]uint32{uint32(scanThreads), 1, 1}, 0,
-				append([]any{route, lk.ws, lk.errKey}, d.Args()...)...),
-			// What the host reads back: the summary and the waits' status.
-			p.s.Copy(lk.back, 0, lk.ws, 4*sumOff, 4*sumN),
+		// What the host reads back: the summary and the waits' status.
+		err = errors.Join(p.s.Copy(lk.back, 0, lk.ws, 4*sumOff, 4*sumN),
 			p.flags.CopyStatus(lk.back, priorOff+p.flags.StatusBytes()))
 	}
 	lk.phases[0] = time.Since(start)
@@ -220,6 +198,41 @@ func (p *Path) deviceLayout(ctx context.Context, lk *gpuLayout, h *datapath.Hand
 		h.Tables = nil
 	}
 	return err
+}
+
+// exchangeAndCount enqueues steps 1-3 of a GPU layout of idx (dims d):
+// Begin, goep_layout_put of the routing into every peer's route window,
+// Arrive (op layout), then the count and scan kernels, which leave the
+// summary in lk.ws. Once Begin is enqueued every step of the protocol
+// is, whatever fails, so that the peers' epochs stay in step with this
+// rank's; abandoned says that the call ended here (joined as rejected,
+// or a failed put abandoned it: the caller must not Finish it).
+func (p *Path) exchangeAndCount(lk *gpuLayout, idx *device.Tensor, d gpulayout.Dims) (abandoned bool, err error) {
+	P := p.env.P
+	grid, block, err := threadShape(p.R * max(idx.Rows()*p.K, 1))
+	if err != nil {
+		p.rejectFlags(err)
+		return true, err
+	}
+	if err := p.flags.Begin(); err != nil {
+		return true, err
+	}
+	if err := p.s.Launch(lk.put, grid, block, 0, idx, p.peerTable(regionRoute),
+		int64(p.R), int64(p.me), int64(P.MaxTokensPerRank), int64(p.K), int64(idx.Rows())); err != nil {
+		// This rank's routing is not in the peers' windows: they must
+		// not count what an earlier layout left there, so they see the
+		// call rejected (abandon signals done too).
+		return true, p.abandon(datapath.OpLayout, err)
+	}
+	if err := p.flags.Arrive(uint32(datapath.OpLayout)); err != nil {
+		return false, err
+	}
+	route, nt := p.routeWindow()
+	scanThreads := min(1024, roundUp(p.R*d.L, 32))
+	return false, errors.Join(p.s.Memset(lk.ws, 0, lk.ws.Size(), 0), p.s.Memset(lk.errKey, 0, 8, 0xff),
+		p.launchN(lk.count, p.R*P.MaxTokensPerRank, d, route, nt, lk.ws, lk.errKey),
+		p.s.Launch(lk.scan, [3]uint32{1, 1, 1}, [3]uint32{uint32(scanThreads), 1, 1}, 0,
+			append([]any{route, lk.ws, lk.errKey}, d.Args()...)...))
 }
 
 // routeWindow is this rank's route window and, in it, the ranks' token
@@ -342,40 +355,22 @@ func (p *Path) captureLayout(h *datapath.Handle, idx *device.Tensor) error {
 		p.cross.reject(datapath.OpLayout, err)
 		return err
 	}
-	lk, P := f.lk, p.env.P
-	T, K := idx.Rows(), p.K
+	lk, P, T := f.lk, p.env.P, idx.Rows()
 	d := plan.LayoutDims(P, p.R, p.me, T, 0)
-	route, nt := p.routeWindow()
-	grid, block, err := threadShape(p.R * max(T*K, 1))
-	if err != nil {
-		p.rejectFlags(err)
+	// An earlier failure is not moved aside (no host reads it back
+	// before the graph's calls): it ends this layout's waits at once and
+	// the next Synchronize reports it, as it does for the captured calls.
+	abandoned, err := p.exchangeAndCount(lk, idx, d)
+	if abandoned {
 		return err
 	}
-	// As in deviceLayout, once Begin is enqueued every step of the
-	// protocol is, whatever fails. An earlier failure is not moved aside
-	// (no host reads it back before the graph's calls): it ends this
-	// layout's waits at once and the next Synchronize reports it, as it
-	// does for the captured calls.
-	if err := p.flags.Begin(); err != nil {
-		return err
-	}
-	if err := p.s.Launch(lk.put, grid, block, 0, idx, p.peerTable(regionRoute),
-		int64(p.R), int64(p.me), int64(P.MaxTokensPerRank), int64(K), int64(T)); err != nil {
-		return p.abandon(datapath.OpLayout, err)
-	}
-	err = p.flags.Arrive(uint32(datapath.OpLayout))
 	if err == nil {
 		capErr := int32(0)
 		if !p.env.Drop {
 			capErr = 1
 		}
-		scanThreads := min(1024, roundUp(p.R*d.L, 32))
-		err = errors.Join(p.s.Memset(lk.ws, 0, lk.ws.Size(), 0), p.s.Memset(lk.errKey, 0, 8, 0xff),
-			p.launchN(lk.count, p.R*P.MaxTokensPerRank, d, route, nt, lk.ws, lk.errKey),
-			p.s.Launch(lk.scan, [3]uint32{1, 1, 1}, [3]uint32{uint32(scanThreads), 1, 1}, 0,
-				append([]any{route, lk.ws, lk.errKey}, d.Args()...)...),
-			p.s.Launch(lk.finish, [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0,
-				append([]any{lk.ws, h.Counts, lk.report, int64(P.MaxPermutedTokens), capErr}, d.Args()...)...))
+		err = p.s.Launch(lk.finish, [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0,
+			append([]any{lk.ws, h.Counts, lk.report, int64(P.MaxPermutedTokens), capErr}, d.Args()...)...)
 	}
 	if err == nil {
 		// The tables in place; their valid-row count (blocking mode's)
