@@ -205,6 +205,35 @@ func benchInputs(ctx context.Context, e *executor.Engine, cfg executor.Config, T
 	return ti, xt, xs, nil
 }
 
+// benchGPU is the CUDA backend of GPU 0 for a benchmark (closed at its
+// end), which is skipped without -gpu.
+func benchGPU(b *testing.B) *device.CUDA {
+	if !*gpuFlag {
+		b.Skip("run the test binary with -gpu on a GPU host")
+	}
+	be, err := device.NewCUDA(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { be.Close() })
+	return be
+}
+
+// benchLayout uploads rank 0's benchmark inputs of T tokens (benchInputs)
+// and lays them out; done closes the three.
+func benchLayout(b *testing.B, e *executor.Engine, cfg executor.Config, T int) (ti, xt *device.Tensor, h *executor.Handle, done func()) {
+	ctx := context.Background()
+	ti, xt, _, err := benchInputs(ctx, e, cfg, T, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if h, err = e.Layout(ctx, executor.LayoutInput{TopkIdx: ti}); err != nil {
+		closeTensors(ti, xt)
+		b.Fatal(err)
+	}
+	return ti, xt, h, func() { h.Close(); closeTensors(ti, xt) }
+}
+
 // dispatchCall and combineCall are one Dispatch of x and one Combine of
 // z, their outputs closed: the timed calls of the benchmarks.
 func dispatchCall(ctx context.Context, e *executor.Engine, h *executor.Handle, x *device.Tensor) func() error {
@@ -458,14 +487,7 @@ func logBench(t *testing.T, n int, where string, rows []map[string]string) {
 // time goes; -test.benchtime Nx makes the launches countable for ncu:
 // 8 warm-up calls, then N).
 func BenchmarkCUDAEager(b *testing.B) {
-	if !*gpuFlag {
-		b.Skip("run the test binary with -gpu on a GPU host")
-	}
-	be, err := device.NewCUDA(0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer be.Close()
+	be := benchGPU(b)
 	ctx := context.Background()
 	for _, T := range benchShapes {
 		cfg := executor.Config{NumExperts: 256, TopK: 8, Hidden: 7168, MaxTokensPerRank: T}
@@ -483,17 +505,8 @@ func BenchmarkCUDAEager(b *testing.B) {
 // benchEager is BenchmarkCUDAEager's calls on e at T tokens.
 func benchEager(b *testing.B, e *executor.Engine, cfg executor.Config, T int) {
 	ctx := context.Background()
-	ti, xt, _, err := benchInputs(ctx, e, cfg, T, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer xt.Close()
-	defer ti.Close()
-	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer h.Close()
+	_, xt, h, done := benchLayout(b, e, cfg, T)
+	defer done()
 	if h.RecvRows() == 0 {
 		b.Fatal("no rows received")
 	}
@@ -570,14 +583,7 @@ func backToBack(b *testing.B, e *executor.Engine, run func() error) {
 // and launches/op are internal/cuda's tallies. Run the test binary with
 // -gpu -test.bench CUDADecodeStep.
 func BenchmarkCUDADecodeStep(b *testing.B) {
-	if !*gpuFlag {
-		b.Skip("run the test binary with -gpu on a GPU host")
-	}
-	be, err := device.NewCUDA(0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer be.Close()
+	be := benchGPU(b)
 	ctx := context.Background()
 	const T = 128
 	cfg := executor.Config{NumExperts: 256, TopK: 8, Hidden: 7168, MaxTokensPerRank: T, PadMultiple: 1,
@@ -587,17 +593,8 @@ func BenchmarkCUDADecodeStep(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer e.Close()
-	ti, xt, _, err := benchInputs(ctx, e, cfg, T, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer xt.Close()
-	defer ti.Close()
-	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: ti})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer h.Close()
+	ti, xt, h, done := benchLayout(b, e, cfg, T)
+	defer done()
 	px, err1 := e.NewTensor(device.BF16, h.PermutedRows(), cfg.Hidden)
 	ri, err2 := e.NewTensor(device.Int32, h.RecvRows(), cfg.TopK)
 	out, err3 := e.NewTensor(device.BF16, T, cfg.Hidden)

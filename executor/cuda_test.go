@@ -381,7 +381,11 @@ func graphPipelineWith(ctx context.Context, g comm.Group, b device.Backend, rela
 		seeds = append(append(slices.Clone(graphSeeds), badSeed), graphSeeds[0])
 	}
 	for i, seed := range seeds {
-		idx, x, w := graphInputs(max(seed, graphSeeds[0]), g.Rank(), cfg, T)
+		inputs := seed
+		if seed == badSeed { // the first routing, then broken below
+			inputs = graphSeeds[0]
+		}
+		idx, x, w := graphInputs(inputs, g.Rank(), cfg, T)
 		if seed == badSeed && g.Rank() == R-1 {
 			idx[5] = int32(cfg.NumExperts + 3)
 		}
