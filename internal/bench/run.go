@@ -318,6 +318,7 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 	}
 	groups := comm.NewLocal(r)
 	results := make([]*Result, r)
+	errs := make([]error, r)
 	g, gctx := errgroup.WithContext(ctx)
 	for rank := range r {
 		g.Go(func() error {
@@ -329,16 +330,38 @@ func Run(ctx context.Context, cfg Config, opt Options) (*Result, error) {
 			res, err := RunRank(gctx, cfg, groups[rank], o)
 			results[rank] = res
 			if err != nil {
-				return fmt.Errorf("rank %d: %w", rank, err)
+				errs[rank] = fmt.Errorf("rank %d: %w", rank, err)
 			}
-			return nil
+			return errs[rank]
 		})
 	}
-	err = g.Wait()
+	err = causeOf(ctx, g.Wait(), errs)
 	for rank := range r {
 		err = errors.Join(err, groups[rank].Close())
 	}
 	return results[0], errors.Join(err, closeBackend())
+}
+
+// causeOf is the error to report for a run whose ranks failed with errs,
+// first being the one errgroup saw first. A rank that fails on its own
+// closes the harness group, and the first failure cancels the others'
+// context: its peers may return "a peer closed the group" or "context
+// canceled" before it returns its own error. So the cause is first when
+// it is neither of those, else the first rank's error that is neither,
+// else first (the caller's own cancellation, say).
+func causeOf(ctx context.Context, first error, errs []error) error {
+	consequence := func(err error) bool {
+		return errors.Is(err, comm.ErrClosed) || (errors.Is(err, context.Canceled) && ctx.Err() == nil)
+	}
+	if first == nil || !consequence(first) {
+		return first
+	}
+	for _, err := range errs {
+		if err != nil && !consequence(err) {
+			return err
+		}
+	}
+	return first
 }
 
 // HarnessTimeout bounds each of the harness's own collectives (its
