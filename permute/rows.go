@@ -22,11 +22,12 @@ func bf16(u uint16) float32 { return math.Float32frombits(uint32(u) << 16) }
 //
 // With c == 1 the term is the element itself, exactly. NaNs propagate by
 // the first-operand rule of add and mul below: when both operands are NaN
-// the result is acc[j] (in a sum) or c (in a product), quieted. On amd64 with AVX2
-// the loop runs in assembly (rows_amd64.s), bit-identical to accumulateGo.
+// the result is acc[j] (in a sum) or c (in a product), quieted. On amd64
+// with AVX2 and on arm64 the loop runs in assembly (rows_amd64.s,
+// rows_arm64.s), bit-identical to accumulateGo.
 func Accumulate(dt device.DType, acc []float32, row []byte, c float32, first bool) {
-	if useAVX2 {
-		accumulateAVX2(dt, acc, row, c, first)
+	if useAsm {
+		accumulateAsm(dt, acc, row, c, first)
 		return
 	}
 	accumulateGo(dt, acc, row, c, first)
@@ -37,8 +38,8 @@ func Accumulate(dt device.DType, acc []float32, row []byte, c float32, first boo
 //
 //	for j, f := range acc { row[j] = round_dt(f) }
 func Store(dt device.DType, row []byte, acc []float32) {
-	if useAVX2 {
-		storeAVX2(dt, row, acc)
+	if useAsm {
+		storeAsm(dt, row, acc)
 		return
 	}
 	storeGo(dt, row, acc)
@@ -53,8 +54,8 @@ func Scale(dt device.DType, dst, src []byte, c float32) {
 		copy(dst, src)
 		return
 	}
-	if useAVX2 {
-		scaleAVX2(dt, dst, src, c)
+	if useAsm {
+		scaleAsm(dt, dst, src, c)
 		return
 	}
 	scaleGo(dt, dst, src, c)

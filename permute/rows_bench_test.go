@@ -9,7 +9,7 @@ import (
 	"github.com/goep/goep/internal/view"
 )
 
-// The row benchmarks run each function with the assembly (impl=avx2) and
+// The row benchmarks run each function with the assembly (impl=asm) and
 // with the reference loops (impl=go) side by side. Bytes are those of the
 // input row (Hidden elements of dtype); GB/s is that rate.
 
@@ -17,15 +17,15 @@ var benchHidden = []int{2048, 7168}
 
 var impls = []struct {
 	name string
-	avx2 bool
-}{{"avx2", true}, {"go", false}}
+	asm  bool
+}{{"asm", true}, {"go", false}}
 
 func benchRows(b *testing.B, name string, f func(b *testing.B, dt device.DType, hidden int)) {
 	for _, im := range impls {
 		for _, dt := range dtypes {
 			for _, h := range benchHidden {
 				b.Run(fmt.Sprintf("impl=%s/dtype=%v/hidden=%d%s", im.name, dt, h, name), func(b *testing.B) {
-					withAVX2(b, im.avx2)
+					withAsm(b, im.asm)
 					b.SetBytes(int64(h * dt.Size()))
 					f(b, dt, h)
 					b.ReportMetric(float64(h*dt.Size())*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")

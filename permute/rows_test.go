@@ -10,19 +10,19 @@ import (
 	"github.com/goep/goep/internal/view"
 )
 
-// haveAVX2 is useAVX2 as the package set it at start-up (tests switch
-// useAVX2 off and on).
-var haveAVX2 = useAVX2
+// haveAsm is useAsm as the package set it at start-up (tests switch
+// useAsm off and on).
+var haveAsm = useAsm
 
-// withAVX2 runs f with useAVX2 set to on and restores it after.
-func withAVX2(t testing.TB, on bool) {
+// withAsm runs f with useAsm set to on and restores it after.
+func withAsm(t testing.TB, on bool) {
 	t.Helper()
-	if on && !haveAVX2 {
-		t.Skip("no AVX2 assembly on this CPU or GOARCH")
+	if on && !haveAsm {
+		t.Skip("no assembly row loops on this CPU or GOARCH")
 	}
-	old := useAVX2
-	useAVX2 = on
-	t.Cleanup(func() { useAVX2 = old })
+	old := useAsm
+	useAsm = on
+	t.Cleanup(func() { useAsm = old })
 }
 
 // Special fp32 bit patterns: zeros, subnormals, normals at the edges,
@@ -155,7 +155,7 @@ func diffBytes(dt device.DType, got, want []byte) string {
 
 var dtypes = []device.DType{device.BF16, device.FP32}
 
-// checkRows compares the row functions as they dispatch now (useAVX2 as
+// checkRows compares the row functions as they dispatch now (useAsm as
 // set) with the reference loops on random and special values, for every
 // length, weight, first flag and a few element offsets of acc and row.
 func checkRows(t *testing.T) {
@@ -211,15 +211,15 @@ func checkRows(t *testing.T) {
 	}
 }
 
-func TestRowsAVX2(t *testing.T) {
-	withAVX2(t, true)
+func TestRowsAsm(t *testing.T) {
+	withAsm(t, true)
 	checkRows(t)
 }
 
 // TestRowsFallback runs the same checks with the assembly switched off, the
-// path taken off amd64 and on CPUs without AVX2.
+// path taken off amd64 and arm64 and on amd64 CPUs without AVX2.
 func TestRowsFallback(t *testing.T) {
-	withAVX2(t, false)
+	withAsm(t, false)
 	checkRows(t)
 }
 
@@ -229,9 +229,9 @@ func TestRowsFallback(t *testing.T) {
 // product, quieted), in each of the four Accumulate cases and in Scale, in
 // the assembly and in the fallback.
 func TestNaNPayloads(t *testing.T) {
-	for _, avx2 := range []bool{true, false} {
-		t.Run(fmt.Sprintf("avx2=%v", avx2), func(t *testing.T) {
-			withAVX2(t, avx2)
+	for _, asm := range []bool{true, false} {
+		t.Run(fmt.Sprintf("asm=%v", asm), func(t *testing.T) {
+			withAsm(t, asm)
 			checkNaNPayloads(t)
 		})
 	}
@@ -311,7 +311,7 @@ func checkNaNPayloads(t *testing.T) {
 // bits (all 65536 upper halves) with the lower halves that decide rounding:
 // 0, 1, just under, at and just over the tie, and all ones.
 func TestStoreBF16Sweep(t *testing.T) {
-	withAVX2(t, true)
+	withAsm(t, true)
 	lows := []uint32{0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x4000, 0xc000}
 	acc := make([]float32, 1<<16*len(lows))
 	for hi := range uint32(1 << 16) {

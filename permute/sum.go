@@ -16,15 +16,16 @@ import (
 // with term(i, j) = x_i[j] (c == nil) or mul(c[i], x_i[j]), x widened
 // exactly to fp32; with no rows dst is zero. It is the one-pass form of
 // Accumulate over the rows followed by Store, bit for bit, reading every row
-// once and writing dst once (on amd64 with AVX2, several rows are streamed
-// at a time, which keeps more memory reads in flight). add and mul are the
+// once and writing dst once (in assembly on amd64 with AVX2 and on arm64,
+// several rows are streamed at a time, which keeps more memory reads in
+// flight). add and mul are the
 // rounded fp32 operations of rows.go; no fused multiply-add. Every row is
 // at least as long as dst.
 func SumRows(dt device.DType, dst []byte, rows [][]byte, c []float32) {
 	n := len(dst) / dt.Size()
 	done := 0
-	if useAVX2 && len(rows) > 0 {
-		done = sumRowsAVX2(dt, dst, rows, c, n)
+	if useAsm && len(rows) > 0 {
+		done = sumRowsAsm(dt, dst, rows, c, n)
 	}
 	sumRowsGo(dt, dst, rows, c, done, n)
 }
@@ -70,12 +71,12 @@ func sumRowsGo(dt device.DType, dst []byte, rows [][]byte, c []float32, lo, hi i
 // widen(round_dt(s)) for s the sum of the group's terms from its first, as
 // SumRows sums them (+0 for an empty group), and term(i, j) is x_i[j]
 // (c == nil) or mul(c[i], x_i[j]). With no groups dst is zero. On amd64
-// with AVX2, bf16 rows with weights run in assembly.
+// with AVX2 and on arm64, bf16 rows with weights run in assembly.
 func SumGroups(dt device.DType, dst []byte, rows [][]byte, c []float32, ends []int) {
 	n := len(dst) / dt.Size()
 	done := 0
-	if useAVX2 {
-		done = sumGroupsAVX2(dt, dst, rows, c, ends, n)
+	if useAsm {
+		done = sumGroupsAsm(dt, dst, rows, c, ends, n)
 	}
 	sumGroupsGo(dt, dst, rows, c, ends, done, n)
 }

@@ -1,11 +1,11 @@
-//go:build !amd64
+//go:build !amd64 && !arm64
 
 package permute
 
 import "github.com/goep/goep/device"
 
-func sumRowsAVX2(dt device.DType, dst []byte, rows [][]byte, c []float32, n int) int { return 0 }
+func sumRowsAsm(dt device.DType, dst []byte, rows [][]byte, c []float32, n int) int { return 0 }
 
-func sumGroupsAVX2(dt device.DType, dst []byte, rows [][]byte, c []float32, ends []int, n int) int {
+func sumGroupsAsm(dt device.DType, dst []byte, rows [][]byte, c []float32, ends []int, n int) int {
 	return 0
 }

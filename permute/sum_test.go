@@ -14,9 +14,9 @@ import (
 // random and special values, every tail length, unaligned rows, 1 to 9
 // rows and more rows than the assembly takes.
 func TestSumRows(t *testing.T) {
-	for _, avx := range []bool{true, false} {
-		t.Run(fmt.Sprintf("avx2=%v", avx), func(t *testing.T) {
-			withAVX2(t, avx)
+	for _, asm := range []bool{true, false} {
+		t.Run(fmt.Sprintf("asm=%v", asm), func(t *testing.T) {
+			withAsm(t, asm)
 			r := rand.New(rand.NewPCG(5, 9))
 			for _, dt := range []device.DType{device.BF16, device.FP32} {
 				for _, n := range lengths() {
@@ -77,10 +77,10 @@ func checkSumRows(t *testing.T, r *rand.Rand, dt device.DType, n, nrows int) {
 
 func BenchmarkSumRows(b *testing.B) {
 	const H, nrows = 7168, 6
-	for _, impl := range []string{"avx2", "go", "chain"} {
+	for _, impl := range []string{"asm", "go", "chain"} {
 		for _, dt := range []device.DType{device.BF16, device.FP32} {
 			b.Run(fmt.Sprintf("impl=%s/dtype=%v/hidden=%d/rows=%d", impl, dt, H, nrows), func(b *testing.B) {
-				withAVX2(b, impl != "go")
+				withAsm(b, impl != "go")
 				r := rand.New(rand.NewPCG(1, 2))
 				rows := make([][]byte, nrows)
 				for i := range rows {
@@ -113,9 +113,9 @@ func BenchmarkSumRows(b *testing.B) {
 // tail length, unaligned rows, empty groups and more rows than the
 // assembly takes.
 func TestSumGroups(t *testing.T) {
-	for _, avx := range []bool{true, false} {
-		t.Run(fmt.Sprintf("avx2=%v", avx), func(t *testing.T) {
-			withAVX2(t, avx)
+	for _, asm := range []bool{true, false} {
+		t.Run(fmt.Sprintf("asm=%v", asm), func(t *testing.T) {
+			withAsm(t, asm)
 			r := rand.New(rand.NewPCG(7, 11))
 			for _, dt := range []device.DType{device.BF16, device.FP32} {
 				for _, n := range lengths() {

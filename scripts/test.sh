@@ -231,8 +231,8 @@ esac
 # bootstrap, DESIGN.md's build without tags) vetted and its tests
 # compiled, and the same for arm64 (Grace), whose test binaries of the
 # packages that start no second process run under qemu-user: the
-# collectives, the domain's host flags, the row kernels' Go paths (no
-# AVX2 there), the layout, the bench.
+# collectives, the domain's host flags, the row kernels' NEON assembly
+# against their Go reference loops, the layout, the bench.
 case "${GOEP_TEST_ARM64:-all}" in
 all)
 	log "CGO_ENABLED=0 go vet ./... (amd64, arm64); arm64 tests under qemu-user"

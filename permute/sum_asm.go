@@ -1,3 +1,5 @@
+//go:build amd64 || arm64
+
 package permute
 
 import (
@@ -7,10 +9,10 @@ import (
 	"github.com/goep/goep/device"
 )
 
-// The kernels sum n elements, n a multiple of 32, of nrows >= 1 rows whose
-// addresses are in rows[0:nrows] (and weights in c[0:nrows]); their
-// reference loop is SumRows's, with rounding to bf16 as
-// device.Float32ToBF16.
+// The kernels (sum_amd64.s with AVX2, sum_arm64.s with NEON) sum n
+// elements, n a multiple of 32, of nrows >= 1 rows whose addresses are in
+// rows[0:nrows] (and weights in c[0:nrows]); their reference loop is
+// SumRows's, with rounding to bf16 as device.Float32ToBF16.
 
 //go:noescape
 func sumBF16(dst *uint16, rows *unsafe.Pointer, nrows, n int)
@@ -30,11 +32,11 @@ func sumGroupsBF16(dst *uint16, rows *unsafe.Pointer, c *float32, ends *int, ngr
 //go:noescape
 func sumScaledF32(dst *float32, rows *unsafe.Pointer, c *float32, nrows, n int)
 
-// sumRowsAVX2 sums the largest multiple of 32 elements of the rows in
+// sumRowsAsm sums the largest multiple of 32 elements of the rows in
 // assembly and returns how many it did.
-func sumRowsAVX2(dt device.DType, dst []byte, rows [][]byte, c []float32, n int) int {
+func sumRowsAsm(dt device.DType, dst []byte, rows [][]byte, c []float32, n int) int {
 	m := n &^ 31
-	if m == 0 || len(rows) > maxSumRows {
+	if m == 0 || len(rows) > maxSumRows || c != nil && anyNaN(c[:len(rows)]) {
 		return 0
 	}
 	var ptrs [maxSumRows]unsafe.Pointer
@@ -56,11 +58,11 @@ func sumRowsAVX2(dt device.DType, dst []byte, rows [][]byte, c []float32, n int)
 	return m
 }
 
-// sumGroupsAVX2 sums the largest multiple of 16 elements of SumGroups in
+// sumGroupsAsm sums the largest multiple of 16 elements of SumGroups in
 // assembly (bf16 rows, weighted) and returns how many it did.
-func sumGroupsAVX2(dt device.DType, dst []byte, rows [][]byte, c []float32, ends []int, n int) int {
+func sumGroupsAsm(dt device.DType, dst []byte, rows [][]byte, c []float32, ends []int, n int) int {
 	m := n &^ 15
-	if m == 0 || dt != device.BF16 || c == nil || len(rows) > maxSumRows || len(ends) == 0 {
+	if m == 0 || dt != device.BF16 || c == nil || len(rows) > maxSumRows || len(ends) == 0 || anyNaN(c[:len(rows)]) {
 		return 0
 	}
 	var ptrs [maxSumRows]unsafe.Pointer
@@ -76,4 +78,15 @@ func sumGroupsAVX2(dt device.DType, dst []byte, rows [][]byte, c []float32, ends
 	sumGroupsBF16((*uint16)(unsafe.Pointer(&dst[0])), &ptrs[0], cs, &ends[0], len(ends), m)
 	runtime.KeepAlive(rows)
 	return m
+}
+
+// anyNaN reports whether a weight is NaN: such sums take the reference
+// loop (see rows_asm.go).
+func anyNaN(c []float32) bool {
+	for _, w := range c {
+		if w != w {
+			return true
+		}
+	}
+	return false
 }
