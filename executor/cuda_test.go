@@ -23,6 +23,7 @@ import (
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
 	"github.com/goep/goep/executor"
+	"github.com/goep/goep/internal/cuda"
 	"github.com/goep/goep/internal/ranktest"
 )
 
@@ -1094,6 +1095,71 @@ func TestCUDACaptureOverCapacity(t *testing.T) {
 		t.Fatalf("replay after a layout that fits: %v", err)
 	}
 	w.checkEager(t, px, "the replay of a call captured over capacity")
+}
+
+// TestCUDASynchronizeReadsBackFailuresOnly: a Synchronize reads the
+// domain's status words and a captured layout's report back only when the
+// GPU raised the alarm (a wait failed, a layout reported): after calls
+// that succeeded, a captured Relayout's replay included, it makes no
+// driver call beyond its stream's synchronize; after a replay over
+// capacity it reads the report back and returns the CapacityError, and
+// the next one is back to the stream's synchronize alone. (TestCUDAFaults
+// covers the waits' failures.)
+func TestCUDASynchronizeReadsBackFailuresOnly(t *testing.T) {
+	w := newCapacityWorld(t, 3)
+	ctx, e := t.Context(), w.e
+	runtime.LockOSThread() // the driver calls of one thread, its context current
+	defer runtime.UnlockOSThread()
+	if err := device.Upload(ctx, w.ti, capacityRouting(8)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: w.ti})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, dp := w.outputs(h)
+	cs := e.Stream().(*device.CUDAStream)
+	if err := cs.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	cerr := errors.Join(e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: w.ti}), e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: w.xt}, dp))
+	graph, err := cs.EndCapture()
+	if err = errors.Join(cerr, err); err != nil {
+		t.Fatal(err)
+	}
+	defer graph.Close()
+	calls := func(what string, f func() error) uint64 {
+		t.Helper()
+		before := cuda.ReadCounts()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return cuda.ReadCounts().Sub(before).Calls
+	}
+	// idle compares an idle engine's Synchronize with its stream's own,
+	// each the second of two (the first may make the context current).
+	idle := func(when string) {
+		t.Helper()
+		var sync, stream uint64
+		for range 2 {
+			stream = calls("stream synchronize", func() error { return cs.Synchronize(ctx) })
+			sync = calls("synchronize "+when, func() error { return e.Synchronize(ctx) })
+		}
+		if sync > stream {
+			t.Errorf("synchronize %s: %d driver calls, the stream's synchronize %d: it read the status back with no alarm raised", when, sync, stream)
+		}
+	}
+	if err := errors.Join(graph.Launch(cs), e.Synchronize(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	idle("after a replay that fits")
+	if err := device.Upload(ctx, w.ti, capacityRouting(capT)); err != nil { // 32 rows for a capacity of 16
+		t.Fatal(err)
+	}
+	if err := errors.Join(graph.Launch(cs), e.Synchronize(ctx)); !errors.Is(err, executor.ErrCapacityExceeded) {
+		t.Fatalf("replay over capacity: %v, want ErrCapacityExceeded", err)
+	}
+	idle("after the over-capacity replay was reported")
 }
 
 // capT, capH, capK are the capacity worlds' tokens, hidden size and top-k.

@@ -35,7 +35,8 @@ func GPUFlagsSize(R int) int { return reportOff(R) + reportSize }
 // Byte offsets in the flags region of a domain of R ranks.
 func statusOff(R int) int  { return 2 * R * 8 }
 func counterOff(R int) int { return (2*R + 1) * 8 }
-func missingOff(R int) int { return (2*R + 2) * 8 }
+func alarmOff(R int) int   { return (2*R + 2) * 8 } // the alarm word's address (kernels/flags.cuh)
+func missingOff(R int) int { return (2*R + 3) * 8 }
 func gridOff(R int) int    { return (missingOff(R) + 4*R + 7) / 8 * 8 }
 func reportOff(R int) int  { return gridOff(R) + 16 }
 
@@ -102,7 +103,7 @@ func decodeReport(b []byte, epoch uint64, rank int) *PeerError {
 }
 
 // StatusBytes is the size of the status words a rank reads back after a
-// synchronize: status, epoch counter, missing[R].
+// synchronize: status, epoch counter, the alarm's address, missing[R].
 func StatusBytes(R int) int { return missingOff(R) + 4*R - statusOff(R) }
 
 // WaitError is the error of a failed GPU wait from its codes, one per

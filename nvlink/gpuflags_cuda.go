@@ -9,7 +9,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"sync/atomic"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
@@ -33,7 +38,9 @@ var flagsPTX []byte
 //
 // Flags are epochs, equal on all ranks since the calls are, never reset;
 // waits are clock-bounded and record a failure in the status words instead
-// of spinning for ever; Status reads them after a synchronize. A rank that
+// of spinning for ever, and raise the alarm, a word in host memory mapped
+// for the GPU: after a synchronize the host reads the status words back
+// (Check) only when the alarm was raised (TakeAlarm). A rank that
 // rejected its input signals OpRejected (Reject, Abandon): its peers fail
 // the call at once. The words are described in kernels/flags.cuh.
 type GPUFlags struct {
@@ -48,6 +55,11 @@ type GPUFlags struct {
 	// index 0.
 	R, me, base int
 	timeoutNs   int64
+	// alarm is the alarm word in alarmMem (a page of host memory, mapped
+	// for the GPU by alarmMap), which a wait that records a failure sets.
+	alarm    *atomic.Uint64
+	alarmMem []byte
+	alarmMap *device.HostMapping
 }
 
 // NewGPUFlags starts the protocol over region of win, which every rank
@@ -88,7 +100,27 @@ func NewGPUFlags(ctx context.Context, s *device.CUDAStream, win *GPUWindows, reg
 	if err := s.UploadBuffer(ctx, f.peers, addrs); err != nil {
 		return nil, errors.Join(fmt.Errorf("nvlink: GPU flags: %w", err), f.Close())
 	}
+	if err := f.mapAlarm(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("nvlink: GPU flags: alarm word: %w", err), f.Close())
+	}
 	return f, nil
+}
+
+// mapAlarm maps the alarm word for the GPU and writes its device address
+// into this rank's flags region, where the waits that record a failure
+// find it (flags.cuh, fail_status).
+func (f *GPUFlags) mapAlarm(ctx context.Context) error {
+	mem, err := unix.Mmap(-1, 0, os.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return fmt.Errorf("mmap: %w", err)
+	}
+	f.alarmMem = mem
+	if f.alarmMap, err = f.s.CUDA().MapHost(mem); err != nil {
+		return err
+	}
+	f.alarm = (*atomic.Uint64)(unsafe.Pointer(&mem[0])) // page-aligned
+	addr := binary.LittleEndian.AppendUint64(nil, f.alarmMap.Buffer().DevicePtr())
+	return f.s.UploadBuffer(ctx, f.view(alarmOff(f.R), 8), addr)
 }
 
 // Close frees the kernels and the peer table; the caller has synchronized
@@ -100,10 +132,17 @@ func (f *GPUFlags) Close() error {
 	if f.peers != nil {
 		f.s.Free(f.peers)
 	}
-	if f.mod != nil {
-		return f.mod.Close()
+	var errs []error
+	if f.alarmMap != nil {
+		errs = append(errs, f.alarmMap.Close())
 	}
-	return nil
+	if f.alarmMem != nil {
+		errs = append(errs, unix.Munmap(f.alarmMem))
+	}
+	if f.mod != nil {
+		errs = append(errs, f.mod.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // Size is the number of ranks in the domain; Rank this rank's index.
@@ -228,7 +267,7 @@ func (f *GPUFlags) Peers() *device.Buffer { return f.peers }
 func (f *GPUFlags) TimeoutNs() int64      { return f.timeoutNs }
 
 // StatusBytes is the size of the status words: status, epoch counter,
-// missing[R].
+// the alarm's address, missing[R].
 func (f *GPUFlags) StatusBytes() int { return StatusBytes(f.R) }
 
 // CopyStatus enqueues the copy of the status words into dst at off;
@@ -255,9 +294,13 @@ func (f *GPUFlags) StatusError(raw []byte) error { return decodeStatus(raw, f.R,
 // a timeout of this rank's own waits leaves the ranks in step (every call
 // advanced every epoch), so the status is cleared, on the stream, for the
 // next call.
+//
+// A status it leaves in place (a timeout), or cannot read, raises the
+// alarm again, so that the next Synchronize's TakeAlarm looks again.
 func (f *GPUFlags) Check(ctx context.Context) error {
 	raw, err := f.s.DownloadBuffer(ctx, f.view(statusOff(f.R), f.StatusBytes()))
 	if err != nil {
+		f.RaiseAlarm()
 		return err
 	}
 	codes := statusCodes(raw, f.R)
@@ -265,11 +308,29 @@ func (f *GPUFlags) Check(ctx context.Context) error {
 		return nil
 	}
 	err = f.explain(ctx, codes, statusEpoch(raw))
-	if !bytes.Contains(codes, []byte{WaitTimeout}) {
+	if bytes.Contains(codes, []byte{WaitTimeout}) {
+		f.RaiseAlarm()
+	} else {
 		err = errors.Join(err, f.ClearStatus())
 	}
 	return err
 }
+
+// TakeAlarm reports whether the alarm was raised since the last
+// TakeAlarm (by a wait that recorded a failure, by a kernel that
+// reported one, or by RaiseAlarm), and lowers it; the caller has
+// synchronized the stream. While it is lowered no wait has failed since:
+// the status words hold no failure, and Check need not read them.
+func (f *GPUFlags) TakeAlarm() bool { return f.alarm.Swap(0) != 0 }
+
+// RaiseAlarm raises the alarm from the host: a failure is known that the
+// next TakeAlarm must see.
+func (f *GPUFlags) RaiseAlarm() { f.alarm.Store(1) }
+
+// Alarm is the alarm word (uint64, host memory mapped for the GPU): a
+// kernel that reports a failure outside the status words (a captured
+// layout's report) sets it to 1 after writing the report.
+func (f *GPUFlags) Alarm() *device.Buffer { return f.alarmMap.Buffer() }
 
 // Settle is Check on status words already read back, without the peers'
 // reports: nil, or the failure, the status cleared unless it is a timeout.

@@ -3,12 +3,14 @@
 // done[R], each word written only by the peer it is named after, with the
 // value epoch<<8 | op. Epochs only grow; no word is ever reset. After the
 // 2R flag words: status (the first failure of a wait: 1 timeout, 2
-// operation mismatch), the rank's epoch counter, then missing[R] (int32):
-// what a wait found of each peer (1 timed out, 2 ran another call, 3
-// rejected its input), then, 8-byte aligned, grid[4] (uint32): the
-// counters of the kernels that run a whole call in one launch, zero
-// between launches. The host reads status and missing after a
-// synchronize.
+// operation mismatch), the rank's epoch counter, the address of the
+// rank's alarm word (0: none), then missing[R] (int32): what a wait found
+// of each peer (1 timed out, 2 ran another call, 3 rejected its input),
+// then, 8-byte aligned, grid[4] (uint32): the counters of the kernels that
+// run a whole call in one launch, zero between launches. The alarm word is
+// in host memory mapped for the GPU: a wait that records a failure sets it
+// (fail_status), so that the host, after a synchronize, reads status and
+// missing back only when it is set.
 //
 // Kernels that take part in the protocol include this header: flags.cu's
 // own kernels, and any data-path kernel that waits or signals in place.
@@ -30,6 +32,27 @@ __device__ __forceinline__ uint64_t now_ns()
 // opRejected is the operation a rank signals when it rejected its input on
 // the host: its peers fail the call instead of waiting (nvlink.OpRejected).
 constexpr uint32_t opRejected = 0x7f;
+
+// raise_alarm sets the alarm word whose address alarmSlot holds (none
+// when 0), in host memory: the host reads the failure's details back.
+__device__ __forceinline__ void raise_alarm(uint64_t *const *alarmSlot)
+{
+	volatile uint64_t *a = *(volatile uint64_t *const *)alarmSlot;
+	if (a != nullptr) {
+		*a = 1;
+		__threadfence_system();
+	}
+}
+
+// fail_status records a failed wait: status[0] = code unless an earlier
+// failure is there, and then the alarm (whose address is two words after
+// status, past the epoch counter).
+__device__ __forceinline__ void fail_status(uint64_t *status, uint64_t code)
+{
+	if (atomicCAS((unsigned long long *)status, 0ull, (unsigned long long)code) == 0ull) {
+		raise_alarm((uint64_t *const *)(status + 2));
+	}
+}
 
 // wait_word waits, one thread, until word (peer p's) holds an epoch of
 // at least want. If op is not 0, a word at exactly epoch must carry op,
@@ -53,16 +76,16 @@ __device__ __forceinline__ bool wait_word(const uint64_t *word, int32_t p, uint6
 		uint64_t v = *f;
 		if ((v >> 8) >= want) {
 			if (op != 0 && (v >> 8) == epoch && (uint32_t)(v & 0xff) != op) {
-				atomicCAS((unsigned long long *)status, 0ull, 2ull);
 				missing[p] = (v & 0xff) == opRejected ? 3 : 2;
+				fail_status(status, 2);
 				return false;
 			}
 			__threadfence_system();  // reads after the wait see the peer's writes
 			return true;
 		}
 		if ((spin & 63) == 63 && (int64_t)(now_ns() - start) > timeoutNs) {
-			atomicCAS((unsigned long long *)status, 0ull, 1ull);
 			missing[p] = 1;
+			fail_status(status, 1);
 			return false;
 		}
 		if (spin > 1024) {
@@ -130,7 +153,7 @@ __device__ __forceinline__ void signal_flags(uint64_t *const *peerFlags, int32_t
 struct flag_words {
 	uint64_t *arrived;  // [ranks]
 	uint64_t *done;     // [ranks]
-	uint64_t *status;
+	uint64_t *status;   // then the counter and the alarm's address (fail_status)
 	uint64_t *counter;
 	int32_t *missing;  // [ranks]
 	uint32_t *grid;    // [4]
@@ -143,8 +166,8 @@ __device__ __forceinline__ flag_words flag_words_of(uint64_t *flags, int32_t ran
 	w.done = flags + ranks;
 	w.status = flags + 2 * ranks;
 	w.counter = flags + 2 * ranks + 1;
-	w.missing = (int32_t *)(flags + 2 * ranks + 2);
-	int64_t gridOff = ((2 * (int64_t)ranks + 2) * 8 + 4 * (int64_t)ranks + 7) / 8 * 8;
+	w.missing = (int32_t *)(flags + 2 * ranks + 3);
+	int64_t gridOff = ((2 * (int64_t)ranks + 3) * 8 + 4 * (int64_t)ranks + 7) / 8 * 8;
 	w.grid = (uint32_t *)((uint8_t *)flags + gridOff);
 	return w;
 }

@@ -38,8 +38,9 @@ import (
 // runs the same kernels with no host in between: after the scan,
 // goep_layout_finish writes the handle's counts and, when the layout
 // fails (a routing error, or a rank over capacity under OverflowError),
-// a report that the next Synchronize reads back and turns into the error
-// the layout would have returned; after a routing error the tables stay
+// a report, and raises the domain flags' alarm, so that the next
+// Synchronize reads the report back and turns it into the error the
+// layout would have returned; after a routing error the tables stay
 // empty, so the graph's calls move no row.
 //
 // The tables and counts are exactly those of plan.ComputeLayout (the host
@@ -370,7 +371,7 @@ func (p *Path) captureLayout(h *datapath.Handle, idx *device.Tensor) error {
 			capErr = 1
 		}
 		err = p.s.Launch(lk.finish, [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0,
-			append([]any{lk.ws, h.Counts, lk.report, int64(P.MaxPermutedTokens), capErr}, d.Args()...)...)
+			append([]any{lk.ws, h.Counts, lk.report, int64(P.MaxPermutedTokens), capErr, p.flags.Alarm()}, d.Args()...)...)
 	}
 	if err == nil {
 		// The tables in place; their valid-row count (blocking mode's)
@@ -400,6 +401,7 @@ func (p *Path) capturedReport(ctx context.Context, lk *gpuLayout) error {
 	}
 	raw, err := p.s.DownloadBuffer(ctx, lk.report)
 	if err != nil {
+		p.flags.RaiseAlarm() // the report waits for the next look
 		return err
 	}
 	words := make([]int32, len(raw)/4)

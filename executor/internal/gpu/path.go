@@ -436,12 +436,17 @@ func (p *Path) synchronizeGPU(ctx context.Context) error {
 	if err := p.s.Synchronize(ctx); err != nil {
 		return err
 	}
-	if err := p.flags.Check(ctx); err != nil {
-		return datapath.PeerInput(err)
-	}
+	// The GPU raised the alarm if a wait failed or a captured layout
+	// wrote a report; else there is nothing to read back.
 	var err error
-	if f, ok := p.cross.(*flat); ok {
-		err = p.capturedReport(ctx, f.lk)
+	if p.flags.TakeAlarm() {
+		if err := p.flags.Check(ctx); err != nil {
+			p.flags.RaiseAlarm() // a captured layout's report waits for the next look
+			return datapath.PeerInput(err)
+		}
+		if f, ok := p.cross.(*flat); ok {
+			err = p.capturedReport(ctx, f.lk)
+		}
 	}
 	err = errors.Join(err, p.pending)
 	p.pending = nil

@@ -44,13 +44,19 @@ extern "C" __global__ void goep_layout_scan(const int32_t *rt, int32_t *ws, cons
 }
 
 // goep_layout_finish: one thread (layout_finish), after scan, in a layout
-// captured into a CUDA graph: the handle's counts and the report.
+// captured into a CUDA graph: the handle's counts and the report; a
+// report to read raises the alarm (nvlink's GPUFlags.Alarm, host memory),
+// which tells the host's next synchronize to read it back.
 extern "C" __global__ void goep_layout_finish(const int32_t *ws, int32_t *counts, int32_t *report, int64_t maxPerm,
-					      int32_t capErr, DIM_PARAMS)
+					      int32_t capErr, uint64_t *alarm, DIM_PARAMS)
 {
 	struct layout_dims d = DIMS;
 	if (blockIdx.x == 0 && threadIdx.x == 0) {
 		layout_finish(&d, ws, counts, report, maxPerm, capErr);
+		if (*(volatile int32_t *)report != 0) {
+			*(volatile uint64_t *)alarm = 1;
+			__threadfence_system();
+		}
 	}
 }
 

@@ -196,8 +196,8 @@ __device__ __forceinline__ bool wait_row(const uint64_t *flag, int32_t p, uint64
 			uint64_t v = load_acquire(flag);
 			if ((v >> 8) >= epoch) {
 				if ((v >> 8) == epoch && (uint32_t)(v & 0xff) != op) {
-					atomicCAS((unsigned long long *)fw.status, 0ull, 2ull);
 					fw.missing[p] = 2;
+					fail_status(fw.status, 2);
 				} else {
 					ok = 1;
 				}
@@ -209,16 +209,16 @@ __device__ __forceinline__ bool wait_row(const uint64_t *flag, int32_t p, uint64
 				}
 				uint64_t a = *(volatile const uint64_t *)(fw.arrived + p);
 				if ((a >> 8) == epoch && (uint32_t)(a & 0xff) != op) {
-					atomicCAS((unsigned long long *)fw.status, 0ull, 2ull);
 					fw.missing[p] = (a & 0xff) == opRejected ? 3 : 2;
+					fail_status(fw.status, 2);
 					break;
 				}
 				uint64_t t = now_ns();
 				if (start == 0) {
 					start = t;
 				} else if ((int64_t)(t - start) > timeoutNs) {
-					atomicCAS((unsigned long long *)fw.status, 0ull, 1ull);
 					fw.missing[p] = 1;
+					fail_status(fw.status, 1);
 					break;
 				}
 			}
