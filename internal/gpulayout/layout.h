@@ -47,11 +47,22 @@
 #define LFN static __device__ __forceinline__
 #define LAYOUT_ADD(p, v) atomicAdd((p), (v))
 #define LAYOUT_MIN64(p, v) atomicMin((unsigned long long *)(p), (unsigned long long)(v))
+#define LAYOUT_RESTRICT __restrict__
 #else
 #define LFN static inline
 #define LAYOUT_ADD(p, v) (*(p) += (v))
 #define LAYOUT_MIN64(p, v) (*(p) = *(p) < (uint64_t)(v) ? *(p) : (uint64_t)(v))
+#define LAYOUT_RESTRICT restrict
 #endif
+
+// Many loops here are one thread's walk over a rank's experts or a
+// column's chunks, which on the GPU would wait a memory round trip a step
+// if every load waited for the store before it. They read layoutBatch
+// values before they use any (layout_copy, layout_scan_b, layout_colscan),
+// and the routing, the workspace and the tables are restrict pointers
+// (distinct buffers), so that a thread's loads of a token's routing row
+// are made once and not after each store into the tables.
+enum { layoutBatch = 8 };
 
 // The summary's int32 words: the error (0 none, 1 expert out of range, 2
 // expert repeated), its rank, token, slot, expert and, for a repeat, the
@@ -168,6 +179,21 @@ LFN int64_t dests_below(const struct layout_dims *d, const int32_t *row, int64_t
 	return n;
 }
 
+// layout_copy copies n int32s from src to dst (distinct), layoutBatch
+// loads at a time.
+LFN void layout_copy(int32_t *LAYOUT_RESTRICT dst, const int32_t *LAYOUT_RESTRICT src, int64_t n)
+{
+	for (int64_t i0 = 0; i0 < n; i0 += layoutBatch) {
+		int32_t v[layoutBatch];
+		for (int j = 0; j < layoutBatch; j++) {
+			v[j] = i0 + j < n ? src[i0 + j] : 0;
+		}
+		for (int j = 0; j < layoutBatch && i0 + j < n; j++) {
+			dst[i0 + j] = v[j];
+		}
+	}
+}
+
 LFN int64_t valid_recv(const struct layout_dims *d, const int32_t *ws, int64_t r)
 {
 	int64_t n = ws[ws_recvCounts(d) + r];
@@ -178,8 +204,9 @@ LFN int64_t valid_recv(const struct layout_dims *d, const int32_t *ws, int64_t r
 // source s (checkRouting: each expert in [-1, E), none repeated; the
 // smallest (s, t, k) at fault wins the error key) and counts, for a valid
 // row, one row to each distinct destination and one slot to each expert.
-LFN void layout_count(const struct layout_dims *d, const int32_t *rt, const int32_t *nt, int32_t *ws,
-		      uint64_t *errKey, int64_t i)
+LFN void layout_count(const struct layout_dims *d, const int32_t *LAYOUT_RESTRICT rt,
+		      const int32_t *LAYOUT_RESTRICT nt, int32_t *LAYOUT_RESTRICT ws, uint64_t *LAYOUT_RESTRICT errKey,
+		      int64_t i)
 {
 	int64_t s = i / d->maxT, t = i % d->maxT;
 	if (s >= d->R || t >= ntok(d, nt, s)) {
@@ -244,19 +271,33 @@ LFN void layout_scan_a(const struct layout_dims *d, int32_t *ws, int64_t tid, in
 	}
 }
 
+// layout_segments writes seg[l], the exclusive prefix over l of n[l]
+// rounded up to pad, and their total at *total; n, seg and total are
+// distinct parts of the workspace.
+LFN void layout_segments(const int32_t *LAYOUT_RESTRICT n, int32_t *LAYOUT_RESTRICT seg, int64_t L, int64_t pad,
+			 int32_t *LAYOUT_RESTRICT total)
+{
+	int32_t off = 0;
+	for (int64_t l0 = 0; l0 < L; l0 += layoutBatch) {
+		int32_t v[layoutBatch];
+		for (int j = 0; j < layoutBatch; j++) {
+			v[j] = l0 + j < L ? n[l0 + j] : 0;
+		}
+		for (int j = 0; j < layoutBatch && l0 + j < L; j++) {
+			seg[l0 + j] = off;
+			off += (int32_t)((v[j] + pad - 1) / pad * pad);
+		}
+	}
+	*total = off;
+}
+
 // layout_scan_b is scan's second phase: the padded segment starts of
 // every rank's experts and every rank's permuted count.
 LFN void layout_scan_b(const struct layout_dims *d, int32_t *ws, int64_t tid, int64_t nth)
 {
 	for (int64_t r = tid; r < d->R; r += nth) {
-		int32_t off = 0;
-		for (int64_t l = 0; l < d->L; l++) {
-			int64_t e = r * d->L + l;
-			int32_t n = ws[ws_perExpert(d) + e];
-			ws[ws_segStart(d) + e] = off;
-			off += (int32_t)((n + d->pad - 1) / d->pad * d->pad);
-		}
-		ws[ws_permCounts(d) + r] = off;
+		layout_segments(ws + ws_perExpert(d) + r * d->L, ws + ws_segStart(d) + r * d->L, d->L, d->pad,
+				ws + ws_permCounts(d) + r);
 	}
 }
 
@@ -291,14 +332,10 @@ LFN void layout_scan_c(const struct layout_dims *d, const int32_t *rt, int32_t *
 	}
 	sum[sumRecv] = ws[ws_recvCounts(d) + me];
 	sum[sumPermuted] = ws[ws_permCounts(d) + me];
-	for (int64_t r = 0; r < R; r++) {
-		sum[sumHeader + r] = ws[ws_recvCounts(d) + r];
-		sum[sumHeader + R + r] = ws[ws_permCounts(d) + r];
-	}
-	for (int64_t l = 0; l < L; l++) {
-		sum[sumHeader + 2 * R + l] = ws[ws_perExpert(d) + me * L + l];
-		sum[sumHeader + 2 * R + L + l] = ws[ws_segStart(d) + me * L + l];
-	}
+	layout_copy(sum + sumHeader, ws + ws_recvCounts(d), R);
+	layout_copy(sum + sumHeader + R, ws + ws_permCounts(d), R);
+	layout_copy(sum + sumHeader + 2 * R, ws + ws_perExpert(d) + me * L, L);
+	layout_copy(sum + sumHeader + 2 * R + L, ws + ws_segStart(d) + me * L, L);
 	sum[sumHeader + 2 * R + 2 * L] = ws[ws_permCounts(d) + me];
 }
 
@@ -345,8 +382,8 @@ LFN int col_flag(const struct layout_dims *d, const int32_t *row, int64_t c, int
 // when the summary holds a routing error or, with capErr set, some rank
 // is over capacity (maxRecv rows, maxPerm permuted rows), unless report[0]
 // already holds an earlier report.
-LFN void layout_finish(const struct layout_dims *d, const int32_t *ws, int32_t *counts, int32_t *report,
-		       int64_t maxPerm, int32_t capErr)
+LFN void layout_finish(const struct layout_dims *d, const int32_t *LAYOUT_RESTRICT ws, int32_t *LAYOUT_RESTRICT counts,
+		       int32_t *LAYOUT_RESTRICT report, int64_t maxPerm, int32_t capErr)
 {
 	const int32_t *sum = ws + ws_summary(d);
 	int64_t R = d->R, L = d->L;
@@ -358,13 +395,15 @@ LFN void layout_finish(const struct layout_dims *d, const int32_t *ws, int32_t *
 	counts[1] = bad ? 0 : sum[sumPermuted];
 	counts[2] = !bad && (sum[sumRecv] > d->maxRecv || sum[sumPermuted] > maxPerm);
 	counts[3] = 0;
-	for (int64_t l = 0; l < L; l++) {
-		counts[4 + l] = bad ? 0 : sum[sumHeader + 2 * R + l];
+	if (bad) {
+		for (int64_t l = 0; l < L; l++) {
+			counts[4 + l] = 0;
+		}
+	} else {
+		layout_copy(counts + 4, sum + sumHeader + 2 * R, L);
 	}
 	if (report[0] == 0 && (bad || (capErr && over))) {
-		for (int64_t i = 0; i < ws_summaryLen(d); i++) {
-			report[1 + i] = sum[i];
-		}
+		layout_copy(report + 1, sum, ws_summaryLen(d));
 		report[0] = 1;
 	}
 }
@@ -375,7 +414,8 @@ LFN int layout_failed(const struct layout_dims *d, const int32_t *ws) { return w
 
 // layout_colcount is thread i = c*chunks + chunk of colcount: the tokens
 // of the chunk whose flag of column c is set.
-LFN void layout_colcount(const struct layout_dims *d, const int32_t *rt, const int32_t *nt, int32_t *ws, int64_t i)
+LFN void layout_colcount(const struct layout_dims *d, const int32_t *LAYOUT_RESTRICT rt,
+			 const int32_t *LAYOUT_RESTRICT nt, int32_t *LAYOUT_RESTRICT ws, int64_t i)
 {
 	int64_t nch = layout_chunks(d), c = i / nch, ch = i % nch, kind;
 	if (c >= layout_cols(d) || layout_failed(d, ws)) {
@@ -400,10 +440,15 @@ LFN void layout_colscan(const struct layout_dims *d, int32_t *ws, int64_t c)
 		return;
 	}
 	int32_t *cnt = ws + ws_colCnt(d) + c * nch, run = 0;
-	for (int64_t ch = 0; ch < nch; ch++) {
-		int32_t n = cnt[ch];
-		cnt[ch] = run;
-		run += n;
+	for (int64_t ch0 = 0; ch0 < nch; ch0 += layoutBatch) {
+		int32_t v[layoutBatch];
+		for (int j = 0; j < layoutBatch; j++) {
+			v[j] = ch0 + j < nch ? cnt[ch0 + j] : 0;
+		}
+		for (int j = 0; j < layoutBatch && ch0 + j < nch; j++) {
+			cnt[ch0 + j] = run;
+			run += v[j];
+		}
 	}
 }
 
@@ -420,8 +465,9 @@ LFN void layout_colscan(const struct layout_dims *d, int32_t *ws, int64_t c)
 //   - column of local expert l of source s: pos of the slot holding
 //     expert me*L+l, in the segment of that expert after the rows of
 //     earlier sources and earlier tokens of s.
-LFN void layout_colwrite(const struct layout_dims *d, const int32_t *rt, const int32_t *nt, const int32_t *ws,
-			 int32_t *tb, int64_t i)
+LFN void layout_colwrite(const struct layout_dims *d, const int32_t *LAYOUT_RESTRICT rt,
+			 const int32_t *LAYOUT_RESTRICT nt, const int32_t *LAYOUT_RESTRICT ws, int32_t *LAYOUT_RESTRICT tb,
+			 int64_t i)
 {
 	int64_t nch = layout_chunks(d), c = i / nch, ch = i % nch, kind;
 	if (c >= layout_cols(d) || layout_failed(d, ws)) {

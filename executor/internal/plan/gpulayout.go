@@ -41,7 +41,7 @@ func gpuLayoutFits(p Params, R, T, rowCap int) bool {
 
 // layoutChunk is the tokens per chunk of the column kernels: each thread
 // walks one chunk of one column.
-const layoutChunk = 32
+const layoutChunk = 8
 
 // SummaryLayout reads the summary of a GPU layout: the first routing error
 // (the same RoutingError ComputeLayout returns), else a Layout holding the
