@@ -146,11 +146,17 @@ LFN const int32_t *route_row(const struct layout_dims *d, const int32_t *rt, int
 	return rt + (s * d->maxT + t) * d->K;
 }
 
+// owner is the rank of expert e >= 0, in 32-bit arithmetic (experts and
+// ranks are int32s): a GPU divides 64-bit integers in software, about
+// five times the instructions, and the column kernels divide in their
+// inner loops.
+LFN int32_t owner(const struct layout_dims *d, int32_t e) { return e / (int32_t)d->L; }
+
 // goes_to reports whether a (valid) routing row has an expert on rank r.
 LFN int goes_to(const struct layout_dims *d, const int32_t *row, int64_t r)
 {
 	for (int64_t k = 0; k < d->K; k++) {
-		if (row[k] >= 0 && row[k] / d->L == r) {
+		if (row[k] >= 0 && owner(d, row[k]) == r) {
 			return 1;
 		}
 	}
@@ -164,12 +170,12 @@ LFN int64_t dests_below(const struct layout_dims *d, const int32_t *row, int64_t
 {
 	int64_t n = 0;
 	for (int64_t k = 0; k < d->K; k++) {
-		if (row[k] < 0 || row[k] / d->L >= r) {
+		if (row[k] < 0 || owner(d, row[k]) >= r) {
 			continue;
 		}
 		int first = 1;
 		for (int64_t j = 0; j < k; j++) {
-			if (row[j] >= 0 && row[j] / d->L == row[k] / d->L) {
+			if (row[j] >= 0 && owner(d, row[j]) == owner(d, row[k])) {
 				first = 0;
 				break;
 			}
@@ -232,13 +238,13 @@ LFN void layout_count(const struct layout_dims *d, const int32_t *LAYOUT_RESTRIC
 		}
 		int first = 1;
 		for (int64_t j = 0; j < k; j++) {
-			if (row[j] >= 0 && row[j] / d->L == e / d->L) {
+			if (row[j] >= 0 && owner(d, row[j]) == owner(d, (int32_t)e)) {
 				first = 0;
 				break;
 			}
 		}
 		if (first) {
-			LAYOUT_ADD(&ws[ws_fromSrc(d) + s * d->R + e / d->L], 1);
+			LAYOUT_ADD(&ws[ws_fromSrc(d) + s * d->R + owner(d, (int32_t)e)], 1);
 		}
 		LAYOUT_ADD(&ws[ws_expFrom(d) + s * E + e], 1);
 	}
@@ -494,7 +500,7 @@ LFN void layout_colwrite(const struct layout_dims *d, const int32_t *LAYOUT_REST
 			}
 			tb[tb_entRow(d) + ent] = (int32_t)r;
 			for (int64_t k = 0; k < K; k++) {
-				if (row[k] >= 0 && row[k] / L == c) {
+				if (row[k] >= 0 && owner(d, row[k]) == c) {
 					tb[tb_slotEnt(d) + t * K + k] = (int32_t)ent;
 				}
 			}
