@@ -25,7 +25,7 @@ func LayoutDims(p Params, R, me, T, rowCap int) gpulayout.Dims {
 		maxRecv = p.MaxRecvTokens
 	}
 	return gpulayout.Dims{R: R, Me: me, K: p.TopK, L: p.NumExperts / R, MaxT: p.MaxTokensPerRank,
-		Pad: max(p.PadMultiple, 1), Chunk: layoutChunk, MaxRecv: maxRecv, T: T, RowCap: rowCap}
+		Pad: max(p.PadMultiple, 1), Chunk: layoutChunk(p.MaxTokensPerRank), MaxRecv: maxRecv, T: T, RowCap: rowCap}
 }
 
 // haveLayoutDims reports that this build computes the layout's dimensions
@@ -39,9 +39,13 @@ func gpuLayoutFits(p Params, R, T, rowCap int) bool {
 	return LayoutDims(p, R, 0, T, rowCap).Check() == nil
 }
 
-// layoutChunk is the tokens per chunk of the column kernels: each thread
-// walks one chunk of one column.
-const layoutChunk = 8
+// layoutChunk is the tokens per chunk of the column kernels for at most
+// maxT tokens a rank: each thread walks one chunk of one column, and
+// colscan's thread walks a column's chunks. Small chunks give a decode's
+// few tokens many threads; from 2048 tokens a column has 64 chunks or more
+// of 32 tokens, so that colscan's walk stays short and the workspace's
+// per-chunk counts small.
+func layoutChunk(maxT int) int { return min(max((maxT+63)/64, 8), 32) }
 
 // SummaryLayout reads the summary of a GPU layout: the first routing error
 // (the same RoutingError ComputeLayout returns), else a Layout holding the

@@ -206,3 +206,17 @@ func TestSummaryCountsOrder(t *testing.T) {
 			gpulayout.SumRecv, gpulayout.SumPermuted, CountRecv, CountPermuted)
 	}
 }
+
+// TestLayoutChunk: a column's chunks are 8 tokens for a decode's few
+// tokens, 32 from 2048 tokens a rank, and a column has at most 64 chunks
+// below that.
+func TestLayoutChunk(t *testing.T) {
+	for _, c := range []struct{ maxT, want int }{{1, 8}, {128, 8}, {512, 8}, {513, 9}, {1024, 16}, {2048, 32}, {4096, 32}, {32768, 32}} {
+		if got := layoutChunk(c.maxT); got != c.want {
+			t.Errorf("layoutChunk(%d) = %d, want %d", c.maxT, got, c.want)
+		}
+		if c.maxT <= 2048 && (c.maxT+layoutChunk(c.maxT)-1)/layoutChunk(c.maxT) > 64 {
+			t.Errorf("%d tokens: more than 64 chunks of %d", c.maxT, layoutChunk(c.maxT))
+		}
+	}
+}
