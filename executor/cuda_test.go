@@ -1110,24 +1110,8 @@ func TestCUDASynchronizeReadsBackFailuresOnly(t *testing.T) {
 	ctx, e := t.Context(), w.e
 	runtime.LockOSThread() // the driver calls of one thread, its context current
 	defer runtime.UnlockOSThread()
-	if err := device.Upload(ctx, w.ti, capacityRouting(8)); err != nil {
-		t.Fatal(err)
-	}
-	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: w.ti})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, dp := w.outputs(h)
+	_, _, graph := w.captureRelayout(t)
 	cs := e.Stream().(*device.CUDAStream)
-	if err := cs.BeginCapture(); err != nil {
-		t.Fatal(err)
-	}
-	cerr := errors.Join(e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: w.ti}), e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: w.xt}, dp))
-	graph, err := cs.EndCapture()
-	if err = errors.Join(cerr, err); err != nil {
-		t.Fatal(err)
-	}
-	defer graph.Close()
 	calls := func(what string, f func() error) uint64 {
 		t.Helper()
 		before := cuda.ReadCounts()
@@ -1216,6 +1200,33 @@ func (w *capacityWorld) outputs(h *executor.Handle) (*device.Tensor, executor.Di
 	return px, executor.DispatchPermuteOutput{X: px, RecvIdx: idx}
 }
 
+// captureRelayout lays out a routing of 8 rows (which fits) and captures
+// a graph of a Relayout of the same routing tensor and a
+// DispatchPermuteInto px; the graph is closed with the test.
+func (w *capacityWorld) captureRelayout(t *testing.T) (*executor.Handle, *device.Tensor, *device.Graph) {
+	t.Helper()
+	ctx, e := t.Context(), w.e
+	if err := device.Upload(ctx, w.ti, capacityRouting(8)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: w.ti})
+	if err != nil {
+		t.Fatal(err)
+	}
+	px, dp := w.outputs(h)
+	cs := e.Stream().(*device.CUDAStream)
+	if err := cs.BeginCapture(); err != nil {
+		t.Fatal(err)
+	}
+	cerr := errors.Join(e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: w.ti}), e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: w.xt}, dp))
+	graph, err := cs.EndCapture()
+	if err = errors.Join(cerr, err); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { graph.Close() })
+	return h, px, graph
+}
+
 // checkEager checks px against an eager DispatchPermute after a new
 // layout of ti's routing.
 func (w *capacityWorld) checkEager(t *testing.T, px *device.Tensor, what string) {
@@ -1250,31 +1261,15 @@ func (w *capacityWorld) checkEager(t *testing.T, px *device.Tensor, what string)
 func TestCUDACapturedRelayoutOverCapacity(t *testing.T) {
 	w := newCapacityWorld(t, 7)
 	ctx, e := t.Context(), w.e
-	if err := device.Upload(ctx, w.ti, capacityRouting(8)); err != nil {
-		t.Fatal(err)
-	}
-	h, err := e.Layout(ctx, executor.LayoutInput{TopkIdx: w.ti}) // 8 rows: fits
-	if err != nil {
-		t.Fatal(err)
-	}
-	px, dp := w.outputs(h)
+	h, px, graph := w.captureRelayout(t)
 	cs := e.Stream().(*device.CUDAStream)
-	if err := cs.BeginCapture(); err != nil {
-		t.Fatal(err)
-	}
-	cerr := errors.Join(e.Relayout(ctx, h, executor.LayoutInput{TopkIdx: w.ti}), e.DispatchPermuteInto(ctx, h, executor.DispatchInput{X: w.xt}, dp))
-	graph, err := cs.EndCapture()
-	if err = errors.Join(cerr, err); err != nil {
-		t.Fatal(err)
-	}
-	defer graph.Close()
 	if err := e.Synchronize(ctx); err != nil {
 		t.Fatalf("synchronize after the capture: %v", err)
 	}
 	if err := device.Upload(ctx, w.ti, capacityRouting(capT)); err != nil { // 32 rows for a capacity of 16
 		t.Fatal(err)
 	}
-	err = errors.Join(graph.Launch(cs), e.Synchronize(ctx))
+	err := errors.Join(graph.Launch(cs), e.Synchronize(ctx))
 	var ce *executor.CapacityError
 	if !errors.Is(err, executor.ErrCapacityExceeded) || !errors.As(err, &ce) || len(ce.RecvCounts) != 1 || ce.RecvCounts[0] != capT {
 		t.Fatalf("replay over capacity: %v, want ErrCapacityExceeded with 32 rows received", err)

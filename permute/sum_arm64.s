@@ -44,38 +44,6 @@
 	MOVWU (R2)(R6<<2), R8; \
 	VDUP  R8, V27.S4
 
-// SCALE8 multiplies V4..V11 by the weight in V27 (weight first).
-#define SCALE8 \
-	FMUL4S(4, 27, 4); \
-	FMUL4S(5, 27, 5); \
-	FMUL4S(6, 27, 6); \
-	FMUL4S(7, 27, 7); \
-	FMUL4S(8, 27, 8); \
-	FMUL4S(9, 27, 9); \
-	FMUL4S(10, 27, 10); \
-	FMUL4S(11, 27, 11)
-
-// ADD8 adds products V4..V11 to V12..V19 (accumulator first); ADDNAN8
-// adds elements, with ADDNAN's rule.
-#define ADD8 \
-	FADD4S(12, 12, 4); \
-	FADD4S(13, 13, 5); \
-	FADD4S(14, 14, 6); \
-	FADD4S(15, 15, 7); \
-	FADD4S(16, 16, 8); \
-	FADD4S(17, 17, 9); \
-	FADD4S(18, 18, 10); \
-	FADD4S(19, 19, 11)
-#define ADDNAN8 \
-	ADDNAN(12, V12, 4); \
-	ADDNAN(13, V13, 5); \
-	ADDNAN(14, V14, 6); \
-	ADDNAN(15, V15, 7); \
-	ADDNAN(16, V16, 8); \
-	ADDNAN(17, V17, 9); \
-	ADDNAN(18, V18, 10); \
-	ADDNAN(19, V19, 11)
-
 // STOREBF16 rounds V12..V19 to bf16 and stores 64 bytes at R0 (R0 moves).
 #define STOREBF16 \
 	ROUND(12, V12, V4, 5, V5); \
