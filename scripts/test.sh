@@ -9,7 +9,9 @@
 # its own run), for the CUDA check contrib and non-free in apt's sources
 # and Debian's CUDA toolkit (about 5 GB), and CUDA 12.4's headers and nvcc
 # from Debian trixie, extracted into a cache folder (scripts/cuda12.sh,
-# about 1 GB; nothing installed into the system). It never asks (CI runs
+# about 1 GB; nothing installed into the system), and Debian 12's arm64
+# libraries for the arm64 cgo builds, the same way
+# (scripts/arm64-sysroot.sh, about 50 MB). It never asks (CI runs
 # it unattended); on a terminal it waits 10 s after the list, so Ctrl-C
 # stops it before anything is installed.
 #
@@ -20,8 +22,11 @@
 #   GOEP_TEST_RACE=none   no race run
 #   GOEP_TEST_CUDA=none   skip scripts/cuda-check.sh (and its install)
 #   GOEP_TEST_CUDA12=none skip the build against CUDA 12.4 (and its download)
-#   GOEP_TEST_ARM64=none  skip the builds without cgo and for arm64, and the
-#                         arm64 tests under qemu-user
+#   GOEP_TEST_ARM64=none  skip the builds without cgo and for arm64, the
+#                         arm64 tests under qemu-user, and the arm64 cgo
+#                         builds (scripts/arm64-sysroot.sh: Debian 12's arm64
+#                         Open MPI, UCX and libcuda, about 50 MB, extracted
+#                         into a cache folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,8 +69,12 @@ command -v mpirun >/dev/null || APT_PACKAGES+=(openmpi-bin)
 command -v pkg-config >/dev/null || APT_PACKAGES+=(pkg-config)
 pkg-config --exists ompi 2>/dev/null || APT_PACKAGES+=(libopenmpi-dev)
 pkg-config --exists ucx 2>/dev/null || APT_PACKAGES+=(libucx-dev)
-# qemu-user runs the arm64 test binaries (GOEP_TEST_ARM64).
-[ "${GOEP_TEST_ARM64:-all}" = none ] || command -v qemu-aarch64-static >/dev/null || APT_PACKAGES+=(qemu-user-static)
+# qemu-user runs the arm64 test binaries, and Debian's cross compiler
+# builds the cgo code for arm64 (GOEP_TEST_ARM64).
+if [ "${GOEP_TEST_ARM64:-all}" != none ]; then
+	command -v qemu-aarch64-static >/dev/null || APT_PACKAGES+=(qemu-user-static)
+	command -v aarch64-linux-gnu-gcc >/dev/null || APT_PACKAGES+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+fi
 
 # Go: the machine's /usr/local/go, else any go on PATH, else Debian's
 # golang-go. A go of 1.21 or later fetches the toolchain go.mod asks for
@@ -109,6 +118,11 @@ if [ "${GOEP_TEST_CUDA12:-all}" = all ]; then
 	while IFS= read -r line; do
 		plan+=("$line")
 	done < <(bash scripts/cuda12.sh --plan)
+fi
+if [ "${GOEP_TEST_ARM64:-all}" = all ]; then
+	while IFS= read -r line; do
+		plan+=("$line")
+	done < <(bash scripts/arm64-sysroot.sh --plan)
 fi
 if [ ${#plan[@]} -gt 0 ]; then
 	log "scripts/test.sh will install (GOEP_TEST_CUDA=none leaves out the CUDA toolkit):"
@@ -249,6 +263,47 @@ all)
 		}
 		log "arm64 $pkg: $(tail -1 "$arm/log")"
 	done
+	# The cgo code for arm64, every combination of the cuda, mpi and ucx
+	# tags vetted and built (cgo links each package's C part) against
+	# Debian 12's arm64 Open MPI, UCX and driver libcuda
+	# (scripts/arm64-sysroot.sh: downloaded and extracted, not installed);
+	# then eprun with every tag, run under qemu-user on those libraries:
+	# the default bench and its check on the host backend, and the cuda
+	# backend's refusal without a GPU.
+	log "arm64 cgo: every tag set vetted and built (scripts/arm64-sysroot.sh); eprun of every tag under qemu-user"
+	(
+		eval "$(bash scripts/arm64-sysroot.sh)"
+		root=$PKG_CONFIG_SYSROOT_DIR
+		sets=("" mpi ucx mpi,ucx)
+		if [ "$GOEP_ARM64_CUDA" = 1 ]; then
+			sets+=(cuda cuda,mpi cuda,ucx cuda,mpi,ucx)
+		else
+			log "arm64 cgo: no /usr/include/cuda.h (GOEP_TEST_CUDA=none): the cuda tag sets left out"
+		fi
+		for tags in "${sets[@]}"; do
+			go vet -tags "$tags" ./...
+			go build -tags "$tags" ./...
+		done
+		all=${sets[${#sets[@]} - 1]}
+		go build -tags "$all" -o "$arm/eprun" ./cmd/eprun
+		lib=$root/usr/lib/aarch64-linux-gnu
+		export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu LD_LIBRARY_PATH=$lib:$lib/nvidia/current:$root/lib/aarch64-linux-gnu
+		qemu-aarch64-static "$arm/eprun" bench tiny >"$arm/log" 2>&1 || {
+			cat "$arm/log" >&2
+			echo "scripts/test.sh: the arm64 eprun ($all) failed its bench under qemu" >&2
+			exit 1
+		}
+		log "arm64 eprun ($all): $(grep '^# check' "$arm/log")"
+		if [ "$GOEP_ARM64_CUDA" = 1 ]; then
+			if qemu-aarch64-static "$arm/eprun" bench tiny --backend cuda >"$arm/log" 2>&1 ||
+				! grep -q 'CUDA backend for GPU 0' "$arm/log"; then
+				cat "$arm/log" >&2
+				echo "scripts/test.sh: the arm64 eprun's cuda backend did not refuse cleanly without a GPU" >&2
+				exit 1
+			fi
+			log "arm64 eprun --backend cuda, no GPU: $(tail -1 "$arm/log")"
+		fi
+	)
 	rm -rf "$arm"
 	;;
 none) ;;
