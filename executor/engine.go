@@ -429,6 +429,8 @@ func fabricDomainUnfit(cfg Config, R, detected int, derr error) string {
 		return fmt.Sprintf("the cliques do not split the ranks into equal consecutive domains (%v)", derr)
 	case detected != R:
 		return fmt.Sprintf("the cliques make %d domains, and a domain across hosts must be the only one", R/detected)
+	case !plan.HaveLayoutDims:
+		return "a domain across hosts runs its layout on the GPU, which a build without cgo has not"
 	}
 	cfg.RanksPerDomain = R
 	if !plan.NewGPUWindows(cfg.params(), R, cfg.Hidden).GPULayout {

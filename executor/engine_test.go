@@ -19,6 +19,7 @@ import (
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
+	"github.com/goep/goep/executor/internal/plan"
 	"github.com/goep/goep/internal/ranktest"
 	"github.com/goep/goep/nvlink"
 )
@@ -898,6 +899,22 @@ func TestDomainsAcrossHosts(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			setDomainKeys(t, hosts, c.fabrics, "no NVML")
+			if c.D == 0 && !plan.HaveLayoutDims {
+				// Without cgo a clique is never a domain
+				// (fabricDomainUnfit): one domain a host.
+				errs := runRanks(t, 4, cfg, func(ctx context.Context, e *Engine) error {
+					if d := e.Config().RanksPerDomain; d != 2 {
+						return fmt.Errorf("%d ranks per domain, want 2 (one domain a host)", d)
+					}
+					return nil
+				})
+				for r, err := range errs {
+					if err != nil {
+						t.Errorf("no cgo, rank %d: %v", r, err)
+					}
+				}
+				return
+			}
 			cfg := cfg
 			cfg.RanksPerDomain = c.D
 			errs := runRanks(t, 4, cfg, func(ctx context.Context, e *Engine) error { return nil })
@@ -914,6 +931,12 @@ func TestDomainsAcrossHosts(t *testing.T) {
 // one domain, and where the layout fits the GPU.
 func TestFabricDomainUnfit(t *testing.T) {
 	cfg := Config{NumExperts: 8, TopK: 2, Hidden: 8, MaxTokensPerRank: 4}
+	if !plan.HaveLayoutDims {
+		if why := fabricDomainUnfit(cfg, 4, 4, nil); !strings.Contains(why, "without cgo") {
+			t.Errorf("one small domain, no cgo: %q", why)
+		}
+		return
+	}
 	if why := fabricDomainUnfit(cfg, 4, 4, nil); why != "" {
 		t.Errorf("one small domain: %q", why)
 	}

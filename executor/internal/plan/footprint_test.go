@@ -27,7 +27,7 @@ func TestNewGPUWindows(t *testing.T) {
 			Recv: 2560, Comb: 3840, Route: 8, Forward: 1152}},
 	} {
 		p.RanksPerDomain = tc.D
-		if !haveLayoutDims && tc.want.GPULayout {
+		if !HaveLayoutDims && tc.want.GPULayout {
 			// Without cgo the layout's dimensions are not known: the
 			// host layout's 8-byte route region.
 			tc.want.GPULayout, tc.want.Route = false, 8

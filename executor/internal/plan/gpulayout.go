@@ -28,9 +28,9 @@ func LayoutDims(p Params, R, me, T, rowCap int) gpulayout.Dims {
 		Pad: max(p.PadMultiple, 1), Chunk: layoutChunk(p.MaxTokensPerRank), MaxRecv: maxRecv, T: T, RowCap: rowCap}
 }
 
-// haveLayoutDims reports that this build computes the layout's dimensions
-// (cgo: internal/gpulayout's C).
-const haveLayoutDims = true
+// HaveLayoutDims reports that this build computes the layout's dimensions
+// (cgo: internal/gpulayout's C), which the layout on the GPU needs.
+const HaveLayoutDims = true
 
 // gpuLayoutFits reports whether the layout of a domain of R ranks (T
 // tokens each at most, rowCap receive rows) fits the GPU kernels' int32

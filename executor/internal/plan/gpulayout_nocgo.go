@@ -8,4 +8,6 @@ package plan
 // so its sizing shows the host layout.
 func gpuLayoutFits(p Params, R, T, rowCap int) bool { return false }
 
-const haveLayoutDims = false
+// HaveLayoutDims: gpulayout.go's; without cgo the layout's dimensions
+// cannot be computed.
+const HaveLayoutDims = false
