@@ -57,7 +57,7 @@ env_lines() {
 case "${1:-}" in
 --plan)
 	if [ ! -e "$stamp" ]; then
-		echo "arm64 libraries: download Debian 12's arm64 ${want[*]}, libcuda1 and the libraries they need (about 50 MB) into $dir and extract them there (nothing installed into the system)"
+		echo "arm64 libraries: download Debian 12's arm64 ${want[*]}, libcuda1 and the libraries they need (about 30 MB) into $dir and extract them there (nothing installed into the system)"
 	fi
 	exit 0
 	;;

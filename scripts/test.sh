@@ -11,7 +11,7 @@
 # from Debian trixie, extracted into a cache folder (scripts/cuda12.sh,
 # about 1 GB; nothing installed into the system), and Debian 12's arm64
 # libraries for the arm64 cgo builds, the same way
-# (scripts/arm64-sysroot.sh, about 50 MB). It never asks (CI runs
+# (scripts/arm64-sysroot.sh, about 30 MB). It never asks (CI runs
 # it unattended); on a terminal it waits 10 s after the list, so Ctrl-C
 # stops it before anything is installed.
 #
@@ -25,7 +25,7 @@
 #   GOEP_TEST_ARM64=none  skip the builds without cgo and for arm64, the
 #                         arm64 tests under qemu-user, and the arm64 cgo
 #                         builds (scripts/arm64-sysroot.sh: Debian 12's arm64
-#                         Open MPI, UCX and libcuda, about 50 MB, extracted
+#                         Open MPI, UCX and libcuda, about 30 MB, extracted
 #                         into a cache folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."
