@@ -314,15 +314,23 @@ func TestDetectedDomain(t *testing.T) {
 	if _, set := os.LookupEnv("GOEP_RANKS_PER_DOMAIN"); set {
 		t.Skip("GOEP_RANKS_PER_DOMAIN is set")
 	}
-	errs := runRanks(t, 4, Config{NumExperts: 4, TopK: 1, Hidden: 4, MaxTokensPerRank: 1}, func(ctx context.Context, e *Engine) error {
-		if d := e.Config().RanksPerDomain; d != 4 {
-			return fmt.Errorf("RanksPerDomain %d, want 4", d)
+	wantRanksPerDomain(t, 4, Config{NumExperts: 4, TopK: 1, Hidden: 4, MaxTokensPerRank: 1}, 4, "one host")
+}
+
+// wantRanksPerDomain checks that New, on R in-process ranks with cfg,
+// makes domains of want ranks on every rank (what: the case, for the
+// message).
+func wantRanksPerDomain(t *testing.T, R int, cfg Config, want int, what string) {
+	t.Helper()
+	errs := runRanks(t, R, cfg, func(ctx context.Context, e *Engine) error {
+		if d := e.Config().RanksPerDomain; d != want {
+			return fmt.Errorf("RanksPerDomain %d, want %d", d, want)
 		}
 		return nil
 	})
 	for r, err := range errs {
 		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
+			t.Errorf("%s, rank %d: %v", what, r, err)
 		}
 	}
 }
@@ -858,33 +866,13 @@ func TestDomainsAcrossHosts(t *testing.T) {
 	cfg := Config{NumExperts: 8, TopK: 2, Hidden: 8, MaxTokensPerRank: 4}
 
 	setDomainKeys(t, hosts, []string{"", "", "", ""}, "no NVML")
-	errs := runRanks(t, 4, cfg, func(ctx context.Context, e *Engine) error {
-		if d := e.Config().RanksPerDomain; d != 2 {
-			return fmt.Errorf("rank %d: %d ranks per domain, want 2 (one domain a host)", e.Rank(), d)
-		}
-		return nil
-	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("per-host domains, rank %d: %v", r, err)
-		}
-	}
+	wantRanksPerDomain(t, 4, cfg, 2, "per-host domains")
 
 	// Two racks of two trays: the cliques would make two domains, and a
 	// domain across hosts must be the only one: one domain a host.
 	hosts8 := []string{"t1", "t1", "t2", "t2", "t3", "t3", "t4", "t4"}
 	setDomainKeys(t, hosts8, []string{"fabric:x/1", "fabric:x/1", "fabric:x/1", "fabric:x/1", "fabric:x/2", "fabric:x/2", "fabric:x/2", "fabric:x/2"}, "")
-	errs = runRanks(t, 8, cfg, func(ctx context.Context, e *Engine) error {
-		if d := e.Config().RanksPerDomain; d != 2 {
-			return fmt.Errorf("rank %d: %d ranks per domain, want 2 (one domain a host)", e.Rank(), d)
-		}
-		return nil
-	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("two racks, rank %d: %v", r, err)
-		}
-	}
+	wantRanksPerDomain(t, 8, cfg, 2, "two racks (one domain a host)")
 
 	for _, c := range []struct {
 		name    string
@@ -902,17 +890,7 @@ func TestDomainsAcrossHosts(t *testing.T) {
 			if c.D == 0 && !plan.HaveLayoutDims {
 				// Without cgo a clique is never a domain
 				// (fabricDomainUnfit): one domain a host.
-				errs := runRanks(t, 4, cfg, func(ctx context.Context, e *Engine) error {
-					if d := e.Config().RanksPerDomain; d != 2 {
-						return fmt.Errorf("%d ranks per domain, want 2 (one domain a host)", d)
-					}
-					return nil
-				})
-				for r, err := range errs {
-					if err != nil {
-						t.Errorf("no cgo, rank %d: %v", r, err)
-					}
-				}
+				wantRanksPerDomain(t, 4, cfg, 2, "no cgo (one domain a host)")
 				return
 			}
 			cfg := cfg
