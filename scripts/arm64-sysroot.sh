@@ -20,9 +20,13 @@
 #
 # The variables it prints (eval them): GOARCH=arm64 CGO_ENABLED=1
 # CC=aarch64-linux-gnu-gcc, CGO_CFLAGS and CGO_LDFLAGS into the tree, and
-# pkg-config's PKG_CONFIG_LIBDIR and PKG_CONFIG_SYSROOT_DIR. Without
-# /usr/include/cuda.h the tree has no CUDA, and the variables say so
-# (GOEP_ARM64_CUDA=0).
+# pkg-config's PKG_CONFIG_LIBDIR and PKG_CONFIG_SYSROOT_DIR; and
+# GOEP_ARM64_LD_LIBRARY_PATH, the tree's library folders, with which an
+# arm64 binary built so runs under qemu-user
+# (QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
+# LD_LIBRARY_PATH=$GOEP_ARM64_LD_LIBRARY_PATH qemu-aarch64-static BINARY).
+# Without /usr/include/cuda.h the tree has no CUDA, and the variables say
+# so (GOEP_ARM64_CUDA=0).
 set -euo pipefail
 
 dir=${GOEP_ARM64_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/goep-arm64}
@@ -38,6 +42,9 @@ want=(libopenmpi-dev libucx-dev)
 keep='^(lib.*|zlib1g.*|ibverbs-providers|ocl-icd-libopencl1)$'
 skip='^(libc6.*|libc-dev-bin|libcrypt-dev|libnsl-dev|libtirpc-dev|libgcc.*|libstdc\+\+.*|libasan.*|liblsan.*|libtsan.*|libubsan.*|libhwasan.*|libitm.*|libgomp.*|libatomic.*|libcc1.*|libgfortran.*|libgprofng.*|libbinutils|libctf.*|libisl.*|libmpc.*|libmpfr.*|libgmp.*|libjansson.*|libperl.*|libgdbm.*|libjs-.*)$'
 
+# shellcheck source=scripts/private-apt.sh
+source "$(dirname "$0")/private-apt.sh"
+
 die() {
 	echo "scripts/arm64-sysroot.sh: $*" >&2
 	exit 1
@@ -49,9 +56,10 @@ env_lines() {
 	[ -e "$root/usr/include/cuda.h" ] || cuda=0
 	echo "export GOARCH=arm64 CGO_ENABLED=1 CC=aarch64-linux-gnu-gcc GOEP_ARM64_CUDA=$cuda"
 	echo "export CGO_CFLAGS='-I$root/usr/include -I$root/usr/include/aarch64-linux-gnu'"
-	echo "export CGO_LDFLAGS='-L$lib -L$root/stubs -Wl,-rpath-link,$lib -Wl,-rpath-link,$root/lib/aarch64-linux-gnu'"
+	echo "export CGO_LDFLAGS='-L$lib -L$lib/nvidia/current -Wl,-rpath-link,$lib -Wl,-rpath-link,$root/lib/aarch64-linux-gnu'"
 	echo "export PKG_CONFIG_SYSROOT_DIR=$root"
 	echo "export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$lib/openmpi/lib/pkgconfig:$root/usr/share/pkgconfig"
+	echo "export GOEP_ARM64_LD_LIBRARY_PATH=$lib:$lib/nvidia/current:$root/lib/aarch64-linux-gnu"
 }
 
 case "${1:-}" in
@@ -77,20 +85,15 @@ if [ ! -e "$stamp" ]; then
 	# architectures and the system's cache are not touched. The mirror is
 	# the one the machine's sources name; the closure is computed against
 	# an empty package status, so that nothing of the machine counts as
-	# already there.
-	mirror=${DEBIAN_MIRROR:-$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)}
-	[ -n "$mirror" ] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
-	[ -n "$mirror" ] || die "no Debian mirror in apt's sources; set DEBIAN_MIRROR"
+	# already there
+	# (scripts/private-apt.sh).
 	rm -rf "$root"
-	mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$debs" "$root/stubs"
-	echo "deb [arch=arm64] $mirror bookworm main contrib non-free" >"$apt_dir/sources.list"
+	mkdir -p "$apt_dir" "$debs" "$root"
 	: >"$apt_dir/status"
-	opts=(-o Dir::Etc::sourcelist="$apt_dir/sources.list" -o Dir::Etc::sourceparts=-
-		-o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache="$apt_dir/cache"
-		-o Dir::State::status="$apt_dir/status"
-		-o APT::Architecture=arm64 -o APT::Architectures::=arm64
-		-o APT::Sandbox::User=root -o Debug::NoLocking=1)
-	apt-get "${opts[@]}" -qq update || die "cannot fetch Debian 12's arm64 package index from $mirror"
+	private_apt "$apt_dir" "deb [arch=arm64] MIRROR bookworm main contrib non-free" \
+		-o Dir::State::status="$apt_dir/status" -o APT::Architecture=arm64 -o APT::Architectures::=arm64 ||
+		die "no index of Debian 12 for arm64"
+	opts=("${apt_opts[@]}")
 	# The closure of the packages asked for, as an install into an empty
 	# system would fetch it; the driver's libcuda1 alone (its own
 	# dependencies are the driver's packaging, not libraries).
@@ -113,12 +116,8 @@ if [ ! -e "$stamp" ]; then
 		dpkg -x "$(ls "${p}"_*.deb | head -1)" "$root"
 	done
 
-	# The linker's libcuda.so: the driver's library (Debian names it
-	# libcuda.so.1 through its alternatives, which an extraction does not
-	# set up).
-	cudalib=$(find "$root/usr/lib/aarch64-linux-gnu" -name 'libcuda.so.[0-9]*.*' | head -1)
-	[ -n "$cudalib" ] || die "no libcuda.so in libcuda1:arm64"
-	ln -sf "$cudalib" "$root/stubs/libcuda.so"
+	# The linker's libcuda.so is the driver's, in its own folder.
+	[ -e "$root/usr/lib/aarch64-linux-gnu/nvidia/current/libcuda.so" ] || die "no libcuda.so in libcuda1:arm64"
 	[ -e "$root/usr/lib/aarch64-linux-gnu/openmpi/lib/pkgconfig/ompi.pc" ] || die "no ompi.pc in the tree"
 	touch "$stamp"
 	exec 1>&3 3>&-

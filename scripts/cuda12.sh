@@ -31,6 +31,9 @@ stamp=$root/.goep-extracted
 pkgs=(nvidia-cuda-toolkit=12.4.131~12.4.1-2 libnvvm4=12.4.131~12.4.1-2
 	nvidia-cuda-dev=12.4.127~12.4.1-2 libcu++-dev=2.3.2-2)
 
+# shellcheck source=scripts/private-apt.sh
+source "$(dirname "$0")/private-apt.sh"
+
 die() {
 	echo "scripts/cuda12.sh: $*" >&2
 	exit 1
@@ -78,17 +81,12 @@ if [ ! -e "$stamp" ]; then
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 	fi
 
-	# A private apt index of trixie: /etc/apt and the system's cache are
-	# not touched. The mirror is the one Debian 12's sources name.
-	mirror=${DEBIAN_MIRROR:-$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)}
-	[ -n "$mirror" ] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
-	[ -n "$mirror" ] || die "no Debian mirror in apt's sources; set DEBIAN_MIRROR"
-	mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$debs" "$root"
-	echo "deb $mirror trixie main contrib non-free" >"$apt_dir/sources.list"
-	opts=(-o Dir::Etc::sourcelist="$apt_dir/sources.list" -o Dir::Etc::sourceparts=-
-		-o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache="$apt_dir/cache"
-		-o APT::Sandbox::User=root -o Debug::NoLocking=1)
-	apt-get "${opts[@]}" -qq update || die "cannot fetch trixie's package index from $mirror"
+	# A private apt index of trixie (scripts/private-apt.sh): /etc/apt
+	# and the system's cache are not touched. The mirror is the one Debian
+	# 12's sources name.
+	mkdir -p "$debs" "$root"
+	private_apt "$apt_dir" "deb MIRROR trixie main contrib non-free" || die "no index of trixie"
+	opts=("${apt_opts[@]}")
 
 	cd "$debs"
 	for p in "${pkgs[@]}"; do

@@ -281,7 +281,6 @@ all)
 	log "arm64 cgo: every tag set vetted and built (scripts/arm64-sysroot.sh); eprun of every tag under qemu-user"
 	(
 		eval "$(bash scripts/arm64-sysroot.sh)"
-		root=$PKG_CONFIG_SYSROOT_DIR
 		sets=("" mpi ucx mpi,ucx)
 		if [ "$GOEP_ARM64_CUDA" = 1 ]; then
 			sets+=(cuda cuda,mpi cuda,ucx cuda,mpi,ucx)
@@ -294,8 +293,7 @@ all)
 		done
 		all=${sets[${#sets[@]} - 1]}
 		go build -tags "$all" -o "$arm/eprun" ./cmd/eprun
-		lib=$root/usr/lib/aarch64-linux-gnu
-		export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu LD_LIBRARY_PATH=$lib:$lib/nvidia/current:$root/lib/aarch64-linux-gnu
+		export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu LD_LIBRARY_PATH=$GOEP_ARM64_LD_LIBRARY_PATH
 		qemu-aarch64-static "$arm/eprun" bench tiny >"$arm/log" 2>&1 || {
 			cat "$arm/log" >&2
 			echo "scripts/test.sh: the arm64 eprun ($all) failed its bench under qemu" >&2
