@@ -12,6 +12,7 @@ import (
 
 	"github.com/goep/goep/comm"
 	"github.com/goep/goep/device"
+	"github.com/goep/goep/internal/view"
 	"github.com/goep/goep/permute"
 )
 
@@ -253,7 +254,9 @@ func (a *A2A) Dispatch(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Pack: message d is [n rows][n*K ids][n*K weights], in token order.
+	// Pack: message d is [n rows][n*K ids][n*K weights], in token order,
+	// with bulk copies (ids and weights in the host's byte order, as C's
+	// memcpy).
 	clear(a.fill)
 	clear(a.seen)
 	for t := range T {
@@ -269,11 +272,8 @@ func (a *A2A) Dispatch(ctx context.Context) error {
 			n, j, m := a.sendRows[d], a.fill[d], send[a.sendOff[d]:a.sendOff[d+1]]
 			a.fill[d]++
 			copy(m[j*rb:(j+1)*rb], a.x[t*rb:(t+1)*rb])
-			ids, ws := m[n*rb+j*4*k:], m[n*rb+n*4*k+j*4*k:]
-			for q := range k {
-				binary.LittleEndian.PutUint32(ids[4*q:], uint32(a.idx[t*k+q]))
-				binary.LittleEndian.PutUint32(ws[4*q:], math.Float32bits(a.wts[t*k+q]))
-			}
+			copy(m[n*rb+j*4*k:], view.Bytes(a.idx[t*k:(t+1)*k]))
+			copy(m[n*rb+n*4*k+j*4*k:], view.Bytes(a.wts[t*k:(t+1)*k]))
 		}
 	}
 	if err := a.allToAllv(ctx, send, a.sendBytes, recv, a.recvBytes); err != nil {
@@ -284,21 +284,23 @@ func (a *A2A) Dispatch(ctx context.Context) error {
 	a.rowOff = growN(a.rowOff, n)
 	a.RecvIdx = growN(a.RecvIdx, n*k)
 	a.RecvWeights = growN(a.RecvWeights, n*k)
+	// The slots are copied out in bulk (a message's ids and weights need
+	// not be 4-byte aligned: rows of odd bf16 widths), then restricted.
 	i := 0
 	for s, c := range a.recvRows {
 		m := recv[a.recvOff[s]:a.recvOff[s+1]]
-		ids, ws := m[c*rb:c*rb+c*4*k], m[c*rb+c*4*k:]
+		copy(view.Bytes(a.RecvIdx[i*k:(i+c)*k]), m[c*rb:c*rb+c*4*k])
+		copy(view.Bytes(a.RecvWeights[i*k:(i+c)*k]), m[c*rb+c*4*k:])
 		for j := range c {
-			a.rowOff[i] = a.recvOff[s] + j*rb
-			for q := range k {
-				e := int32(binary.LittleEndian.Uint32(ids[(j*k+q)*4:]))
-				li, lw := int32(-1), float32(0)
-				if e >= 0 && int(e)/a.l == a.me {
-					li, lw = e%int32(a.l), math.Float32frombits(binary.LittleEndian.Uint32(ws[(j*k+q)*4:]))
-				}
-				a.RecvIdx[i*k+q], a.RecvWeights[i*k+q] = li, lw
-			}
-			i++
+			a.rowOff[i+j] = a.recvOff[s] + j*rb
+		}
+		i += c
+	}
+	for q, e := range a.RecvIdx[:n*k] {
+		if e >= 0 && int(e)/a.l == a.me {
+			a.RecvIdx[q] = e % int32(a.l)
+		} else {
+			a.RecvIdx[q], a.RecvWeights[q] = -1, 0
 		}
 	}
 	return nil

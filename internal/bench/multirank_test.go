@@ -135,6 +135,8 @@ func TestA2AMatchesEngine(t *testing.T) {
 		tokens                []int
 	}{
 		{"bf16", 8, 3, 40, 1, device.BF16, []int{17, 0, 9, 23}},
+		// 82-byte rows: the messages' ids and weights at odd offsets.
+		{"bf16-odd", 8, 3, 41, 2, device.BF16, []int{17, 3, 9, 23}},
 		{"fp32-pad4", 16, 4, 24, 4, device.FP32, []int{5, 12, 30, 1}},
 		{"fp8-pad4", 16, 4, 256, 4, device.FP8E4M3, []int{5, 12, 30, 1}},
 	} {

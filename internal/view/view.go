@@ -26,3 +26,12 @@ func as[T float32 | int32 | uint16](b []byte) []T {
 	}
 	return unsafe.Slice((*T)(unsafe.Pointer(&b[0])), n)
 }
+
+// Bytes views v's elements as bytes (in the host's byte order), for bulk
+// copies of a Go slice into or out of byte memory at any alignment.
+func Bytes[T float32 | int32 | uint16](v []T) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*int(unsafe.Sizeof(v[0])))
+}

@@ -25,3 +25,18 @@ func TestViews(t *testing.T) {
 		t.Fatal("a view of less than one element is not nil")
 	}
 }
+
+func TestBytes(t *testing.T) {
+	v := []int32{-2, 7}
+	b := Bytes(v)
+	if len(b) != 8 || binary.LittleEndian.Uint32(b) != 0xfffffffe || b[4] != 7 {
+		t.Fatalf("bytes % x, want the elements' 8 bytes in order", b)
+	}
+	b[4] = 9 // a view shares the elements
+	if v[1] != 9 {
+		t.Fatal("a store through the view did not reach the elements")
+	}
+	if Bytes([]float32{}) != nil || len(Bytes([]uint16{1})) != 2 {
+		t.Fatal("lengths of empty and one-element views")
+	}
+}
