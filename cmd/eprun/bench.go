@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/goep/goep/configs"
 	"github.com/goep/goep/device"
@@ -441,6 +442,10 @@ func execute(cmd *cobra.Command, name string, f benchFlags, stdout, stderr io.Wr
 		return fmt.Errorf("%s: %w", name, err)
 	}
 	defer log.Sync()
+	if n, ok := shareCPUs(env); ok {
+		log.Info("GOMAXPROCS set to this rank's share of the node's CPUs (set GOMAXPROCS to choose)",
+			zap.Int("gomaxprocs", n), zap.Int("local_ranks", env.LocalSize))
+	}
 	ctx := cmd.Context()
 	envRec := bench.CollectEnv(ctx)
 	envRec.Args = os.Args

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +73,10 @@ func TestLaunchedWorld(t *testing.T) {
 	}
 	if n := strings.Count(out, "# check: OK"); n != 1 {
 		t.Errorf("%d tables printed, want 1 (rank 0's):\n%s", n, out)
+	}
+	// Three ranks on this node share its CPUs (shareCPUs).
+	if want := max(1, runtime.GOMAXPROCS(0)/3); os.Getenv("GOMAXPROCS") == "" && rec.Env.GOMAXPROCS != want {
+		t.Errorf("rank 0 ran with GOMAXPROCS %d, want %d (%d CPUs shared by 3 ranks)", rec.Env.GOMAXPROCS, want, runtime.GOMAXPROCS(0))
 	}
 
 	out, err = launch("check", "tiny", "-q")
