@@ -27,7 +27,7 @@ const module = "github.com/goep/goep/"
 // docs/ARCHITECTURE.md first.
 var allowed = map[string][]string{
 	"cmd/eprun":      {"launcher", "executor", "configs", "comm", "device", "nvlink", "rdma", "internal/bench"},
-	"internal/bench": {"executor", "comm", "device", "permute", "internal/reference"},
+	"internal/bench": {"executor", "comm", "device", "permute", "internal/reference", "internal/view"},
 	"launcher":       {"comm"},
 	"executor":       {"comm", "nvlink", "device", "executor/internal/datapath", "executor/internal/plan", "executor/internal/host", "executor/internal/gpu"},
 	// The executor's parts: the pure plan, the contract with the data
