@@ -839,6 +839,11 @@ __device__ __forceinline__ void finish_launch(const flag_words &fw, uint64_t *co
 		}
 		__syncthreads();
 		if (threadIdx.x == 0) {
+			if (ranks == 1) {
+				// A rank alone sends nothing, so no sender signalled
+				// arrived (senders_done): its own word, here.
+				*(volatile uint64_t *)peerFlags[0] = epoch << 8 | op;
+			}
 			atomicExch(&fw.grid[2], 0u);
 			atomicExch(&fw.grid[3], 0u);
 			if (probe != nullptr) {
@@ -920,9 +925,11 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 	const uint64_t tag = epoch << 8 | op;
 
 	// Sends: rows for peers only (this rank's own go straight to their
-	// place with the receives).
-	if (ls.sender) {
-		work q(&fw.grid[3], ranks > 1 ? entries / width : 0, 1, 0, 0, lane);
+	// place with the receives). With one rank there are none, and the
+	// sender warps receive from the start: their share of the rows is
+	// fixed (work), so a late start would be the launch's tail.
+	if (ls.sender && ranks > 1) {
+		work q(&fw.grid[3], entries / width, 1, 0, 0, lane);
 		const int64_t sent = rowBytes + sBytes + (w != nullptr ? 4 * topk : 0);
 		for (int64_t tok; q.take(tok, lane);) {
 			int32_t remote = 0;
@@ -954,10 +961,8 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 			}
 		}
 		senders_done(fw, peerFlags, ranks, me, tag, ls.sendWarpsAll, lane);
-		if (ranks > 1) {
-			take_offsets();
-		}
-	} else {
+		take_offsets();
+	} else if (!ls.sender) {
 		find_offsets(ls, recvSrc, n, ranks, true);
 		if (ranks > 1) {
 			hand_offsets();
@@ -1080,9 +1085,9 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_combine(
 	// rows arrive anyway, so every warp finds them.
 	find_offsets(ls, recvSrc, rowCap, ranks, false);
 
-	// Sends.
-	if (ls.sender) {
-		work q(&fw.grid[3], ranks > 1 ? (int64_t)(ranks - 1) * *ls.most : 0, 1, 0, 0, lane);
+	// Sends (none with one rank: dispatch's).
+	if (ls.sender && ranks > 1) {
+		work q(&fw.grid[3], (int64_t)(ranks - 1) * *ls.most, 1, 0, 0, lane);
 		for (int64_t k; q.take(k, lane);) {
 			const int32_t s = (int32_t)((me + 1 + k % (ranks - 1)) % ranks);
 			const int64_t i = ls.off[s] + k / (ranks - 1);
