@@ -1085,7 +1085,7 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_combine(
 	// rows arrive anyway, so every warp finds them.
 	find_offsets(ls, recvSrc, rowCap, ranks, false);
 
-	// Sends (none with one rank: dispatch's).
+	// Sends (none with one rank, as in dispatch).
 	if (ls.sender && ranks > 1) {
 		work q(&fw.grid[3], (int64_t)(ranks - 1) * *ls.most, 1, 0, 0, lane);
 		for (int64_t k; q.take(k, lane);) {
