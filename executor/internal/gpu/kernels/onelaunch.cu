@@ -43,11 +43,13 @@ using namespace goep_nvlink;
 using namespace goep_units;
 
 // load16 reads 16 bytes of a caller's input, which no one writes during
-// the launch: through the non-coherent path, not kept in L1 (read once).
+// the launch: through the non-coherent path, not kept in L1 (read once),
+// L2 fetching 256 bytes at a time from memory (rows are read whole, front
+// to back).
 __device__ __forceinline__ uint4 load16_input(const uint4 *p)
 {
 	uint4 v;
-	asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+	asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
 		     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
 		     : "l"(p));
 	return v;
@@ -63,6 +65,21 @@ __device__ __forceinline__ uint4 load16(const uint4 *p)
 	return INPUT ? load16_input(p) : load16_window(p);
 }
 
+// store16 stores 16 bytes. FINAL: p is an output's final place, which
+// nothing reads during the launch: evict-first in L2 (st.global.cs), so
+// that the rows streaming out do not push out lines still to be read.
+// Else p is a peer's window, which the peer reads back during the launch:
+// a plain store.
+template <bool FINAL>
+__device__ __forceinline__ void store16(uint4 *p, uint4 v)
+{
+	if (FINAL) {
+		__stcs(p, v);
+	} else {
+		*p = v;
+	}
+}
+
 // copyLane is how many 16-byte units a lane of warp_copy has in flight.
 constexpr int copyLane = 8;
 
@@ -70,7 +87,7 @@ constexpr int copyLane = 8;
 // 32 lanes of a warp: 16-byte units copyLane in flight a lane when unit is 16,
 // else one unit of unit bytes at a time. INPUT: src is a caller's input
 // (load16_input), else this rank's window (load16_window).
-template <bool INPUT>
+template <bool INPUT, bool FINAL>
 __device__ __forceinline__ void warp_copy(uint8_t *dst, const uint8_t *src, int64_t n, int32_t unit, int lane)
 {
 	if (unit == 16) {
@@ -91,7 +108,7 @@ __device__ __forceinline__ void warp_copy(uint8_t *dst, const uint8_t *src, int6
 #pragma unroll
 			for (int j = 0; j < copyLane; j++) {
 				if (u + 32 * j < m) {
-					d[u + 32 * j] = v[j];
+					store16<FINAL>(d + u + 32 * j, v[j]);
 				}
 			}
 		}
@@ -489,7 +506,8 @@ __device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi)
 	return r;
 }
 
-// store_sum writes V sums at p: rounded once to bf16 (BF16), else fp32.
+// store_sum writes V sums at p: rounded once to bf16 (BF16), else fp32;
+// a unit of 16 bytes as a final place's (store16).
 template <bool BF16, int V>
 __device__ __forceinline__ void store_sum(uint8_t *p, const float *acc)
 {
@@ -512,7 +530,7 @@ __device__ __forceinline__ void store_sum(uint8_t *p, const float *acc)
 				wq[e] = cvt_bf16x2(acc[2 * e], acc[2 * e + 1]);
 			}
 		}
-		*(uint4 *)p = make_uint4(wq[0], wq[1], wq[2], wq[3]);
+		store16<true>((uint4 *)p, make_uint4(wq[0], wq[1], wq[2], wq[3]));
 	} else if (BF16) {
 		*(uint16_t *)p = (uint16_t)to_bf16(acc[0]);
 	} else {
@@ -645,8 +663,9 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 #pragma unroll
 					for (int j = 0; j < sumLane; j++) {
 						if (u0 + 32 * j < uEnd) {
-							*(uint4 *)(out + (int64_t)t * rowBytes + (int64_t)(u0 + 32 * j) * 16) =
-								one_term<BF16>(v[0][j]);
+							store16<true>((uint4 *)(out + (int64_t)t * rowBytes +
+										(int64_t)(u0 + 32 * j) * 16),
+								      one_term<BF16>(v[0][j]));
 						}
 					}
 					stored = true;
@@ -949,7 +968,7 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 				uint8_t *base = peerBase[d];
 				pace_wait(o, paceFs, ls.start, lane);
 				o += sent;
-				warp_copy<true>(base + (int64_t)row * rowBytes, x + t * rowBytes, rowBytes, unit, lane);
+				warp_copy<true, false>(base + (int64_t)row * rowBytes, x + t * rowBytes, rowBytes, unit, lane);
 				for (int32_t k = lane; w != nullptr && k < topk; k += 32) {
 					((float *)(base + wOff))[(int64_t)row * topk + k] = w[t * topk + k];
 				}
@@ -986,7 +1005,7 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 		const int64_t t = own ? recvEnt[i] / width : 0;
 		if (own) {
 			if (out != nullptr) {
-				warp_copy<true>(out + i * rowBytes, x + t * rowBytes, rowBytes, unit, lane);
+				warp_copy<true, true>(out + i * rowBytes, x + t * rowBytes, rowBytes, unit, lane);
 			}
 			if (sx != nullptr && outS != nullptr) {
 				warp_copy4<true>(outS + i * sBytes, sx + t * sBytes, sBytes, lane);
@@ -996,7 +1015,7 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 				continue;  // the call fails (status)
 			}
 			if (out != nullptr) {
-				warp_copy<false>(out + i * rowBytes, win + i * rowBytes, rowBytes, unit, lane);
+				warp_copy<false, true>(out + i * rowBytes, win + i * rowBytes, rowBytes, unit, lane);
 			}
 			if (outS != nullptr) {
 				warp_copy4<false>(outS + i * sBytes, win + sOff + i * sBytes, sBytes, lane);
@@ -1103,7 +1122,7 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_combine(
 			}
 			uint8_t *base = peerBase[s];
 			pace_wait(pace_reserve(probe, rowBytes + (zw != nullptr ? 4 * topk : 0), lane), paceFs, ls.start, lane);
-			warp_copy<true>(base + (int64_t)e * rowBytes, z + i * rowBytes, rowBytes, unit, lane);
+			warp_copy<true, false>(base + (int64_t)e * rowBytes, z + i * rowBytes, rowBytes, unit, lane);
 			for (int32_t q = lane; zw != nullptr && q < topk; q += 32) {
 				((float *)(base + wOff))[(int64_t)e * topk + q] = zw[i * topk + q];
 			}
