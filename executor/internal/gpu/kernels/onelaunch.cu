@@ -18,9 +18,10 @@
 // other on a stream: a sender waits for a peer's done of the previous call
 // only before its first store into that peer's window; the last sender
 // signals arrived to every peer; the last block to end waits for every
-// peer's arrived, signals done and advances the epoch. Every block reads
-// the epoch at its start, and no block changes it before all have ended,
-// so a captured graph replays with fresh epochs; row flags carry epochs,
+// peer's arrived, signals done and advances the epoch (a rank alone, which
+// waits for no one: the last block to start). Every block reads the epoch
+// at its start, and no block changes it before all have read it, so a
+// captured graph replays with fresh epochs; row flags carry epochs,
 // which only grow, so they are never reset. Waits are clock-bounded and
 // record failures in the status words as nvlink's waits do.
 //
@@ -838,18 +839,72 @@ __device__ __forceinline__ void senders_done(const flag_words &fw, uint64_t *con
 	}
 }
 
-// finish_launch ends a one-launch call: the grid's last block past this
-// point waits until every peer has signalled arrived with op, those this
-// rank exchanged no rows with included (a peer that rejected the call,
-// ran another, hung or died fails it on every rank, as the flags' Arrive
-// does), puts the work counter back to zero, files the probe's record
-// and clears its live words (when probing), then stores the epoch and
-// signals done (the flags' Finish) to every peer, whatever the waits
-// found.
+// end_call ends a one-launch call, by the one block that ends it
+// (finish_launch's last, or finish_alone's): it puts the work counters
+// back to zero, files the probe's record and clears its live words (when
+// probing), then stores the epoch and signals done (the flags' Finish) to
+// every peer. Every thread of the block calls it.
+__device__ __forceinline__ void end_call(const flag_words &fw, uint64_t *const *peerFlags, int32_t ranks, int32_t me,
+					 uint64_t epoch, uint32_t op, uint64_t *probe)
+{
+	if (threadIdx.x == 0) {
+		if (ranks == 1) {
+			// A rank alone sends nothing, so no sender signalled
+			// arrived (senders_done): its own word, here.
+			*(volatile uint64_t *)peerFlags[0] = epoch << 8 | op;
+		}
+		atomicExch(&fw.grid[2], 0u);
+		atomicExch(&fw.grid[3], 0u);
+		if (probe != nullptr) {
+			volatile uint64_t *live = probe;
+			volatile uint64_t *rec = probe + probeLive * (1 + (int64_t)(epoch % probeSlots));
+			uint64_t first = live[probeFirst];
+			rec[1] = ~live[probeStart];
+			rec[2] = live[probeSent];
+			rec[3] = first == 0 ? 0 : ~first;
+			rec[4] = live[probeLast];
+			rec[5] = live[probeBytes];
+			rec[6] = live[probeFound];
+			first = live[probeFirstSent];
+			rec[7] = first == 0 ? 0 : ~first;
+			rec[0] = epoch << 8 | op;
+			for (int w = 0; w < probeLive; w++) {
+				live[w] = 0;
+			}
+		}
+		__threadfence();
+		*(volatile uint64_t *)fw.counter = epoch;
+	}
+	signal_words(peerFlags, ranks, ranks + me, epoch << 8 | op);
+}
+
+// finish_alone ends a lone rank's call as soon as every block has read
+// its epoch (start_launch), not at the launch's end: such a call waits
+// for no peer and signals none, and what follows it on its stream starts
+// only once the launch has ended, so nothing needs its blocks' writes
+// announced; the count and the epoch's store are off the launch's tail.
+// Every thread of the block calls it, after start_launch.
+__device__ __forceinline__ void finish_alone(const flag_words &fw, uint64_t *const *peerFlags, uint64_t epoch,
+					     uint32_t op, uint64_t *probe)
+{
+	if (grid_last(&fw.grid[1], gridDim.x)) {
+		end_call(fw, peerFlags, 1, 0, epoch, op, probe);
+	}
+}
+
+// finish_launch ends a call of several ranks: the grid's last block past
+// this point waits until every peer has signalled arrived with op, those
+// this rank exchanged no rows with included (a peer that rejected the
+// call, ran another, hung or died fails it on every rank, as the flags'
+// Arrive does), then ends the call (end_call), whatever the waits found.
+// With one rank finish_alone has.
 __device__ __forceinline__ void finish_launch(const flag_words &fw, uint64_t *const *peerFlags, int32_t ranks,
 					      int32_t me, uint64_t epoch, uint32_t op, int64_t timeoutNs,
 					      uint64_t *probe)
 {
+	if (ranks == 1) {
+		return;
+	}
 	if (grid_last(&fw.grid[1], gridDim.x)) {
 		for (int32_t p = threadIdx.x; p < ranks; p += blockDim.x) {
 			if (p != me) {
@@ -857,35 +912,7 @@ __device__ __forceinline__ void finish_launch(const flag_words &fw, uint64_t *co
 			}
 		}
 		__syncthreads();
-		if (threadIdx.x == 0) {
-			if (ranks == 1) {
-				// A rank alone sends nothing, so no sender signalled
-				// arrived (senders_done): its own word, here.
-				*(volatile uint64_t *)peerFlags[0] = epoch << 8 | op;
-			}
-			atomicExch(&fw.grid[2], 0u);
-			atomicExch(&fw.grid[3], 0u);
-			if (probe != nullptr) {
-				volatile uint64_t *live = probe;
-				volatile uint64_t *rec = probe + probeLive * (1 + (int64_t)(epoch % probeSlots));
-				uint64_t first = live[probeFirst];
-				rec[1] = ~live[probeStart];
-				rec[2] = live[probeSent];
-				rec[3] = first == 0 ? 0 : ~first;
-				rec[4] = live[probeLast];
-				rec[5] = live[probeBytes];
-				rec[6] = live[probeFound];
-				first = live[probeFirstSent];
-				rec[7] = first == 0 ? 0 : ~first;
-				rec[0] = epoch << 8 | op;
-				for (int w = 0; w < probeLive; w++) {
-					live[w] = 0;
-				}
-			}
-			__threadfence();
-			*(volatile uint64_t *)fw.counter = epoch;
-		}
-		signal_words(peerFlags, ranks, ranks + me, epoch << 8 | op);
+		end_call(fw, peerFlags, ranks, me, epoch, op, probe);
 	}
 }
 
@@ -942,6 +969,9 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 	const uint64_t epoch = ls.epoch;
 	const int lane = ls.lane;
 	const uint64_t tag = epoch << 8 | op;
+	if (ranks == 1) {
+		finish_alone(fw, peerFlags, epoch, op, probe);
+	}
 
 	// Sends: rows for peers only (this rank's own go straight to their
 	// place with the receives). With one rank there are none, and the
@@ -1100,6 +1130,9 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_combine(
 	const uint64_t epoch = ls.epoch;
 	const int lane = ls.lane;
 	const uint64_t tag = epoch << 8 | op;
+	if (ranks == 1) {
+		finish_alone(fw, peerFlags, epoch, op, probe);
+	}
 	// The senders' order needs the offsets; the sums cannot start before
 	// rows arrive anyway, so every warp finds them.
 	find_offsets(ls, recvSrc, rowCap, ranks, false);
