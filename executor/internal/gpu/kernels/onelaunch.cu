@@ -739,7 +739,7 @@ using namespace goep_onelaunch;
 constexpr int sendWarps = 8;
 
 // launch_start is what a one-launch kernel starts from: the call's epoch
-// (the epoch counter's next; finish_launch stores it), the block's record
+// (the epoch counter's next; end_call stores it), the block's record
 // of the peers heard from (free: done for the previous call), the warp's
 // place in the grid and its role, the launch's start (for pacing), and
 // the received rows' offsets by source (source_offsets: off[ranks+1] and
