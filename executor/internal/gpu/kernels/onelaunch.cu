@@ -925,9 +925,10 @@ __device__ __forceinline__ void finish_launch(const flag_words &fw, uint64_t *co
 // goep_ep_dispatch is Dispatch in one domain, in one launch.
 //
 // Sends (the sender warps, tokens in order from a work counter, a
-// token's entries j in turn; entries = tokens * width): entry j (token
-// entTok[j]'s copy for destination entDest[j], at row entRow[j] there;
-// row -1: none) for a peer d is row entTok[j] of x (rowBytes), its
+// token's entries in turn from (token + me) % width on, wrapping;
+// entries = tokens * width): entry j (token entTok[j]'s copy for
+// destination entDest[j], at row entRow[j] there; row -1: none) for a
+// peer d is row entTok[j] of x (rowBytes), its
 // weights w[t*K:(t+1)*K] (w null: none) and its fp8 scales (row t of sx,
 // sBytes; sx null: none), stored into d's receive window (peerBase[d]):
 // the row at row*rowBytes, the weights at wOff + row*K*4, the scales at
@@ -986,7 +987,14 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 				remote += entRow[j] >= 0 && entDest[j] != me;
 			}
 			uint64_t o = pace_reserve(probe, remote * sent, lane);
-			for (int64_t j = tok * width; j < (tok + 1) * width; j++) {
+			// The token's copies go out one after another, from entry
+			// (token + me) % width on: destinations rotate with the
+			// token and the sender, so that every rank gets first copies
+			// from the start instead of the highest ones waiting behind
+			// a warp's copies to the lower.
+			const int32_t rot = (int32_t)((tok + me) % width);
+			for (int32_t c = 0; c < width; c++) {
+				const int64_t j = tok * width + (c + rot) % width;
 				int32_t row = entRow[j], d = entDest[j];
 				if (row < 0 || d == me) {
 					continue;
