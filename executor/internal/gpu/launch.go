@@ -135,9 +135,11 @@ func oneLaunchSumChunks(units int) int { return (units + 127) / 128 }
 // kernels hand out stays below 2^31 (their work counters and item indices
 // are 32-bit, which keeps the sums' registers from spilling): the sums'
 // (token, 128-unit chunk) items, at most maxTokens times hidden/128
-// chunks, and the receives' items, ranks times the receive capacity. A
-// larger engine runs the kernel sequences instead.
-func oneLaunchFits(maxTokens, hidden, ranks, recvCap int) bool {
+// chunks; dispatch's sends, a token's width entries each; and the
+// receives' items, ranks times the receive capacity. A larger engine
+// runs the kernel sequences instead.
+func oneLaunchFits(maxTokens, hidden, width, ranks, recvCap int) bool {
 	const limit = 1 << 31
-	return int64(maxTokens)*int64((hidden+127)/128) < limit && int64(ranks)*int64(recvCap) < limit
+	return int64(maxTokens)*int64((hidden+127)/128) < limit && int64(maxTokens)*int64(width) < limit &&
+		int64(ranks)*int64(recvCap) < limit
 }

@@ -296,7 +296,7 @@ func newPath(ctx context.Context, env *datapath.Env, ctl *host.Control, g comm.G
 			if f, lerr = newFlat(p, gpuLayout); lerr == nil {
 				p.cross = f
 			}
-			if lerr == nil && !opts.MultiKernel && oneLaunchFits(P.MaxTokensPerRank, p.H, R, p.recvCap) {
+			if lerr == nil && !opts.MultiKernel && oneLaunchFits(P.MaxTokensPerRank, p.H, p.W, R, p.recvCap) {
 				p.one, lerr = newOneLaunch(p, opts)
 			}
 		}

@@ -924,12 +924,11 @@ __device__ __forceinline__ void finish_launch(const flag_words &fw, uint64_t *co
 
 // goep_ep_dispatch is Dispatch in one domain, in one launch.
 //
-// Sends (the sender warps, tokens in order from a work counter, a
-// token's entries in turn from (token + me) % width on, wrapping;
-// entries = tokens * width): entry j (token entTok[j]'s copy for
+// Sends (the sender warps, a warp an entry, entries in order from a work
+// counter; entries = tokens * width, a token's consecutive, so that its
+// copies go out at once): entry j (token entTok[j]'s copy for
 // destination entDest[j], at row entRow[j] there; row -1: none) for a
-// peer d is row entTok[j] of x (rowBytes), its
-// weights w[t*K:(t+1)*K] (w null: none) and its fp8 scales (row t of sx,
+// peer d is row entTok[j] of x (rowBytes), its weights w[t*K:(t+1)*K] (w null: none) and its fp8 scales (row t of sx,
 // sBytes; sx null: none), stored into d's receive window (peerBase[d]):
 // the row at row*rowBytes, the weights at wOff + row*K*4, the scales at
 // sOff + row*sBytes, once d has signalled done for the previous call;
@@ -979,43 +978,32 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 	// sender warps receive from the start: their share of the rows is
 	// fixed (work), so a late start would be the launch's tail.
 	if (ls.sender && ranks > 1) {
-		work q(&fw.grid[3], entries / width, 1, 0, 0, lane);
+		// A warp an entry (a token's copy for one destination), not a
+		// token: a token's copies go out at once from consecutive warps
+		// instead of one after another from one warp, whose copies to
+		// the later destinations would wait behind the earlier ones.
+		work q(&fw.grid[3], entries, 1, 0, 0, lane);
 		const int64_t sent = rowBytes + sBytes + (w != nullptr ? 4 * topk : 0);
-		for (int64_t tok; q.take(tok, lane);) {
-			int32_t remote = 0;
-			for (int64_t j = tok * width; j < (tok + 1) * width; j++) {
-				remote += entRow[j] >= 0 && entDest[j] != me;
+		for (int64_t j; q.take(j, lane);) {
+			const int32_t row = entRow[j], d = entDest[j];
+			if (row < 0 || d == me) {
+				continue;
 			}
-			uint64_t o = pace_reserve(probe, remote * sent, lane);
-			// The token's copies go out one after another, from entry
-			// (token + me) % width on: destinations rotate with the
-			// token and the sender, so that every rank gets first copies
-			// from the start instead of the highest ones waiting behind
-			// a warp's copies to the lower.
-			const int32_t rot = (int32_t)((tok + me) % width);
-			for (int32_t c = 0; c < width; c++) {
-				const int64_t j = tok * width + (c + rot) % width;
-				int32_t row = entRow[j], d = entDest[j];
-				if (row < 0 || d == me) {
-					continue;
-				}
-				if (!wait_heard(ls.freed, fw.done + d, d, epoch - 1, epoch, 0, timeoutNs, fw, lane)) {
-					continue;  // the call fails (status); nothing to store
-				}
-				int64_t t = entTok[j];
-				uint8_t *base = peerBase[d];
-				pace_wait(o, paceFs, ls.start, lane);
-				o += sent;
-				warp_copy<true, false>(base + (int64_t)row * rowBytes, x + t * rowBytes, rowBytes, unit, lane);
-				for (int32_t k = lane; w != nullptr && k < topk; k += 32) {
-					((float *)(base + wOff))[(int64_t)row * topk + k] = w[t * topk + k];
-				}
-				if (sx != nullptr) {
-					warp_copy4<true>(base + sOff + (int64_t)row * sBytes, sx + t * sBytes, sBytes, lane);
-				}
-				publish_row((uint64_t *)(base + fOff) + row, tag, lane);
-				probe_sent(probe, lane);
+			if (!wait_heard(ls.freed, fw.done + d, d, epoch - 1, epoch, 0, timeoutNs, fw, lane)) {
+				continue;  // the call fails (status); nothing to store
 			}
+			const int64_t t = entTok[j];
+			uint8_t *base = peerBase[d];
+			pace_wait(pace_reserve(probe, sent, lane), paceFs, ls.start, lane);
+			warp_copy<true, false>(base + (int64_t)row * rowBytes, x + t * rowBytes, rowBytes, unit, lane);
+			for (int32_t k = lane; w != nullptr && k < topk; k += 32) {
+				((float *)(base + wOff))[(int64_t)row * topk + k] = w[t * topk + k];
+			}
+			if (sx != nullptr) {
+				warp_copy4<true>(base + sOff + (int64_t)row * sBytes, sx + t * sBytes, sBytes, lane);
+			}
+			publish_row((uint64_t *)(base + fOff) + row, tag, lane);
+			probe_sent(probe, lane);
 		}
 		senders_done(fw, peerFlags, ranks, me, tag, ls.sendWarpsAll, lane);
 		take_offsets();
