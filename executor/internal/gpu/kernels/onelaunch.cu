@@ -848,11 +848,6 @@ __device__ __forceinline__ void end_call(const flag_words &fw, uint64_t *const *
 					 uint64_t epoch, uint32_t op, uint64_t *probe)
 {
 	if (threadIdx.x == 0) {
-		if (ranks == 1) {
-			// A rank alone sends nothing, so no sender signalled
-			// arrived (senders_done): its own word, here.
-			*(volatile uint64_t *)peerFlags[0] = epoch << 8 | op;
-		}
 		atomicExch(&fw.grid[2], 0u);
 		atomicExch(&fw.grid[3], 0u);
 		if (probe != nullptr) {
@@ -879,7 +874,8 @@ __device__ __forceinline__ void end_call(const flag_words &fw, uint64_t *const *
 }
 
 // finish_alone ends a lone rank's call as soon as every block has read
-// its epoch (start_launch), not at the launch's end: such a call waits
+// its epoch (start_launch), not at the launch's end: the last block stores
+// the rank's own arrived word, then ends the call (end_call). Such a call waits
 // for no peer and signals none, and what follows it on its stream starts
 // only once the launch has ended, so nothing needs its blocks' writes
 // announced; the count and the epoch's store are off the launch's tail.
@@ -888,6 +884,11 @@ __device__ __forceinline__ void finish_alone(const flag_words &fw, uint64_t *con
 					     uint32_t op, uint64_t *probe)
 {
 	if (grid_last(&fw.grid[1], gridDim.x)) {
+		if (threadIdx.x == 0) {
+			// A rank alone sends nothing, so no sender signalled
+			// arrived (senders_done): its own word, here.
+			*(volatile uint64_t *)peerFlags[0] = epoch << 8 | op;
+		}
 		end_call(fw, peerFlags, 1, 0, epoch, op, probe);
 	}
 }
