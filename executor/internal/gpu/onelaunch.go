@@ -111,8 +111,8 @@ type Probe struct {
 }
 
 // Probes downloads the records of the last calls (up to 64), oldest
-// first; none unless Options.Probe or LinkPace was set. The stream must
-// be idle (after Synchronize).
+// first; none unless Options.Probe or LinkPace was set, and none for a
+// rank alone (probeArg). The stream must be idle (after Synchronize).
 func (p *Path) Probes(ctx context.Context) ([]Probe, error) {
 	if p.one == nil || p.one.probe == nil {
 		return nil, nil
@@ -170,7 +170,7 @@ func (p *Path) dispatchOne(h *datapath.Handle, x, w, sx *device.Tensor, out data
 		some(datapath.Buf(out.RecvIdx)), some(datapath.Buf(out.RecvScales)),
 		p.peerTable(regionRecv), win, int64(rb), int64(p.recvWOff), int64(p.scaleOff()), int64(sb), int64(p.recvFOff),
 		int32(p.K), int32(p.W), unit, f.Peers(), f.Words(), int32(f.Size()), int32(f.Rank()), op, f.TimeoutNs(),
-		p.one.probe, p.one.paceFs)
+		p.probeArg(), p.one.paceFs)
 	if err != nil {
 		// Nothing of the call ran: join it as rejected, so that the
 		// peers fail it at once and the epochs stay in step.
@@ -216,7 +216,7 @@ func (p *Path) combineOne(h *datapath.Handle, z, zw *device.Tensor, out datapath
 		some(datapath.Buf(out.X)), some(datapath.Buf(gw)),
 		p.peerTable(regionComb), win, int64(rb), int64(p.combWOff), int64(p.combFOff), int64(p.H), int32(p.K), int32(p.W),
 		unit, bf16, vec, p.dnan, f.Peers(), f.Words(), int32(f.Size()), int32(f.Rank()), op, f.TimeoutNs(),
-		p.one.probe, p.one.paceFs)
+		p.probeArg(), p.one.paceFs)
 	if err != nil {
 		// Nothing of the call ran (dispatchOne).
 		p.rejectFlags(err)
@@ -229,6 +229,16 @@ func (p *Path) combineOne(h *datapath.Handle, z, zw *device.Tensor, out datapath
 // some is b, or nil when b is empty: an empty view may sit at the end of
 // its allocation, where no device memory is (the launch refuses it), and a
 // kernel reads none of it anyway.
+// probeArg is the probe a launch records into: none for a rank alone,
+// whose call ends before its blocks are done (finish_alone), so that its
+// record could not hold the launch's times.
+func (p *Path) probeArg() *device.Buffer {
+	if p.flags.Size() == 1 {
+		return nil
+	}
+	return p.one.probe
+}
+
 func some(b *device.Buffer) *device.Buffer {
 	if b == nil || b.Size() == 0 {
 		return nil
