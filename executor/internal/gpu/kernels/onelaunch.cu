@@ -19,8 +19,9 @@
 // only before its first store into that peer's window; the last sender
 // signals arrived to every peer; the last block to end waits for every
 // peer's arrived, signals done and advances the epoch (a rank alone, which
-// waits for no one: the last block to start). Every block reads the epoch
-// at its start, and no block changes it before all have read it, so a
+// waits for no one: the last block to count itself in, at its end). Every
+// block reads the epoch at its start (a rank alone: only the block that
+// ends the call), and no block changes it before all have read it, so a
 // captured graph replays with fresh epochs; row flags carry epochs,
 // which only grow, so they are never reset. Waits are clock-bounded and
 // record failures in the status words as nvlink's waits do.
@@ -739,7 +740,8 @@ using namespace goep_onelaunch;
 constexpr int sendWarps = 8;
 
 // launch_start is what a one-launch kernel starts from: the call's epoch
-// (the epoch counter's next; end_call stores it), the block's record
+// (the epoch counter's next; end_call stores it; 0 with one rank, whose
+// launch reads it only to end the call: finish_alone), the block's record
 // of the peers heard from (free: done for the previous call), the warp's
 // place in the grid and its role, the launch's start (for pacing), and
 // the received rows' offsets by source (source_offsets: off[ranks+1] and
@@ -768,7 +770,9 @@ __device__ __forceinline__ launch_start start_launch(const flag_words &fw, uint6
 	__shared__ uint32_t freeBits[GOEP_MAX_RANKS / 32];
 	__shared__ int32_t off[GOEP_MAX_RANKS + 1], most;
 	if (threadIdx.x == 0) {
-		epochShared = *(volatile const uint64_t *)fw.counter + 1;
+		// With one rank only finish_alone needs the epoch, and reads it
+		// there: the blocks start without waiting for the load.
+		epochShared = ranks > 1 ? *(volatile const uint64_t *)fw.counter + 1 : 0;
 		startShared = 0;
 		if (probe != nullptr) {
 			atomicMax((unsigned long long *)probe + probeStart, ~(unsigned long long)now_ns());
@@ -843,7 +847,9 @@ __device__ __forceinline__ void senders_done(const flag_words &fw, uint64_t *con
 // (finish_launch's last, or finish_alone's): it puts the work counters
 // back to zero, files the probe's record and clears its live words (when
 // probing), then stores the epoch and signals done (the flags' Finish) to
-// every peer. Every thread of the block calls it.
+// every peer. Thread 0 does all but the signals, which the block's threads
+// share (a peer a thread): every thread of the block calls it, but with
+// one rank thread 0 alone may (finish_alone).
 __device__ __forceinline__ void end_call(const flag_words &fw, uint64_t *const *peerFlags, int32_t ranks, int32_t me,
 					 uint64_t epoch, uint32_t op, uint64_t *probe)
 {
@@ -873,22 +879,32 @@ __device__ __forceinline__ void end_call(const flag_words &fw, uint64_t *const *
 	signal_words(peerFlags, ranks, ranks + me, epoch << 8 | op);
 }
 
-// finish_alone ends a lone rank's call as soon as every block has read
-// its epoch (start_launch), not at the launch's end: the last block stores
-// the rank's own arrived word, then ends the call (end_call). Such a call waits
-// for no peer and signals none, and what follows it on its stream starts
-// only once the launch has ended, so nothing needs its blocks' writes
-// announced; the count and the epoch's store are off the launch's tail.
-// Every thread of the block calls it, after start_launch.
-__device__ __forceinline__ void finish_alone(const flag_words &fw, uint64_t *const *peerFlags, uint64_t epoch,
-					     uint32_t op, uint64_t *probe)
+// alone_ticket counts a lone rank's block into its launch (thread 0's
+// atomic; 0 on the other threads) and returns its place, which
+// finish_alone reads at the block's end, so that the atomic's round trip
+// overlaps the block's work.
+__device__ __forceinline__ uint32_t alone_ticket(const flag_words &fw)
 {
-	if (grid_last(&fw.grid[1], gridDim.x)) {
-		if (threadIdx.x == 0) {
-			// A rank alone sends nothing, so no sender signalled
-			// arrived (senders_done): its own word, here.
-			*(volatile uint64_t *)peerFlags[0] = epoch << 8 | op;
-		}
+	return threadIdx.x == 0 ? atomicAdd(&fw.grid[1], 1u) : 0u;
+}
+
+// finish_alone ends a lone rank's call: thread 0 of the block that counted
+// itself last (alone_ticket) puts the count back to zero, stores the
+// rank's own arrived word and ends the call (end_call), with the epoch
+// counter's next. Such a call waits for no peer and signals none, nothing
+// else of its launch reads the epoch, and what follows it on its stream
+// starts only once the launch has ended: no block waits for another, and
+// nothing needs their writes announced. Every thread of the block calls
+// it, with its ticket.
+__device__ __forceinline__ void finish_alone(const flag_words &fw, uint64_t *const *peerFlags, uint32_t op,
+					     uint64_t *probe, uint32_t ticket)
+{
+	if (threadIdx.x == 0 && ticket == gridDim.x - 1) {
+		atomicExch(&fw.grid[1], 0u);
+		const uint64_t epoch = *(volatile const uint64_t *)fw.counter + 1;
+		// A rank alone sends nothing, so no sender signalled arrived
+		// (senders_done): its own word, here.
+		*(volatile uint64_t *)peerFlags[0] = epoch << 8 | op;
 		end_call(fw, peerFlags, 1, 0, epoch, op, probe);
 	}
 }
@@ -898,7 +914,7 @@ __device__ __forceinline__ void finish_alone(const flag_words &fw, uint64_t *con
 // this rank exchanged no rows with included (a peer that rejected the
 // call, ran another, hung or died fails it on every rank, as the flags'
 // Arrive does), then ends the call (end_call), whatever the waits found.
-// With one rank finish_alone has.
+// With one rank it does nothing: finish_alone ends the call.
 __device__ __forceinline__ void finish_launch(const flag_words &fw, uint64_t *const *peerFlags, int32_t ranks,
 					      int32_t me, uint64_t epoch, uint32_t op, int64_t timeoutNs,
 					      uint64_t *probe)
@@ -970,9 +986,7 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 	const uint64_t epoch = ls.epoch;
 	const int lane = ls.lane;
 	const uint64_t tag = epoch << 8 | op;
-	if (ranks == 1) {
-		finish_alone(fw, peerFlags, epoch, op, probe);
-	}
+	const uint32_t ticket = ranks == 1 ? alone_ticket(fw) : 0u;
 
 	// Sends: rows for peers only (this rank's own go straight to their
 	// place with the receives). With one rank there are none, and the
@@ -1085,6 +1099,9 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 			outW[i * topk + q] = 0.0f;
 		}
 	}
+	if (ranks == 1) {
+		finish_alone(fw, peerFlags, op, probe, ticket);
+	}
 	finish_launch(fw, peerFlags, ranks, me, epoch, op, timeoutNs, probe);
 }
 
@@ -1127,9 +1144,7 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_combine(
 	const uint64_t epoch = ls.epoch;
 	const int lane = ls.lane;
 	const uint64_t tag = epoch << 8 | op;
-	if (ranks == 1) {
-		finish_alone(fw, peerFlags, epoch, op, probe);
-	}
+	const uint32_t ticket = ranks == 1 ? alone_ticket(fw) : 0u;
 	// The senders' order needs the offsets; the sums cannot start before
 	// rows arrive anyway, so every warp finds them.
 	find_offsets(ls, recvSrc, rowCap, ranks, false);
@@ -1176,6 +1191,9 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_combine(
 	} else {
 		combine_sums<false, 1>(out, gw, z, zw, win, rowFlags, entDest, entRow, slot, tokens, width, hidden,
 				       wOff, topk, dnan, epoch, op, timeoutNs, fw, me, probe, ranks > 1, ls.warp, ls.warps, lane);
+	}
+	if (ranks == 1) {
+		finish_alone(fw, peerFlags, op, probe, ticket);
 	}
 	finish_launch(fw, peerFlags, ranks, me, epoch, op, timeoutNs, probe);
 }
