@@ -62,9 +62,14 @@ __device__ __forceinline__ void fail_status(uint64_t *status, uint64_t code)
 // after an earlier failure (status[0] != 0) returns at once. It returns
 // whether the peer was heard from in order. It spins without sleeping at
 // first: the word is in this GPU's memory, and the peer's signal is
-// usually microseconds away.
+// usually microseconds away. After the wait the thread's reads and writes
+// follow the peer's: a system-wide fence does it, or, with acquire, the
+// word's reads are system-scope acquires, which order them without waiting
+// for the thread's own earlier writes (for a thread that has made none
+// the signal needs to cover).
 __device__ __forceinline__ bool wait_word(const uint64_t *word, int32_t p, uint64_t want, uint64_t epoch,
-					  uint32_t op, int64_t timeoutNs, uint64_t *status, int32_t *missing)
+					  uint32_t op, int64_t timeoutNs, uint64_t *status, int32_t *missing,
+					  bool acquire = false)
 {
 	volatile const uint64_t *f = word;
 	volatile uint64_t *st = status;
@@ -73,14 +78,21 @@ __device__ __forceinline__ bool wait_word(const uint64_t *word, int32_t p, uint6
 		if (*st != 0) {
 			return false;
 		}
-		uint64_t v = *f;
+		uint64_t v;
+		if (acquire) {
+			asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(word) : "memory");
+		} else {
+			v = *f;
+		}
 		if ((v >> 8) >= want) {
 			if (op != 0 && (v >> 8) == epoch && (uint32_t)(v & 0xff) != op) {
 				missing[p] = (v & 0xff) == opRejected ? 3 : 2;
 				fail_status(status, 2);
 				return false;
 			}
-			__threadfence_system();  // reads after the wait see the peer's writes
+			if (!acquire) {
+				__threadfence_system();  // reads after the wait see the peer's writes
+			}
 			return true;
 		}
 		if ((spin & 63) == 63 && (int64_t)(now_ns() - start) > timeoutNs) {

@@ -161,13 +161,17 @@ struct heard {
 };
 
 // wait_heard is wait_word for lane 0 of a warp, cached in h, the outcome
-// given to every lane.
+// given to every lane. Its waits are a sender's, for a peer's done before
+// the first store into that peer's window: the word's acquire loads order
+// the stores after the peer's reads of the window, which is all the wait
+// must order; a fence would also wait for the warp's stores into other
+// peers' windows, which need no order here.
 __device__ __forceinline__ bool wait_heard(heard h, const uint64_t *word, int32_t p, uint64_t want, uint64_t epoch,
 					   uint32_t op, int64_t timeoutNs, const flag_words &fw, int lane)
 {
 	int ok = 1;
 	if (lane == 0 && !h.has(p)) {
-		ok = wait_word(word, p, want, epoch, op, timeoutNs, fw.status, fw.missing);
+		ok = wait_word(word, p, want, epoch, op, timeoutNs, fw.status, fw.missing, true);
 		if (ok) {
 			h.add(p);
 		}
