@@ -260,23 +260,34 @@ __device__ __forceinline__ bool wait_row(const uint64_t *flag, int32_t p, uint64
 // word, zero between launches): slots of batch
 // consecutive items go to warps in order, the next slot fetched (one
 // atomic by lane 0) while the warp works on the current one, so that
-// items go out in order and a warp that finishes early takes more. Fixed
-// (counter null): warp w takes items w, w + warps, ... (where nothing
-// waits, every warp's share is as long, and no atomic is needed).
+// items go out in order and a warp that finishes early takes more; with
+// late, not before the warp calls ahead (else at the next take): a warp
+// whose item waits for rows to land then holds that item alone, and the
+// items after it go to warps that are free. Fixed (counter null): warp w
+// takes items w, w + warps, ... (where nothing waits, every warp's share
+// is as long, and no atomic is needed).
 struct work {
 	uint32_t *counter;
 	int32_t total, item, step, left;
 	uint32_t next;  // lane 0's fetch in flight
+	bool have;      // next holds the warp's next slot
+	bool late;
 	__device__ __forceinline__ work(uint32_t *c, int64_t total_, int32_t batch, int64_t warp, int64_t warps,
-					int lane)
-		: counter(c), total((int32_t)total_), item((int32_t)warp), step((int32_t)warps), left(0), next(0)
+					int lane, bool late_ = false)
+		: counter(c), total((int32_t)total_), item((int32_t)warp), step((int32_t)warps), left(0), next(0),
+		  have(false), late(late_)
 	{
 		if (counter != nullptr) {
 			step = batch;
-			if (lane == 0) {
-				next = atomicAdd(counter, (uint32_t)batch);
-			}
+			fetch(lane);
 		}
+	}
+	__device__ __forceinline__ void fetch(int lane)
+	{
+		if (lane == 0) {
+			next = atomicAdd(counter, (uint32_t)step);
+		}
+		have = true;
 	}
 	// take sets k to the warp's next item and reports whether there is one.
 	__device__ __forceinline__ bool take(int64_t &k, int lane)
@@ -287,15 +298,27 @@ struct work {
 			return k < total;
 		}
 		if (left == 0) {
+			if (!have) {
+				fetch(lane);
+			}
 			item = (int32_t)__shfl_sync(0xffffffffu, next, 0);
 			left = step;
-			if (item < total && lane == 0) {
-				next = atomicAdd(counter, (uint32_t)step);
+			have = false;
+			if (!late && item < total) {
+				fetch(lane);
 			}
 		}
 		k = item++;
 		left--;
 		return k < total;
+	}
+	// ahead fetches the warp's next slot now (late), if the current one
+	// has no items left and it was not fetched yet.
+	__device__ __forceinline__ void ahead(int lane)
+	{
+		if (counter != nullptr && !have && left == 0 && item < total) {
+			fetch(lane);
+		}
 	}
 };
 
@@ -600,7 +623,9 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 	// Item counts stay below 2^31 (oneLaunchFits): 32-bit arithmetic.
 	const int32_t units = (int32_t)(hidden / V);
 	const int32_t chunks = (units + sumChunk - 1) / sumChunk;
-	work q(shared ? &fw.grid[2] : nullptr, tokens * chunks, 1, warp, warps, lane);
+	// late: a warp takes its next item once its item's terms are in, so
+	// that the items after one that waits go to free warps.
+	work q(shared ? &fw.grid[2] : nullptr, tokens * chunks, 1, warp, warps, lane, true);
 	int64_t ready = -1;  // the token whose terms this warp has seen land
 	for (int64_t item; q.take(item, lane);) {
 		const int32_t t = (int32_t)item / chunks, ch = (int32_t)item % chunks;
@@ -637,6 +662,7 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 			if (!ok) {
 				break;  // the call fails (status)
 			}
+			q.ahead(lane);
 			const uint8_t *src = r < 0 ? nullptr : d == me ? z + (int64_t)r * rowBytes : win + e * rowBytes;
 			const uint32_t terms = __ballot_sync(0xffffffffu, r >= 0);
 			// A token's one term goes to out as it is (one_term),
