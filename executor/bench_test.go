@@ -37,7 +37,7 @@ func BenchmarkFloor(b *testing.B) {
 // each) and waits for all of them to have made the call and synchronized.
 func benchCalls(b *testing.B, R, T, H int, calls []string) {
 	for _, call := range calls {
-		b.Run(fmt.Sprintf("call=%s/ranks=%d/tokens=%d/hidden=%d/topk=%d", call, R, T, H, 8), func(b *testing.B) {
+		b.Run(fmt.Sprintf("call=%s/ranks=%d/tokens=%d/hidden=%d/topk=%d", call, R, T, H, benchTopK), func(b *testing.B) {
 			gs := comm.NewLocal(R)
 			be := device.NewHost()
 			defer be.Close()
@@ -86,7 +86,7 @@ func benchCalls(b *testing.B, R, T, H int, calls []string) {
 func BenchmarkFloorLoop(b *testing.B) {
 	for _, R := range []int{2, 4, 8, 16} {
 		for _, call := range []string{"dispatch", "combine"} {
-			b.Run(fmt.Sprintf("call=%s/ranks=%d/tokens=1/hidden=8/topk=8", call, R), func(b *testing.B) {
+			b.Run(fmt.Sprintf("call=%s/ranks=%d/tokens=1/hidden=8/topk=%d", call, R, benchTopK), func(b *testing.B) {
 				gs := comm.NewLocal(R)
 				be := device.NewHost()
 				defer be.Close()
@@ -129,11 +129,13 @@ func BenchmarkFloorLoop(b *testing.B) {
 	}
 }
 
+// The benchmarks' routing: 64 experts, top-8.
+const benchExperts, benchTopK = 64, 8
+
 // benchRank is one rank of a benchmark's in-process world, set up for one
 // call: run makes the call and synchronizes (it panics on an error, as a
 // benchmark cannot go on); bytes are the rank's received rows.
 type benchRank struct {
-	e     *Engine
 	run   func()
 	bytes int64
 	close func()
@@ -145,7 +147,7 @@ type benchRank struct {
 // received rows' bytes from one buffer to another on its stream, split
 // over the cores in chunks of 64 KiB at least.
 func newBenchRank(g comm.Group, be device.Backend, T, H int, call string) *benchRank {
-	const E, K = 64, 8
+	const E, K = benchExperts, benchTopK
 	dt := device.BF16
 	r := g.Rank()
 	ctx := context.Background()
@@ -214,7 +216,7 @@ func newBenchRank(g comm.Group, be device.Backend, T, H int, call string) *bench
 		}
 		closeAll(outs...)
 	}
-	return &benchRank{e: e, run: run, bytes: int64(h.RecvRows() * H * dt.Size()), close: func() { e.Close() }}
+	return &benchRank{run: run, bytes: int64(h.RecvRows() * H * dt.Size()), close: func() { e.Close() }}
 }
 
 // dedupe replaces repeated experts in a row by the next unused ones.
