@@ -939,17 +939,19 @@ __device__ __forceinline__ void finish_alone(const flag_words &fw, uint64_t *con
 	}
 }
 
-// finish_launch ends a call of several ranks: the grid's last block past
-// this point waits until every peer has signalled arrived with op, those
-// this rank exchanged no rows with included (a peer that rejected the
-// call, ran another, hung or died fails it on every rank, as the flags'
-// Arrive does), then ends the call (end_call), whatever the waits found.
-// With one rank it does nothing: finish_alone ends the call.
+// finish_launch ends a call at a block's end. With several ranks the
+// grid's last block past this point waits until every peer has signalled
+// arrived with op, those this rank exchanged no rows with included (a peer
+// that rejected the call, ran another, hung or died fails it on every
+// rank, as the flags' Arrive does), then ends the call (end_call),
+// whatever the waits found. A rank alone ends it by finish_alone, with the
+// block's ticket (alone_ticket).
 __device__ __forceinline__ void finish_launch(const flag_words &fw, uint64_t *const *peerFlags, int32_t ranks,
 					      int32_t me, uint64_t epoch, uint32_t op, int64_t timeoutNs,
-					      uint64_t *probe)
+					      uint64_t *probe, uint32_t ticket)
 {
 	if (ranks == 1) {
+		finish_alone(fw, peerFlags, op, probe, ticket);
 		return;
 	}
 	if (grid_last(&fw.grid[1], gridDim.x)) {
@@ -1129,10 +1131,7 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 			outW[i * topk + q] = 0.0f;
 		}
 	}
-	if (ranks == 1) {
-		finish_alone(fw, peerFlags, op, probe, ticket);
-	}
-	finish_launch(fw, peerFlags, ranks, me, epoch, op, timeoutNs, probe);
+	finish_launch(fw, peerFlags, ranks, me, epoch, op, timeoutNs, probe, ticket);
 }
 
 // goep_ep_combine is Combine (and DispatchBackward, with zw) in one domain,
@@ -1222,8 +1221,5 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_combine(
 		combine_sums<false, 1>(out, gw, z, zw, win, rowFlags, entDest, entRow, slot, tokens, width, hidden,
 				       wOff, topk, dnan, epoch, op, timeoutNs, fw, me, probe, ranks > 1, ls.warp, ls.warps, lane);
 	}
-	if (ranks == 1) {
-		finish_alone(fw, peerFlags, op, probe, ticket);
-	}
-	finish_launch(fw, peerFlags, ranks, me, epoch, op, timeoutNs, probe);
+	finish_launch(fw, peerFlags, ranks, me, epoch, op, timeoutNs, probe, ticket);
 }
