@@ -229,6 +229,13 @@ func (p *Path) combineOne(h *datapath.Handle, z, zw *device.Tensor, out datapath
 // some is b, or nil when b is empty: an empty view may sit at the end of
 // its allocation, where no device memory is (the launch refuses it), and a
 // kernel reads none of it anyway.
+func some(b *device.Buffer) *device.Buffer {
+	if b == nil || b.Size() == 0 {
+		return nil
+	}
+	return b
+}
+
 // probeArg is the probe a launch records into: none for a rank alone,
 // whose call ends before its blocks are done (finish_alone), so that its
 // record could not hold the launch's times.
@@ -237,11 +244,4 @@ func (p *Path) probeArg() *device.Buffer {
 		return nil
 	}
 	return p.one.probe
-}
-
-func some(b *device.Buffer) *device.Buffer {
-	if b == nil || b.Size() == 0 {
-		return nil
-	}
-	return b
 }
