@@ -495,8 +495,12 @@ type HostStream struct {
 
 	mu sync.Mutex
 	// work wakes the worker when a task is queued or the stream closes.
-	work     *sync.Cond
+	work *sync.Cond
+	// queue holds the tasks not yet run from index head on; it is empty
+	// (head 0) once they have all run, so that its array is used again
+	// from the start and enqueue appends without allocating.
 	queue    []task
+	head     int
 	enqueued uint64 // tasks ever enqueued
 	done     uint64 // tasks completed
 	err      error
@@ -562,6 +566,11 @@ func (s *HostStream) enqueue(t task) uint64 {
 		}
 		return s.enqueued
 	}
+	if len(s.queue) == cap(s.queue) && s.head > 0 {
+		n := copy(s.queue, s.queue[s.head:])
+		clear(s.queue[n:])
+		s.queue, s.head = s.queue[:n], 0
+	}
 	s.queue = append(s.queue, t)
 	s.enqueued++
 	s.work.Signal()
@@ -592,9 +601,12 @@ func (s *HostStream) run() {
 // runNext runs the first queued task, with s.mu held (it is released
 // while the task runs) and no task running.
 func (s *HostStream) runNext() {
-	t := s.queue[0]
-	s.queue[0] = task{}
-	s.queue = s.queue[1:]
+	t := s.queue[s.head]
+	s.queue[s.head] = task{}
+	s.head++
+	if s.head == len(s.queue) {
+		s.queue, s.head = s.queue[:0], 0
+	}
 	skip := s.err != nil && !t.always
 	held := s.err
 	s.running = true
@@ -602,10 +614,7 @@ func (s *HostStream) runNext() {
 
 	var err error
 	if !skip {
-		if t.prior != nil {
-			t.fn = func() error { return t.prior(held) }
-		}
-		err = runTask(t)
+		err = runTask(t, held)
 	}
 
 	s.mu.Lock()
@@ -621,12 +630,15 @@ func (s *HostStream) runNext() {
 
 // runTask runs t, turning a panic into an error so a bug in one op cannot
 // take the process down from a worker goroutine.
-func runTask(t task) (err error) {
+func runTask(t task, held error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("panic: %v", r)
 		}
 	}()
+	if t.prior != nil {
+		return t.prior(held)
+	}
 	return t.fn()
 }
 
