@@ -127,7 +127,10 @@ func Fatal(err error) bool {
 // returns it.
 func (f *Fate) Note(err error) error {
 	if Fatal(err) {
-		f.failed.CompareAndSwap(nil, &err)
+		// A copy of its own: taking err's address would move err to the
+		// heap on every call, fatal or not.
+		held := err
+		f.failed.CompareAndSwap(nil, &held)
 	}
 	return err
 }
