@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 )
 
 // Tensor is a dense row-major array in device memory. Its memory is freed in
@@ -17,6 +18,9 @@ import (
 type Tensor struct {
 	buf   *Buffer
 	shape []int
+	// dims holds the shape of a tensor of at most 3 dimensions (every
+	// tensor goep makes), saving an allocation a tensor.
+	dims  [3]int
 	dtype DType
 	// cleanup frees the memory of a tensor dropped without Close; Close
 	// stops it, so that a closed tensor leaves nothing for the garbage
@@ -38,17 +42,31 @@ func NewTensor(s Stream, dt DType, shape ...int) (*Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tensor{buf: buf, shape: append([]int(nil), shape...), dtype: dt}
+	t := tensorOf(buf, dt, shape)
 	t.cleanup = runtime.AddCleanup(buf, freeByCleanup, buf.bufMem)
 	return t, nil
 }
 
-// elements is the number of elements of a tensor of the given shape.
+// tensorOf is a tensor over buf with a copy of shape.
+func tensorOf(buf *Buffer, dt DType, shape []int) *Tensor {
+	t := &Tensor{buf: buf, dtype: dt}
+	if len(shape) <= len(t.dims) {
+		t.shape = t.dims[:len(shape):len(shape)]
+		copy(t.shape, shape)
+	} else {
+		t.shape = append([]int(nil), shape...)
+	}
+	return t
+}
+
+// elements is the number of elements of a tensor of the given shape. Its
+// errors (and TensorOf's) print a copy of shape, so that shape stays off
+// the heap: a caller's shape then costs no allocation.
 func elements(shape []int) (int, error) {
 	n := 1
 	for _, d := range shape {
 		if d < 0 {
-			return 0, fmt.Errorf("negative dimension in shape %v", shape)
+			return 0, fmt.Errorf("negative dimension in shape %v", slices.Clone(shape))
 		}
 		n *= d
 	}
@@ -68,9 +86,9 @@ func TensorOf(b *Buffer, dt DType, shape ...int) (*Tensor, error) {
 		return nil, fmt.Errorf("device: tensor of buffer: %w", err)
 	}
 	if n*dt.Size() > b.Size() {
-		return nil, fmt.Errorf("device: tensor of buffer: %v%v needs %d bytes, the buffer has %d", dt, shape, n*dt.Size(), b.Size())
+		return nil, fmt.Errorf("device: tensor of buffer: %v%v needs %d bytes, the buffer has %d", dt, slices.Clone(shape), n*dt.Size(), b.Size())
 	}
-	return &Tensor{buf: b, shape: append([]int(nil), shape...), dtype: dt}, nil
+	return tensorOf(b, dt, shape), nil
 }
 
 // Shape returns the dimensions (do not modify).

@@ -27,12 +27,32 @@ func (e *Engine) checkHandle(h *Handle) error {
 	return h.usable()
 }
 
-// outSpec is one output to allocate: dtype and shape, or skip (nil).
+// outSpec is one output to allocate: dtype and shape (dims[:n]), or skip
+// (nil). The shape is an array, not a slice: a call's specs go with its
+// enqueued work, and a slice's array would be one allocation more each.
 type outSpec struct {
-	dt    device.DType
-	shape []int
-	skip  bool
+	dt   device.DType
+	n    int
+	dims [2]int
+	skip bool
 }
+
+// matrix is the spec of a rows x cols output.
+func matrix(dt device.DType, rows, cols int) outSpec {
+	return outSpec{dt: dt, n: 2, dims: [2]int{rows, cols}}
+}
+
+// vector is the spec of an output of n elements.
+func vector(dt device.DType, n int) outSpec { return outSpec{dt: dt, n: 1, dims: [2]int{n}} }
+
+// unless is s, skipped where skip holds.
+func (s outSpec) unless(skip bool) outSpec {
+	s.skip = skip
+	return s
+}
+
+// shape is the spec's shape.
+func (s *outSpec) shape() []int { return s.dims[:s.n] }
 
 // newOutputs allocates tensors, closing them all if one fails, then runs
 // then (nil: nothing) with them, which enqueues the call's work; all in
@@ -47,7 +67,7 @@ func (e *Engine) newOutputs(then func(o []*device.Tensor) error, specs ...outSpe
 			if s.skip {
 				continue
 			}
-			t, err := e.NewTensor(s.dt, s.shape...)
+			t, err := e.NewTensor(s.dt, s.shape()...)
 			if err != nil {
 				allocErr = err
 				return err
@@ -92,10 +112,10 @@ func (e *Engine) dispatchCall(h *Handle, in DispatchInput) (DispatchOutput, erro
 	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error {
 		return e.path.Dispatch(&h.st, x, w, sx, datapath.DispatchOut{RecvX: o[0], RecvIdx: o[1], RecvWeights: o[2], RecvScales: o[3]})
 	},
-		outSpec{dt: x.DType(), shape: []int{rows, H}},
-		outSpec{dt: device.Int32, shape: []int{rows, K}},
-		outSpec{dt: device.FP32, shape: []int{rows, K}, skip: w == nil},
-		outSpec{dt: device.FP32, shape: []int{rows, e.scaleCols()}, skip: sx == nil})
+		matrix(x.DType(), rows, H),
+		matrix(device.Int32, rows, K),
+		matrix(device.FP32, rows, K).unless(w == nil),
+		matrix(device.FP32, rows, e.scaleCols()).unless(sx == nil))
 	if aerr != nil {
 		return DispatchOutput{}, e.reject(datapath.OpDispatch, aerr) // the peers must not wait for this rank
 	}
@@ -148,8 +168,8 @@ func (e *Engine) combine(h *Handle, z, zw *device.Tensor) (DispatchBackwardOutpu
 	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error {
 		return e.path.Combine(&h.st, z, zw, datapath.CombineOut{X: o[0], GradTopkWeights: o[1]})
 	},
-		outSpec{dt: z.DType(), shape: []int{h.st.NumTokens, H}},
-		outSpec{dt: device.FP32, shape: []int{h.st.NumTokens, K}, skip: zw == nil})
+		matrix(z.DType(), h.st.NumTokens, H),
+		matrix(device.FP32, h.st.NumTokens, K).unless(zw == nil))
 	if aerr != nil {
 		return DispatchBackwardOutput{}, e.reject(datapath.OpCombine, aerr)
 	}
@@ -176,11 +196,11 @@ func (e *Engine) DispatchPermute(ctx context.Context, h *Handle, in DispatchInpu
 		return DispatchPermuteOutput{X: o[0], Weights: o[1], RecvIdx: o[2], RecvWeights: o[3], Scales: o[4]}
 	}
 	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error { return e.dispatchPermute(h, x, w, sx, outOf(o)) },
-		outSpec{dt: x.DType(), shape: []int{perm, H}},
-		outSpec{dt: device.FP32, shape: []int{perm}, skip: w == nil},
-		outSpec{dt: device.Int32, shape: []int{recv, K}},
-		outSpec{dt: device.FP32, shape: []int{recv, K}, skip: w == nil},
-		outSpec{dt: device.FP32, shape: []int{perm, e.scaleCols()}, skip: sx == nil})
+		matrix(x.DType(), perm, H),
+		vector(device.FP32, perm).unless(w == nil),
+		matrix(device.Int32, recv, K),
+		matrix(device.FP32, recv, K).unless(w == nil),
+		matrix(device.FP32, perm, e.scaleCols()).unless(sx == nil))
 	if aerr != nil {
 		return DispatchPermuteOutput{}, e.reject(datapath.OpDispatchPermute, aerr)
 	}
@@ -248,7 +268,7 @@ func (e *Engine) UnpermuteCombine(ctx context.Context, h *Handle, in UnpermuteIn
 		return nil, e.reject(datapath.OpUnpermuteCombine, err)
 	}
 	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error { return e.unpermuteCombine(h, in.Y, in.RecvWeights, o[0]) },
-		outSpec{dt: in.Y.DType(), shape: []int{h.st.NumTokens, e.cfg.Hidden}})
+		matrix(in.Y.DType(), h.st.NumTokens, e.cfg.Hidden))
 	if aerr != nil {
 		return nil, e.reject(datapath.OpUnpermuteCombine, aerr)
 	}
@@ -371,9 +391,9 @@ func (e *Engine) Permute(ctx context.Context, h *Handle, in PermuteInput) (Permu
 	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error {
 		return e.path.Permute(&h.st, x, w, sx, datapath.PermuteOut{X: o[0], Weights: o[1], Scales: o[2]})
 	},
-		outSpec{dt: x.DType(), shape: []int{perm, e.cfg.Hidden}},
-		outSpec{dt: device.FP32, shape: []int{perm}, skip: w == nil},
-		outSpec{dt: device.FP32, shape: []int{perm, e.scaleCols()}, skip: sx == nil})
+		matrix(x.DType(), perm, e.cfg.Hidden),
+		vector(device.FP32, perm).unless(w == nil),
+		matrix(device.FP32, perm, e.scaleCols()).unless(sx == nil))
 	if aerr != nil {
 		return PermuteOutput{}, aerr
 	}
@@ -401,7 +421,7 @@ func (e *Engine) Unpermute(ctx context.Context, h *Handle, in UnpermuteInput) (*
 
 func (e *Engine) unpermute(h *Handle, y, w *device.Tensor) (*device.Tensor, error) {
 	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error { return e.path.Unpermute(&h.st, y, w, o[0]) },
-		outSpec{dt: y.DType(), shape: []int{h.st.RecvRows, e.cfg.Hidden}})
+		matrix(y.DType(), h.st.RecvRows, e.cfg.Hidden))
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -449,8 +469,8 @@ func (e *Engine) UnpermuteBackward(ctx context.Context, h *Handle, in UnpermuteB
 	o, aerr, err := e.newOutputs(func(o []*device.Tensor) error {
 		return e.path.UnpermuteBackward(&h.st, g, y, w, datapath.UnpermuteBackwardOut{GradY: o[0], GradWeights: o[1]})
 	},
-		outSpec{dt: g.DType(), shape: []int{h.st.PermRows, e.cfg.Hidden}},
-		outSpec{dt: device.FP32, shape: []int{h.st.RecvRows, e.cfg.TopK}, skip: w == nil})
+		matrix(g.DType(), h.st.PermRows, e.cfg.Hidden),
+		matrix(device.FP32, h.st.RecvRows, e.cfg.TopK).unless(w == nil))
 	if aerr != nil {
 		return UnpermuteBackwardOutput{}, aerr
 	}

@@ -53,11 +53,11 @@ func TestRelayoutInto(t *testing.T) {
 							return err
 						}
 						o, err, _ := e.newOutputs(nil,
-							outSpec{dt: dt, shape: []int{h.PermutedRows(), H}},
-							outSpec{dt: device.FP32, shape: []int{h.PermutedRows()}},
-							outSpec{dt: device.Int32, shape: []int{h.RecvRows(), K}},
-							outSpec{dt: device.FP32, shape: []int{h.RecvRows(), K}},
-							outSpec{dt: dt, shape: []int{T, H}})
+							matrix(dt, h.PermutedRows(), H),
+							vector(device.FP32, h.PermutedRows()),
+							matrix(device.Int32, h.RecvRows(), K),
+							matrix(device.FP32, h.RecvRows(), K),
+							matrix(dt, T, H))
 						if err != nil {
 							return err
 						}
