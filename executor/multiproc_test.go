@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -78,7 +79,48 @@ func mpInputs(seed uint64, r int, cfg executor.Config, dt device.DType) (idx []i
 		T = 0
 	}
 	idx, x, w = executor.RandomInputs(rng, T, cfg.TopK, cfg.NumExperts, cfg.Hidden, dt)
+	if seed >= 4 {
+		mpSpecials(rng, x, dt, seed)
+	}
 	return idx, x, w, T
+}
+
+// mpSpecials writes special values into about one element of x in
+// sixteen: negative zeros, subnormals and the smallest normals (which no
+// backend may flush), and one NaN bit pattern a case, signalling with a
+// payload (which a sum or product must quiet, keeping the payload, and
+// data movement must copy unchanged). One pattern a case, as in the
+// property tests: which operand's payload an addition of two NaNs keeps
+// is then moot.
+func mpSpecials(rng *rand.Rand, x []byte, dt device.DType, seed uint64) {
+	nan32 := []uint32{0x7f800001, 0xffa0beef}[seed%2]
+	nan16 := []uint16{0x7f81, 0xffa5}[seed/2%2]
+	for i := 0; i < len(x)/dt.Size(); i++ {
+		if rng.IntN(16) != 0 {
+			continue
+		}
+		sign := uint32(rng.IntN(2)) << 31
+		var v uint32
+		switch rng.IntN(4) {
+		case 0:
+			v = 1 << 31 // -0
+		case 1:
+			v = sign | uint32(1+rng.IntN(0x7f))<<16 | uint32(rng.IntN(1<<16)) // subnormal
+		case 2:
+			v = sign | 1<<23 | uint32(rng.IntN(0x7f))<<16 // smallest normals
+		default:
+			v = nan32
+		}
+		if dt == device.BF16 {
+			h := uint16(v >> 16)
+			if v == nan32 {
+				h = nan16
+			}
+			binary.LittleEndian.PutUint16(x[2*i:], h)
+		} else {
+			binary.LittleEndian.PutUint32(x[4*i:], v)
+		}
+	}
 }
 
 // mpPipeline runs every call of the API on one case and returns a digest
