@@ -82,14 +82,37 @@ __device__ __forceinline__ void store16(uint4 *p, uint4 v)
 	}
 }
 
+// one_term is the sum of a token's one term over a 16-byte unit q, as
+// store_sum would store it (unit_floats, then rounded once): fp32 keeps
+// its bits; a bf16 widened and rounded back is itself, but for a NaN,
+// which to_bf16 quiets (bit 6 of the half set): a few bit operations a
+// word instead of unit_floats' widening and store_sum's rounding.
+template <bool BF16>
+__device__ __forceinline__ uint4 one_term(uint4 q)
+{
+	if (!BF16) {
+		return q;
+	}
+	uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+	for (int e = 0; e < 4; e++) {
+		// A half is a NaN where its magnitude is above infinity's.
+		const uint32_t nan = __vcmpgtu2(w[e] & 0x7fff7fffu, 0x7f807f80u);
+		w[e] |= nan & 0x00400040u;
+	}
+	return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // copyLane is how many 16-byte units a lane of warp_copy has in flight.
 constexpr int copyLane = 8;
 
 // warp_copy copies n bytes (a multiple of unit) from src to dst with the
 // 32 lanes of a warp: 16-byte units copyLane in flight a lane when unit is 16,
 // else one unit of unit bytes at a time. INPUT: src is a caller's input
-// (load16_input), else this rank's window (load16_window).
-template <bool INPUT, bool FINAL>
+// (load16_input), else this rank's window (load16_window). TERM (unit 16
+// only): src is a token's one term of bf16 elements, stored as its sum
+// (one_term).
+template <bool INPUT, bool FINAL, bool TERM = false>
 __device__ __forceinline__ void warp_copy(uint8_t *dst, const uint8_t *src, int64_t n, int32_t unit, int lane)
 {
 	if (unit == 16) {
@@ -110,7 +133,7 @@ __device__ __forceinline__ void warp_copy(uint8_t *dst, const uint8_t *src, int6
 #pragma unroll
 			for (int j = 0; j < copyLane; j++) {
 				if (u + 32 * j < m) {
-					store16<FINAL>(d + u + 32 * j, v[j]);
+					store16<FINAL>(d + u + 32 * j, TERM ? one_term<true>(v[j]) : v[j]);
 				}
 			}
 		}
@@ -567,25 +590,69 @@ __device__ __forceinline__ void store_sum(uint8_t *p, const float *acc)
 	}
 }
 
-// one_term is the sum of a token's one term over a 16-byte unit q, as
-// store_sum would store it (unit_floats, then rounded once): fp32 keeps
-// its bits; a bf16 widened and rounded back is itself, but for a NaN,
-// which to_bf16 quiets (bit 6 of the half set): a few bit operations a
-// word instead of unit_floats' widening and store_sum's rounding.
-template <bool BF16>
-__device__ __forceinline__ uint4 one_term(uint4 q)
+// token_weights sets token t's weights gw[t*K:(t+1)*K] as sum_rows does,
+// with a warp: weight k of the entry e = slot[t*K+k] (none: 0), from zw
+// for this rank's own row (entDest[e] == me), else from the window's
+// weights (wOff), which the row's flag covers.
+__device__ __forceinline__ void token_weights(float *gw, const float *zw, const uint8_t *win, int64_t wOff,
+					      const int32_t *entDest, const int32_t *entRow, const int32_t *slot,
+					      int64_t t, int32_t topk, int32_t me, int lane)
 {
-	if (!BF16) {
-		return q;
+	for (int32_t k = lane; k < topk; k += 32) {
+		const int64_t s = t * topk + k;
+		const int32_t e = slot[s];
+		float v = 0.0f;
+		if (e >= 0) {
+			if (entDest[e] == me) {
+				v = zw[(int64_t)entRow[e] * topk + k];
+			} else {
+				v = __ldcg((const float *)(win + wOff) + (int64_t)e * topk + k);
+			}
+		}
+		gw[s] = v;
 	}
-	uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-	for (int e = 0; e < 4; e++) {
-		// A half is a NaN where its magnitude is above infinity's.
-		const uint32_t nan = __vcmpgtu2(w[e] & 0x7fff7fffu, 0x7f807f80u);
-		w[e] |= nan & 0x00400040u;
+}
+
+// combine_alone is combine_sums for a rank alone, with 16-byte units:
+// every term is its own and a token has one at most (width 1), so token
+// t's sum is row entRow[t] of z as it is (one_term; none: zeros). Items
+// are (token, chunk) of tokens * chunks, a chunk one round of warp_copy
+// (copyLane units a lane, 4 KiB), warp, warp + warps, ... to a warp:
+// every warp has a chunk's loads in flight at once where a sum's item has
+// sumLane units a lane, and the rows of a small call still spread over
+// every warp. Lane k reads the row of the warp's item k of each 32 at
+// once, so that an item's loads wait for no load of its row's index.
+template <bool BF16>
+__device__ __forceinline__ void combine_alone(uint8_t *out, float *gw, const uint8_t *z, const float *zw,
+					      const int32_t *entDest, const int32_t *entRow, const int32_t *slot,
+					      int64_t tokens, int64_t rowBytes, int32_t topk, int32_t me, int64_t warp,
+					      int64_t warps, int lane)
+{
+	const int64_t chunk = 32 * copyLane * 16;
+	const int64_t chunks = (rowBytes + chunk - 1) / chunk;
+	const int64_t items = tokens * chunks;
+	for (int64_t first = warp; first < items; first += 32 * warps) {
+		const int64_t mine = first + lane * warps;
+		const int32_t rowOf = mine < items ? entRow[mine / chunks] : -1;
+		for (int k = 0; k < 32; k++) {
+			const int64_t item = first + k * warps;
+			if (item >= items) {
+				break;
+			}
+			const int64_t t = item / chunks, o = item % chunks * chunk;
+			const int64_t n = min(chunk, rowBytes - o);
+			const int32_t r = __shfl_sync(0xffffffffu, rowOf, k);
+			if (r >= 0) {
+				warp_copy<true, true, BF16>(out + t * rowBytes + o, z + (int64_t)r * rowBytes + o, n, 16,
+							    lane);
+			} else {
+				warp_zero(out + t * rowBytes + o, n, 16, lane);
+			}
+			if (gw != nullptr && o == 0) {
+				token_weights(gw, zw, nullptr, 0, entDest, entRow, slot, t, topk, me, lane);
+			}
+		}
 	}
-	return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // sumChunk is how many units a warp sums as one item: sumLane a lane.
@@ -738,18 +805,8 @@ __device__ __forceinline__ void combine_sums(uint8_t *out, float *gw, const uint
 			}
 			store_sum<BF16, V>(out + (int64_t)t * rowBytes + (int64_t)(u0 + 32 * j) * V * es, acc[j]);
 		}
-		for (int32_t k = lane; gw != nullptr && ch == 0 && k < topk; k += 32) {
-			int64_t s = (int64_t)t * topk + k;
-			int32_t e = slot[s];
-			float v = 0.0f;
-			if (e >= 0) {
-				if (entDest[e] == me) {
-					v = zw[(int64_t)entRow[e] * topk + k];
-				} else {
-					v = __ldcg((const float *)(win + wOff) + (int64_t)e * topk + k);
-				}
-			}
-			gw[s] = v;
+		if (gw != nullptr && ch == 0) {
+			token_weights(gw, zw, win, wOff, entDest, entRow, slot, t, topk, me, lane);
 		}
 		if (remote) {
 			landed(probe, lane);
@@ -1155,7 +1212,8 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_dispatch(
 // filled (combine_sums), a token's terms summed once their rows' flags
 // hold the call's epoch. bf16: rows of bf16, else fp32; vec: units of 16
 // bytes (rowBytes, z, out and the window 16-byte aligned), else one
-// element.
+// element. A rank alone with 16-byte units copies each token's one term
+// instead (combine_alone).
 //
 // probe and paceFs: as goep_ep_dispatch's.
 //
@@ -1208,7 +1266,15 @@ extern "C" __global__ void GOEP_ONE_LAUNCH_BOUNDS goep_ep_combine(
 
 	// Sums.
 	const uint64_t *rowFlags = (const uint64_t *)(win + fOff);
-	if (bf16 && vec) {
+	if (ranks == 1 && vec) {
+		if (bf16) {
+			combine_alone<true>(out, gw, z, zw, entDest, entRow, slot, tokens, rowBytes, topk, me, ls.warp,
+					    ls.warps, lane);
+		} else {
+			combine_alone<false>(out, gw, z, zw, entDest, entRow, slot, tokens, rowBytes, topk, me,
+					     ls.warp, ls.warps, lane);
+		}
+	} else if (bf16 && vec) {
 		combine_sums<true, 8>(out, gw, z, zw, win, rowFlags, entDest, entRow, slot, tokens, width, hidden, wOff,
 				      topk, dnan, epoch, op, timeoutNs, fw, me, probe, ranks > 1, ls.warp, ls.warps, lane);
 	} else if (bf16) {
