@@ -498,7 +498,9 @@ type HostStream struct {
 	work *sync.Cond
 	// queue holds the tasks not yet run from index head on; it is empty
 	// (head 0) once they have all run, so that its array is used again
-	// from the start and enqueue appends without allocating.
+	// from the start and push appends without allocating. The array
+	// keeps the size of the largest backlog the stream has had (its
+	// slots cleared as they run).
 	queue    []task
 	head     int
 	enqueued uint64 // tasks ever enqueued
@@ -566,7 +568,17 @@ func (s *HostStream) enqueue(t task) uint64 {
 		}
 		return s.enqueued
 	}
-	if len(s.queue) == cap(s.queue) && s.head > 0 {
+	s.push(t)
+	return s.enqueued
+}
+
+// push queues t, with s.mu held, and wakes the worker. A full array whose
+// first half has run is compacted instead of grown: the tasks left, half
+// the array at most, move to its start, and half of it is then free, so
+// that a queue that never drains still appends in amortized constant time
+// and keeps its array.
+func (s *HostStream) push(t task) {
+	if len(s.queue) == cap(s.queue) && s.head >= len(s.queue)/2 && s.head > 0 {
 		n := copy(s.queue, s.queue[s.head:])
 		clear(s.queue[n:])
 		s.queue, s.head = s.queue[:n], 0
@@ -574,7 +586,6 @@ func (s *HostStream) enqueue(t task) uint64 {
 	s.queue = append(s.queue, t)
 	s.enqueued++
 	s.work.Signal()
-	return s.enqueued
 }
 
 func (s *HostStream) run() {
@@ -678,12 +689,10 @@ func (s *HostStream) Free(b *Buffer) {
 		s.host.put(m)
 		return
 	}
-	s.queue = append(s.queue, task{name: "free", always: true, fn: func() error {
+	s.push(task{name: "free", always: true, fn: func() error {
 		s.host.put(m)
 		return nil
 	}})
-	s.enqueued++
-	s.work.Signal()
 	s.mu.Unlock()
 }
 
