@@ -18,8 +18,9 @@ import (
 type Tensor struct {
 	buf   *Buffer
 	shape []int
-	// dims holds the shape of a tensor of at most 3 dimensions (every
-	// tensor goep makes), saving an allocation a tensor.
+	// dims holds the shape of a tensor of at most 3 dimensions (goep's
+	// have one or two), saving an allocation a tensor; a longer shape has
+	// an array of its own.
 	dims  [3]int
 	dtype DType
 	// cleanup frees the memory of a tensor dropped without Close; Close
