@@ -279,7 +279,8 @@ __device__ __forceinline__ bool wait_row(const uint64_t *flag, int32_t p, uint64
 }
 
 // work hands a warp the items [0, total) of a launch in turn (the host
-// keeps every count of items below 2^31: oneLaunchFits). Shared (counter: a grid
+// keeps every count of items below 2^31 - 2^16, oneLaunchFits, so that a
+// counter that runs past them still fits 31 bits). Shared (counter: a grid
 // word, zero between launches): slots of batch
 // consecutive items go to warps in order, the next slot fetched (one
 // atomic by lane 0) while the warp works on the current one, so that
