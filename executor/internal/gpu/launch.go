@@ -134,12 +134,11 @@ func oneLaunchSumChunks(units int) int { return (units + 127) / 128 }
 // oneLaunchFits reports whether every count of items the one-launch
 // kernels hand out stays below 2^31 - 2^16 (their work counters and item
 // indices are 32-bit, which keeps the sums' registers from spilling, and
-// a counter runs past the items by the slots its warps take without it
-// and one last fetch a warp, far fewer than 2^16): the sums' (token,
-// 128-unit chunk) items, at most maxTokens times hidden/128 chunks;
-// dispatch's sends, a token's width entries each; and the receives'
-// items, ranks times the receive capacity. A larger engine runs the
-// kernel sequences instead.
+// a counter runs past the items by one last fetch a warp, far fewer than
+// 2^16): the sums' (token, 128-unit chunk) items, at most maxTokens times
+// hidden/128 chunks; dispatch's sends, a token's width entries each; and
+// the receives' items, ranks times the receive capacity. A larger engine
+// runs the kernel sequences instead.
 func oneLaunchFits(maxTokens, hidden, width, ranks, recvCap int) bool {
 	const limit = 1<<31 - 1<<16
 	return int64(maxTokens)*int64((hidden+127)/128) < limit && int64(maxTokens)*int64(width) < limit &&
