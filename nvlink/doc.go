@@ -4,19 +4,26 @@
 // Each rank owns a control block that its peers map. An exchange at epoch e
 // is two phases:
 //
-//  1. publish: a rank writes its header (operation, call signature, status,
-//     handles of the buffers it exposes for this call), then stores e into
-//     its header's epoch; it waits until every peer's header epoch reaches e,
-//     checks that all peers run the same operation with the same signature and
-//     that none reported bad input, and maps the peers' buffers;
-//  2. work and done: the caller's function reads or writes peers' buffers;
-//     the rank then stores e into done[me] of every peer's control block and
-//     waits until its own done[p] reaches e for every peer p.
+//  1. publish: a rank writes its header for e (operation, call signature,
+//     status, the buffers it exposes for this call: their handles, or their
+//     spans in its stage), then stores e into its epoch word; it waits until
+//     every peer's epoch reaches e, checks that all peers run the same
+//     operation with the same signature and that none reported bad input,
+//     and maps the peers' buffers;
+//  2. work and done: the caller's function reads the peers' buffers; then,
+//     if some rank exposed buffers, the rank stores e into done[me] of every
+//     peer's control block and waits until its own done[p] reaches e for
+//     every peer p.
 //
 // Epochs only grow; no flag is ever reset. After phase 2 no peer touches this
-// rank's buffers for epoch e any more, and no peer reads its header for e, so
-// the next exchange may overwrite both. Every wait has a deadline and names
-// the ranks not heard from.
+// rank's buffers for epoch e any more, so its caller may reuse them. A small
+// call stages instead (Stage): it copies what it exposes into its stage, two
+// halves in its control block, and when every rank did, the exchange ends
+// after the work, one round instead of two. Headers and stage halves
+// alternate by epoch parity: a peer reads those of e until it publishes e+1,
+// and a rank writes them again at e+2, which it reaches only after every
+// peer's publish of e+1. Every wait has a deadline and names the ranks not
+// heard from.
 //
 // On the host backend the domain's memory is host memory: peers in this
 // process take the buffers an exchange exposes from their owner's inbox,

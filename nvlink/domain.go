@@ -91,40 +91,72 @@ func RelayMargin(timeout time.Duration) time.Duration { return min(timeout/4, 5*
 
 const msgCap = 200
 
+// state is the first line of a control block: the words that outlive one
+// exchange.
+type state struct {
+	// epoch is the last exchange this rank published.
+	epoch atomic.Uint64
+	// abandoned is the last epoch this rank left before it was safe to
+	// (its wait failed): its caller may reuse the buffers it exposed, or
+	// its stage, while a late peer still reads them, so that peer fails
+	// the exchange.
+	abandoned atomic.Uint64
+}
+
 // header is the part of a control block a rank writes to publish one
 // exchange. It lives in shared memory and is read by peers after they see
-// epoch reach the exchange's number.
+// the state's epoch reach the exchange's number. A block has two, one for
+// the odd exchanges and one for the even ones: an exchange without a done
+// phase lets a rank publish the next one while a slow peer still reads
+// this one's header (the peer cannot be further behind: this rank's next
+// publish wait needs the peer's next publish).
 type header struct {
-	epoch atomic.Uint64
-	// abandoned is the last epoch this rank left before every peer's done
-	// (its wait failed): its caller may reuse the buffers it exposed while
-	// a late peer still reads them, so that peer fails the exchange.
-	abandoned atomic.Uint64
-	op        uint64
-	status    uint64
+	op     uint64
+	status uint64
 	// named are the ranks a fatal status names (Named), nnamed of them.
 	nnamed  uint64
 	named   [MaxNamed]int32
 	sig     [4]uint64
 	nbufs   uint64
 	handles [MaxBuffers][handleSize]byte
-	msgLen  uint64
-	msg     [msgCap]byte
+	// staged is 1 when the buffers are spans of the owner's stage (Stage)
+	// instead of the handles: span i is the offset and length of buffer i
+	// in the stage's half of this exchange, the offset noSpan for a nil
+	// buffer.
+	staged uint64
+	spans  [MaxBuffers][2]uint64
+	msgLen uint64
+	msg    [msgCap]byte
 }
 
-// A control block is the header, then (each on its own cache lines) the
-// bell line and the done[] array (one epoch per peer). The bell line holds
-// the futex word its owner sleeps on, the count of those asleep, the
-// number of peers' stores the owner's wait is over at (want), and the
-// count of the peers' stores so far (arrivals): every peer adds one when
-// it publishes an exchange and one when it stores its done, so at exchange
-// e the publish wait is over at (2e-1)(R-1) and the done wait at
-// 2e(R-1), and only the peer whose store reaches the count wakes the
-// owner.
+// noSpan is the offset of a staged buffer that is nil.
+const noSpan = ^uint64(0)
+
+// StageBytes is the size of each half of a rank's stage: the most bytes
+// one exchange may stage (Stage).
+const StageBytes = 64 << 10
+
+// A control block is the state line, the two headers, then (each on its
+// own cache lines) the bell line, the done[] array (one epoch per peer)
+// and the stage's two halves (StageBytes each; exchange e uses half e%2).
+// The bell line holds the futex word its owner sleeps on, the count of
+// those asleep, the number of peers' stores the owner's wait is over at
+// (want), and the count of the peers' stores so far (arrivals): every peer
+// adds one when it publishes an exchange and one when it stores its done,
+// and only the peer whose store brings the count to want wakes the owner.
 var (
-	bellOffset = (int(unsafe.Sizeof(header{})) + 127) &^ 127
-	doneOffset = bellOffset + 128
+	headerSize   = (int(unsafe.Sizeof(header{})) + 127) &^ 127
+	headerOffset = 128
+	bellOffset   = headerOffset + 2*headerSize
+	doneOffset   = bellOffset + 128
 )
+
+// stageOffset is where the stage begins in a control block of a domain of
+// n ranks.
+func stageOffset(n int) int { return (doneOffset + 8*n + 127) &^ 127 }
+
+// blockSize is the size of a control block of a domain of n ranks.
+func blockSize(n int) int { return stageOffset(n) + 2*StageBytes }
 
 // Call describes this rank's side of one exchange.
 type Call struct {
@@ -141,6 +173,11 @@ type Call struct {
 	// timeout: it follows a round whose timeout a peer may be about to
 	// report.
 	Relay bool
+	// staged: Stage copied the buffers' bytes into this rank's stage, at
+	// spans (offset, length; noSpan for a nil buffer), and the exchange
+	// exposes them there instead of Buffers.
+	staged bool
+	spans  [][2]uint64
 }
 
 // PeerError is the failure one peer published in an exchange.
@@ -192,14 +229,19 @@ type Domain struct {
 	ctrlMap []*device.Mapping // peers' control blocks mapped from other processes
 	used    []*device.Buffer  // the control blocks of this process it uses (ctrlUsers), its own first
 	epoch   uint64
-	failed  error
+	// count is the arrivals count at which this rank's current (or last)
+	// wait is over: every wait adds the peers' stores it waits for.
+	count  uint64
+	failed error
+	// stage is where this rank's stage begins in every control block.
+	stage int
 	// box is this rank's inbox; boxes[p] is peer p's if p is in this
 	// process (a store wakes it there), else nil.
 	box   *inbox
 	boxes []*inbox
 	// Scratch reused by every exchange: the peers' buffers it hands its
 	// work, the peers a wait still waits for.
-	bufs    [][]*device.Buffer
+	bufs    [][][]byte
 	pending []int
 	// Words, when set by the domain's user, words an exchange's mismatch
 	// (else the message gives the operations and signatures as numbers).
@@ -248,7 +290,7 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 	if s.Backend().Kind() != device.KindHost {
 		return nil, fmt.Errorf("nvlink: new domain: %w: %s backend", device.ErrUnsupported, s.Backend().Kind())
 	}
-	size := doneOffset + 8*g.Size()
+	size := blockSize(g.Size())
 	buf, err := s.Alloc(size)
 	if err != nil {
 		return nil, fmt.Errorf("nvlink: allocate control block: %w", err)
@@ -257,7 +299,7 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 	h := export(buf)
 	var hb [handleSize]byte
 	h.encode(hb[:])
-	d := &Domain{rank: g.Rank(), global: global, timeout: timeout, ctrl: buf.Host(), maps: map[mapKey]*device.Mapping{}, box: newInbox()}
+	d := &Domain{rank: g.Rank(), global: global, timeout: timeout, ctrl: buf.Host(), maps: map[mapKey]*device.Mapping{}, box: newInbox(), stage: stageOffset(g.Size())}
 	ctrlUsers.Lock()
 	d.use(buf)
 	ctrlUsers.inbox[buf] = d.box
@@ -297,6 +339,9 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 				b = m.Buffer(ph.share.Size)
 			}
 		}
+		if err == nil && b.Size() != size {
+			err = fmt.Errorf("it has %d bytes, want %d (a different goep?)", b.Size(), size)
+		}
 		if err != nil {
 			return fail(fmt.Errorf("nvlink: map control block of rank %d: %w", global[p], err))
 		}
@@ -321,7 +366,59 @@ func (d *Domain) Size() int { return len(d.global) }
 // Global is the global rank of domain index i.
 func (d *Domain) Global(i int) int { return d.global[i] }
 
-func hdr(block []byte) *header { return (*header)(unsafe.Pointer(&block[0])) }
+func stateOf(block []byte) *state { return (*state)(unsafe.Pointer(&block[0])) }
+
+// hdr is the header of a control block that exchange e uses.
+func hdr(block []byte, e uint64) *header {
+	return (*header)(unsafe.Pointer(&block[headerOffset+int(e%2)*headerSize]))
+}
+
+// stageHalf is the half of a control block's stage that exchange e uses.
+func (d *Domain) stageHalf(block []byte, e uint64) []byte {
+	o := d.stage + int(e%2)*StageBytes
+	return block[o : o+StageBytes : o+StageBytes]
+}
+
+// Stage copies items into this rank's stage for its next exchange, each
+// on a 64-byte boundary, and sets c to expose them there, item i as the
+// peers' buffer i (a nil item as a nil buffer), instead of c.Buffers
+// (which it clears). It returns false, leaving c as it was, when they do
+// not fit in StageBytes, are more than MaxBuffers, or the domain has
+// failed.
+//
+// An exchange in which no rank exposes Buffers (every rank staged, or
+// exposes nothing) has no done phase: it ends with the publish wait, one
+// round of the peers' stores instead of two. The copy is the price, so
+// stage small calls only: a peer reads the stage of exchange e until it
+// publishes e+1, and this rank writes that half again for e+2 only, which
+// it reaches after every peer's publish of e+1.
+func (d *Domain) Stage(c *Call, items ...[]byte) bool {
+	if d.failed != nil || len(items) > MaxBuffers {
+		return false
+	}
+	n := 0
+	for _, it := range items {
+		n = (n+63)&^63 + len(it)
+	}
+	if n > StageBytes {
+		return false
+	}
+	half := d.stageHalf(d.ctrl, d.epoch+1)
+	spans := c.spans[:0]
+	o := 0
+	for _, it := range items {
+		if it == nil {
+			spans = append(spans, [2]uint64{noSpan, 0})
+			continue
+		}
+		o = (o + 63) &^ 63
+		copy(half[o:], it)
+		spans = append(spans, [2]uint64{uint64(o), uint64(len(it))})
+		o += len(it)
+	}
+	c.staged, c.spans, c.Buffers = true, spans, nil
+	return true
+}
 
 func bell(block []byte) *atomic.Uint32 {
 	return (*atomic.Uint32)(unsafe.Pointer(&block[bellOffset]))
@@ -348,18 +445,22 @@ func done(block []byte, p int) *atomic.Uint64 {
 }
 
 // Exchange runs one exchange (see the package doc). fn is called with the
-// peers' exposed buffers, peers[p][i] being buffer i of domain rank p, and
-// only when every rank published StatusOK with equal Op and Sig; peers is
-// valid during the call only (the next exchange reuses it). It must be
-// called in the same order on every rank, from the goroutine that runs the
-// rank's stream. Once an exchange has timed out, the domain is failed and
-// every later Exchange returns that error at once.
-func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error {
+// bytes of the peers' exposed buffers, peers[p][i] being buffer i of
+// domain rank p (nil for a nil buffer), and only when every rank published
+// StatusOK with equal Op and Sig; peers is valid during the call only (the
+// next exchange reuses it). It must be called in the same order on every
+// rank, from the goroutine that runs the rank's stream. Once an exchange
+// has timed out, the domain is failed and every later Exchange returns
+// that error at once.
+func (d *Domain) Exchange(c Call, fn func(peers [][][]byte) error) error {
 	if d.failed != nil {
 		return fmt.Errorf("nvlink: domain failed earlier: %w", d.failed)
 	}
 	if len(c.Buffers) > MaxBuffers {
 		return fmt.Errorf("nvlink: exchange exposes %d buffers, at most %d", len(c.Buffers), MaxBuffers)
+	}
+	if c.staged && len(c.Buffers) > 0 {
+		return fmt.Errorf("nvlink: exchange both stages and exposes buffers")
 	}
 	d.epoch++
 	e := d.epoch
@@ -369,7 +470,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	}
 
 	// Phase 1: publish.
-	h := hdr(d.ctrl)
+	h := hdr(d.ctrl, e)
 	h.op, h.sig, h.status, h.msgLen, h.nnamed = c.Op, c.Sig, StatusOK, 0, 0
 	if c.Status != nil {
 		h.status = StatusOf(c.Status)
@@ -393,32 +494,48 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 			shareOf(b).encode(h.handles[i][:])
 		}
 	}
-	h.nbufs = uint64(len(c.Buffers))
-	h.epoch.Store(e)
+	h.nbufs, h.staged = uint64(len(c.Buffers)), 0
+	if c.staged {
+		h.nbufs, h.staged = uint64(len(c.spans)), 1
+		for i, sp := range c.spans {
+			h.spans[i] = sp
+		}
+	}
+	me := stateOf(d.ctrl)
+	me.epoch.Store(e)
 	for p := range d.peers {
 		d.arrive(p)
 	}
 
 	n := uint64(len(d.peers) - 1) // the stores every wait counts
-	if err := d.wait("publish", deadline, (2*e-1)*n, func(p int) bool { return hdr(d.peers[p]).epoch.Load() >= e }); err != nil {
-		h.abandoned.Store(e)
+	d.count += n
+	if err := d.wait("publish", deadline, d.count, func(p int) bool { return stateOf(d.peers[p]).epoch.Load() >= e }); err != nil {
+		me.abandoned.Store(e)
 		return err
 	}
 
 	// Every rank sees the same headers, so every rank takes the same branch
-	// below and the done phase still completes.
+	// below and the same decision on the done phase, which then still
+	// completes: it is needed when some rank exposed buffers (its caller
+	// may reuse them once the exchange is over, so it must outlast the
+	// peers' reads), not when every rank staged.
 	var failure error
+	needDone := false
+	for p := range d.peers {
+		ph := hdr(d.peers[p], e)
+		needDone = needDone || ph.staged == 0 && ph.nbufs > 0
+	}
 	// A peer's own report comes first: a rank that rejected its input
 	// publishes no meaningful signature.
 	for p := range d.peers {
-		if hdr(d.peers[p]).status != StatusOK {
-			failure = d.peerError(p)
+		if hdr(d.peers[p], e).status != StatusOK {
+			failure = d.peerError(p, e)
 			break
 		}
 	}
 	if failure == nil {
 		for p := range d.peers {
-			ph := hdr(d.peers[p])
+			ph := hdr(d.peers[p], e)
 			if ph.op != c.Op || ph.sig != c.Sig {
 				failure = fmt.Errorf("nvlink: %s: %w", d.mismatch(c, p, ph.op, ph.sig), ErrPeerMismatch)
 				break
@@ -428,14 +545,22 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	if failure == nil && fn != nil {
 		peers := d.peerBuffers()
 		for p := range d.peers {
-			ph := hdr(d.peers[p])
+			ph := hdr(d.peers[p], e)
 			peers[p] = peers[p][:min(ph.nbufs, MaxBuffers)]
+			if ph.staged != 0 {
+				if failure = d.staged(p, e, peers[p]); failure != nil {
+					break
+				}
+				continue
+			}
 			for i := range peers[p] {
+				peers[p][i] = nil
 				if box := d.boxes[p]; box != nil { // p is in this process
-					peers[p][i] = box.exposed[i].Load()
+					if b := box.exposed[i].Load(); b != nil {
+						peers[p][i] = b.Host()
+					}
 					continue
 				}
-				peers[p][i] = nil
 				if ph.handles[i] == ([handleSize]byte{}) {
 					continue
 				}
@@ -444,7 +569,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 					failure = fmt.Errorf("nvlink: map buffer %d of rank %d: %w", i, d.global[p], err)
 					break
 				}
-				peers[p][i] = b
+				peers[p][i] = b.Host()
 			}
 		}
 		if failure == nil {
@@ -456,15 +581,38 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 	}
 
 	// Phase 2: done.
+	if !needDone {
+		return failure
+	}
 	for p := range d.peers {
 		done(d.peers[p], d.rank).Store(e)
 		d.arrive(p)
 	}
-	if err := d.wait("done", deadline, 2*e*n, func(p int) bool { return done(d.ctrl, p).Load() >= e }); err != nil {
-		h.abandoned.Store(e)
+	d.count += n
+	if err := d.wait("done", deadline, d.count, func(p int) bool { return done(d.ctrl, p).Load() >= e }); err != nil {
+		me.abandoned.Store(e)
 		return err
 	}
 	return failure
+}
+
+// staged fills bufs with the bytes of peer p's staged buffers of exchange
+// e; a span past the stage's half is a corrupt header, and fails the
+// exchange.
+func (d *Domain) staged(p int, e uint64, bufs [][]byte) error {
+	ph, half := hdr(d.peers[p], e), d.stageHalf(d.peers[p], e)
+	for i := range bufs {
+		off, n := ph.spans[i][0], ph.spans[i][1]
+		if off == noSpan {
+			bufs[i] = nil
+			continue
+		}
+		if off > StageBytes || n > StageBytes-off {
+			return fmt.Errorf("nvlink: rank %d staged buffer %d at %d bytes (%d long), past its stage of %d", d.global[p], i, off, n, StageBytes)
+		}
+		bufs[i] = half[off : off+n : off+n]
+	}
+	return nil
 }
 
 // checkAbandoned is the check after the work of exchange e: a peer whose
@@ -475,7 +623,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][]*device.Buffer) error) error
 func (d *Domain) checkAbandoned(e uint64) error {
 	var gave []int
 	for p := range d.peers {
-		if p != d.rank && hdr(d.peers[p]).abandoned.Load() >= e {
+		if p != d.rank && stateOf(d.peers[p]).abandoned.Load() >= e {
 			gave = append(gave, p)
 		}
 	}
@@ -491,7 +639,7 @@ func (d *Domain) checkAbandoned(e uint64) error {
 // that a bug there still lets the done phase complete (the peers fail the
 // call with this rank's error, or succeed, instead of waiting for it until
 // their deadline).
-func callWork(fn func(peers [][]*device.Buffer) error, peers [][]*device.Buffer) (err error) {
+func callWork(fn func(peers [][][]byte) error, peers [][][]byte) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("nvlink: the exchange's work panicked: %v\n%s", r, debug.Stack())
@@ -508,6 +656,11 @@ func callWork(fn func(peers [][]*device.Buffer) error, peers [][]*device.Buffer)
 // or the futex's next look, every livenessInterval at most, when it also
 // checks the deadline and the pending peers' processes: no timer and no
 // system call while every peer is in this process.
+//
+// The count also holds stores made for this rank's later waits (a peer
+// that is done here may publish its next exchange at once), so it can pass
+// target while a peer is still pending; the wait then sleeps until the
+// next store, whichever it is, and looks again.
 func (d *Domain) wait(phase string, deadline time.Time, target uint64, ready func(p int) bool) error {
 	pending := d.pending[:0]
 	for p := range d.peers {
@@ -516,10 +669,12 @@ func (d *Domain) wait(phase string, deadline time.Time, target uint64, ready fun
 	defer func() { d.pending = pending[:0] }()
 	myBell := bell(d.ctrl)
 	var lastCheck time.Time
-	hurried := false // the count said the wait was over: one look without sleeping
 	for {
 		rung := myBell.Load()
-		want(d.ctrl).Store(target)
+		// Set before the look at the flags: a store made after that look
+		// is either counted here below, or its peer sees this want.
+		w := max(target, arrivals(d.ctrl).Load()+1)
+		want(d.ctrl).Store(w)
 		left := pending[:0]
 		local := d.box != nil // every pending peer is in this process
 		for _, p := range pending {
@@ -552,11 +707,10 @@ func (d *Domain) wait(phase string, deadline time.Time, target uint64, ready fun
 				return d.failed
 			}
 		}
-		// A peer counts its store after making it: a count at target
-		// means the flags are there. A count that is not in step with
-		// the flags (a peer's protocol broken) is not trusted twice.
-		if arrivals(d.ctrl).Load() >= target && !hurried {
-			hurried = true
+		// A peer counts its store after making it, then reads want: a
+		// store counted after the look above and before want was set is
+		// seen here, and looked at again, instead of slept through.
+		if arrivals(d.ctrl).Load() >= w {
 			continue
 		}
 		if local {
@@ -593,11 +747,11 @@ func (d *Domain) arrive(p int) {
 }
 
 // peerBuffers is the exchange's table of the peers' buffers, reused.
-func (d *Domain) peerBuffers() [][]*device.Buffer {
+func (d *Domain) peerBuffers() [][][]byte {
 	if d.bufs == nil {
-		d.bufs = make([][]*device.Buffer, len(d.peers))
+		d.bufs = make([][][]byte, len(d.peers))
 		for p := range d.bufs {
-			d.bufs[p] = make([]*device.Buffer, MaxBuffers)
+			d.bufs[p] = make([][]byte, MaxBuffers)
 		}
 	}
 	return d.bufs
@@ -619,18 +773,21 @@ func (d *Domain) PeerFailure(e uint64) error {
 		if p == d.rank {
 			continue
 		}
-		ph := hdr(d.peers[p])
-		if ph.epoch.Load() == e && (ph.status == StatusFailed || ph.status == StatusTimeout) {
-			return d.peerError(p)
+		if stateOf(d.peers[p]).epoch.Load() != e {
+			continue
+		}
+		if ph := hdr(d.peers[p], e); ph.status == StatusFailed || ph.status == StatusTimeout {
+			return d.peerError(p, e)
 		}
 	}
 	return nil
 }
 
-// peerError is the failure peer p published in its header. A length past
-// the message or names array is a corrupt header, and is cut.
-func (d *Domain) peerError(p int) *PeerError {
-	ph := hdr(d.peers[p])
+// peerError is the failure peer p published in its header of exchange e.
+// A length past the message or names array is a corrupt header, and is
+// cut.
+func (d *Domain) peerError(p int, e uint64) *PeerError {
+	ph := hdr(d.peers[p], e)
 	pe := &PeerError{Rank: d.global[p], Status: ph.status, Msg: string(ph.msg[:min(ph.msgLen, msgCap)])}
 	for _, r := range ph.named[:min(ph.nnamed, MaxNamed)] {
 		pe.Ranks = append(pe.Ranks, int(r))

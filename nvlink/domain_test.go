@@ -1,10 +1,12 @@
 package nvlink
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -63,9 +65,9 @@ func TestExchangeMovesData(t *testing.T) {
 				b, _ := ss[r].Alloc(8)
 				b.Host()[0] = byte(r*100 + epoch%100)
 				var got []byte
-				err := ds[r].Exchange(Call{Op: 7, Sig: [4]uint64{uint64(epoch)}, Buffers: []*device.Buffer{b}}, func(peers [][]*device.Buffer) error {
+				err := ds[r].Exchange(Call{Op: 7, Sig: [4]uint64{uint64(epoch)}, Buffers: []*device.Buffer{b}}, func(peers [][][]byte) error {
 					for p := range peers {
-						got = append(got, peers[p][0].Host()[0])
+						got = append(got, peers[p][0][0])
 					}
 					return nil
 				})
@@ -98,7 +100,7 @@ func TestExchangeMismatchAndPeerStatus(t *testing.T) {
 		if r == 2 {
 			sig[0] = 2
 		}
-		return ds[r].Exchange(Call{Op: 1, Sig: sig}, func([][]*device.Buffer) error { t.Error("fn ran despite a mismatch"); return nil })
+		return ds[r].Exchange(Call{Op: 1, Sig: sig}, func([][][]byte) error { t.Error("fn ran despite a mismatch"); return nil })
 	})
 	for r, err := range errs {
 		if !errors.Is(err, ErrPeerMismatch) {
@@ -208,7 +210,7 @@ func TestPeerFailure(t *testing.T) {
 func published(t *testing.T, ds []*Domain, r int, e uint64) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
-	for hdr(ds[r].ctrl).epoch.Load() < e {
+	for stateOf(ds[r].ctrl).epoch.Load() < e {
 		if time.Now().After(deadline) {
 			t.Fatalf("rank %d has not published exchange %d after a minute", r, e)
 		}
@@ -305,7 +307,7 @@ func TestExchangeWorkPanics(t *testing.T) {
 	ds, _ := domains(t, n, 30*time.Second)
 	start := time.Now()
 	errs := onEach(n, func(r int) error {
-		return ds[r].Exchange(Call{Op: 1}, func([][]*device.Buffer) error {
+		return ds[r].Exchange(Call{Op: 1}, func([][][]byte) error {
 			if r == 1 {
 				var s []int
 				_ = s[r] // index out of range
@@ -337,20 +339,25 @@ func TestExchangeWorkPanics(t *testing.T) {
 // (The late rank once found the peer's done stored and succeeded.)
 func TestExchangeLateReaderFails(t *testing.T) {
 	const n = 2
-	ds, _ := domains(t, n, 300*time.Millisecond)
+	ds, ss := domains(t, n, 300*time.Millisecond)
+	b, err := ss[0].Alloc(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free()
 	errs := make([]error, n)
 	returned := make(chan struct{}) // rank 0 is back with its caller
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		defer close(returned)
-		errs[0] = ds[0].Exchange(Call{Op: 1}, func([][]*device.Buffer) error { return nil })
+		errs[0] = ds[0].Exchange(Call{Op: 1, Buffers: []*device.Buffer{b}}, func([][][]byte) error { return nil })
 	})
 	// Rank 1 starts once rank 0 has published, so that it sees rank 0 and
 	// runs its work however late it starts; the work reads until rank 0
 	// has returned.
 	published(t, ds, 0, 1)
 	wg.Go(func() {
-		errs[1] = ds[1].Exchange(Call{Op: 1}, func([][]*device.Buffer) error {
+		errs[1] = ds[1].Exchange(Call{Op: 1}, func([][][]byte) error {
 			<-returned // reading rank 0's buffers, slowly
 			return nil
 		})
@@ -361,6 +368,58 @@ func TestExchangeLateReaderFails(t *testing.T) {
 	}
 	if !errors.Is(errs[1], comm.ErrTimeout) || !strings.Contains(fmt.Sprint(errs[1]), "stopped waiting") {
 		t.Errorf("rank 1 (read past rank 0's deadline): %v, want a failure saying rank 0 stopped waiting", errs[1])
+	}
+}
+
+// TestExchangeLateStageReaderFails: an exchange in which every rank
+// staged ends at the publish wait, so a rank may go on while a slow peer
+// still reads its stage; it stages its next exchange in the other half,
+// and only the one after that, which it reaches once the peer has moved
+// on, writes the half the peer reads. If it gets there by timing out (the
+// peer never published), the peer's reads cannot be trusted: the peer
+// fails the exchange it was reading, naming the rank that stopped waiting.
+func TestExchangeLateStageReaderFails(t *testing.T) {
+	const n = 2
+	ds, _ := domains(t, n, 300*time.Millisecond)
+	errs := make([]error, 3)
+	returned := make(chan struct{}) // rank 0 is past its second exchange
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(returned)
+		for e := range 2 {
+			c := Call{Op: 1}
+			if !ds[0].Stage(&c, []byte{byte(10 + e)}) {
+				errs[0] = fmt.Errorf("exchange %d: one byte did not stage", e+1)
+				return
+			}
+			if errs[e] = ds[0].Exchange(c, func([][][]byte) error { return nil }); errs[e] != nil {
+				return
+			}
+		}
+	})
+	published(t, ds, 0, 1)
+	var read byte
+	wg.Go(func() {
+		c := Call{Op: 1}
+		ds[1].Stage(&c, nil)
+		errs[2] = ds[1].Exchange(c, func(peers [][][]byte) error {
+			<-returned // reading rank 0's stage, slowly
+			read = peers[0][0][0]
+			return nil
+		})
+	})
+	wg.Wait()
+	if errs[0] != nil {
+		t.Errorf("rank 0's first exchange (staged everywhere, no done phase): %v, want success", errs[0])
+	}
+	if !errors.Is(errs[1], comm.ErrTimeout) {
+		t.Errorf("rank 0's second exchange (rank 1 never publishes it): %v, want a timeout", errs[1])
+	}
+	if !errors.Is(errs[2], comm.ErrTimeout) || !strings.Contains(fmt.Sprint(errs[2]), "stopped waiting") {
+		t.Errorf("rank 1 (read rank 0's stage past rank 0's deadline): %v, want a failure saying rank 0 stopped waiting", errs[2])
+	}
+	if read != 10 {
+		t.Errorf("rank 1 read %d from rank 0's stage of exchange 1, want 10 (the next exchange stages in the other half)", read)
 	}
 }
 
@@ -386,17 +445,29 @@ func TestArriveWakesOnlyTheWaiterDone(t *testing.T) {
 	}
 }
 
-// TestExchangeWakeups: in exchanges of in-process ranks every rank is
-// woken by its peers at most once per phase (by the store that completes
-// its wait), whatever the order the peers come in, and no futex system
-// call is made.
+// TestExchangeWakeups: in exchanges of in-process ranks a rank is woken
+// by its peers about once per phase, by the store that completes its wait
+// (or, when a peer's store for its next wait is already counted, by the
+// next store after its look), never by every store, whatever the order
+// the peers come in; and no futex system call is made. Even exchanges
+// are staged (one phase), odd ones expose a buffer (two).
 func TestExchangeWakeups(t *testing.T) {
 	const n, rounds = 8, 200
-	ds, _ := domains(t, n, time.Minute)
+	ds, ss := domains(t, n, time.Minute)
 	calls := futexCalls.Load()
 	for r, err := range onEach(n, func(r int) error {
-		for range rounds {
-			if err := ds[r].Exchange(Call{Op: 1}, func([][]*device.Buffer) error { return nil }); err != nil {
+		b, err := ss[r].Alloc(8)
+		if err != nil {
+			return err
+		}
+		defer b.Free()
+		for e := range rounds {
+			c := Call{Op: 1, Buffers: []*device.Buffer{b}}
+			if e%2 == 0 {
+				c = Call{Op: 1}
+				ds[r].Stage(&c, []byte{1})
+			}
+			if err := ds[r].Exchange(c, func([][][]byte) error { return nil }); err != nil {
 				return err
 			}
 		}
@@ -406,13 +477,128 @@ func TestExchangeWakeups(t *testing.T) {
 			t.Fatalf("rank %d: %v", r, err)
 		}
 	}
+	const phases = rounds/2 + 2*rounds/2
 	for r := range n {
-		if w := ds[r].box.peerWakes.Load(); w > 2*rounds {
-			t.Errorf("rank %d was woken %d times by its peers in %d exchanges, want at most 2 a exchange", r, w, rounds)
+		if w := ds[r].box.peerWakes.Load(); w > 2*phases {
+			t.Errorf("rank %d was woken %d times by its peers in %d phases, want at most 2 a phase", r, w, phases)
 		}
 	}
 	if c := futexCalls.Load() - calls; c != 0 {
 		t.Errorf("%d futex calls among in-process ranks, want none", c)
+	}
+}
+
+// TestWaitWakesPastItsTarget: a wait whose arrivals count has passed its
+// target while a peer is still pending (another peer's store for this
+// rank's next wait is in the count) is woken by the pending peer's store,
+// not left to the watchdog's next look.
+func TestWaitWakesPastItsTarget(t *testing.T) {
+	const n = 3
+	ds, _ := domains(t, n, time.Minute)
+	// Rank 1 has published exchanges 1 and 2, counted twice into rank 0's
+	// arrivals: rank 0's publish wait of exchange 1 (target 2) is at its
+	// count while rank 2 has not published.
+	stateOf(ds[1].ctrl).epoch.Store(2)
+	ds[1].arrive(0)
+	ds[1].arrive(0)
+	done := make(chan error)
+	go func() {
+		done <- ds[0].wait("publish", time.Now().Add(time.Minute), 2, func(p int) bool { return stateOf(ds[0].peers[p]).epoch.Load() >= 1 || p == 0 })
+	}()
+	for !ds[0].box.asleep.Load() {
+		runtime.Gosched()
+	}
+	stateOf(ds[2].ctrl).epoch.Store(1)
+	ds[2].arrive(0)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if w := ds[0].box.peerWakes.Load(); w != 1 {
+		t.Errorf("rank 0 got %d wake-ups from its peers, want 1 (rank 2's store)", w)
+	}
+}
+
+// TestExchangeStaged: staged buffers reach every peer byte for byte (a nil
+// item as a nil buffer, an empty one as empty bytes), alone or beside
+// ranks that expose buffers; an exchange in which every rank staged has no
+// done phase, one in which any rank exposed a buffer has it on every rank;
+// items that do not fit are refused, leaving the call as it was.
+func TestExchangeStaged(t *testing.T) {
+	const n, rounds = 4, 40
+	ds, ss := domains(t, n, time.Minute)
+	item := func(r, e, i int) []byte {
+		switch i {
+		case 1:
+			return nil
+		case 2:
+			return []byte{}
+		}
+		b := make([]byte, 1+(r*7+e*13)%300)
+		for j := range b {
+			b[j] = byte(r + 3*e + j)
+		}
+		return b
+	}
+	for r, err := range onEach(n, func(r int) error {
+		buf, err := ss[r].Alloc(300)
+		if err != nil {
+			return err
+		}
+		defer buf.Free()
+		for e := range rounds {
+			// Every third exchange, rank e%n exposes buffers instead.
+			exposes := e%3 == 2
+			c := Call{Op: 5, Sig: [4]uint64{uint64(e)}}
+			if exposes && r == e%n {
+				it := item(r, e, 0)
+				copy(buf.Host(), it)
+				c.Buffers = []*device.Buffer{buf, nil, nil}
+			} else if !ds[r].Stage(&c, item(r, e, 0), item(r, e, 1), item(r, e, 2)) {
+				return fmt.Errorf("exchange %d: %d bytes did not stage", e+1, len(item(r, e, 0)))
+			}
+			err := ds[r].Exchange(c, func(peers [][][]byte) error {
+				for p := range peers {
+					want := item(p, e, 0)
+					got := peers[p][0]
+					if exposes && p == e%n {
+						got = got[:len(want)]
+					}
+					if !bytes.Equal(got, want) || peers[p][1] != nil || (peers[p][2] == nil) != (exposes && p == e%n) || len(peers[p][2]) != 0 {
+						return fmt.Errorf("exchange %d: rank %d's buffers %v, %v, %v; want %v, nil, empty", e+1, p, peers[p][0], peers[p][1], peers[p][2], want)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			// A done phase stores this rank's done word in every peer's
+			// block; without one its last value stays.
+			var last uint64
+			for k := e; k >= 0; k-- {
+				if k%3 == 2 {
+					last = uint64(k + 1)
+					break
+				}
+			}
+			for p := range n {
+				if got := done(ds[r].peers[p], r).Load(); got != last {
+					return fmt.Errorf("after exchange %d: rank %d's done word at rank %d is %d, want %d", e+1, r, p, got, last)
+				}
+			}
+		}
+		var c Call
+		if ds[r].Stage(&c, make([]byte, StageBytes-63), []byte{1}) || c.staged || c.spans != nil {
+			return fmt.Errorf("%d bytes on two 64-byte boundaries staged in a stage of %d", StageBytes-62, StageBytes)
+		}
+		if !ds[r].Stage(&c, make([]byte, StageBytes-64), []byte{1}) {
+			return fmt.Errorf("%d bytes on two 64-byte boundaries did not stage in a stage of %d", StageBytes-63, StageBytes)
+		}
+		return nil
+	}) {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
 	}
 }
 
@@ -450,13 +636,18 @@ func TestExchangeInProcessRegistersNothing(t *testing.T) {
 	}
 	errs := onEach(n, func(r int) error {
 		for epoch := range 20 {
-			err := ds[r].Exchange(Call{Op: 3, Buffers: exposed[r]}, func(peers [][]*device.Buffer) error {
+			err := ds[r].Exchange(Call{Op: 3, Buffers: exposed[r]}, func(peers [][][]byte) error {
 				if k := registered(); k != 0 {
 					return fmt.Errorf("rank %d epoch %d: %d buffers registered during the exchange", r, epoch, k)
 				}
 				for p := range peers {
-					if !slices.Equal(peers[p], exposed[p]) {
-						return fmt.Errorf("rank %d epoch %d: rank %d's buffers %v, it exposed %v", r, epoch, p, peers[p], exposed[p])
+					if len(peers[p]) != len(exposed[p]) {
+						return fmt.Errorf("rank %d epoch %d: rank %d exposed %d buffers, %d seen", r, epoch, p, len(exposed[p]), len(peers[p]))
+					}
+					for i, b := range exposed[p] {
+						if !sameBytes(peers[p][i], b) {
+							return fmt.Errorf("rank %d epoch %d: rank %d's buffer %d is not the one it exposed", r, epoch, p, i)
+						}
 					}
 				}
 				return nil
@@ -470,4 +661,13 @@ func TestExchangeInProcessRegistersNothing(t *testing.T) {
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// sameBytes reports whether got is b's bytes themselves (nil for nil).
+func sameBytes(got []byte, b *device.Buffer) bool {
+	if b == nil {
+		return got == nil
+	}
+	want := b.Host()
+	return len(got) == len(want) && &got[0] == &want[0]
 }

@@ -51,9 +51,11 @@ type crossing interface {
 	// the optional weights w, and calls fn with the source of every valid
 	// received row.
 	pull(lay *plan.Layout, c nvlink.Call, x, w *device.Tensor, fn func(src *sources) error) error
-	// sum runs the collective half of a combine-like call c (see
-	// Path.sum).
-	sum(p *Path, lay *plan.Layout, c nvlink.Call, dt device.DType, out []byte, gwt *device.Tensor, u *unpermuteSpec) error
+	// sum runs the collective half of a combine-like call c on the
+	// rows y and the optional weights yw (c's buffers): every rank's
+	// tokens' sums into out and, with gwt, their weight gradients; with
+	// u, each destination's rows are unpermuted first.
+	sum(p *Path, lay *plan.Layout, c nvlink.Call, y, yw *device.Tensor, out []byte, gwt *device.Tensor, u *unpermuteSpec) error
 	// join joins the exchanges of call op with cause as this rank's
 	// status: the peers fail the call at once with this rank's reason.
 	join(op datapath.Op, cause error)
@@ -122,7 +124,7 @@ func (c *Control) Close() error {
 
 // Exchange runs one domain exchange from a stream task, recording a fatal
 // failure, and marks a peer's rejected input as invalid input.
-func (c *Control) Exchange(call nvlink.Call, fn func(peers [][]*device.Buffer) error) error {
+func (c *Control) Exchange(call nvlink.Call, fn func(peers [][][]byte) error) error {
 	return datapath.PeerInput(c.env.Fate.Note(c.Dom.Exchange(call, fn)))
 }
 
@@ -164,15 +166,20 @@ func (c *Control) Routing(idx *device.Tensor, sig [4]uint64, fn func(routing [][
 	c.Collective(datapath.OpLayout, func() error { return c.cross.routing(idx, sig, fn) })
 }
 
-// flat is the crossing of one domain: every call is one exchange.
+// flat is the crossing of one domain: every call is one exchange. A call
+// whose exposed bytes fit the domain's stage (nvlink.StageBytes) copies
+// them there (nvlink.Domain.Stage): when every rank did, the exchange
+// ends at its publish wait, one round of the peers' stores instead of
+// two, which is most of a small call's time.
 type flat struct{ c *Control }
 
 func (f *flat) routing(idx *device.Tensor, sig [4]uint64, fn func(routing [][]int32) error) error {
 	call := nvlink.Call{Op: uint64(datapath.OpLayout), Sig: sig, Buffers: []*device.Buffer{idx.Buffer()}}
-	return f.c.Exchange(call, func(peers [][]*device.Buffer) error {
+	f.c.Dom.Stage(&call, idx.Bytes())
+	return f.c.Exchange(call, func(peers [][][]byte) error {
 		routing := make([][]int32, len(peers))
 		for p := range peers {
-			routing[p] = view.Int32s(peers[p][0].Host())
+			routing[p] = view.Int32s(peers[p][0])
 		}
 		return fn(routing)
 	})
@@ -180,14 +187,16 @@ func (f *flat) routing(idx *device.Tensor, sig [4]uint64, fn func(routing [][]in
 
 func (f *flat) pull(lay *plan.Layout, c nvlink.Call, x, w *device.Tensor, fn func(src *sources) error) error {
 	rb := datapath.RowBytes(x)
-	return f.c.Exchange(c, func(peers [][]*device.Buffer) error {
+	f.c.Dom.Stage(&c, x.Bytes(), bytesOf(w))
+	return f.c.Exchange(c, func(peers [][][]byte) error {
 		return fn(newSources(f.c.env, lay, peers, rb, w != nil, nil))
 	})
 }
 
-func (f *flat) sum(p *Path, lay *plan.Layout, c nvlink.Call, dt device.DType, out []byte, gwt *device.Tensor, u *unpermuteSpec) error {
-	gw := f32(gwt)
-	return f.c.Exchange(c, func(peers [][]*device.Buffer) error {
+func (f *flat) sum(p *Path, lay *plan.Layout, c nvlink.Call, y, yw *device.Tensor, out []byte, gwt *device.Tensor, u *unpermuteSpec) error {
+	gw, dt := f32(gwt), y.DType()
+	f.c.Dom.Stage(&c, y.Bytes(), bytesOf(yw))
+	return f.c.Exchange(c, func(peers [][][]byte) error {
 		rb := p.env.Hidden * dt.Size()
 		newTermer := func() *termer { return newTermer(p.env, lay, peers, dt, u) }
 		// Weighted bf16 rows (the fused call's common case) are summed in
@@ -235,7 +244,7 @@ func (n noExchange) pull(*plan.Layout, nvlink.Call, *device.Tensor, *device.Tens
 	return n.err()
 }
 
-func (n noExchange) sum(*Path, *plan.Layout, nvlink.Call, device.DType, []byte, *device.Tensor, *unpermuteSpec) error {
+func (n noExchange) sum(*Path, *plan.Layout, nvlink.Call, *device.Tensor, *device.Tensor, []byte, *device.Tensor, *unpermuteSpec) error {
 	return n.err()
 }
 

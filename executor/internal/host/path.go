@@ -175,7 +175,7 @@ func (p *Path) Combine(h *datapath.Handle, z, zw *device.Tensor, out datapath.Co
 		}
 		c := nvlink.Call{Op: uint64(datapath.OpCombine), Sig: datapath.Sig(h, z.DType(), zw != nil, datapath.RoundRows),
 			Buffers: []*device.Buffer{z.Buffer(), datapath.Buf(zw)}}
-		return p.cross.sum(p, lay, c, z.DType(), out.X.Bytes(), out.GradTopkWeights, nil)
+		return p.cross.sum(p, lay, c, z, zw, out.X.Bytes(), out.GradTopkWeights, nil)
 	})
 	return nil
 }
@@ -192,9 +192,17 @@ func (p *Path) UnpermuteCombine(h *datapath.Handle, y, w, out *device.Tensor) er
 		}
 		c := nvlink.Call{Op: uint64(datapath.OpUnpermuteCombine), Sig: datapath.Sig(h, y.DType(), w != nil, datapath.RoundRows),
 			Buffers: []*device.Buffer{y.Buffer(), datapath.Buf(w)}}
-		return p.cross.sum(p, lay, c, y.DType(), out.Bytes(), nil, &unpermuteSpec{weighted: w != nil})
+		return p.cross.sum(p, lay, c, y, w, out.Bytes(), nil, &unpermuteSpec{weighted: w != nil})
 	})
 	return nil
+}
+
+// bytesOf is a tensor's bytes (nil for a nil tensor).
+func bytesOf(t *device.Tensor) []byte {
+	if t == nil {
+		return nil
+	}
+	return t.Bytes()
 }
 
 // f32 views an FP32 tensor's bytes (nil for a nil tensor).

@@ -16,7 +16,7 @@ import (
 // Rows are located as they are read, so a call allocates nothing per row.
 type sources struct {
 	lay      *plan.Layout
-	peers    [][]*device.Buffer
+	peers    [][][]byte
 	rb       int // row bytes
 	n        int // valid received rows
 	weighted bool
@@ -24,7 +24,7 @@ type sources struct {
 	me       int // this rank's domain
 }
 
-func newSources(env *datapath.Env, lay *plan.Layout, peers [][]*device.Buffer, rb int, weighted bool, r *rail.Rail) *sources {
+func newSources(env *datapath.Env, lay *plan.Layout, peers [][][]byte, rb int, weighted bool, r *rail.Rail) *sources {
 	return &sources{lay: lay, peers: peers, rb: rb, n: env.ValidRecv(lay, env.Rank), weighted: weighted, r: r, me: env.Rank / lay.RanksPerDomain}
 }
 
@@ -35,13 +35,13 @@ func (s *sources) row(i int) (x []byte, w []float32) {
 	src, t := int(s.lay.RecvSrcRank[i]), int(s.lay.RecvSrcToken[i])
 	p := s.peers[src%D]
 	if src/D == s.me {
-		x = p[0].Host()[t*rb : (t+1)*rb]
+		x = p[0][t*rb : (t+1)*rb]
 		if s.weighted {
-			w = view.Float32s(p[1].Host())[t*K : (t+1)*K]
+			w = view.Float32s(p[1])[t*K : (t+1)*K]
 		}
 		return x, w
 	}
-	slot := p[2].Host()[src/D*s.r.Slot:]
+	slot := p[2][src/D*s.r.Slot:]
 	f := int(s.lay.RecvFwdRow[i])
 	o := rail.Header + s.r.Area + f*rb
 	x = slot[o : o+rb]

@@ -18,7 +18,7 @@ type unpermuteSpec struct{ weighted bool }
 type termer struct {
 	env   *datapath.Env
 	lay   *plan.Layout
-	peers [][]*device.Buffer
+	peers [][][]byte
 	dt    device.DType
 	u     *unpermuteSpec
 	rb    int
@@ -34,7 +34,7 @@ type termer struct {
 	gends []int
 }
 
-func newTermer(env *datapath.Env, lay *plan.Layout, peers [][]*device.Buffer, dt device.DType, u *unpermuteSpec) *termer {
+func newTermer(env *datapath.Env, lay *plan.Layout, peers [][][]byte, dt device.DType, u *unpermuteSpec) *termer {
 	c := &termer{env: env, lay: lay, peers: peers, dt: dt, u: u, rb: env.Hidden * dt.Size()}
 	if u != nil {
 		c.tw = make([]float32, lay.TopK)
@@ -57,7 +57,7 @@ func (c *termer) collect(side *plan.SendSide, t, n int) [][]byte {
 		}
 		peer := c.peers[d%D]
 		if c.u == nil {
-			c.rows = append(c.rows, peer[0].Host()[row*rb:(row+1)*rb])
+			c.rows = append(c.rows, peer[0][row*rb:(row+1)*rb])
 			continue
 		}
 		if len(c.tmp) <= len(c.rows) {
@@ -69,7 +69,7 @@ func (c *termer) collect(side *plan.SendSide, t, n int) [][]byte {
 		if c.u.weighted {
 			ws = c.tw
 		}
-		permute.UnpermuteRow(c.dt, term, peer[0].Host(), c.tpos, ws, plan.PermCap(lay, c.env.P, d), &c.slots)
+		permute.UnpermuteRow(c.dt, term, peer[0], c.tpos, ws, plan.PermCap(lay, c.env.P, d), &c.slots)
 		c.rows = append(c.rows, term)
 	}
 	return c.rows
@@ -93,7 +93,7 @@ func (c *termer) groups(side *plan.SendSide, t, n int) (rows [][]byte, w []float
 		}
 		peer := c.peers[d%D]
 		slotsOn(lay, side, t, d, row, peer, c.u.weighted, c.tpos, c.tw)
-		y, pcap := peer[0].Host(), plan.PermCap(lay, c.env.P, d)
+		y, pcap := peer[0], plan.PermCap(lay, c.env.P, d)
 		for k, p := range c.tpos {
 			if p < 0 || int(p) >= pcap {
 				continue
@@ -114,11 +114,11 @@ func (c *termer) groups(side *plan.SendSide, t, n int) (rows [][]byte, w []float
 // slotsOn fills pos[k] with the position on rank d of slot k of token t of
 // side (-1 for slots on other ranks) and, if weighted, w[k] with d's
 // RecvWeights[row][k] (peer buffer 1).
-func slotsOn(lay *plan.Layout, side *plan.SendSide, t, d, row int, peer []*device.Buffer, weighted bool, pos []int32, w []float32) {
+func slotsOn(lay *plan.Layout, side *plan.SendSide, t, d, row int, peer [][]byte, weighted bool, pos []int32, w []float32) {
 	K, L := lay.TopK, lay.NumLocalExperts
 	var pw []float32
 	if weighted {
-		pw = view.Float32s(peer[1].Host())
+		pw = view.Float32s(peer[1])
 	}
 	for k := range K {
 		pos[k] = -1
@@ -138,7 +138,7 @@ func slotsOn(lay *plan.Layout, side *plan.SendSide, t, d, row int, peer []*devic
 // slot's expert lives in domain n: the owner's GradRecvWeights (peer
 // buffer 1) at the token's row, 0 if the row was dropped there (capacity
 // mode); 0 for an empty slot or another domain.
-func slotGrad(env *datapath.Env, lay *plan.Layout, side *plan.SendSide, t, k, n int, peers [][]*device.Buffer) float32 {
+func slotGrad(env *datapath.Env, lay *plan.Layout, side *plan.SendSide, t, k, n int, peers [][][]byte) float32 {
 	K, D := lay.TopK, lay.RanksPerDomain
 	ex, row := int(side.SlotExpert[t*K+k]), int(side.SlotRow[t*K+k])
 	if ex < 0 {
@@ -148,5 +148,5 @@ func slotGrad(env *datapath.Env, lay *plan.Layout, side *plan.SendSide, t, k, n 
 	if d/D != n || row >= env.ValidRecv(lay, d) {
 		return 0
 	}
-	return view.Float32s(peers[d%D][1].Host())[row*K+k]
+	return view.Float32s(peers[d%D][1])[row*K+k]
 }

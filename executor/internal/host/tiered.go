@@ -44,15 +44,15 @@ func (x *tiered) routing(idx *device.Tensor, sg [4]uint64, fn func(routing [][]i
 	// The domain exchange follows the rail round: a domain peer whose
 	// round timed out reports it (Relay).
 	c := nvlink.Call{Op: uint64(datapath.OpLayout), Sig: sg, Status: rerr, Buffers: []*device.Buffer{idx.Buffer(), r.Fwd}, Relay: true}
-	err := x.c.Exchange(c, func(peers [][]*device.Buffer) error {
+	err := x.c.Exchange(c, func(peers [][][]byte) error {
 		routing := make([][]int32, env.NumRanks)
 		for g := range routing {
 			p := peers[g%r.D]
 			if g/r.D == r.Domain {
-				routing[g] = view.Int32s(p[0].Host())
+				routing[g] = view.Int32s(p[0])
 				continue
 			}
-			s := p[1].Host()[g/r.D*r.Slot:]
+			s := p[1][g/r.D*r.Slot:]
 			T := rail.GetHead(s).Count
 			routing[g] = view.Int32s(s[rail.Header : rail.Header+T*env.P.TopK*4])
 		}
@@ -96,7 +96,7 @@ func (x *tiered) pull(lay *plan.Layout, c nvlink.Call, xt, w *device.Tensor, fn 
 	}
 	c.Status, c.Relay = rerr, true
 	c.Buffers = append(c.Buffers, r.Fwd)
-	err := x.c.Exchange(c, func(peers [][]*device.Buffer) error {
+	err := x.c.Exchange(c, func(peers [][][]byte) error {
 		return fn(newSources(env, lay, peers, rb, weighted, r))
 	})
 	if rerr != nil {
@@ -109,8 +109,8 @@ func (x *tiered) pull(lay *plan.Layout, c nvlink.Call, xt, w *device.Tensor, fn 
 // partials over this domain for the rail peers' tokens and this rank's
 // own, the rail round, then the sum over domains. gwt (weight gradients,
 // DispatchBackward) may be nil.
-func (x *tiered) sum(p *Path, lay *plan.Layout, c nvlink.Call, dt device.DType, out []byte, gwt *device.Tensor, u *unpermuteSpec) error {
-	r, env := x.r, p.env
+func (x *tiered) sum(p *Path, lay *plan.Layout, c nvlink.Call, y, _ *device.Tensor, out []byte, gwt *device.Tensor, u *unpermuteSpec) error {
+	r, env, dt := x.r, p.env, y.DType()
 	K, H := env.P.TopK, env.Hidden
 	rb := H * dt.Size()
 	T := lay.NumTokens
@@ -122,7 +122,7 @@ func (x *tiered) sum(p *Path, lay *plan.Layout, c nvlink.Call, dt device.DType, 
 	send := r.Transport.SendBuffer()
 	sizes := make([][3]int, r.M)
 	gw, weighted := f32(gwt), gwt != nil // gw is empty when T = 0
-	err := x.c.Exchange(c, func(peers [][]*device.Buffer) error {
+	err := x.c.Exchange(c, func(peers [][][]byte) error {
 		newT := func() *termer { return newTermer(env, lay, peers, dt, u) }
 		// Partials of the rail peers' tokens, rounded to the dtype, into
 		// the send slots.
