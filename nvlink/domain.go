@@ -177,7 +177,8 @@ type Call struct {
 	// spans (offset, length; noSpan for a nil buffer), and the exchange
 	// exposes them there instead of Buffers.
 	staged bool
-	spans  [][2]uint64
+	nspans int
+	spans  [MaxBuffers][2]uint64
 }
 
 // PeerError is the failure one peer published in an exchange.
@@ -404,19 +405,18 @@ func (d *Domain) Stage(c *Call, items ...[]byte) bool {
 		return false
 	}
 	half := d.stageHalf(d.ctrl, d.epoch+1)
-	spans := c.spans[:0]
 	o := 0
-	for _, it := range items {
+	for i, it := range items {
 		if it == nil {
-			spans = append(spans, [2]uint64{noSpan, 0})
+			c.spans[i] = [2]uint64{noSpan, 0}
 			continue
 		}
 		o = (o + 63) &^ 63
 		copy(half[o:], it)
-		spans = append(spans, [2]uint64{uint64(o), uint64(len(it))})
+		c.spans[i] = [2]uint64{uint64(o), uint64(len(it))}
 		o += len(it)
 	}
-	c.staged, c.spans, c.Buffers = true, spans, nil
+	c.staged, c.nspans, c.Buffers = true, len(items), nil
 	return true
 }
 
@@ -464,9 +464,9 @@ func (d *Domain) Exchange(c Call, fn func(peers [][][]byte) error) error {
 	}
 	d.epoch++
 	e := d.epoch
-	deadline := time.Now().Add(d.timeout)
+	dl := deadline{after: d.timeout}
 	if c.Relay {
-		deadline = deadline.Add(RelayMargin(d.timeout))
+		dl.after += RelayMargin(d.timeout)
 	}
 
 	// Phase 1: publish.
@@ -496,10 +496,8 @@ func (d *Domain) Exchange(c Call, fn func(peers [][][]byte) error) error {
 	}
 	h.nbufs, h.staged = uint64(len(c.Buffers)), 0
 	if c.staged {
-		h.nbufs, h.staged = uint64(len(c.spans)), 1
-		for i, sp := range c.spans {
-			h.spans[i] = sp
-		}
+		h.nbufs, h.staged = uint64(c.nspans), 1
+		h.spans = c.spans
 	}
 	me := stateOf(d.ctrl)
 	me.epoch.Store(e)
@@ -509,7 +507,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][][]byte) error) error {
 
 	n := uint64(len(d.peers) - 1) // the stores every wait counts
 	d.count += n
-	if err := d.wait("publish", deadline, d.count, func(p int) bool { return stateOf(d.peers[p]).epoch.Load() >= e }); err != nil {
+	if err := d.wait("publish", &dl, d.count, func(p int) bool { return stateOf(d.peers[p]).epoch.Load() >= e }); err != nil {
 		me.abandoned.Store(e)
 		return err
 	}
@@ -589,7 +587,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][][]byte) error) error {
 		d.arrive(p)
 	}
 	d.count += n
-	if err := d.wait("done", deadline, d.count, func(p int) bool { return done(d.ctrl, p).Load() >= e }); err != nil {
+	if err := d.wait("done", &dl, d.count, func(p int) bool { return done(d.ctrl, p).Load() >= e }); err != nil {
 		me.abandoned.Store(e)
 		return err
 	}
@@ -648,6 +646,22 @@ func callWork(fn func(peers [][][]byte) error, peers [][][]byte) (err error) {
 	return fn(peers)
 }
 
+// deadline is an exchange's deadline: after its first look at the clock,
+// which its first wait makes when it finds a peer pending (a wait whose
+// peers are all there reads no clock), plus after.
+type deadline struct {
+	at    time.Time
+	after time.Duration
+}
+
+// from is the deadline, set from now at the first call.
+func (dl *deadline) from(now time.Time) time.Time {
+	if dl.at.IsZero() {
+		dl.at = now.Add(dl.after)
+	}
+	return dl.at
+}
+
 // wait returns when ready(p) holds for every peer, the deadline passes
 // (the error names the ranks not heard from), or a pending peer's process
 // is found dead (the error names it); either failure fails the domain for
@@ -661,7 +675,7 @@ func callWork(fn func(peers [][][]byte) error, peers [][][]byte) (err error) {
 // that is done here may publish its next exchange at once), so it can pass
 // target while a peer is still pending; the wait then sleeps until the
 // next store, whichever it is, and looks again.
-func (d *Domain) wait(phase string, deadline time.Time, target uint64, ready func(p int) bool) error {
+func (d *Domain) wait(phase string, dl *deadline, target uint64, ready func(p int) bool) error {
 	pending := d.pending[:0]
 	for p := range d.peers {
 		pending = append(pending, p)
@@ -691,6 +705,7 @@ func (d *Domain) wait(phase string, deadline time.Time, target uint64, ready fun
 		if lastCheck.IsZero() {
 			lastCheck = now
 		}
+		deadline := dl.from(now)
 		if now.After(deadline) {
 			d.failed = &comm.TimeoutError{Op: d.opName(phase), Missing: d.globalRanks(pending)}
 			return d.failed

@@ -286,7 +286,7 @@ func TestWaitPeerDoneThenExited(t *testing.T) {
 	// from the third: the look wait takes after finding the process gone.
 	looks := 0
 	// No peer counts its stores here: the count's target is never reached.
-	err := d.wait("done", time.Now().Add(10*time.Second), 1, func(p int) bool {
+	err := d.wait("done", &deadline{after: 10 * time.Second}, 1, func(p int) bool {
 		if p != 1 {
 			return true
 		}
@@ -503,7 +503,7 @@ func TestWaitWakesPastItsTarget(t *testing.T) {
 	ds[1].arrive(0)
 	done := make(chan error)
 	go func() {
-		done <- ds[0].wait("publish", time.Now().Add(time.Minute), 2, func(p int) bool { return stateOf(ds[0].peers[p]).epoch.Load() >= 1 || p == 0 })
+		done <- ds[0].wait("publish", &deadline{after: time.Minute}, 2, func(p int) bool { return stateOf(ds[0].peers[p]).epoch.Load() >= 1 || p == 0 })
 	}()
 	for !ds[0].box.asleep.Load() {
 		runtime.Gosched()
@@ -588,7 +588,7 @@ func TestExchangeStaged(t *testing.T) {
 			}
 		}
 		var c Call
-		if ds[r].Stage(&c, make([]byte, StageBytes-63), []byte{1}) || c.staged || c.spans != nil {
+		if ds[r].Stage(&c, make([]byte, StageBytes-63), []byte{1}) || c.staged || c.nspans != 0 {
 			return fmt.Errorf("%d bytes on two 64-byte boundaries staged in a stage of %d", StageBytes-62, StageBytes)
 		}
 		if !ds[r].Stage(&c, make([]byte, StageBytes-64), []byte{1}) {
