@@ -519,26 +519,24 @@ func (d *Domain) Exchange(c Call, fn func(peers [][][]byte) error) error {
 	// peers' reads), not when every rank staged.
 	var failure error
 	needDone := false
+	reported, mismatched := -1, -1 // the first peer that reported a failure, that runs another call
 	for p := range d.peers {
 		ph := hdr(d.peers[p], e)
 		needDone = needDone || ph.staged == 0 && ph.nbufs > 0
+		if reported < 0 && ph.status != StatusOK {
+			reported = p
+		}
+		if mismatched < 0 && (ph.op != c.Op || ph.sig != c.Sig) {
+			mismatched = p
+		}
 	}
 	// A peer's own report comes first: a rank that rejected its input
 	// publishes no meaningful signature.
-	for p := range d.peers {
-		if hdr(d.peers[p], e).status != StatusOK {
-			failure = d.peerError(p, e)
-			break
-		}
-	}
-	if failure == nil {
-		for p := range d.peers {
-			ph := hdr(d.peers[p], e)
-			if ph.op != c.Op || ph.sig != c.Sig {
-				failure = fmt.Errorf("nvlink: %s: %w", d.mismatch(c, p, ph.op, ph.sig), ErrPeerMismatch)
-				break
-			}
-		}
+	if reported >= 0 {
+		failure = d.peerError(reported, e)
+	} else if mismatched >= 0 {
+		ph := hdr(d.peers[mismatched], e)
+		failure = fmt.Errorf("nvlink: %s: %w", d.mismatch(c, mismatched, ph.op, ph.sig), ErrPeerMismatch)
 	}
 	if failure == nil && fn != nil {
 		peers := d.peerBuffers()
