@@ -11,9 +11,13 @@
 //     operation with the same signature and that none reported bad input,
 //     and maps the peers' buffers;
 //  2. work and done: the caller's function reads the peers' buffers; then,
-//     if some rank exposed buffers, the rank stores e into done[me] of every
-//     peer's control block and waits until its own done[p] reaches e for
-//     every peer p.
+//     if some rank exposed buffers, the rank stores e into its done word
+//     and waits until every peer's reaches e.
+//
+// A rank's waits do not look at each peer: every rank also counts each of
+// its stores in one word of the domain (in rank 0's block), and a phase is
+// over when that count reaches R times the phases so far; the rank whose
+// store completes it wakes the others.
 //
 // Epochs only grow; no flag is ever reset. After phase 2 no peer touches this
 // rank's buffers for epoch e any more, so its caller may reuse them. A small

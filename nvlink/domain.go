@@ -101,6 +101,9 @@ type state struct {
 	// its stage, while a late peer still reads them, so that peer fails
 	// the exchange.
 	abandoned atomic.Uint64
+	// done is the last exchange whose done phase this rank reached (its
+	// work on the peers' buffers over).
+	done atomic.Uint64
 }
 
 // header is the part of a control block a rank writes to publish one
@@ -137,26 +140,20 @@ const noSpan = ^uint64(0)
 const StageBytes = 64 << 10
 
 // A control block is the state line, the two headers, then (each on its
-// own cache lines) the bell line, the done[] array (one epoch per peer)
-// and the stage's two halves (StageBytes each; exchange e uses half e%2).
-// The bell line holds the futex word its owner sleeps on, the count of
-// those asleep, the number of peers' stores the owner's wait is over at
-// (want), and the count of the peers' stores so far (arrivals): every peer
-// adds one when it publishes an exchange and one when it stores its done,
-// and only the peer whose store brings the count to want wakes the owner.
+// own cache lines) the bell line and the stage's two halves (StageBytes
+// each; exchange e uses half e%2). The bell line of domain rank 0's block
+// is the domain's rendezvous: the count of every rank's stores so far
+// (arrivals: each rank adds one when it publishes an exchange and one
+// when it reaches an exchange's done phase), the futex word waiters in
+// other processes sleep on, and the count of those asleep. The other
+// blocks' bell lines are unused.
 var (
 	headerSize   = (int(unsafe.Sizeof(header{})) + 127) &^ 127
 	headerOffset = 128
 	bellOffset   = headerOffset + 2*headerSize
-	doneOffset   = bellOffset + 128
+	stageOffset  = bellOffset + 128
+	blockSize    = stageOffset + 2*StageBytes
 )
-
-// stageOffset is where the stage begins in a control block of a domain of
-// n ranks.
-func stageOffset(n int) int { return (doneOffset + 8*n + 127) &^ 127 }
-
-// blockSize is the size of a control block of a domain of n ranks.
-func blockSize(n int) int { return stageOffset(n) + 2*StageBytes }
 
 // Call describes this rank's side of one exchange.
 type Call struct {
@@ -230,12 +227,14 @@ type Domain struct {
 	ctrlMap []*device.Mapping // peers' control blocks mapped from other processes
 	used    []*device.Buffer  // the control blocks of this process it uses (ctrlUsers), its own first
 	epoch   uint64
-	// count is the arrivals count at which this rank's current (or last)
-	// wait is over: every wait adds the peers' stores it waits for.
+	// count is the arrivals count at which the domain's current (or last)
+	// phase is over: R a phase, the same on every rank, since every rank
+	// runs the same phases.
 	count  uint64
 	failed error
-	// stage is where this rank's stage begins in every control block.
-	stage int
+	// local: every rank of the domain is in this process, so waiters
+	// sleep on their inboxes, never on the futex.
+	local bool
 	// box is this rank's inbox; boxes[p] is peer p's if p is in this
 	// process (a store wakes it there), else nil.
 	box   *inbox
@@ -291,7 +290,7 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 	if s.Backend().Kind() != device.KindHost {
 		return nil, fmt.Errorf("nvlink: new domain: %w: %s backend", device.ErrUnsupported, s.Backend().Kind())
 	}
-	size := blockSize(g.Size())
+	size := blockSize
 	buf, err := s.Alloc(size)
 	if err != nil {
 		return nil, fmt.Errorf("nvlink: allocate control block: %w", err)
@@ -300,7 +299,7 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 	h := export(buf)
 	var hb [handleSize]byte
 	h.encode(hb[:])
-	d := &Domain{rank: g.Rank(), global: global, timeout: timeout, ctrl: buf.Host(), maps: map[mapKey]*device.Mapping{}, box: newInbox(), stage: stageOffset(g.Size())}
+	d := &Domain{rank: g.Rank(), global: global, timeout: timeout, ctrl: buf.Host(), maps: map[mapKey]*device.Mapping{}, box: newInbox(), local: true}
 	ctrlUsers.Lock()
 	d.use(buf)
 	ctrlUsers.inbox[buf] = d.box
@@ -349,6 +348,7 @@ func New(ctx context.Context, g comm.Group, s device.Stream, global []int, timeo
 		d.peers = append(d.peers, b.Host())
 		d.pids = append(d.pids, ph.share.PID)
 		d.boxes = append(d.boxes, box)
+		d.local = d.local && box != nil
 	}
 	// Nobody may unexport before everyone has mapped.
 	if err := g.Barrier(ctx); err != nil {
@@ -376,7 +376,7 @@ func hdr(block []byte, e uint64) *header {
 
 // stageHalf is the half of a control block's stage that exchange e uses.
 func (d *Domain) stageHalf(block []byte, e uint64) []byte {
-	o := d.stage + int(e%2)*StageBytes
+	o := stageOffset + int(e%2)*StageBytes
 	return block[o : o+StageBytes : o+StageBytes]
 }
 
@@ -424,25 +424,19 @@ func bell(block []byte) *atomic.Uint32 {
 	return (*atomic.Uint32)(unsafe.Pointer(&block[bellOffset]))
 }
 
-// waiters counts the owner's goroutines asleep on its bell's futex.
+// waiters counts the goroutines asleep on the rendezvous's futex.
 func waiters(block []byte) *atomic.Int32 {
 	return (*atomic.Int32)(unsafe.Pointer(&block[bellOffset+4]))
 }
 
-// want is the arrivals count at which the owner's current wait is over.
-func want(block []byte) *atomic.Uint64 {
+// arrivals counts every rank's publish and done stores (rendezvous).
+func arrivals(block []byte) *atomic.Uint64 {
 	return (*atomic.Uint64)(unsafe.Pointer(&block[bellOffset+8]))
 }
 
-// arrivals counts the peers' publish and done stores into the owner's
-// wait conditions.
-func arrivals(block []byte) *atomic.Uint64 {
-	return (*atomic.Uint64)(unsafe.Pointer(&block[bellOffset+16]))
-}
-
-func done(block []byte, p int) *atomic.Uint64 {
-	return (*atomic.Uint64)(unsafe.Pointer(&block[doneOffset+8*p]))
-}
+// rendezvous is the block holding the domain's arrivals count: domain
+// rank 0's.
+func (d *Domain) rendezvous() []byte { return d.peers[0] }
 
 // Exchange runs one exchange (see the package doc). fn is called with the
 // bytes of the peers' exposed buffers, peers[p][i] being buffer i of
@@ -501,13 +495,8 @@ func (d *Domain) Exchange(c Call, fn func(peers [][][]byte) error) error {
 	}
 	me := stateOf(d.ctrl)
 	me.epoch.Store(e)
-	for p := range d.peers {
-		d.arrive(p)
-	}
-
-	n := uint64(len(d.peers) - 1) // the stores every wait counts
-	d.count += n
-	if err := d.wait("publish", &dl, d.count, func(p int) bool { return stateOf(d.peers[p]).epoch.Load() >= e }); err != nil {
+	d.arrive()
+	if err := d.wait("publish", &dl, func(p int) bool { return stateOf(d.peers[p]).epoch.Load() >= e }); err != nil {
 		me.abandoned.Store(e)
 		return err
 	}
@@ -580,12 +569,9 @@ func (d *Domain) Exchange(c Call, fn func(peers [][][]byte) error) error {
 	if !needDone {
 		return failure
 	}
-	for p := range d.peers {
-		done(d.peers[p], d.rank).Store(e)
-		d.arrive(p)
-	}
-	d.count += n
-	if err := d.wait("done", &dl, d.count, func(p int) bool { return done(d.ctrl, p).Load() >= e }); err != nil {
+	me.done.Store(e)
+	d.arrive()
+	if err := d.wait("done", &dl, func(p int) bool { return stateOf(d.peers[p]).done.Load() >= e }); err != nil {
 		me.abandoned.Store(e)
 		return err
 	}
@@ -660,43 +646,27 @@ func (dl *deadline) from(now time.Time) time.Time {
 	return dl.at
 }
 
-// wait returns when ready(p) holds for every peer, the deadline passes
-// (the error names the ranks not heard from), or a pending peer's process
-// is found dead (the error names it); either failure fails the domain for
-// good. It sleeps until the peers' stores have brought this rank's
-// arrivals count to target (the last of them wakes it), or the watchdog's
-// or the futex's next look, every livenessInterval at most, when it also
-// checks the deadline and the pending peers' processes: no timer and no
-// system call while every peer is in this process.
+// wait returns when every rank has made its store of this phase (the
+// domain's arrivals count has reached d.count), the deadline passes (the
+// error names the ranks not heard from: those for which ready is false),
+// or a pending peer's process is found dead (the error names it); either
+// failure fails the domain for good. It sleeps until the rank whose store
+// completes the count wakes it, or the watchdog's or the futex's next
+// look, every livenessInterval at most, when it also checks the deadline,
+// the peers' flags (all ready is done too) and the pending peers'
+// processes: no timer and no system call while every rank is in this
+// process.
 //
-// The count also holds stores made for this rank's later waits (a peer
-// that is done here may publish its next exchange at once), so it can pass
-// target while a peer is still pending; the wait then sleeps until the
-// next store, whichever it is, and looks again.
-func (d *Domain) wait(phase string, dl *deadline, target uint64, ready func(p int) bool) error {
-	pending := d.pending[:0]
-	for p := range d.peers {
-		pending = append(pending, p)
-	}
-	defer func() { d.pending = pending[:0] }()
-	myBell := bell(d.ctrl)
+// The count is exact: a rank adds its store of a phase only after its
+// wait of the phase before is over, so the count reaches R times the
+// phases so far only once every rank has stored this one.
+func (d *Domain) wait(phase string, dl *deadline, ready func(p int) bool) error {
+	rv := d.rendezvous()
+	count, bellw := arrivals(rv), bell(rv)
 	var lastCheck time.Time
 	for {
-		rung := myBell.Load()
-		// Set before the look at the flags: a store made after that look
-		// is either counted here below, or its peer sees this want.
-		w := max(target, arrivals(d.ctrl).Load()+1)
-		want(d.ctrl).Store(w)
-		left := pending[:0]
-		local := d.box != nil // every pending peer is in this process
-		for _, p := range pending {
-			if !ready(p) {
-				left = append(left, p)
-				local = local && d.boxes[p] != nil
-			}
-		}
-		pending = left
-		if len(pending) == 0 {
+		rung := bellw.Load()
+		if count.Load() >= d.count {
 			return nil
 		}
 		now := time.Now()
@@ -704,14 +674,18 @@ func (d *Domain) wait(phase string, dl *deadline, target uint64, ready func(p in
 			lastCheck = now
 		}
 		deadline := dl.from(now)
-		if now.After(deadline) {
-			d.failed = &comm.TimeoutError{Op: d.opName(phase), Missing: d.globalRanks(pending)}
-			return d.failed
-		}
-		if now.Sub(lastCheck) >= livenessInterval {
+		if now.After(deadline) || now.Sub(lastCheck) >= livenessInterval {
 			lastCheck = now
+			pending := d.pendingPeers(ready)
+			if len(pending) == 0 {
+				return nil
+			}
+			if now.After(deadline) {
+				d.failed = &comm.TimeoutError{Op: d.opName(phase), Missing: d.globalRanks(pending)}
+				return d.failed
+			}
 			// A peer may have stored what this rank waits for, then
-			// finished and exited, after the check above: its stores are
+			// finished and exited, after the look above: its stores are
 			// visible once its exit is, so only a dead peer that is still
 			// not ready is lost.
 			dead := slices.DeleteFunc(d.exited(pending), ready)
@@ -720,42 +694,58 @@ func (d *Domain) wait(phase string, dl *deadline, target uint64, ready func(p in
 				return d.failed
 			}
 		}
-		// A peer counts its store after making it, then reads want: a
-		// store counted after the look above and before want was set is
-		// seen here, and looked at again, instead of slept through.
-		if arrivals(d.ctrl).Load() >= w {
+		// Marked asleep (or counted among the futex's waiters) before the
+		// last look at the count: the rank whose store completes it either
+		// sees the mark and wakes this one, or its store is seen here.
+		if d.local {
+			d.box.asleep.Store(true)
+			if count.Load() < d.count {
+				<-d.box.ch
+			}
+			d.box.asleep.Store(false)
 			continue
 		}
-		if local {
-			d.box.sleep()
-			continue
+		waiters(rv).Add(1)
+		if count.Load() < d.count {
+			futexWait(bellw, rung, min(deadline.Sub(now), livenessInterval))
 		}
-		waiters(d.ctrl).Add(1)
-		futexWait(myBell, rung, min(deadline.Sub(now), livenessInterval))
-		waiters(d.ctrl).Add(-1)
+		waiters(rv).Add(-1)
 	}
 }
 
-// arrive counts this rank's store into peer p's wait condition (its
-// published epoch, or its done word in p's block), made just before, and
-// wakes p if the store is the last p waits for: through p's inbox if p is
-// in this process, and through its futex if p sleeps there.
-func (d *Domain) arrive(p int) {
-	if p == d.rank {
+// pendingPeers are the peers for which ready is false (d.pending, reused).
+func (d *Domain) pendingPeers(ready func(p int) bool) []int {
+	pending := d.pending[:0]
+	for p := range d.peers {
+		if !ready(p) {
+			pending = append(pending, p)
+		}
+	}
+	d.pending = pending
+	return pending
+}
+
+// arrive counts this rank's store of the current phase (its published
+// epoch, or its done), made just before, in the domain's arrivals, and
+// begins the phase's count: if the store completes the phase, it wakes
+// every rank asleep in it, through their inboxes (ranks in this process)
+// and the rendezvous's futex (some rank sleeps there).
+func (d *Domain) arrive() {
+	d.count += uint64(len(d.peers))
+	rv := d.rendezvous()
+	if arrivals(rv).Add(1) != d.count {
 		return
 	}
-	blk := d.peers[p]
-	if arrivals(blk).Add(1) != want(blk).Load() {
-		return
-	}
-	b := bell(blk)
+	b := bell(rv)
 	b.Add(1)
-	if waiters(blk).Load() > 0 {
+	if waiters(rv).Load() > 0 {
 		futexWake(b)
 	}
-	if box := d.boxes[p]; box != nil {
-		box.peerWakes.Add(1)
-		box.wake()
+	for p, box := range d.boxes {
+		if p != d.rank && box != nil && box.asleep.Load() {
+			box.peerWakes.Add(1)
+			box.wake()
+		}
 	}
 }
 

@@ -279,19 +279,20 @@ func TestWaitPeerDoneThenExited(t *testing.T) {
 		t.Skipf("cannot run a child process: %v", err)
 	}
 	gone := cmd.Process.Pid // exited and reaped
-	ctrl := make([]byte, doneOffset+16)
-	d := &Domain{rank: 0, global: []int{0, 1}, pids: []int{myPID, gone}, ctrl: ctrl, peers: [][]byte{ctrl, make([]byte, doneOffset+16)}}
-	// The peer's flag is missing at the first two looks (the second one
-	// comes after the liveness interval, with the process check) and there
-	// from the third: the look wait takes after finding the process gone.
+	ctrl := make([]byte, blockSize)
+	// No rank counts its stores here: the phase's count (1) is never
+	// reached, and the wait looks at the flags after the liveness interval.
+	d := &Domain{rank: 0, global: []int{0, 1}, pids: []int{myPID, gone}, ctrl: ctrl, peers: [][]byte{ctrl, make([]byte, blockSize)}, count: 1}
+	// The peer's flag is missing at the first look (which finds it pending,
+	// before the process check) and there from the second: the look wait
+	// takes after finding the process gone.
 	looks := 0
-	// No peer counts its stores here: the count's target is never reached.
-	err := d.wait("done", &deadline{after: 10 * time.Second}, 1, func(p int) bool {
+	err := d.wait("done", &deadline{after: 10 * time.Second}, func(p int) bool {
 		if p != 1 {
 			return true
 		}
 		looks++
-		return looks > 2
+		return looks > 1
 	})
 	if err != nil {
 		t.Fatalf("wait = %v, want success: the peer's flag was there when its exit was seen", err)
@@ -423,34 +424,35 @@ func TestExchangeLateStageReaderFails(t *testing.T) {
 	}
 }
 
-// TestArriveWakesOnlyTheWaiterDone: a store wakes the peer whose wait it
-// completes (its arrivals count reaches the peer's want), and no other:
-// not a peer waiting for more stores, nor one waiting for none.
-func TestArriveWakesOnlyTheWaiterDone(t *testing.T) {
+// TestArriveWakesAtTheLastStore: a store that does not complete the
+// phase wakes nobody; the one that does wakes every rank asleep in it, and
+// no other.
+func TestArriveWakesAtTheLastStore(t *testing.T) {
 	const n = 4
 	ds, _ := domains(t, n, 5*time.Second)
-	want(ds[1].ctrl).Store(arrivals(ds[1].ctrl).Load() + 1) // waits for one more store
-	want(ds[2].ctrl).Store(arrivals(ds[2].ctrl).Load() + 2) // waits for two more
-	for p := 1; p < n; p++ {
-		ds[0].arrive(p)
+	ds[1].box.asleep.Store(true)
+	ds[2].box.asleep.Store(true)
+	for r := range n - 1 {
+		ds[r].arrive()
 	}
-	for p, woken := range []bool{1: true, 2: false, 3: false} {
-		if p == 0 {
-			continue
+	for r := range n {
+		if k := len(ds[r].box.ch); k != 0 {
+			t.Fatalf("rank %d has %d wake-ups pending before the phase's last store", r, k)
 		}
-		got := ds[0].boxes[p].peerWakes.Load()
-		if pending := len(ds[p].box.ch); (got == 1) != woken || (pending == 1) != woken {
-			t.Errorf("rank %d: %d wake-ups sent, %d pending; want woken = %v", p, got, pending, woken)
+	}
+	ds[n-1].arrive()
+	for r, woken := range []bool{false, true, true, false} {
+		if k := len(ds[r].box.ch); (k == 1) != woken || (ds[r].box.peerWakes.Load() == 1) != woken {
+			t.Errorf("rank %d: %d wake-ups pending, %d sent; want woken = %v", r, k, ds[r].box.peerWakes.Load(), woken)
 		}
 	}
 }
 
 // TestExchangeWakeups: in exchanges of in-process ranks a rank is woken
-// by its peers about once per phase, by the store that completes its wait
-// (or, when a peer's store for its next wait is already counted, by the
-// next store after its look), never by every store, whatever the order
-// the peers come in; and no futex system call is made. Even exchanges
-// are staged (one phase), odd ones expose a buffer (two).
+// by its peers at most once a phase, by the store that completes it,
+// never by every store, whatever the order the peers come in; and no
+// futex system call is made. Even exchanges are staged (one phase), odd
+// ones expose a buffer (two).
 func TestExchangeWakeups(t *testing.T) {
 	const n, rounds = 8, 200
 	ds, ss := domains(t, n, time.Minute)
@@ -479,8 +481,8 @@ func TestExchangeWakeups(t *testing.T) {
 	}
 	const phases = rounds/2 + 2*rounds/2
 	for r := range n {
-		if w := ds[r].box.peerWakes.Load(); w > 2*phases {
-			t.Errorf("rank %d was woken %d times by its peers in %d phases, want at most 2 a phase", r, w, phases)
+		if w := ds[r].box.peerWakes.Load(); w > phases {
+			t.Errorf("rank %d was woken %d times by its peers in %d phases, want at most once a phase", r, w, phases)
 		}
 	}
 	if c := futexCalls.Load() - calls; c != 0 {
@@ -488,33 +490,54 @@ func TestExchangeWakeups(t *testing.T) {
 	}
 }
 
-// TestWaitWakesPastItsTarget: a wait whose arrivals count has passed its
-// target while a peer is still pending (another peer's store for this
-// rank's next wait is in the count) is woken by the pending peer's store,
-// not left to the watchdog's next look.
-func TestWaitWakesPastItsTarget(t *testing.T) {
-	const n = 3
-	ds, _ := domains(t, n, time.Minute)
-	// Rank 1 has published exchanges 1 and 2, counted twice into rank 0's
-	// arrivals: rank 0's publish wait of exchange 1 (target 2) is at its
-	// count while rank 2 has not published.
-	stateOf(ds[1].ctrl).epoch.Store(2)
-	ds[1].arrive(0)
-	ds[1].arrive(0)
-	done := make(chan error)
-	go func() {
-		done <- ds[0].wait("publish", &deadline{after: time.Minute}, 2, func(p int) bool { return stateOf(ds[0].peers[p]).epoch.Load() >= 1 || p == 0 })
-	}()
-	for !ds[0].box.asleep.Load() {
-		runtime.Gosched()
-	}
-	stateOf(ds[2].ctrl).epoch.Store(1)
-	ds[2].arrive(0)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if w := ds[0].box.peerWakes.Load(); w != 1 {
-		t.Errorf("rank 0 got %d wake-ups from its peers, want 1 (rank 2's store)", w)
+// TestExchangeWaitsForEveryRank: a phase's wait is over only once every
+// rank has made its store of the phase, however far ahead some ranks run
+// (the domain's count of stores holds every rank's, of this phase and the
+// next): in an exchange's work every peer has published it, and after a
+// done phase every peer has reached it.
+func TestExchangeWaitsForEveryRank(t *testing.T) {
+	const n, rounds = 6, 300
+	ds, ss := domains(t, n, time.Minute)
+	for r, err := range onEach(n, func(r int) error {
+		b, err := ss[r].Alloc(8)
+		if err != nil {
+			return err
+		}
+		defer b.Free()
+		for e := uint64(1); e <= rounds; e++ {
+			for range (r*7 + int(e)) % 5 { // ranks come in in changing orders
+				runtime.Gosched()
+			}
+			c := Call{Op: 1, Buffers: []*device.Buffer{b}}
+			if e%3 != 0 {
+				c = Call{Op: 1}
+				ds[r].Stage(&c, []byte{1})
+			}
+			err := ds[r].Exchange(c, func([][][]byte) error {
+				for p := range n {
+					if got := stateOf(ds[r].peers[p]).epoch.Load(); got < e {
+						return fmt.Errorf("exchange %d: rank %d's work began before rank %d published (its epoch %d)", e, r, p, got)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if e%3 != 0 {
+				continue
+			}
+			for p := range n {
+				if got := stateOf(ds[r].peers[p]).done.Load(); got < e {
+					return fmt.Errorf("exchange %d: rank %d left before rank %d's done (its done %d)", e, r, p, got)
+				}
+			}
+		}
+		return nil
+	}) {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
 	}
 }
 
@@ -572,8 +595,8 @@ func TestExchangeStaged(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			// A done phase stores this rank's done word in every peer's
-			// block; without one its last value stays.
+			// A done phase stores this rank's done word; without one its
+			// last value stays.
 			var last uint64
 			for k := e; k >= 0; k-- {
 				if k%3 == 2 {
@@ -581,10 +604,8 @@ func TestExchangeStaged(t *testing.T) {
 					break
 				}
 			}
-			for p := range n {
-				if got := done(ds[r].peers[p], r).Load(); got != last {
-					return fmt.Errorf("after exchange %d: rank %d's done word at rank %d is %d, want %d", e+1, r, p, got, last)
-				}
+			if got := stateOf(ds[r].ctrl).done.Load(); got != last {
+				return fmt.Errorf("after exchange %d: rank %d's done word is %d, want %d", e+1, r, got, last)
 			}
 		}
 		var c Call

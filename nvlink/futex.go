@@ -60,10 +60,11 @@ func processAlive(pid int) bool {
 	return true
 }
 
-// An inbox is where a rank's waiter sleeps while every peer it waits for
-// is in this process: peers wake it through a channel, far cheaper than a
-// futex, which parks an OS thread. Only the rank's own goroutine (the one
-// that runs its exchanges) sleeps on it.
+// An inbox is where a rank's waiter sleeps when every rank of its domain
+// is in this process: the rank whose store completes a phase wakes it
+// through a channel, far cheaper than a futex, which parks an OS thread.
+// Only the rank's own goroutine (the one that runs its exchanges) sleeps
+// on it (Domain.wait).
 type inbox struct {
 	ch     chan struct{} // one pending wake-up at most
 	asleep atomic.Bool
@@ -71,9 +72,10 @@ type inbox struct {
 	// (Call.Buffers), for its peers in this process: stored before the
 	// owner's epoch store that publishes its header, loaded by a peer after
 	// its load that sees it, and stored again only in the owner's next
-	// exchange, which begins after every peer's done of this one. A peer
-	// in this process takes them from here instead of through the handle
-	// registry (no lock, no map). Atomic, so that the Go memory model (and
+	// exchange, which begins after every peer's done of this one (an
+	// exchange that exposes buffers has a done phase). A peer in this
+	// process takes them from here instead of through the handle registry
+	// (no lock, no map). Atomic, so that the Go memory model (and
 	// the race detector, which does not see the control blocks' atomics
 	// outside the Go heap) orders the owner's writes of a buffer before a
 	// peer's reads of it.
@@ -90,14 +92,6 @@ func (b *inbox) wake() {
 	case b.ch <- struct{}{}:
 	default: // a wake-up is already pending
 	}
-}
-
-// sleep returns at the next wake-up: a peer's, or the watchdog's within
-// livenessInterval.
-func (b *inbox) sleep() {
-	b.asleep.Store(true)
-	<-b.ch
-	b.asleep.Store(false)
 }
 
 // watchdog wakes this process's sleeping waiters every livenessInterval,
