@@ -16,8 +16,8 @@
 //
 // A rank's waits do not look at each peer: every rank also counts each of
 // its stores in one word of the domain (in rank 0's block), and a phase is
-// over when that count reaches R times the phases so far; the rank whose
-// store completes it wakes the others.
+// over when that count reaches R times the phases so far; the store that
+// brings it to a multiple of R wakes the others.
 //
 // Epochs only grow; no flag is ever reset. After phase 2 no peer touches this
 // rank's buffers for epoch e any more, so its caller may reuse them. A small

@@ -727,13 +727,17 @@ func (d *Domain) pendingPeers(ready func(p int) bool) []int {
 
 // arrive counts this rank's store of the current phase (its published
 // epoch, or its done), made just before, in the domain's arrivals, and
-// begins the phase's count: if the store completes the phase, it wakes
-// every rank asleep in it, through their inboxes (ranks in this process)
-// and the rendezvous's futex (some rank sleeps there).
+// sets the phase's target: if the store completes a phase (the count
+// reaches a multiple of R), it wakes every rank asleep, through their
+// inboxes (ranks in this process) and the rendezvous's futex (some rank
+// sleeps there). The phase it completes is usually this rank's; it is an
+// earlier one when this rank got past that phase at its periodic look,
+// finding every flag there before every rank had counted its store.
 func (d *Domain) arrive() {
-	d.count += uint64(len(d.peers))
+	n := uint64(len(d.peers))
+	d.count += n
 	rv := d.rendezvous()
-	if arrivals(rv).Add(1) != d.count {
+	if arrivals(rv).Add(1)%n != 0 {
 		return
 	}
 	b := bell(rv)

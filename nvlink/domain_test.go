@@ -446,6 +446,30 @@ func TestArriveWakesAtTheLastStore(t *testing.T) {
 			t.Errorf("rank %d: %d wake-ups pending, %d sent; want woken = %v", r, k, ds[r].box.peerWakes.Load(), woken)
 		}
 	}
+
+	// A rank that got past the next phase at its periodic look (every
+	// flag there, one rank's count not yet) counts its store of the phase
+	// after: that store completes the count of the phase the others sleep
+	// in, and wakes them; the late rank's store then wakes nobody.
+	for r := range n {
+		for len(ds[r].box.ch) > 0 {
+			<-ds[r].box.ch
+		}
+		ds[r].box.peerWakes.Store(0)
+	}
+	ds[1].box.asleep.Store(true)
+	ds[2].box.asleep.Store(true)
+	for r := range n - 1 {
+		ds[r].arrive() // phase 2: ranks 0, 1, 2; rank 3's store is late
+	}
+	ds[0].arrive() // rank 0's store of phase 3
+	if k := len(ds[1].box.ch) + len(ds[2].box.ch); k != 2 {
+		t.Errorf("the store that completed phase 2's count (rank 0's of phase 3) left %d wake-ups pending at ranks 1 and 2, want 2", k)
+	}
+	ds[3].arrive() // rank 3's store of phase 2, late
+	if w := ds[0].box.peerWakes.Load() + ds[3].box.peerWakes.Load(); w != 0 {
+		t.Errorf("ranks 0 and 3, not asleep, got %d wake-ups", w)
+	}
 }
 
 // TestExchangeWakeups: in exchanges of in-process ranks a rank is woken
