@@ -375,7 +375,7 @@ func hdr(block []byte, e uint64) *header {
 }
 
 // stageHalf is the half of a control block's stage that exchange e uses.
-func (d *Domain) stageHalf(block []byte, e uint64) []byte {
+func stageHalf(block []byte, e uint64) []byte {
 	o := stageOffset + int(e%2)*StageBytes
 	return block[o : o+StageBytes : o+StageBytes]
 }
@@ -404,7 +404,7 @@ func (d *Domain) Stage(c *Call, items ...[]byte) bool {
 	if n > StageBytes {
 		return false
 	}
-	half := d.stageHalf(d.ctrl, d.epoch+1)
+	half := stageHalf(d.ctrl, d.epoch+1)
 	o := 0
 	for i, it := range items {
 		if it == nil {
@@ -582,7 +582,7 @@ func (d *Domain) Exchange(c Call, fn func(peers [][][]byte) error) error {
 // e; a span past the stage's half is a corrupt header, and fails the
 // exchange.
 func (d *Domain) staged(p int, e uint64, bufs [][]byte) error {
-	ph, half := hdr(d.peers[p], e), d.stageHalf(d.peers[p], e)
+	ph, half := hdr(d.peers[p], e), stageHalf(d.peers[p], e)
 	for i := range bufs {
 		off, n := ph.spans[i][0], ph.spans[i][1]
 		if off == noSpan {
