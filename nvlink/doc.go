@@ -7,9 +7,9 @@
 //  1. publish: a rank writes its header for e (operation, call signature,
 //     status, the buffers it exposes for this call: their handles, or their
 //     spans in its stage), then stores e into its epoch word; it waits until
-//     every peer's epoch reaches e, checks that all peers run the same
-//     operation with the same signature and that none reported bad input,
-//     and maps the peers' buffers;
+//     every peer has published e (the count below), checks that all peers
+//     run the same operation with the same signature and that none reported
+//     bad input, and maps the peers' buffers;
 //  2. work and done: the caller's function reads the peers' buffers; then,
 //     if some rank exposed buffers, the rank stores e into its done word
 //     and waits until every peer's reaches e.
